@@ -1,0 +1,4 @@
+//! End-to-end tests: the real `trainer` and `launcher` binaries on real files.
+mod launcher_cli;
+mod trainer_cli;
+mod util;

@@ -1,0 +1,88 @@
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use std::path::PathBuf;
+use trainer::config::{scdino, Config};
+use trainer::probe::check_dataset;
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a config; exits non-zero with the offending key and line.
+    Check { file: PathBuf },
+    /// Print the fully resolved config (every default written out).
+    Show { file: PathBuf },
+    /// Convert a scDINO pipeline yaml to our format (stdout); notes go to stderr.
+    ImportScdino { file: PathBuf },
+}
+
+impl ConfigCommand {
+    pub fn run(self) -> Result<()> {
+        match self {
+            ConfigCommand::Check { file } => {
+                let cfg = Config::load(&file)?;
+                println!(
+                    "{}: valid ({} channel combination(s), {:?}/{}, dataset {})",
+                    file.display(),
+                    cfg.channel_sets.len(),
+                    cfg.model.arch,
+                    cfg.model.patch_size,
+                    cfg.data.dataset_dir.display()
+                );
+                match check_dataset(&cfg)
+                    .with_context(|| format!("{}: data.dataset_dir", file.display()))?
+                {
+                    Some(d) => {
+                        if !d.skipped_other_images.is_empty() {
+                            eprintln!(
+                                "warning: {} non-TIFF image(s) skipped (e.g. {}); scDINO's ImageFolder would have counted them, so its split indices differ from ours",
+                                d.skipped_other_images.len(),
+                                d.skipped_other_images[0].display()
+                            );
+                        }
+                        println!(
+                        "dataset: {} images, {} labels ({}), {} channels of {}x{} px",
+                        d.images,
+                        d.labels.len(),
+                        d.labels.join(", "),
+                        d.first_image_channels,
+                        d.first_image_size.0,
+                        d.first_image_size.1
+                        )
+                    }
+                    None => println!(
+                        "dataset: {} does not exist on this machine; not checked",
+                        cfg.data.dataset_dir.display()
+                    ),
+                }
+                Ok(())
+            }
+            ConfigCommand::Show { file } => {
+                let cfg = Config::load(&file)?;
+                print!("{}", cfg.to_yaml());
+                Ok(())
+            }
+            ConfigCommand::ImportScdino { file } => {
+                let text = std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                let imported = scdino::import(&text, &file.display().to_string())?;
+                print!(
+                    "# Imported from scDINO config {}\n{}",
+                    file.display(),
+                    imported.config.to_yaml()
+                );
+                for n in &imported.notes {
+                    eprintln!("note: {n}");
+                }
+                for u in &imported.unmapped {
+                    eprintln!("not mapped: {u}");
+                }
+                if imported.unmapped.is_empty() {
+                    eprintln!("all fields mapped");
+                } else {
+                    eprintln!("{} field(s) could not be mapped", imported.unmapped.len());
+                }
+                Ok(())
+            }
+        }
+        .or_else(|e: anyhow::Error| bail!("{e:#}"))
+    }
+}

@@ -1,0 +1,86 @@
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use trainer::config::Config;
+use trainer::data::{generate_synthetic, SynthOptions};
+use trainer::probe::forward_probe;
+
+/// `trainer synth`: the embedded demo data.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Output folder; receives `Training/` and `Test/`.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Number of classes (at most 8).
+    #[arg(long, default_value_t = 8)]
+    classes: usize,
+    /// Training images per class.
+    #[arg(long, default_value_t = 64)]
+    per_class: usize,
+    /// Image side in pixels.
+    #[arg(long, default_value_t = 50)]
+    size: usize,
+    #[arg(long, default_value_t = 5)]
+    channels: usize,
+    /// Test donors (`Test/DonorNN/Control/<class>/`).
+    #[arg(long, default_value_t = 2)]
+    donors: usize,
+}
+
+impl SynthArgs {
+    pub fn run(self) -> Result<()> {
+        let opts = SynthOptions {
+            out: self.out,
+            seed: self.seed,
+            classes: self.classes,
+            per_class: self.per_class,
+            size: self.size,
+            channels: self.channels,
+            donors: self.donors,
+        };
+        let s = generate_synthetic(&opts)
+            .with_context(|| format!("writing synthetic data to {}", opts.out.display()))?;
+        println!(
+            "wrote {} training images to {} and {} test images to {} ({} classes: {}; channels: {})",
+            s.train_images,
+            s.training_dir.display(),
+            s.test_images,
+            s.test_dir.display(),
+            s.classes.len(),
+            s.classes.join(", "),
+            s.channel_names.join(", ")
+        );
+        Ok(())
+    }
+}
+
+/// `trainer forward`: one multi-crop batch of real data through student and teacher.
+#[derive(Debug, Args)]
+pub struct ForwardArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Index into data.channel_combinations.
+    #[arg(long, default_value_t = 0)]
+    combination: usize,
+    /// Images in the batch (default: train.batch_size_per_gpu).
+    #[arg(long)]
+    images: Option<usize>,
+    /// Threads for libtorch (default: its own choice).
+    #[arg(long)]
+    threads: Option<i32>,
+}
+
+impl ForwardArgs {
+    pub fn run(self) -> Result<()> {
+        if let Some(t) = self.threads {
+            tch::set_num_threads(t);
+        }
+        let cfg = Config::load(&self.config)?;
+        let report = forward_probe(&cfg, self.combination, self.images)
+            .with_context(|| format!("forward probe of {}", self.config.display()))?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        Ok(())
+    }
+}

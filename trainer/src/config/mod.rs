@@ -1,0 +1,531 @@
+//! One YAML file drives every stage. `Sections` is the schema as written (with scDINO's
+//! defaults); `Config` is the same after validation, plus the values derived from it. A `Config`
+//! only exists validated: build it with [`Config::load`] or [`Config::from_yaml`].
+mod locate;
+pub mod scdino;
+mod sections;
+
+pub use locate::KeyLines;
+pub use sections::*;
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Syntax, type and unknown-key errors; the message carries line, column and a snippet.
+    #[error("{origin}: {message}")]
+    Parse { origin: String, message: String },
+    /// A value that parses but makes no sense.
+    #[error("{origin}{}: `{key}`: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        origin: String,
+        key: String,
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub run: RunSection,
+    pub data: DataSection,
+    pub model: ModelSection,
+    pub train: TrainSection,
+    pub augment: AugmentSection,
+    pub downstream: DownstreamSection,
+    /// `data.channel_combinations` as channel indices, in file order.
+    pub channel_sets: Vec<Vec<usize>>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// `origin` names the source in messages (a file path, or `<stdin>`).
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let sections: Sections = if text.trim().is_empty() {
+            Sections::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+                origin: origin.to_string(),
+                message: e.to_string(),
+            })?
+        };
+        let lines = KeyLines::scan(text);
+        Self::validate(sections, origin, &lines)
+    }
+
+    /// The sections as they would be written back (for `config show` and round trips).
+    pub fn sections(&self) -> Sections {
+        Sections {
+            run: self.run.clone(),
+            data: self.data.clone(),
+            model: self.model.clone(),
+            train: self.train.clone(),
+            augment: self.augment.clone(),
+            downstream: self.downstream.clone(),
+        }
+    }
+
+    /// The fully resolved configuration as YAML (defaults written out).
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(&self.sections()).expect("config sections always serialize")
+    }
+
+    /// Number of channels each image file must have.
+    pub fn file_channels(&self) -> usize {
+        self.data.channel_names.len()
+    }
+
+    /// The run folder: `{output_dir}/{name}`.
+    pub fn run_dir(&self) -> PathBuf {
+        self.run.output_dir.join(&self.run.name)
+    }
+
+    /// scDINO's model folder name, e.g. `name_of_model_channel_aTub_BF` for channels [0, 1].
+    pub fn model_dir_name(&self, channels: &[usize]) -> String {
+        let names: String = channels
+            .iter()
+            .map(|&c| format!("_{}", self.data.channel_names[c]))
+            .collect();
+        format!("{}_channel{}", self.model.name, names)
+    }
+
+    fn validate(s: Sections, origin: &str, lines: &KeyLines) -> Result<Self, ConfigError> {
+        let v = Validator { origin, lines };
+        let (run, data, model, train, aug, down) = (
+            &s.run,
+            &s.data,
+            &s.model,
+            &s.train,
+            &s.augment,
+            &s.downstream,
+        );
+
+        v.check(!run.name.trim().is_empty(), "run.name", "must not be empty")?;
+        v.check(
+            !run.name.contains('/'),
+            "run.name",
+            "is a folder name and must not contain '/'",
+        )?;
+        v.check(
+            run.seed <= u64::from(u32::MAX),
+            "run.seed",
+            "must be between 0 and 4294967295 (numpy's seed range, needed to reproduce scDINO's splits)",
+        )?;
+
+        v.fraction_open(data.train_fraction, "data.train_fraction")?;
+        v.check(
+            data.mean_std_fraction > 0.0 && data.mean_std_fraction <= 1.0,
+            "data.mean_std_fraction",
+            &format!(
+                "is {} but must be in (0, 1]: the share of images used to estimate mean/std",
+                data.mean_std_fraction
+            ),
+        )?;
+        v.check(
+            !data.images_are_rgb,
+            "data.images_are_rgb",
+            "RGB images are not supported yet; multi-channel TIFFs only",
+        )?;
+        let n_channels = data.channel_names.len();
+        v.check(
+            n_channels > 0,
+            "data.channel_names",
+            "name at least one channel (one name per channel of the TIFF files, in file order)",
+        )?;
+        for (i, name) in data.channel_names.iter().enumerate() {
+            let key = format!("data.channel_names[{i}]");
+            v.check(!name.is_empty(), &key, "channel names must not be empty")?;
+            v.check(
+                !name.contains('_') && !name.contains('/'),
+                &key,
+                &format!("channel name {name:?} must not contain '_' or '/' (they are used in folder names)"),
+            )?;
+            if data.channel_names[..i].contains(name) {
+                return Err(v.err(&key, &format!("channel name {name:?} appears twice")));
+            }
+        }
+        v.check(
+            !data.channel_combinations.is_empty(),
+            "data.channel_combinations",
+            "list at least one channel combination, e.g. \"01234\" for all five channels",
+        )?;
+        let mut channel_sets = Vec::with_capacity(data.channel_combinations.len());
+        for (i, combo) in data.channel_combinations.iter().enumerate() {
+            let key = format!("data.channel_combinations[{i}]");
+            let set = channel_set(combo).map_err(|m| v.err(&key, &m))?;
+            for &c in &set {
+                v.check(
+                    c < n_channels,
+                    &key,
+                    &format!(
+                        "channel {c} does not exist: the images have {n_channels} channels ({}), numbered 0 to {}",
+                        data.channel_names.join(", "),
+                        n_channels - 1
+                    ),
+                )?;
+            }
+            if channel_sets.contains(&set) {
+                return Err(v.err(&key, "this channel combination is listed twice"));
+            }
+            channel_sets.push(set);
+        }
+
+        v.check(
+            model.patch_size > 0 && model.patch_size <= 64,
+            "model.patch_size",
+            "must be between 1 and 64 pixels (scDINO uses 8 or 16)",
+        )?;
+        v.check(model.out_dim > 0, "model.out_dim", "must be positive")?;
+        v.check(
+            (0.0..1.0).contains(&model.drop_path_rate),
+            "model.drop_path_rate",
+            "must be in [0, 1)",
+        )?;
+        v.check(
+            !model.name.trim().is_empty(),
+            "model.name",
+            "must not be empty",
+        )?;
+        v.check(
+            !model.name.contains('/'),
+            "model.name",
+            "is a folder name and must not contain '/'",
+        )?;
+
+        v.check(train.epochs > 0, "train.epochs", "must be at least 1")?;
+        v.check(
+            train.checkpoint_every > 0,
+            "train.checkpoint_every",
+            "must be at least 1",
+        )?;
+        v.check(train.num_gpus > 0, "train.num_gpus", "must be at least 1")?;
+        v.check(
+            train.batch_size_per_gpu > 0,
+            "train.batch_size_per_gpu",
+            "must be at least 1",
+        )?;
+        v.check(
+            train.dist_url == "env://" || train.dist_url.starts_with("tcp://"),
+            "train.dist_url",
+            "must be \"env://\" or \"tcp://HOST:PORT\"",
+        )?;
+        v.check(
+            (0.0..=1.0).contains(&train.momentum_teacher),
+            "train.momentum_teacher",
+            "must be in [0, 1] (0.996 is typical)",
+        )?;
+        v.positive(train.warmup_teacher_temp, "train.warmup_teacher_temp")?;
+        v.positive(train.teacher_temp, "train.teacher_temp")?;
+        v.check(
+            train.warmup_teacher_temp_epochs <= train.epochs,
+            "train.warmup_teacher_temp_epochs",
+            &format!(
+                "is {} but training has only {} epochs",
+                train.warmup_teacher_temp_epochs, train.epochs
+            ),
+        )?;
+        v.non_negative(train.weight_decay, "train.weight_decay")?;
+        v.non_negative(train.weight_decay_end, "train.weight_decay_end")?;
+        v.non_negative(train.clip_grad, "train.clip_grad")?;
+        v.positive(train.lr, "train.lr")?;
+        v.non_negative(train.min_lr, "train.min_lr")?;
+        v.check(
+            train.min_lr <= train.lr,
+            "train.min_lr",
+            &format!(
+                "is {} but must not exceed train.lr ({})",
+                train.min_lr, train.lr
+            ),
+        )?;
+        v.check(
+            train.warmup_epochs <= train.epochs,
+            "train.warmup_epochs",
+            &format!(
+                "is {} but training has only {} epochs",
+                train.warmup_epochs, train.epochs
+            ),
+        )?;
+        v.check(
+            train.freeze_last_layer <= train.epochs,
+            "train.freeze_last_layer",
+            &format!(
+                "is {} but training has only {} epochs: the head's last layer would never train",
+                train.freeze_last_layer, train.epochs
+            ),
+        )?;
+
+        v.crop_scale(aug.global_crops_scale, "augment.global_crops_scale")?;
+        v.crop_scale(aug.local_crops_scale, "augment.local_crops_scale")?;
+        for (size, key) in [
+            (aug.global_crop_size, "augment.global_crop_size"),
+            (aug.local_crop_size, "augment.local_crop_size"),
+        ] {
+            v.check(
+                size >= model.patch_size,
+                key,
+                &format!(
+                    "is {size} px, smaller than one {} px patch",
+                    model.patch_size
+                ),
+            )?;
+        }
+
+        let f = &down.features;
+        v.check(
+            f.num_gpus > 0,
+            "downstream.features.num_gpus",
+            "must be at least 1",
+        )?;
+        v.check(
+            f.batch_size_per_gpu > 0,
+            "downstream.features.batch_size_per_gpu",
+            "must be at least 1",
+        )?;
+        v.check(
+            f.resize_length >= model.patch_size,
+            "downstream.features.resize_length",
+            "must be at least one patch",
+        )?;
+        v.check(
+            down.attention.image_size >= model.patch_size,
+            "downstream.attention.image_size",
+            "must be at least one patch",
+        )?;
+        v.check(
+            !down.knn.k.is_empty(),
+            "downstream.knn.k",
+            "list at least one k",
+        )?;
+        for (i, &k) in down.knn.k.iter().enumerate() {
+            v.check(
+                k > 0,
+                &format!("downstream.knn.k[{i}]"),
+                "k must be at least 1",
+            )?;
+        }
+        v.positive(down.knn.temperature, "downstream.knn.temperature")?;
+        let u = &down.umap;
+        v.check(
+            u.n_neighbors >= 2,
+            "downstream.umap.n_neighbors",
+            "must be at least 2",
+        )?;
+        v.non_negative(u.min_dist, "downstream.umap.min_dist")?;
+        v.positive(u.spread, "downstream.umap.spread")?;
+        v.check(
+            u.min_dist <= u.spread,
+            "downstream.umap.min_dist",
+            &format!(
+                "is {} but must not exceed spread ({})",
+                u.min_dist, u.spread
+            ),
+        )?;
+        v.check(
+            u.n_components >= 1,
+            "downstream.umap.n_components",
+            "must be at least 1",
+        )?;
+        v.check(
+            u.epochs >= 1,
+            "downstream.umap.epochs",
+            "must be at least 1",
+        )?;
+
+        Ok(Config {
+            run: s.run,
+            data: s.data,
+            model: s.model,
+            train: s.train,
+            augment: s.augment,
+            downstream: s.downstream,
+            channel_sets,
+        })
+    }
+}
+
+/// Parses `"01234"` or `[0, 1]` into channel indices (order kept, duplicates refused).
+fn channel_set(combo: &ChannelCombination) -> Result<Vec<usize>, String> {
+    let set: Vec<usize> = match combo {
+        ChannelCombination::Digits(s) => s
+            .chars()
+            .map(|ch| {
+                ch.to_digit(10).map(|d| d as usize).ok_or_else(|| {
+                    format!("{s:?} must be channel digits like \"024\" (found {ch:?}); use a list like [10, 11] for channels above 9")
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        ChannelCombination::Indices(v) => v.clone(),
+    };
+    if set.is_empty() {
+        return Err("a channel combination needs at least one channel".into());
+    }
+    for (i, c) in set.iter().enumerate() {
+        if set[..i].contains(c) {
+            return Err(format!("channel {c} is selected twice"));
+        }
+    }
+    Ok(set)
+}
+
+struct Validator<'a> {
+    origin: &'a str,
+    lines: &'a KeyLines,
+}
+
+impl Validator<'_> {
+    fn err(&self, key: &str, message: &str) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin.to_string(),
+            key: key.to_string(),
+            line: self.lines.line_of(key),
+            message: message.to_string(),
+        }
+    }
+
+    fn check(&self, ok: bool, key: &str, message: &str) -> Result<(), ConfigError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.err(key, message))
+        }
+    }
+
+    fn positive(&self, x: f64, key: &str) -> Result<(), ConfigError> {
+        self.check(
+            x.is_finite() && x > 0.0,
+            key,
+            &format!("is {x} but must be a positive number"),
+        )
+    }
+
+    fn non_negative(&self, x: f64, key: &str) -> Result<(), ConfigError> {
+        self.check(
+            x.is_finite() && x >= 0.0,
+            key,
+            &format!("is {x} but must be zero or positive"),
+        )
+    }
+
+    fn fraction_open(&self, x: f64, key: &str) -> Result<(), ConfigError> {
+        self.check(
+            x > 0.0 && x < 1.0,
+            key,
+            &format!("is {x} but must be strictly between 0 and 1"),
+        )
+    }
+
+    fn crop_scale(&self, (lo, hi): (f64, f64), key: &str) -> Result<(), ConfigError> {
+        self.check(
+            lo > 0.0 && hi <= 1.0,
+            key,
+            &format!(
+                "[{lo}, {hi}]: both ends are fractions of the image area and must lie in (0, 1]"
+            ),
+        )?;
+        self.check(
+            lo <= hi,
+            key,
+            &format!("[{lo}, {hi}]: the smaller scale must come first"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(yaml: &str) -> (String, Option<usize>, String) {
+        match Config::from_yaml(yaml, "t.yaml") {
+            Err(ConfigError::Invalid {
+                key, line, message, ..
+            }) => (key, line, message),
+            other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_scdino_defaults() {
+        let c = Config::from_yaml("", "t").unwrap();
+        assert_eq!(c.run.seed, 40);
+        assert_eq!(c.train.warmup_epochs, 5);
+        assert_eq!(c.train.teacher_temp, 0.04);
+        assert_eq!(c.augment.global_crops_scale, (0.14, 1.0));
+        assert_eq!(c.channel_sets[0], vec![0, 1, 2, 3, 4]);
+        assert_eq!(c.channel_sets.len(), 6);
+        assert_eq!(c.downstream.knn.k, vec![5, 10, 50, 100, 200, 500]);
+    }
+
+    #[test]
+    fn misspelled_key_is_an_error_naming_key_and_line() {
+        let e = Config::from_yaml("train:\n  lr: 0.001\n  warump_epochs: 3\n", "cfg.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("warump_epochs"), "{e}");
+        assert!(e.contains("line 3"), "{e}");
+        assert!(e.contains("cfg.yaml"), "{e}");
+    }
+
+    #[test]
+    fn validation_errors_name_key_and_line() {
+        let (key, line, msg) =
+            invalid("run:\n  seed: 1\naugment:\n  local_crops_scale: [0.4, 0.05]\n");
+        assert_eq!(key, "augment.local_crops_scale");
+        assert_eq!(line, Some(4));
+        assert!(msg.contains("smaller scale must come first"), "{msg}");
+
+        let (key, line, msg) =
+            invalid("data:\n  channel_names: [A, B, C]\n  channel_combinations: [\"01\", \"3\"]\n");
+        assert_eq!(key, "data.channel_combinations[1]");
+        assert_eq!(line, Some(3));
+        assert!(msg.contains("channel 3 does not exist"), "{msg}");
+
+        let (key, _, _) =
+            invalid("data:\n  channel_names: [A_1, B]\n  channel_combinations: [\"0\"]\n");
+        assert_eq!(key, "data.channel_names[0]");
+        let (key, line, _) = invalid("train:\n  epochs: 3\n  warmup_epochs: 4\n");
+        assert_eq!((key.as_str(), line), ("train.warmup_epochs", Some(3)));
+        let (key, line, _) = invalid("data:\n  train_fraction: 1.0\n");
+        assert_eq!((key.as_str(), line), ("data.train_fraction", Some(2)));
+        let (key, _, _) = invalid("run:\n  seed: 4294967296\n");
+        assert_eq!(key, "run.seed");
+        // A default that becomes invalid through another key has no line of its own.
+        let (key, line, _) = invalid("model:\n  patch_size: 32\naugment:\n  local_crop_size: 16\n");
+        assert_eq!((key.as_str(), line), ("augment.local_crop_size", Some(4)));
+    }
+
+    #[test]
+    fn list_channel_combinations_are_accepted() {
+        let c = Config::from_yaml(
+            "data:\n  channel_names: [a, b, c, d, e, f, g, h, i, j, k, l]\n  channel_combinations: [[11, 0], \"29\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.channel_sets, vec![vec![11, 0], vec![2, 9]]);
+        assert_eq!(c.model_dir_name(&[11, 0]), "name_of_model_channel_l_a");
+    }
+
+    #[test]
+    fn resolved_yaml_round_trips() {
+        let c = Config::from_yaml(
+            "run:\n  name: demo\ntrain:\n  min_lr: 1.0e-7\n  precision: bf16\n",
+            "t",
+        )
+        .unwrap();
+        let again = Config::from_yaml(&c.to_yaml(), "shown").unwrap();
+        assert_eq!(c, again);
+    }
+}

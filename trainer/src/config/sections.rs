@@ -1,0 +1,371 @@
+//! The YAML schema: one struct per section, every field defaulted to scDINO's
+//! `scDINO_full_pipeline.yaml` value (or its argparse default where the yaml is silent).
+//!
+//! Unknown keys are rejected (`deny_unknown_fields`) because scDINO silently ignored its own
+//! misspelled keys (`warump_epochs`, `techer_temp`) and trained with values nobody chose.
+//! The doc comment of each field names the scDINO key it replaces.
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The whole file as written by the user, with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Sections {
+    pub run: RunSection,
+    pub data: DataSection,
+    pub model: ModelSection,
+    pub train: TrainSection,
+    pub augment: AugmentSection,
+    pub downstream: DownstreamSection,
+}
+
+/// Where a run lives and how it is seeded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunSection {
+    /// `meta.name_of_run`: the run folder under `output_dir`.
+    pub name: String,
+    /// `meta.output_dir`.
+    pub output_dir: PathBuf,
+    /// `meta.seed`: split, torch and kNN seed (numpy legacy seeding needs 0..2^32-1).
+    pub seed: u64,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        Self {
+            name: "name_of_run".into(),
+            output_dir: "/outputdir".into(),
+            seed: 40,
+        }
+    }
+}
+
+/// The image folder and how each image becomes a tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataSection {
+    /// `meta.dataset_dir`: an ImageFolder-style tree of multi-channel TIFFs.
+    pub dataset_dir: PathBuf,
+    /// `meta.folder_depth_for_labels`: 0 = the folder holding the image, 1 = the one above, ...
+    pub label_folder_depth: usize,
+    /// `meta.train_datasetsplit_fraction`: DINO trains on this fraction; analyses use the rest.
+    pub train_fraction: f64,
+    /// `meta.images_are_RGB`.
+    pub images_are_rgb: bool,
+    /// `meta.channel_dict`: the name of channel i at position i.
+    pub channel_names: Vec<String>,
+    /// `meta.selected_channel_combination_per_run`: one model per entry; `"01234"` or `[0, 1]`.
+    pub channel_combinations: Vec<ChannelCombination>,
+    /// `meta.center_crop`: 0 = off, otherwise the side of a centre crop taken before min–max.
+    pub center_crop: usize,
+    /// `train_scDINO.fraction_for_mean_std_calc`.
+    pub mean_std_fraction: f64,
+    /// `train_scDINO.num_workers`: loader threads per process.
+    pub num_workers: usize,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        Self {
+            dataset_dir: "/datasetdir".into(),
+            label_folder_depth: 0,
+            train_fraction: 0.8,
+            images_are_rgb: false,
+            channel_names: ["aTub", "BF", "DAPI", "Oct4", "PE"]
+                .map(String::from)
+                .to_vec(),
+            channel_combinations: ["01234", "0", "1", "2", "3", "4"]
+                .map(|s| ChannelCombination::Digits(s.into()))
+                .to_vec(),
+            center_crop: 0,
+            mean_std_fraction: 0.2,
+            num_workers: 8,
+        }
+    }
+}
+
+/// A set of channel indices, written as scDINO's digit string or as a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ChannelCombination {
+    Digits(String),
+    Indices(Vec<usize>),
+}
+
+/// ViT backbone and DINO head.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// `train_scDINO.dino_vit_name`: prefix of the model and analysis folders.
+    pub name: String,
+    /// `hyperparameters.arch`.
+    pub arch: Arch,
+    /// `hyperparameters.patch_size`.
+    pub patch_size: usize,
+    /// argparse `--out_dim`: prototypes of the DINO head.
+    pub out_dim: usize,
+    /// `hyperparameters.norm_last_layer`: freeze `weight_g` of the head's last layer at 1.
+    pub norm_last_layer: bool,
+    /// `hyperparameters.use_bn_in_head`.
+    pub use_bn_in_head: bool,
+    /// `hyperparameters.drop_path_rate`: stochastic depth of the student only.
+    pub drop_path_rate: f64,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            name: "name_of_model".into(),
+            arch: Arch::VitSmall,
+            patch_size: 16,
+            out_dim: 65536,
+            norm_last_layer: true,
+            use_bn_in_head: false,
+            drop_path_rate: 0.1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    VitTiny,
+    VitSmall,
+    VitBase,
+}
+
+/// Optimisation and schedules (scDINO `train_scDINO` + `hyperparameters`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSection {
+    /// `train_scDINO.epochs`.
+    pub epochs: usize,
+    /// `train_scDINO.saveckp_freq`: keep `checkpointNNNN` every n epochs (also the analysed epochs).
+    pub checkpoint_every: usize,
+    /// `train_scDINO.num_gpus`: processes per node.
+    pub num_gpus: usize,
+    /// `train_scDINO.batch_size_per_gpu`.
+    pub batch_size_per_gpu: usize,
+    /// `train_scDINO.dist_url`: `env://` (torchrun/Slurm variables) or `tcp://host:port`.
+    pub dist_url: String,
+    /// `hyperparameters.momentum_teacher`: start of the EMA momentum schedule (ends at 1).
+    pub momentum_teacher: f64,
+    /// `hyperparameters.warmup_teacher_temp`.
+    pub warmup_teacher_temp: f64,
+    /// `hyperparameters.teacher_temp` (misspelled `techer_temp` in scDINO's yaml, hence ignored there).
+    pub teacher_temp: f64,
+    /// `hyperparameters.warmup_teacher_temp_epochs`.
+    pub warmup_teacher_temp_epochs: usize,
+    /// `hyperparameters.use_fp16` (true = fp16), extended with bf16.
+    pub precision: Precision,
+    /// `hyperparameters.weight_decay`: start of the (increasing) cosine schedule.
+    pub weight_decay: f64,
+    /// `hyperparameters.weight_decay_end`.
+    pub weight_decay_end: f64,
+    /// `hyperparameters.clip_grad`: per-parameter gradient norm limit; 0 disables.
+    pub clip_grad: f64,
+    /// `hyperparameters.freeze_last_layer`: epochs during which the head's last layer is frozen.
+    pub freeze_last_layer: usize,
+    /// `hyperparameters.lr`: peak learning rate for a global batch of 256 (scaled linearly).
+    pub lr: f64,
+    /// `hyperparameters.warmup_epochs` (misspelled `warump_epochs` in scDINO's yaml).
+    pub warmup_epochs: usize,
+    /// `hyperparameters.min_lr`.
+    pub min_lr: f64,
+    /// `hyperparameters.optimizer`.
+    pub optimizer: Optimizer,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            epochs: 10,
+            checkpoint_every: 2,
+            num_gpus: 2,
+            batch_size_per_gpu: 30,
+            dist_url: "env://".into(),
+            momentum_teacher: 0.996,
+            warmup_teacher_temp: 0.04,
+            teacher_temp: 0.04,
+            warmup_teacher_temp_epochs: 0,
+            precision: Precision::Fp16,
+            weight_decay: 0.04,
+            weight_decay_end: 0.4,
+            clip_grad: 3.0,
+            freeze_last_layer: 1,
+            lr: 0.0005,
+            warmup_epochs: 5,
+            min_lr: 1e-6,
+            optimizer: Optimizer::Adamw,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    Adamw,
+    Sgd,
+    Lars,
+}
+
+/// Multi-crop augmentation (scDINO `DataAugmentationDINO`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AugmentSection {
+    /// `hyperparameters.global_crops_scale` (yaml default; scDINO's argparse default is (0.4, 1)).
+    pub global_crops_scale: (f64, f64),
+    /// Side of the two global crops (224 in scDINO).
+    pub global_crop_size: usize,
+    /// `hyperparameters.local_crops_number`.
+    pub local_crops_number: usize,
+    /// `hyperparameters.local_crops_scale` (yaml default; argparse default is (0.05, 0.4)).
+    pub local_crops_scale: (f64, f64),
+    /// Side of the local crops (96 in scDINO).
+    pub local_crop_size: usize,
+}
+
+impl Default for AugmentSection {
+    fn default() -> Self {
+        Self {
+            global_crops_scale: (0.14, 1.0),
+            global_crop_size: 224,
+            local_crops_number: 8,
+            local_crops_scale: (0.05, 0.14),
+            local_crop_size: 96,
+        }
+    }
+}
+
+/// The analyses run after training (scDINO `downstream_analyses`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct DownstreamSection {
+    pub features: FeaturesSection,
+    pub attention: AttentionSection,
+    pub knn: KnnSection,
+    pub umap: UmapSection,
+}
+
+/// `downstream_analyses.compute_cls_features`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FeaturesSection {
+    /// Apply the dataset mean/std before the backbone.
+    pub normalize: bool,
+    pub num_gpus: usize,
+    pub batch_size_per_gpu: usize,
+    pub num_workers: usize,
+    /// Which network of the checkpoint to embed with.
+    pub checkpoint_key: CheckpointKey,
+    pub resize: bool,
+    /// Side the images are resized to when `resize` is on.
+    pub resize_length: usize,
+}
+
+impl Default for FeaturesSection {
+    fn default() -> Self {
+        Self {
+            normalize: true,
+            num_gpus: 2,
+            batch_size_per_gpu: 24,
+            num_workers: 8,
+            checkpoint_key: CheckpointKey::Teacher,
+            resize: true,
+            resize_length: 224,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKey {
+    Teacher,
+    Student,
+}
+
+/// `downstream_analyses.attention_visualisation`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AttentionSection {
+    /// `num_images_per_class`.
+    pub images_per_class: usize,
+    /// `resize_attention_image`.
+    pub resize: bool,
+    /// `image_size`: side of the image the attention is computed on.
+    pub image_size: usize,
+}
+
+impl Default for AttentionSection {
+    fn default() -> Self {
+        Self {
+            images_per_class: 1,
+            resize: true,
+            image_size: 480,
+        }
+    }
+}
+
+/// `downstream_analyses.kNN.global`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KnnSection {
+    /// `n_neighbors`: every k evaluated.
+    pub k: Vec<usize>,
+    /// `temperature` of the exp(sim/T) vote weights.
+    pub temperature: f64,
+}
+
+impl Default for KnnSection {
+    fn default() -> Self {
+        Self {
+            k: vec![5, 10, 50, 100, 200, 500],
+            temperature: 0.1,
+        }
+    }
+}
+
+/// `downstream_analyses.umap_eval` (scDINO ignored n_neighbors and min_dist; we honour them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UmapSection {
+    pub n_neighbors: usize,
+    pub min_dist: f64,
+    pub n_components: usize,
+    pub metric: UmapMetric,
+    pub spread: f64,
+    pub epochs: usize,
+    pub topometry_plots: bool,
+}
+
+impl Default for UmapSection {
+    fn default() -> Self {
+        Self {
+            n_neighbors: 30,
+            min_dist: 0.4,
+            n_components: 2,
+            metric: UmapMetric::Euclidean,
+            spread: 1.1,
+            epochs: 100,
+            topometry_plots: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UmapMetric {
+    Euclidean,
+    Cosine,
+    Manhattan,
+    Correlation,
+}

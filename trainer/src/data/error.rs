@@ -1,0 +1,113 @@
+//! Error type of the data layer.
+//!
+//! Every variant that concerns a file or directory carries its path, so a bad
+//! file among a hundred thousand can be found from the message alone. Input
+//! data never causes a panic: the reader, indexer and preprocessing return
+//! these errors instead.
+
+use std::path::PathBuf;
+
+/// Errors raised while reading, indexing, splitting, preprocessing or
+/// generating image data.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// An operating-system I/O error on `path`.
+    #[error("{}: {context}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        /// What we were doing, e.g. "opening file".
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The `tiff` crate rejected the file (not a TIFF, truncated, corrupt).
+    #[error("{}: invalid or truncated TIFF: {source}", path.display())]
+    Tiff {
+        path: PathBuf,
+        #[source]
+        source: tiff::TiffError,
+    },
+
+    /// A well-formed TIFF whose layout or sample type we do not support, or
+    /// whose pages disagree with each other.
+    #[error("{}: unsupported TIFF: {reason}", path.display())]
+    UnsupportedTiff { path: PathBuf, reason: String },
+
+    /// The dataset root does not exist or is not a directory.
+    #[error("{}: dataset root {reason}", path.display())]
+    DatasetRoot { path: PathBuf, reason: &'static str },
+
+    /// The dataset root has no class sub-directories (torchvision raises
+    /// `FileNotFoundError("Couldn't find any class folder")` here).
+    #[error("{}: no class folders found in dataset root", path.display())]
+    NoClassFolders { path: PathBuf },
+
+    /// Some class folders contain no `.tif`/`.tiff` file (torchvision raises
+    /// `FileNotFoundError("Found no valid file for the classes ...")`).
+    #[error("{}: no .tif/.tiff files for the classes {}", root.display(), classes.join(", "))]
+    EmptyClasses { root: PathBuf, classes: Vec<String> },
+
+    /// `folder_depth_for_labels` points above the first component of a path
+    /// (Python would raise `IndexError` on `path.split("/")[-depth-2]`).
+    #[error(
+        "{}: folder_depth_for_labels={depth} needs at least {} '/'-separated components, path has {components}",
+        path.display(), depth + 2
+    )]
+    LabelDepth {
+        path: PathBuf,
+        depth: usize,
+        components: usize,
+    },
+
+    /// A selected channel index is not below the number of image channels.
+    #[error("channel index {channel} out of range for an image with {channels} channels")]
+    ChannelOutOfRange { channel: usize, channels: usize },
+
+    /// A function argument is outside its valid range (fractions, sizes...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Wraps an error that has no path of its own (e.g. from preprocessing)
+    /// with the file it occurred on.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<DataError>,
+    },
+}
+
+impl DataError {
+    /// Attach `path` to an error that does not already name a file.
+    pub fn in_file(self, path: impl Into<PathBuf>) -> DataError {
+        match self {
+            DataError::ChannelOutOfRange { .. } | DataError::InvalidArgument(_) => {
+                DataError::InFile {
+                    path: path.into(),
+                    source: Box::new(self),
+                }
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) fn io(
+        path: impl Into<PathBuf>,
+        context: &'static str,
+        source: std::io::Error,
+    ) -> Self {
+        DataError::Io {
+            path: path.into(),
+            context,
+            source,
+        }
+    }
+
+    pub(crate) fn unsupported(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        DataError::UnsupportedTiff {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}

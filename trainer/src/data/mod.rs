@@ -1,0 +1,28 @@
+//! Data foundation of the scDINO trainer.
+//!
+//! * [`tiff_reader`]: multi-channel TIFF → C×H×W `f32` (chunky, planar and
+//!   page-stack layouts), plus the u16 chunky writer used by [`synth`].
+//! * [`index`]: torchvision `ImageFolder` enumeration, sample for sample, so
+//!   seeded splits select the same files as scDINO.
+//! * [`split`]: numpy legacy `RandomState` (MT19937) seeding and shuffle, the
+//!   train/held-out split and the mean/std subset.
+//! * [`preprocess`]: channel selection, center crop, per-image min–max.
+//! * [`synth`]: a deterministic synthetic PBMC-like dataset for tests/demos.
+//!
+//! Errors are [`DataError`]s naming the offending file; nothing here panics on
+//! bad input data. `index` uses Unix file-name APIs (the trainer targets
+//! Linux).
+
+pub mod error;
+pub mod index;
+pub mod preprocess;
+pub mod split;
+pub mod synth;
+pub mod tiff_reader;
+
+pub use error::DataError;
+pub use index::{build_index, DatasetIndex, Sample};
+pub use preprocess::{MinMaxOutcome, NanAction, NanPolicy, PreprocessOptions};
+pub use split::{mean_std_subset, numpy_shuffled_indices, train_heldout_split, Split};
+pub use synth::{generate as generate_synthetic, SynthOptions, SynthSummary};
+pub use tiff_reader::{read_tiff, write_tiff_u16_chunky, Chw, ImageChw, ImageChwU16};

@@ -1,0 +1,392 @@
+//! Per-image preprocessing shared by every stage (scDINO `main_dino.py`
+//! `Multichannel_dataset.__getitem__`, and its copies in the mean/std,
+//! CLS-feature, label and attention scripts), in scDINO's order:
+//!
+//! 1. [`select_channels`] — `x[:, :, selected_channels]`, *before* scaling
+//!    (the mean/std stage skips it and keeps every channel);
+//! 2. [`center_crop`] — torchvision `CenterCrop(n)` if `center_crop != 0`;
+//! 3. [`minmax_scale`] — `utils.normalize_numpy_0_to_1`, per image and per
+//!    channel, in f64;
+//! 4. NaN check — what happens to an image with NaN depends on the stage,
+//!    see [`NanPolicy`].
+
+use super::error::DataError;
+use super::tiff_reader::{Chw, ImageChw};
+
+/// Keep `channels` (in that order; repeats allowed, as with numpy fancy
+/// indexing). Every index must be below the image's channel count.
+pub fn select_channels(img: &ImageChw, channels: &[usize]) -> Result<ImageChw, DataError> {
+    let mut data = Vec::with_capacity(channels.len() * img.plane_len());
+    for &c in channels {
+        data.extend_from_slice(img.try_channel(c)?);
+    }
+    Chw::new(channels.len(), img.height, img.width, data)
+}
+
+/// torchvision `CenterCrop(size)` (square) on a C×H×W tensor.
+pub fn center_crop(img: &ImageChw, size: usize) -> Result<ImageChw, DataError> {
+    center_crop_hw(img, size, size)
+}
+
+/// torchvision `F.center_crop` for tensors, including its padding rule: if
+/// the crop is larger than the image in a dimension, the image is first
+/// zero-padded by `(crop - size) // 2` before and `(crop - size + 1) // 2`
+/// after; the offset is then `int(round((size - crop) / 2))` with Python's
+/// round-half-to-even. Zero-padding matters downstream: the zeros take part
+/// in the min–max scaling that follows.
+pub fn center_crop_hw(img: &ImageChw, crop_h: usize, crop_w: usize) -> Result<ImageChw, DataError> {
+    if crop_h == 0 || crop_w == 0 {
+        return Err(DataError::InvalidArgument(format!(
+            "center crop size must be positive, got {crop_h}×{crop_w}"
+        )));
+    }
+    // Padding before the crop (only in a dimension where crop > size).
+    let pad_top = crop_h.saturating_sub(img.height) / 2;
+    let pad_left = crop_w.saturating_sub(img.width) / 2;
+    let padded_h = img.height.max(crop_h);
+    let padded_w = img.width.max(crop_w);
+    let top = python_round_half(padded_h - crop_h);
+    let left = python_round_half(padded_w - crop_w);
+    let mut data = Vec::with_capacity(img.channels * crop_h * crop_w);
+    for c in 0..img.channels {
+        let plane = img.channel(c);
+        for y in 0..crop_h {
+            // Row in the padded image, then in the original one.
+            let py = y + top;
+            let src_y = py.checked_sub(pad_top).filter(|&v| v < img.height);
+            for x in 0..crop_w {
+                let px = x + left;
+                let src_x = px.checked_sub(pad_left).filter(|&v| v < img.width);
+                data.push(match (src_y, src_x) {
+                    (Some(sy), Some(sx)) => plane[sy * img.width + sx],
+                    _ => 0.0,
+                });
+            }
+        }
+    }
+    Chw::new(img.channels, crop_h, crop_w, data)
+}
+
+/// `int(round(diff / 2.0))` with Python's round-half-to-even.
+fn python_round_half(diff: usize) -> usize {
+    let half = diff / 2;
+    if diff % 2 == 1 && half % 2 == 1 {
+        half + 1
+    } else {
+        half
+    }
+}
+
+/// What min–max scaling did to an image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinMaxOutcome {
+    /// Per-channel minimum before scaling (NaN if the channel had a NaN).
+    pub min: Vec<f64>,
+    /// Per-channel maximum actually divided by, i.e. after the zero-max rule.
+    pub max: Vec<f64>,
+    /// True if some channel had `max - min == 0`, so every channel with
+    /// `max == 0` got `max := 1`.
+    pub zero_max_rule_applied: bool,
+    /// Channels that contain at least one NaN after scaling (a constant
+    /// non-zero channel, or NaN in the input).
+    pub nan_channels: Vec<usize>,
+}
+
+impl MinMaxOutcome {
+    /// scDINO's `utils.check_nan(image)`: any NaN anywhere.
+    pub fn has_nan(&self) -> bool {
+        !self.nan_channels.is_empty()
+    }
+}
+
+/// What to do with an image whose min–max scaling produced NaN. scDINO does
+/// not treat all stages alike, and the difference is observable (batch sizes,
+/// feature rows), so the caller must choose explicitly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NanPolicy {
+    /// Training (`main_dino.py`) and mean/std (`mean_std_dataset.py`):
+    /// `__getitem__` returns `None` and `utils.collate_fn` filters it out,
+    /// so that batch is one image smaller.
+    DropImage,
+    /// CLS features (`compute_CLS_features.py`) and labels
+    /// (`extract_image_labels.py`): the image is replaced by dataset image 0
+    /// (after its own preprocessing), so every index still yields a row. Note
+    /// that the label/path written for that row are still those of the
+    /// original index.
+    ReplaceWithFirstImage,
+}
+
+/// What the caller should do with one preprocessed image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NanAction {
+    /// No NaN: use the image.
+    Keep,
+    /// Skip the image (the batch shrinks).
+    Drop,
+    /// Use preprocessed dataset image 0 in its place.
+    ReplaceWithFirstImage,
+}
+
+impl NanPolicy {
+    /// Decide for one image given its scaling outcome.
+    pub fn action(self, outcome: &MinMaxOutcome) -> NanAction {
+        match (outcome.has_nan(), self) {
+            (false, _) => NanAction::Keep,
+            (true, NanPolicy::DropImage) => NanAction::Drop,
+            (true, NanPolicy::ReplaceWithFirstImage) => NanAction::ReplaceWithFirstImage,
+        }
+    }
+}
+
+/// Per-channel min/max with numpy semantics: NaN if any value is NaN.
+fn channel_min_max(plane: &[f32]) -> (f64, f64) {
+    let mut min = f64::INFINITY;
+    let mut max = f64::NEG_INFINITY;
+    for &v in plane {
+        let v = f64::from(v);
+        if v.is_nan() {
+            return (f64::NAN, f64::NAN);
+        }
+        min = min.min(v);
+        max = max.max(v);
+    }
+    (min, max)
+}
+
+/// Compute the scaling parameters exactly like scDINO's
+/// `normalize_numpy_0_to_1` (HEAD, with the zero-max fix of commit 8b2236b):
+/// `x_min`, `x_max` per channel; if any channel has `x_max - x_min == 0`,
+/// set `x_max := 1` for every channel whose `x_max == 0`.
+fn minmax_params(img: &ImageChw) -> (Vec<f64>, Vec<f64>, bool) {
+    let (mut mins, mut maxs): (Vec<f64>, Vec<f64>) = (0..img.channels)
+        .map(|c| channel_min_max(img.channel(c)))
+        .unzip();
+    let any_zero_range = mins.iter().zip(&maxs).any(|(lo, hi)| hi - lo == 0.0);
+    if any_zero_range {
+        for hi in maxs.iter_mut().filter(|hi| **hi == 0.0) {
+            *hi = 1.0;
+        }
+    }
+    // Empty planes (H·W = 0) have no min/max; numpy would raise. Keep NaN.
+    if img.plane_len() == 0 {
+        mins.iter_mut()
+            .chain(maxs.iter_mut())
+            .for_each(|v| *v = f64::NAN);
+    }
+    (mins, maxs, any_zero_range)
+}
+
+/// Per-image, per-channel min–max scaling to [0, 1], in place. The arithmetic
+/// is `(x - x_min) / (x_max - x_min)` in f64, rounded to f32 afterwards —
+/// bit-identical to `torch.from_numpy(normalize_numpy_0_to_1(x)).float()`.
+/// A constant non-zero channel becomes NaN (0/0), as in scDINO; see the
+/// returned [`MinMaxOutcome`] and [`NanPolicy`].
+pub fn minmax_scale(img: &mut ImageChw) -> MinMaxOutcome {
+    let (min, max, zero_max_rule_applied) = minmax_params(img);
+    let mut nan_channels = Vec::new();
+    for c in 0..img.channels {
+        let (lo, range) = (min[c], max[c] - min[c]);
+        let mut has_nan = false;
+        for v in img.channel_mut(c) {
+            let scaled = (f64::from(*v) - lo) / range;
+            has_nan |= scaled.is_nan();
+            *v = scaled as f32;
+        }
+        if has_nan {
+            nan_channels.push(c);
+        }
+    }
+    MinMaxOutcome {
+        min,
+        max,
+        zero_max_rule_applied,
+        nan_channels,
+    }
+}
+
+/// Like [`minmax_scale`] but keeps the f64 result (the CLS-feature stage of
+/// scDINO feeds float64 tensors). Returned in C×H×W order.
+pub fn minmax_scale_f64(img: &ImageChw) -> (Vec<f64>, MinMaxOutcome) {
+    let (min, max, zero_max_rule_applied) = minmax_params(img);
+    let mut out = Vec::with_capacity(img.data.len());
+    let mut nan_channels = Vec::new();
+    for c in 0..img.channels {
+        let (lo, range) = (min[c], max[c] - min[c]);
+        let start = out.len();
+        out.extend(img.channel(c).iter().map(|&v| (f64::from(v) - lo) / range));
+        if out[start..].iter().any(|v| v.is_nan()) {
+            nan_channels.push(c);
+        }
+    }
+    let outcome = MinMaxOutcome {
+        min,
+        max,
+        zero_max_rule_applied,
+        nan_channels,
+    };
+    (out, outcome)
+}
+
+/// The §3 steps that every stage shares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreprocessOptions {
+    /// Channels to keep, in order; `None` keeps all (mean/std stage).
+    pub selected_channels: Option<Vec<usize>>,
+    /// `center_crop` from the config; 0 disables it (the default).
+    pub center_crop: usize,
+}
+
+/// Channel selection → optional center crop → min–max scaling. Returns the
+/// scaled image and the outcome; apply a [`NanPolicy`] to the outcome.
+pub fn preprocess(
+    img: &ImageChw,
+    opts: &PreprocessOptions,
+) -> Result<(ImageChw, MinMaxOutcome), DataError> {
+    let mut out = match &opts.selected_channels {
+        Some(sel) => select_channels(img, sel)?,
+        None => img.clone(),
+    };
+    if opts.center_crop != 0 {
+        out = center_crop(&out, opts.center_crop)?;
+    }
+    let outcome = minmax_scale(&mut out);
+    Ok((out, outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn img(c: usize, h: usize, w: usize, f: impl Fn(usize, usize, usize) -> f32) -> ImageChw {
+        let mut data = Vec::new();
+        for ci in 0..c {
+            for y in 0..h {
+                for x in 0..w {
+                    data.push(f(ci, y, x));
+                }
+            }
+        }
+        Chw::new(c, h, w, data).unwrap()
+    }
+
+    #[test]
+    fn selection_order_and_range() {
+        let im = img(3, 2, 2, |c, _, _| c as f32);
+        let s = select_channels(&im, &[2, 0, 2]).unwrap();
+        assert_eq!(s.channels, 3);
+        assert_eq!(s.channel(0), &[2.0; 4]);
+        assert_eq!(s.channel(1), &[0.0; 4]);
+        assert!(matches!(
+            select_channels(&im, &[3]),
+            Err(DataError::ChannelOutOfRange {
+                channel: 3,
+                channels: 3
+            })
+        ));
+    }
+
+    #[test]
+    fn crop_offsets_follow_python_round() {
+        // 50 → 45: diff 5, 5/2 = 2.5 rounds to 2 (half to even).
+        let im = img(1, 50, 50, |_, y, x| (y * 100 + x) as f32);
+        let c = center_crop(&im, 45).unwrap();
+        assert_eq!(c.get(0, 0, 0), 202.0);
+        // 50 → 47: diff 3, 1.5 rounds to 2.
+        let c = center_crop(&im, 47).unwrap();
+        assert_eq!(c.get(0, 0, 0), 202.0);
+        // 50 → 49: diff 1, 0.5 rounds to 0.
+        assert_eq!(center_crop(&im, 49).unwrap().get(0, 0, 0), 0.0);
+        assert_eq!(center_crop(&im, 50).unwrap(), im);
+    }
+
+    #[test]
+    fn crop_pads_with_zeros_when_larger() {
+        // 3×3 → 6×6: pad (6-3)//2 = 1 before, 2 after.
+        let im = img(1, 3, 3, |_, y, x| (1 + y * 3 + x) as f32);
+        let c = center_crop(&im, 6).unwrap();
+        assert_eq!(c.get(0, 0, 0), 0.0);
+        assert_eq!(c.get(0, 1, 1), 1.0);
+        assert_eq!(c.get(0, 3, 3), 9.0);
+        assert_eq!(c.get(0, 4, 4), 0.0);
+        assert!(center_crop(&im, 0).is_err());
+    }
+
+    #[test]
+    fn minmax_edge_cases() {
+        // ch0 normal, ch1 all zero, ch2 constant 7 → NaN.
+        let mut im = img(3, 2, 2, |c, y, x| match c {
+            0 => (y * 2 + x) as f32,
+            1 => 0.0,
+            _ => 7.0,
+        });
+        let out = minmax_scale(&mut im);
+        assert!(out.zero_max_rule_applied);
+        assert_eq!(out.nan_channels, vec![2]);
+        assert_eq!(im.channel(0), &[0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0]);
+        assert_eq!(im.channel(1), &[0.0; 4]);
+        assert!(im.channel(2).iter().all(|v| v.is_nan()));
+        assert_eq!(NanPolicy::DropImage.action(&out), NanAction::Drop);
+        assert_eq!(
+            NanPolicy::ReplaceWithFirstImage.action(&out),
+            NanAction::ReplaceWithFirstImage
+        );
+    }
+
+    #[test]
+    fn zero_max_rule_only_when_some_range_is_zero() {
+        // ch0 in [-2, 0] (max == 0 but range 2), ch1 normal: no fix applied.
+        let mut im = img(
+            2,
+            1,
+            2,
+            |c, _, x| if c == 0 { -2.0 * x as f32 } else { x as f32 },
+        );
+        let out = minmax_scale(&mut im);
+        assert!(!out.zero_max_rule_applied);
+        assert_eq!(im.channel(0), &[1.0, 0.0]);
+        // Add an all-zero channel: now ch0's max becomes 1 too.
+        let mut im = img(3, 1, 2, |c, _, x| match c {
+            0 => -2.0 * x as f32,
+            1 => x as f32,
+            _ => 0.0,
+        });
+        let out = minmax_scale(&mut im);
+        assert!(out.zero_max_rule_applied);
+        assert_eq!(out.max, vec![1.0, 1.0, 1.0]);
+        assert_eq!(im.channel(0), &[2.0 / 3.0, 0.0]);
+        assert!(!out.has_nan());
+    }
+
+    #[test]
+    fn nan_input_propagates() {
+        let mut im = img(1, 1, 3, |_, _, x| if x == 1 { f32::NAN } else { x as f32 });
+        let out = minmax_scale(&mut im);
+        assert_eq!(out.nan_channels, vec![0]);
+        assert!(im.data.iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
+    fn f64_variant_matches_f32_variant() {
+        let im = img(2, 3, 3, |c, y, x| ((c + 1) * (y * 7 + x * 3) % 11) as f32);
+        let (v64, o64) = minmax_scale_f64(&im);
+        let mut im32 = im.clone();
+        let o32 = minmax_scale(&mut im32);
+        assert_eq!(o64, o32);
+        let narrowed: Vec<f32> = v64.iter().map(|&v| v as f32).collect();
+        assert_eq!(narrowed, im32.data);
+    }
+
+    #[test]
+    fn pipeline_order_selects_before_scaling() {
+        let im = img(3, 4, 4, |c, y, x| (c * 100 + y * 4 + x) as f32);
+        let opts = PreprocessOptions {
+            selected_channels: Some(vec![2]),
+            center_crop: 2,
+        };
+        let (out, outcome) = preprocess(&im, &opts).unwrap();
+        assert_eq!((out.channels, out.height, out.width), (1, 2, 2));
+        // Crop keeps rows/cols 1..3: values 205,206,209,210 → 0, 1/5, 4/5, 1.
+        assert_eq!(out.data, vec![0.0, 0.2, 0.8, 1.0]);
+        assert_eq!(outcome.min, vec![205.0]);
+    }
+}

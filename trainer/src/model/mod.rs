@@ -1,0 +1,96 @@
+//! ViT-DINO networks: the ViT backbone, the DINO head and the multi-crop wrapper, plus loading
+//! weights by PyTorch name.
+mod head;
+mod init;
+mod multicrop;
+mod vit;
+
+pub use head::{DinoHead, HeadConfig};
+pub use multicrop::MultiCropNet;
+pub use vit::{VisionTransformer, VitConfig};
+
+use crate::config::Config;
+use std::collections::BTreeSet;
+use std::path::Path;
+use tch::{nn, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("cannot read weights {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: tch::TchError,
+    },
+    #[error("weights {path} do not fit the model: {detail}")]
+    Mismatch { path: String, detail: String },
+}
+
+/// The student and teacher architecture for one channel combination of a config.
+pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, HeadConfig) {
+    let m = &cfg.model;
+    let mut vit = VitConfig::new(m.arch, m.patch_size, in_chans);
+    if student {
+        vit = vit.with_drop_path(m.drop_path_rate);
+    }
+    // The teacher head always normalises its last layer (scDINO main_dino.py).
+    let norm_last = !student || m.norm_last_layer;
+    let head = HeadConfig::new(vit.embed_dim, m.out_dim as i64, m.use_bn_in_head, norm_last);
+    (vit, head)
+}
+
+/// Total element count of the variables whose name starts with `prefix`.
+pub fn count_parameters(vs: &nn::VarStore, prefix: &str) -> i64 {
+    vs.variables()
+        .iter()
+        .filter(|(name, _)| name.starts_with(prefix))
+        .map(|(_, t)| t.numel() as i64)
+        .sum()
+}
+
+/// Loads a safetensors file into `vs`, requiring the exact same names and shapes both ways,
+/// so a silently half-loaded model is impossible. Non-tensor entries (BatchNorm counters) are
+/// the only names allowed to be missing from the model.
+pub fn load_safetensors_strict(vs: &mut nn::VarStore, path: &Path) -> Result<(), WeightsError> {
+    let shown = path.display().to_string();
+    let tensors = Tensor::read_safetensors(path).map_err(|source| WeightsError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let mut vars = vs.variables();
+    let file_names: BTreeSet<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let missing: Vec<&String> = vars
+        .keys()
+        .filter(|n| !file_names.contains(n.as_str()))
+        .collect();
+    let unexpected: Vec<&str> = file_names
+        .iter()
+        .copied()
+        .filter(|n| !vars.contains_key(*n) && !n.ends_with("num_batches_tracked"))
+        .collect();
+    if !missing.is_empty() || !unexpected.is_empty() {
+        return Err(WeightsError::Mismatch {
+            path: shown,
+            detail: format!("missing {missing:?}, unexpected {unexpected:?}"),
+        });
+    }
+    tch::no_grad(|| {
+        for (name, src) in &tensors {
+            let Some(dst) = vars.get_mut(name) else {
+                continue;
+            };
+            if dst.size() != src.size() {
+                return Err(WeightsError::Mismatch {
+                    path: shown.clone(),
+                    detail: format!(
+                        "{name} has shape {:?} in the file but {:?} in the model",
+                        src.size(),
+                        dst.size()
+                    ),
+                });
+            }
+            dst.copy_(src);
+        }
+        Ok(())
+    })
+}

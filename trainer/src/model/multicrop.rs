@@ -1,0 +1,42 @@
+//! DINO's MultiCropWrapper: crops of equal resolution share one backbone call, then the head
+//! runs once on all CLS features.
+use super::head::DinoHead;
+use super::vit::VisionTransformer;
+use tch::{nn, Tensor};
+
+#[derive(Debug)]
+pub struct MultiCropNet {
+    pub backbone: VisionTransformer,
+    pub head: DinoHead,
+}
+
+impl MultiCropNet {
+    /// Variables live under `backbone.*` and `head.*`, as in scDINO's teacher state dict.
+    pub fn new(root: &nn::Path, vit: super::VitConfig, head: super::HeadConfig) -> Self {
+        Self {
+            backbone: VisionTransformer::new(root / "backbone", vit),
+            head: DinoHead::new(root / "head", head),
+        }
+    }
+
+    /// `crops[i]`: `[B, C, Hᵢ, Wᵢ]` → logits `[crops·B, out_dim]` in crop order.
+    ///
+    /// Consecutive crops with the same last-dimension size form one group (as in DINO, which
+    /// groups by width only), concatenated along the batch for a single backbone pass.
+    pub fn forward_t(&self, crops: &[Tensor], train: bool) -> Tensor {
+        let mut features = Vec::new();
+        let mut start = 0;
+        while start < crops.len() {
+            let width = crops[start].size()[3];
+            let end = start
+                + crops[start..]
+                    .iter()
+                    .take_while(|c| c.size()[3] == width)
+                    .count();
+            let batch = Tensor::cat(&crops[start..end], 0);
+            features.push(self.backbone.forward_t(&batch, train));
+            start = end;
+        }
+        self.head.forward_t(&Tensor::cat(&features, 0), train)
+    }
+}

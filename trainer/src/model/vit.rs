@@ -1,0 +1,332 @@
+//! Vision Transformer backbone as in DINO / scDINO (`vision_transformer.py`): pre-norm blocks,
+//! a CLS token, learned position embeddings interpolated bicubically for other input sizes.
+//! Variable names mirror the PyTorch state dict so checkpoints load by name.
+use super::init::{pytorch_default_uniform, trunc_normal_};
+use crate::config::Arch;
+use tch::{nn, nn::Module, Kind, Tensor};
+
+/// Sizes of a ViT; `Arch` picks the width/depth presets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VitConfig {
+    pub embed_dim: i64,
+    pub depth: i64,
+    pub num_heads: i64,
+    pub mlp_ratio: f64,
+    pub patch_size: i64,
+    pub in_chans: i64,
+    /// The training resolution that fixes the number of position embeddings.
+    pub img_size: i64,
+    pub drop_path_rate: f64,
+}
+
+impl VitConfig {
+    pub fn new(arch: Arch, patch_size: usize, in_chans: usize) -> Self {
+        let (embed_dim, depth, num_heads) = match arch {
+            Arch::VitTiny => (192, 12, 3),
+            Arch::VitSmall => (384, 12, 6),
+            Arch::VitBase => (768, 12, 12),
+        };
+        Self {
+            embed_dim,
+            depth,
+            num_heads,
+            mlp_ratio: 4.0,
+            patch_size: patch_size as i64,
+            in_chans: in_chans as i64,
+            img_size: 224,
+            drop_path_rate: 0.0,
+        }
+    }
+
+    pub fn with_drop_path(mut self, rate: f64) -> Self {
+        self.drop_path_rate = rate;
+        self
+    }
+
+    /// Patches per side at the training resolution.
+    pub fn grid(&self) -> i64 {
+        self.img_size / self.patch_size
+    }
+}
+
+/// `nn.Linear` with DINO's init: trunc_normal(std=.02) weight, zero bias.
+pub(crate) fn linear(p: nn::Path, in_dim: i64, out_dim: i64) -> nn::Linear {
+    let ws = p.var("weight", &[out_dim, in_dim], nn::Init::Const(0.0));
+    trunc_normal_(&ws, 0.02);
+    let bs = p.var("bias", &[out_dim], nn::Init::Const(0.0));
+    nn::Linear { ws, bs: Some(bs) }
+}
+
+pub(crate) fn layer_norm(p: nn::Path, dim: i64) -> nn::LayerNorm {
+    nn::layer_norm(
+        p,
+        vec![dim],
+        nn::LayerNormConfig {
+            eps: 1e-6,
+            ..Default::default()
+        },
+    )
+}
+
+/// Splits an image into non-overlapping patches and projects each to `embed_dim`.
+#[derive(Debug)]
+pub struct PatchEmbed {
+    weight: Tensor,
+    bias: Tensor,
+    patch_size: i64,
+}
+
+impl PatchEmbed {
+    fn new(p: nn::Path, cfg: &VitConfig) -> Self {
+        // The conv keeps PyTorch's default init: DINO's `_init_weights` only touches Linear/LayerNorm.
+        let fan_in = cfg.in_chans * cfg.patch_size * cfg.patch_size;
+        let p = p / "proj";
+        let weight = p.var(
+            "weight",
+            &[cfg.embed_dim, cfg.in_chans, cfg.patch_size, cfg.patch_size],
+            pytorch_default_uniform(fan_in),
+        );
+        let bias = p.var("bias", &[cfg.embed_dim], pytorch_default_uniform(fan_in));
+        Self {
+            weight,
+            bias,
+            patch_size: cfg.patch_size,
+        }
+    }
+
+    /// `[B, C, H, W]` → `[B, (H/P)·(W/P), D]`
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let p = [self.patch_size, self.patch_size];
+        x.conv2d(&self.weight, Some(&self.bias), p, [0, 0], [1, 1], 1)
+            .flatten(2, -1)
+            .transpose(1, 2)
+    }
+}
+
+/// Multi-head self-attention with one fused `qkv` projection.
+#[derive(Debug)]
+pub struct Attention {
+    qkv: nn::Linear,
+    proj: nn::Linear,
+    num_heads: i64,
+}
+
+impl Attention {
+    fn new(p: nn::Path, dim: i64, num_heads: i64) -> Self {
+        Self {
+            qkv: linear(&p / "qkv", dim, 3 * dim),
+            proj: linear(&p / "proj", dim, dim),
+            num_heads,
+        }
+    }
+
+    /// `[B, N, D]` → q, k, v each `[B, heads, N, D/heads]`.
+    fn qkv(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (b, n, d) = x.size3().expect("tokens are [B, N, D]");
+        let qkv = self
+            .qkv
+            .forward(x)
+            .reshape([b, n, 3, self.num_heads, d / self.num_heads])
+            .permute([2, 0, 3, 1, 4]);
+        (qkv.get(0), qkv.get(1), qkv.get(2))
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let (b, n, d) = x.size3().expect("tokens are [B, N, D]");
+        let (q, k, v) = self.qkv(x);
+        // Fused kernel; its default scale is head_dim^-0.5, as in DINO.
+        let out = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            0.0,
+            false,
+            None,
+            false,
+        );
+        self.proj.forward(&out.transpose(1, 2).reshape([b, n, d]))
+    }
+
+    /// softmax(q·kᵀ·scale): `[B, heads, N, N]`, for attention maps.
+    fn attention_weights(&self, x: &Tensor) -> Tensor {
+        let (q, k, _) = self.qkv(x);
+        let head_dim = q.size()[3] as f64;
+        (q.matmul(&k.transpose(-2, -1)) * head_dim.powf(-0.5)).softmax(-1, Kind::Float)
+    }
+}
+
+#[derive(Debug)]
+pub struct Mlp {
+    fc1: nn::Linear,
+    fc2: nn::Linear,
+}
+
+impl Mlp {
+    fn new(p: nn::Path, dim: i64, hidden: i64) -> Self {
+        Self {
+            fc1: linear(&p / "fc1", dim, hidden),
+            fc2: linear(&p / "fc2", hidden, dim),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.fc2.forward(&self.fc1.forward(x).gelu("none"))
+    }
+}
+
+/// Pre-norm transformer block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
+#[derive(Debug)]
+pub struct Block {
+    norm1: nn::LayerNorm,
+    attn: Attention,
+    norm2: nn::LayerNorm,
+    mlp: Mlp,
+    drop_path: f64,
+}
+
+impl Block {
+    fn new(p: nn::Path, cfg: &VitConfig, drop_path: f64) -> Self {
+        let d = cfg.embed_dim;
+        Self {
+            norm1: layer_norm(&p / "norm1", d),
+            attn: Attention::new(&p / "attn", d, cfg.num_heads),
+            norm2: layer_norm(&p / "norm2", d),
+            mlp: Mlp::new(&p / "mlp", d, (d as f64 * cfg.mlp_ratio) as i64),
+            drop_path,
+        }
+    }
+
+    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        let x = x + drop_path(
+            &self.attn.forward(&self.norm1.forward(x)),
+            self.drop_path,
+            train,
+        );
+        &x + drop_path(
+            &self.mlp.forward(&self.norm2.forward(&x)),
+            self.drop_path,
+            train,
+        )
+    }
+}
+
+/// Stochastic depth: drops the whole residual branch per sample, rescaling the survivors.
+fn drop_path(x: &Tensor, rate: f64, train: bool) -> Tensor {
+    if rate == 0.0 || !train {
+        return x.shallow_clone();
+    }
+    let keep = 1.0 - rate;
+    let mut shape = vec![x.size()[0]];
+    shape.resize(x.dim(), 1);
+    let mask = (Tensor::rand(&shape, (x.kind(), x.device())) + keep).floor();
+    x / keep * mask
+}
+
+/// The ViT backbone; its output is the CLS token after the final LayerNorm.
+#[derive(Debug)]
+pub struct VisionTransformer {
+    patch_embed: PatchEmbed,
+    cls_token: Tensor,
+    pos_embed: Tensor,
+    blocks: Vec<Block>,
+    norm: nn::LayerNorm,
+    cfg: VitConfig,
+}
+
+impl VisionTransformer {
+    pub fn new(p: nn::Path, cfg: VitConfig) -> Self {
+        let d = cfg.embed_dim;
+        let grid = cfg.grid();
+        let patch_embed = PatchEmbed::new(&p / "patch_embed", &cfg);
+        let cls_token = p.var("cls_token", &[1, 1, d], nn::Init::Const(0.0));
+        let pos_embed = p.var("pos_embed", &[1, grid * grid + 1, d], nn::Init::Const(0.0));
+        trunc_normal_(&pos_embed, 0.02);
+        trunc_normal_(&cls_token, 0.02);
+        let depth = cfg.depth;
+        // Per-block drop rates: linspace(0, drop_path_rate, depth).
+        let blocks = (0..depth)
+            .map(|i| {
+                let rate = if depth > 1 {
+                    cfg.drop_path_rate * i as f64 / (depth - 1) as f64
+                } else {
+                    0.0
+                };
+                Block::new(&p / "blocks" / i, &cfg, rate)
+            })
+            .collect();
+        let norm = layer_norm(&p / "norm", d);
+        Self {
+            patch_embed,
+            cls_token,
+            pos_embed,
+            blocks,
+            norm,
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &VitConfig {
+        &self.cfg
+    }
+
+    /// Position embeddings for an `h × w` input: unchanged at the training grid, otherwise the
+    /// patch part resized with bicubic interpolation using DINO's `+0.1` scale factors (passed
+    /// to the kernel exactly, so results match `F.interpolate(..., scale_factor=...)`).
+    pub fn interpolate_pos_encoding(&self, npatch: i64, h: i64, w: i64) -> Tensor {
+        let n = self.pos_embed.size()[1] - 1;
+        if npatch == n && h == w {
+            return self.pos_embed.shallow_clone();
+        }
+        let d = self.cfg.embed_dim;
+        let class_pos = self.pos_embed.narrow(1, 0, 1);
+        let side = (n as f64).sqrt();
+        let h0 = (h / self.cfg.patch_size) as f64 + 0.1;
+        let w0 = (w / self.cfg.patch_size) as f64 + 0.1;
+        let (scale_h, scale_w) = (h0 / side, w0 / side);
+        let grid = side as i64;
+        let out_h = (grid as f64 * scale_h) as i64;
+        let out_w = (grid as f64 * scale_w) as i64;
+        let patch_pos = self
+            .pos_embed
+            .narrow(1, 1, n)
+            .reshape([1, grid, grid, d])
+            .permute([0, 3, 1, 2])
+            .upsample_bicubic2d([out_h, out_w], false, scale_h, scale_w)
+            .permute([0, 2, 3, 1])
+            .reshape([1, -1, d]);
+        Tensor::cat(&[class_pos, patch_pos], 1)
+    }
+
+    /// `[B, C, H, W]` → `[B, 1 + patches, D]`: CLS token prepended, positions added.
+    pub fn prepare_tokens(&self, x: &Tensor) -> Tensor {
+        let (b, _c, h, w) = x.size4().expect("images are [B, C, H, W]");
+        let patches = self.patch_embed.forward(x);
+        let cls = self.cls_token.expand([b, -1, -1], false);
+        let tokens = Tensor::cat(&[cls, patches], 1);
+        let npatch = tokens.size()[1] - 1;
+        tokens + self.interpolate_pos_encoding(npatch, h, w)
+    }
+
+    /// `[B, C, H, W]` → CLS features `[B, D]`.
+    pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        let mut t = self.prepare_tokens(x);
+        for block in &self.blocks {
+            t = block.forward_t(&t, train);
+        }
+        self.norm.forward(&t).select(1, 0)
+    }
+
+    /// The last block's softmax attention, `[B, heads, N, N]` (inference only).
+    pub fn last_selfattention(&self, x: &Tensor) -> Tensor {
+        let mut t = self.prepare_tokens(x);
+        let (last, rest) = self
+            .blocks
+            .split_last()
+            .expect("a ViT has at least one block");
+        for block in rest {
+            t = block.forward_t(&t, false);
+        }
+        last.attn.attention_weights(&last.norm1.forward(&t))
+    }
+}

@@ -1,0 +1,116 @@
+//! Configuration: strictness, defaults, scDINO import.
+use std::path::PathBuf;
+use trainer::config::{scdino, ChannelCombination, Config, Precision};
+
+fn fixture(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn scdino_full_pipeline_imports_to_the_same_meaning() {
+    let imp = scdino::import(&fixture("scdino_full_pipeline.yaml"), "full.yaml").unwrap();
+    let c = &imp.config;
+    assert!(imp.unmapped.is_empty(), "{:?}", imp.unmapped);
+    assert_eq!(c.run.seed, 40);
+    assert_eq!(c.data.channel_names, ["aTub", "BF", "DAPI", "Oct4", "PE"]);
+    assert_eq!(
+        c.channel_sets,
+        vec![
+            vec![0, 1, 2, 3, 4],
+            vec![0],
+            vec![1],
+            vec![2],
+            vec![3],
+            vec![4]
+        ]
+    );
+    assert_eq!(c.augment.global_crops_scale, (0.14, 1.0));
+    assert_eq!(c.augment.local_crops_scale, (0.05, 0.14));
+    assert_eq!(c.train.warmup_epochs, 5);
+    assert_eq!(c.train.clip_grad, 3.0);
+    assert_eq!(c.train.precision, Precision::Fp16);
+    assert_eq!(c.train.checkpoint_every, 2);
+    assert_eq!(c.downstream.knn.k, vec![5, 10, 50, 100, 200, 500]);
+    assert_eq!(c.downstream.features.batch_size_per_gpu, 24);
+    // The misspelled keys are mapped, and the user is told scDINO ignored them.
+    assert!(imp.notes.iter().any(|n| n.contains("warump_epochs")));
+    assert!(imp.notes.iter().any(|n| n.contains("techer_temp")));
+    // Our defaults are scDINO's yaml values: importing changes nothing else.
+    let defaults = Config::from_yaml("", "defaults").unwrap();
+    assert_eq!(c.sections(), defaults.sections());
+}
+
+#[test]
+fn scdino_aws_port_imports_and_reports_what_it_cannot_map() {
+    let imp = scdino::import(&fixture("scdino_aws_pcluster.yaml"), "aws.yaml").unwrap();
+    let c = &imp.config;
+    assert_eq!(c.data.channel_names, ["aTub", "BF", "DAPI", "Oct4", "PE"]);
+    assert_eq!(c.channel_sets, vec![vec![0, 1, 2, 3, 4]]);
+    assert_eq!(
+        c.data.channel_combinations,
+        vec![ChannelCombination::Indices(vec![0, 1, 2, 3, 4])]
+    );
+    assert_eq!(c.train.warmup_epochs, 1);
+    assert_eq!(c.train.epochs, 3);
+    assert_eq!(c.data.num_workers, 16);
+    // Absent crop scales: scDINO's argparse defaults are what the AWS runs used.
+    assert_eq!(c.augment.global_crops_scale, (0.4, 1.0));
+    assert_eq!(c.augment.local_crops_scale, (0.05, 0.4));
+    let mut unmapped = imp.unmapped.clone();
+    unmapped.sort();
+    assert_eq!(unmapped.len(), 2, "{unmapped:?}");
+    assert!(unmapped[0].starts_with("downstream_analyses.compute_cls_features.nnodes = 2"));
+    assert!(unmapped[1].starts_with("train_scDINO.nnodes = 3"));
+}
+
+#[test]
+fn import_reports_unknown_and_ill_typed_keys() {
+    let yaml = "meta:\n  seed: 7\n  colour: blue\ntrain_scDINO:\n  epochs: many\n  hyperparameters:\n    arch: vit_huge\nextra_top: 1\n";
+    let imp = scdino::import(yaml, "x.yaml").unwrap();
+    let joined = imp.unmapped.join("\n");
+    for key in [
+        "meta.colour",
+        "train_scDINO.epochs",
+        "hyperparameters.arch",
+        "extra_top",
+    ] {
+        assert!(joined.contains(key), "{key} not reported in:\n{joined}");
+    }
+    assert_eq!(imp.config.run.seed, 7);
+}
+
+#[test]
+fn imported_yaml_is_accepted_by_our_strict_loader() {
+    for f in ["scdino_full_pipeline.yaml", "scdino_aws_pcluster.yaml"] {
+        let imp = scdino::import(&fixture(f), f).unwrap();
+        let again = Config::from_yaml(&imp.config.to_yaml(), "round trip").unwrap();
+        assert_eq!(again, imp.config, "{f}");
+    }
+}
+
+#[test]
+fn scdino_yaml_fed_directly_is_rejected_with_key_and_line() {
+    let err = Config::from_yaml(&fixture("scdino_full_pipeline.yaml"), "scdino.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("scdino.yaml"), "{err}");
+    assert!(err.contains("unknown field `meta`"), "{err}");
+    assert!(err.contains("line 3"), "{err}");
+}
+
+#[test]
+fn shipped_configs_are_valid() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "no configs in {}", dir.display());
+}

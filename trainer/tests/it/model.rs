@@ -1,0 +1,270 @@
+//! The Rust ViT-DINO against the PyTorch reference (tests/py/dino_reference.py).
+use super::util::{max_abs_diff, run_py_file};
+use std::collections::HashMap;
+use tch::{nn, Device, Kind, Tensor};
+use trainer::config::Arch;
+use trainer::model::{
+    count_parameters, load_safetensors_strict, HeadConfig, MultiCropNet, VitConfig,
+};
+
+struct Case {
+    arch: &'static str,
+    patch: usize,
+    chans: usize,
+    out_dim: i64,
+    use_bn: bool,
+}
+
+fn arch(name: &str) -> Arch {
+    match name {
+        "vit_tiny" => Arch::VitTiny,
+        "vit_small" => Arch::VitSmall,
+        _ => Arch::VitBase,
+    }
+}
+
+/// Builds both sides from the same PyTorch weights and compares every output.
+fn check_parity(case: Case) {
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("parity.safetensors");
+    let out_s = out.to_str().unwrap();
+    run_py_file(
+        "model_parity.py",
+        &[
+            out_s,
+            case.arch,
+            &case.patch.to_string(),
+            &case.chans.to_string(),
+            &case.out_dim.to_string(),
+            if case.use_bn { "1" } else { "0" },
+        ],
+    );
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let vit = VitConfig::new(arch(case.arch), case.patch, case.chans).with_drop_path(0.1);
+    let head = HeadConfig::new(vit.embed_dim, case.out_dim, case.use_bn, true);
+    let net = MultiCropNet::new(&vs.root(), vit, head);
+    load_safetensors_strict(
+        &mut vs,
+        &dir.path().join("parity.safetensors.weights.safetensors"),
+    )
+    .expect("PyTorch state dict loads by name");
+    let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let tol = 1e-4;
+    tch::no_grad(|| {
+        let cases = [
+            ("cls224", net.backbone.forward_t(&t["in.x224"], false)),
+            ("cls96", net.backbone.forward_t(&t["in.x96"], false)),
+            ("cls_rect", net.backbone.forward_t(&t["in.x_rect"], false)),
+            ("attn224", net.backbone.last_selfattention(&t["in.x224"])),
+            (
+                "attn_rect",
+                net.backbone.last_selfattention(&t["in.x_rect"]),
+            ),
+            (
+                "head224",
+                net.forward_t(&[t["in.x224"].shallow_clone()], false),
+            ),
+            (
+                "multicrop",
+                net.forward_t(
+                    &(0..5)
+                        .map(|i| t[&format!("in.crop{i}")].shallow_clone())
+                        .collect::<Vec<_>>(),
+                    false,
+                ),
+            ),
+        ];
+        for (name, ours) in cases {
+            let theirs = &t[&format!("out.{name}")];
+            let err = max_abs_diff(&ours, theirs);
+            assert!(
+                err <= tol,
+                "{} p{} {name}: max abs error {err:e} > {tol:e}",
+                case.arch,
+                case.patch
+            );
+        }
+    });
+}
+
+#[test]
+fn vit_tiny_p16_matches_pytorch() {
+    check_parity(Case {
+        arch: "vit_tiny",
+        patch: 16,
+        chans: 5,
+        out_dim: 1000,
+        use_bn: false,
+    });
+}
+
+#[test]
+fn vit_small_p16_matches_pytorch() {
+    check_parity(Case {
+        arch: "vit_small",
+        patch: 16,
+        chans: 5,
+        out_dim: 4096,
+        use_bn: false,
+    });
+}
+
+#[test]
+fn vit_tiny_p8_with_bn_head_matches_pytorch() {
+    check_parity(Case {
+        arch: "vit_tiny",
+        patch: 8,
+        chans: 3,
+        out_dim: 512,
+        use_bn: true,
+    });
+}
+
+#[test]
+fn vit_small_parameter_count_and_names_match_scdino() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let vit = VitConfig::new(Arch::VitSmall, 16, 5);
+    let head = HeadConfig::new(vit.embed_dim, 65536, false, true);
+    let _net = MultiCropNet::new(&vs.root(), vit, head);
+    assert_eq!(count_parameters(&vs, "backbone."), 21_862_272);
+    // MLP 5,509,376 + weight_v 16,777,216 + weight_g 65,536.
+    assert_eq!(count_parameters(&vs, "head."), 22_352_128);
+    let vars = vs.variables();
+    for (name, shape) in [
+        ("backbone.cls_token", vec![1, 1, 384]),
+        ("backbone.pos_embed", vec![1, 197, 384]),
+        ("backbone.patch_embed.proj.weight", vec![384, 5, 16, 16]),
+        ("backbone.blocks.11.attn.qkv.weight", vec![1152, 384]),
+        ("backbone.blocks.0.mlp.fc2.weight", vec![384, 1536]),
+        ("head.mlp.4.weight", vec![256, 2048]),
+        ("head.last_layer.weight_g", vec![65536, 1]),
+        ("head.last_layer.weight_v", vec![65536, 256]),
+    ] {
+        assert_eq!(vars[name].size(), shape, "{name}");
+    }
+    // Sizes of the other presets, from the reference table.
+    for (arch, expect) in [(Arch::VitTiny, 5_622_720), (Arch::VitBase, 86_191_872)] {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _ = trainer::model::VisionTransformer::new(
+            vs.root() / "backbone",
+            VitConfig::new(arch, 16, 5),
+        );
+        assert_eq!(count_parameters(&vs, "backbone."), expect, "{arch:?}");
+    }
+}
+
+fn std_of(t: &Tensor) -> f64 {
+    t.to_kind(Kind::Double).std(true).double_value(&[])
+}
+
+#[test]
+fn initialisation_follows_dino() {
+    tch::manual_seed(7);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let vit = VitConfig::new(Arch::VitSmall, 16, 5);
+    let head = HeadConfig::new(vit.embed_dim, 8192, false, true);
+    let _net = MultiCropNet::new(&vs.root(), vit, head);
+    let v = vs.variables();
+    // trunc_normal(std=.02) on Linear weights, cls_token and pos_embed.
+    for name in [
+        "backbone.blocks.3.attn.qkv.weight",
+        "backbone.blocks.3.mlp.fc1.weight",
+        "head.mlp.2.weight",
+        "backbone.pos_embed",
+    ] {
+        let s = std_of(&v[name]);
+        assert!((s - 0.02).abs() < 0.02 * 0.03, "{name}: std {s}");
+    }
+    for name in [
+        "backbone.blocks.3.attn.qkv.bias",
+        "head.mlp.0.bias",
+        "backbone.norm.bias",
+    ] {
+        assert_eq!(v[name].abs().max().double_value(&[]), 0.0, "{name}");
+    }
+    assert_eq!(
+        v["backbone.blocks.0.norm1.weight"].min().double_value(&[]),
+        1.0
+    );
+    // PyTorch's default conv init: U(±1/√fan_in), fan_in = 5·16·16.
+    let bound = 1.0 / 1280f64.sqrt();
+    let w = &v["backbone.patch_embed.proj.weight"];
+    assert!(w.abs().max().double_value(&[]) <= bound);
+    let s = std_of(w);
+    assert!(
+        (s - bound / 3f64.sqrt()).abs() < 0.03 * bound,
+        "conv std {s}"
+    );
+    // Weight-normalised last layer: v ~ U(±1/16), g = 1 and frozen.
+    let wv = &v["head.last_layer.weight_v"];
+    assert!(wv.abs().max().double_value(&[]) <= 1.0 / 16.0);
+    assert!((std_of(wv) - (1.0 / 16.0) / 3f64.sqrt()).abs() < 0.002);
+    assert_eq!(v["head.last_layer.weight_g"].min().double_value(&[]), 1.0);
+    let trainable: Vec<String> = vs
+        .trainable_variables()
+        .iter()
+        .map(|t| format!("{:?}", t.size()))
+        .collect();
+    assert_eq!(trainable.len(), v.len() - 1, "only weight_g is frozen");
+}
+
+#[test]
+fn drop_path_only_acts_in_training() {
+    tch::manual_seed(3);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let vit = VitConfig::new(Arch::VitTiny, 16, 2).with_drop_path(0.5);
+    let net = trainer::model::VisionTransformer::new(vs.root(), vit);
+    let x = Tensor::randn([4, 2, 64, 64], (Kind::Float, Device::Cpu));
+    tch::no_grad(|| {
+        let a = net.forward_t(&x, false);
+        let b = net.forward_t(&x, false);
+        assert_eq!(max_abs_diff(&a, &b), 0.0);
+        let c = net.forward_t(&x, true);
+        assert!(max_abs_diff(&a, &c) > 1e-3, "drop path changed nothing");
+    });
+}
+
+#[test]
+fn loading_refuses_missing_or_misshaped_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.safetensors");
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _ = trainer::model::VisionTransformer::new(
+        vs.root() / "backbone",
+        VitConfig::new(Arch::VitTiny, 16, 5),
+    );
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.retain(|(n, _)| n != "backbone.norm.bias");
+    Tensor::write_safetensors(&named, &path).unwrap();
+    let mut vs2 = nn::VarStore::new(Device::Cpu);
+    let _ = trainer::model::VisionTransformer::new(
+        vs2.root() / "backbone",
+        VitConfig::new(Arch::VitTiny, 16, 5),
+    );
+    let err = load_safetensors_strict(&mut vs2, &path)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("backbone.norm.bias"), "{err}");
+
+    let mut vs3 = nn::VarStore::new(Device::Cpu);
+    let _ = trainer::model::VisionTransformer::new(
+        vs3.root() / "backbone",
+        VitConfig::new(Arch::VitTiny, 16, 4),
+    );
+    named.push((
+        "backbone.norm.bias".into(),
+        Tensor::zeros([192], (Kind::Float, Device::Cpu)),
+    ));
+    Tensor::write_safetensors(&named, &path).unwrap();
+    let err = load_safetensors_strict(&mut vs3, &path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("patch_embed.proj.weight") && err.contains("shape"),
+        "{err}"
+    );
+}
