@@ -112,9 +112,9 @@ impl DinoHead {
             };
         }
         let h = normalize_l2(&h);
-        // weight_norm(dim=0): each prototype row of v scaled to norm g.
-        let v_norm = self.weight_v.norm_scalaropt_dim(2.0, [1], true);
-        let weight = &self.weight_g * (&self.weight_v / v_norm);
+        // weight_norm(dim=0): each prototype row of v scaled to norm g, with PyTorch's fused
+        // kernel (the unfused g·v/‖v‖ costs three passes over out_dim×256 in both directions).
+        let weight = Tensor::internal_weight_norm(&self.weight_v, &self.weight_g, 0);
         h.matmul(&weight.tr())
     }
 }
