@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on embedded demo data: setup, synthesise the PBMC-like dataset, validate the
-# config, and run the ViT-DINO student on a multi-crop batch of it.
+# config, and pretrain a ViT-DINO on it (CPU, a few minutes). Rerunning resumes/finishes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/setup.sh"
@@ -8,4 +8,5 @@ cd "$ROOT"
 T=target/release/trainer
 $T synth --out demo/data --seed 0 --per-class 40
 $T config check configs/demo.yaml
-$T forward --config configs/demo.yaml
+$T train --config configs/demo.yaml
+echo "per-epoch log: demo/output/demo/scDINO_ViTs/demoViT_channel_APC_BF_DAPI_GREEN_PE/log.txt"

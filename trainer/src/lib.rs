@@ -1,5 +1,10 @@
 //! scDINO on libtorch: configuration, multi-channel TIFF data and ViT-DINO models.
+pub mod analysis;
+pub mod augment;
+pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod metrics;
 pub mod model;
 pub mod probe;
+pub mod train;

@@ -2,6 +2,7 @@
 mod bench;
 mod config_cmd;
 mod data_cmd;
+mod train_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -26,6 +27,8 @@ enum Command {
     Synth(data_cmd::SynthArgs),
     /// Run student and teacher on one multi-crop batch of the configured dataset.
     Forward(data_cmd::ForwardArgs),
+    /// DINO pretraining of one channel combination (resumes automatically).
+    Train(train_cmd::TrainArgs),
     /// Measure our model against the PyTorch reference (used by bench/).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -38,6 +41,7 @@ impl Cli {
             Command::Bench(b) => b.run(),
             Command::Synth(s) => s.run(),
             Command::Forward(f) => f.run(),
+            Command::Train(t) => t.run(),
         }
     }
 }

@@ -268,6 +268,13 @@ impl Config {
             ),
         )?;
 
+        v.check(train.log_every > 0, "train.log_every", "must be at least 1")?;
+        v.check(
+            train.optimizer == Optimizer::Adamw,
+            "train.optimizer",
+            "only adamw is implemented (scDINO's default); sgd and lars are not yet",
+        )?;
+
         v.crop_scale(aug.global_crops_scale, "augment.global_crops_scale")?;
         v.crop_scale(aug.local_crops_scale, "augment.local_crops_scale")?;
         for (size, key) in [

@@ -175,6 +175,8 @@ pub struct TrainSection {
     pub min_lr: f64,
     /// `hyperparameters.optimizer`.
     pub optimizer: Optimizer,
+    /// Iterations between progress lines and metric updates (scDINO prints every 10).
+    pub log_every: usize,
 }
 
 impl Default for TrainSection {
@@ -198,6 +200,7 @@ impl Default for TrainSection {
             warmup_epochs: 5,
             min_lr: 1e-6,
             optimizer: Optimizer::Adamw,
+            log_every: 10,
         }
     }
 }

@@ -244,16 +244,17 @@ impl VisionTransformer {
         trunc_normal_(&pos_embed, 0.02);
         trunc_normal_(&cls_token, 0.02);
         let depth = cfg.depth;
-        // Per-block drop rates: linspace(0, drop_path_rate, depth).
+        // Per-block drop rates: `torch.linspace(0, drop_path_rate, depth)` in float32, as DINO
+        // computes them; the f32 rounding of each rate reaches the outputs through 1/keep.
+        let rates = Vec::<f32>::try_from(&Tensor::linspace(
+            0.0,
+            cfg.drop_path_rate,
+            depth,
+            (Kind::Float, tch::Device::Cpu),
+        ))
+        .expect("linspace yields floats");
         let blocks = (0..depth)
-            .map(|i| {
-                let rate = if depth > 1 {
-                    cfg.drop_path_rate * i as f64 / (depth - 1) as f64
-                } else {
-                    0.0
-                };
-                Block::new(&p / "blocks" / i, &cfg, rate)
-            })
+            .map(|i| Block::new(&p / "blocks" / i, &cfg, f64::from(rates[i as usize])))
             .collect();
         let norm = layer_norm(&p / "norm", d);
         Self {

@@ -1,0 +1,271 @@
+//! `trainer train` end to end: exact resume, preemption by signal, refused resumes, NaN stop,
+//! and a loss that falls.
+use super::util::{bin, ok, run, text};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A synthetic dataset of `per_class` images for each of `classes` classes.
+fn dataset(dir: &Path, classes: usize, per_class: usize) -> PathBuf {
+    let data = dir.join("data");
+    ok(
+        "trainer",
+        &[
+            "synth",
+            "--out",
+            data.to_str().unwrap(),
+            "--seed",
+            "11",
+            "--classes",
+            &classes.to_string(),
+            "--per-class",
+            &per_class.to_string(),
+        ],
+    );
+    data.join("Training")
+}
+
+/// A CPU-sized config; `extra` is appended under `train:`.
+fn config(dir: &Path, data: &Path, name: &str, train_extra: &str) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "run:\n  name: {name}\n  output_dir: {out}\n  seed: 3\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"02\"]\n  num_workers: 2\nmodel:\n  name: m\n  arch: vit_tiny\n  out_dim: 128\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\ntrain:\n  precision: fp32\n  num_gpus: 1\n  log_every: 1\n{train_extra}",
+            out = dir.join("out").display(),
+            data = data.display()
+        ),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+fn model_dir(dir: &Path, name: &str) -> PathBuf {
+    dir.join("out")
+        .join(name)
+        .join("scDINO_ViTs/m_channel_APC_DAPI")
+}
+
+/// Every tensor of a checkpoint, as raw bytes, read with the venv's safetensors (Python).
+fn tensors(path: &Path) -> BTreeMap<String, String> {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let out = Command::new(py)
+        .args(["-c", "import sys, hashlib\nfrom safetensors.numpy import load_file\nfor k, v in sorted(load_file(sys.argv[1]).items()):\n    print(k, hashlib.sha256(v.tobytes()).hexdigest())", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn log_lines(dir: &Path, name: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(model_dir(dir, name).join("log.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn resume_is_bitwise_exact_mid_epoch_and_at_epoch_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 2, 8); // 16 images: 13 train → 4 batches of 4 per epoch
+    let extra = "  epochs: 2\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n  lr: 0.05\n";
+    let straight = config(dir.path(), &data, "straight", extra);
+    ok(
+        "trainer",
+        &["train", "--config", &straight, "--threads", "1"],
+    );
+    let reference = tensors(&model_dir(dir.path(), "straight").join("checkpoint.safetensors"));
+    assert!(reference.len() > 100 && reference.contains_key("dino_loss.center"));
+    assert!(model_dir(dir.path(), "straight")
+        .join("checkpoint0000.safetensors")
+        .exists());
+    assert!(model_dir(dir.path(), "straight")
+        .join("checkpoint0001.safetensors")
+        .exists());
+
+    for (name, stop_at) in [("mid", 2), ("boundary", 4), ("late", 7)] {
+        let cfg = config(dir.path(), &data, name, extra);
+        let out = ok(
+            "trainer",
+            &[
+                "train",
+                "--config",
+                &cfg,
+                "--threads",
+                "1",
+                "--max-steps",
+                &stop_at.to_string(),
+            ],
+        );
+        let _ = out;
+        let resumed = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+        assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+        assert!(
+            text(&resumed.stderr).contains("resuming from"),
+            "{}",
+            text(&resumed.stderr)
+        );
+        let got = tensors(&model_dir(dir.path(), name).join("checkpoint.safetensors"));
+        let differing: Vec<&String> = reference
+            .keys()
+            .filter(|k| reference.get(*k) != got.get(*k))
+            .collect();
+        assert!(
+            differing.is_empty(),
+            "stop at {stop_at}: {} tensors differ, e.g. {:?}",
+            differing.len(),
+            &differing[..differing.len().min(3)]
+        );
+        assert_eq!(
+            log_lines(dir.path(), name),
+            log_lines(dir.path(), "straight"),
+            "log.txt after stop at {stop_at}"
+        );
+    }
+}
+
+#[test]
+fn sigusr1_checkpoints_and_exits_75_then_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 2, 12);
+    let cfg = config(
+        dir.path(),
+        &data,
+        "sig",
+        "  epochs: 50\n  batch_size_per_gpu: 2\n  warmup_epochs: 1\n",
+    );
+    let mut child = Command::new(bin("trainer"))
+        .args(["train", "--config", &cfg, "--threads", "1"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the first progress line, then ask for a checkpoint as Slurm's --signal would.
+    use std::io::{BufRead, BufReader};
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap() > 0 && !line.contains("Epoch: [0/50]  [2/") {
+        line.clear();
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-USR1", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut reader, &mut rest);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(75), "{rest}");
+    assert!(rest.contains("checkpoint written"), "{rest}");
+    let ck = model_dir(dir.path(), "sig").join("checkpoint.safetensors");
+    assert!(ck.exists());
+    // Finish quickly: fewer epochs is a harmless change and is accepted on resume.
+    let cfg = config(
+        dir.path(),
+        &data,
+        "sig",
+        "  epochs: 2\n  batch_size_per_gpu: 2\n  warmup_epochs: 1\n",
+    );
+    let out = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("resuming from"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(log_lines(dir.path(), "sig").len(), 2);
+}
+
+#[test]
+fn resume_with_another_model_shape_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 2, 4);
+    let cfg = config(
+        dir.path(),
+        &data,
+        "shape",
+        "  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n",
+    );
+    ok("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    let text_cfg = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("out_dim: 128", "out_dim: 64")
+        .replace("epochs: 1", "epochs: 2");
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let out = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot resume")
+            && err.contains("\"out_dim\":128")
+            && err.contains("\"out_dim\":64"),
+        "{err}"
+    );
+}
+
+#[test]
+fn non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 2, 3); // 6 images, 5 train: one batch per epoch
+                                          // Epoch 0 runs at lr 0 (warm-up start), epoch 1 at an absurd lr that wrecks the weights,
+                                          // so epoch 2's loss is not finite.
+    let cfg = config(
+        dir.path(),
+        &data,
+        "nan",
+        "  epochs: 3\n  batch_size_per_gpu: 8\n  warmup_epochs: 1\n  lr: 1.0e+30\n  clip_grad: 0\n",
+    );
+    let out = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("loss is NaN") || err.contains("loss is inf"),
+        "{err}"
+    );
+    assert!(err.contains("epoch 2"), "{err}");
+    let ck = model_dir(dir.path(), "nan").join("checkpoint.safetensors");
+    assert!(ck.exists(), "the last good checkpoint is kept");
+}
+
+#[test]
+fn loss_falls_on_the_synthetic_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 4, 12);
+    let cfg = config(
+        dir.path(),
+        &data,
+        "fall",
+        "  epochs: 6\n  batch_size_per_gpu: 8\n  warmup_epochs: 1\n  lr: 0.01\n",
+    );
+    ok("trainer", &["train", "--config", &cfg, "--threads", "2"]);
+    let lines = log_lines(dir.path(), "fall");
+    let losses: Vec<f64> = lines
+        .iter()
+        .map(|l| l["train_loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 6);
+    assert!(losses[5] < losses[0] - 0.1, "loss did not fall: {losses:?}");
+    for l in &lines {
+        for k in ["train_loss", "train_lr", "train_wd", "epoch"] {
+            assert!(l.get(k).is_some(), "{k} missing in {l}");
+        }
+    }
+    let md = model_dir(dir.path(), "fall");
+    let prom = std::fs::read_to_string(md.join("metrics.prom")).unwrap();
+    assert!(
+        prom.contains("scdino_train_loss{run=\"fall\",rank=\"0\"}"),
+        "{prom}"
+    );
+    assert!(std::fs::read_dir(md.join("tensorboard")).unwrap().count() == 1);
+    let ms =
+        std::fs::read_to_string(dir.path().join("out/fall/mean_and_std_of_dataset.txt")).unwrap();
+    let ms: serde_json::Value = serde_json::from_str(&ms).unwrap();
+    assert_eq!(ms["mean"].as_array().unwrap().len(), 5);
+}

@@ -1,0 +1,368 @@
+//! Training checkpoints: one safetensors file holding student, teacher, optimizer state and
+//! loss centre under PyTorch-style names, plus JSON metadata (progress, seed, the config, a
+//! fingerprint of what must not change across a resume, and a SHA-256 of every tensor).
+//!
+//! Writes are atomic (temp file, fsync, rename, fsync of the folder). The previous
+//! `checkpoint.safetensors` is kept as `checkpoint.prev.safetensors`, so a checkpoint damaged
+//! after it was written (or a disk that lied) still leaves a good one to resume from.
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+pub const FORMAT: &str = "scdino-rs/1";
+pub const LATEST: &str = "checkpoint.safetensors";
+pub const PREVIOUS: &str = "checkpoint.prev.safetensors";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {context}: {source}")]
+    Io {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid checkpoint: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+/// Progress and identity stored beside the tensors.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CheckpointMeta {
+    pub format: String,
+    /// Epoch to run next (epochs fully done).
+    pub epoch: usize,
+    /// Batches of `epoch` already done (non-zero only for a mid-epoch checkpoint).
+    pub epoch_batch: usize,
+    /// Global iteration to run next.
+    pub iteration: usize,
+    pub seed: u64,
+    /// What a resume must agree on (model shape, channels); see `trainer::train::run`.
+    pub fingerprint: String,
+    /// The resolved config the run was started with, for the record.
+    pub config_yaml: String,
+    /// Mean/std the crops were normalised with, per selected channel.
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+    /// Running sums of the interrupted epoch, so its `log.txt` line averages all its batches.
+    #[serde(default)]
+    pub epoch_totals: EpochTotals,
+}
+
+/// Sums behind one epoch's `log.txt` line (scDINO's MetricLogger global averages).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EpochTotals {
+    pub loss: f64,
+    pub lr: f64,
+    pub wd: f64,
+    pub steps: usize,
+}
+
+/// SHA-256 over (name, kind, shape, bytes) of every tensor in name order.
+fn checksum(tensors: &[(String, Tensor)]) -> String {
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut h = Sha256::new();
+    for (name, t) in sorted {
+        h.update(name.as_bytes());
+        h.update(format!("{:?}{:?}", t.kind(), t.size()).as_bytes());
+        h.update(tensor_bytes(t));
+    }
+    format!("{:x}", h.finalize())
+}
+
+fn tensor_bytes(t: &Tensor) -> Vec<u8> {
+    let t = t.contiguous();
+    let n = t.numel();
+    let mut out = vec![0u8; n * t.kind().elt_size_in_bytes()];
+    t.copy_data_u8(&mut out, n);
+    out
+}
+
+struct View {
+    bytes: Vec<u8>,
+    shape: Vec<usize>,
+    dtype: safetensors::Dtype,
+}
+
+impl safetensors::View for View {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        (&self.bytes[..]).into()
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn dtype(kind: Kind) -> safetensors::Dtype {
+    match kind {
+        Kind::Float => safetensors::Dtype::F32,
+        Kind::Double => safetensors::Dtype::F64,
+        Kind::Int64 => safetensors::Dtype::I64,
+        Kind::BFloat16 => safetensors::Dtype::BF16,
+        Kind::Half => safetensors::Dtype::F16,
+        other => panic!("checkpoint tensors are float or int64, not {other:?}"),
+    }
+}
+
+/// Writes `tensors` and `meta` to `path` atomically.
+pub fn save(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    meta: &CheckpointMeta,
+) -> Result<(), CheckpointError> {
+    let mut info = HashMap::new();
+    info.insert(
+        "meta".to_string(),
+        serde_json::to_string(meta).expect("meta serializes"),
+    );
+    info.insert("sha256".to_string(), checksum(tensors));
+    let views: Vec<(String, View)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let t = t.detach().to_device(tch::Device::Cpu);
+            (
+                n.clone(),
+                View {
+                    bytes: tensor_bytes(&t),
+                    shape: t.size().iter().map(|&d| d as usize).collect(),
+                    dtype: dtype(t.kind()),
+                },
+            )
+        })
+        .collect();
+    let bytes =
+        safetensors::serialize(views, &Some(info)).map_err(|e| CheckpointError::Invalid {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    write_atomic(path, &bytes)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let io = |context, source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        context,
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| io("creating folder", e))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("checkpoint"),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = File::create(&tmp).map_err(|e| io("creating temp file", e))?;
+        f.write_all(bytes).map_err(|e| io("writing", e))?;
+        f.sync_all().map_err(|e| io("syncing", e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", e))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// A loaded, verified checkpoint.
+pub struct Checkpoint {
+    pub path: PathBuf,
+    pub tensors: HashMap<String, Tensor>,
+    pub meta: CheckpointMeta,
+}
+
+impl Checkpoint {
+    pub fn get(&self, name: &str) -> Option<Tensor> {
+        self.tensors.get(name).map(Tensor::shallow_clone)
+    }
+}
+
+/// Reads and verifies one checkpoint file (format, metadata, checksum).
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let invalid = |reason: String| CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        context: "reading",
+        source,
+    })?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let (_, header) =
+        safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let info = header
+        .metadata()
+        .clone()
+        .ok_or_else(|| invalid("no metadata".into()))?;
+    let meta: CheckpointMeta = serde_json::from_str(
+        info.get("meta")
+            .ok_or_else(|| invalid("no `meta`".into()))?,
+    )
+    .map_err(|e| invalid(format!("bad `meta`: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(invalid(format!(
+            "format {:?}, expected {FORMAT:?}",
+            meta.format
+        )));
+    }
+    let mut tensors = Vec::new();
+    for (name, view) in st.tensors() {
+        let kind = match view.dtype() {
+            safetensors::Dtype::F32 => Kind::Float,
+            safetensors::Dtype::F64 => Kind::Double,
+            safetensors::Dtype::I64 => Kind::Int64,
+            safetensors::Dtype::BF16 => Kind::BFloat16,
+            safetensors::Dtype::F16 => Kind::Half,
+            d => return Err(invalid(format!("{name} has unsupported dtype {d:?}"))),
+        };
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let t = Tensor::f_from_data_size(view.data(), &shape, kind)
+            .map_err(|e| invalid(e.to_string()))?;
+        tensors.push((name, t));
+    }
+    let want = info
+        .get("sha256")
+        .ok_or_else(|| invalid("no checksum".into()))?;
+    let got = checksum(&tensors);
+    if &got != want {
+        return Err(invalid(format!(
+            "checksum mismatch (stored {want}, computed {got}): the file is damaged"
+        )));
+    }
+    Ok(Checkpoint {
+        path: path.to_path_buf(),
+        tensors: tensors.into_iter().collect(),
+        meta,
+    })
+}
+
+/// Writes the rolling checkpoint of `dir`, keeping the previous one as a fallback.
+pub fn save_latest(
+    dir: &Path,
+    tensors: &[(String, Tensor)],
+    meta: &CheckpointMeta,
+) -> Result<(), CheckpointError> {
+    let latest = dir.join(LATEST);
+    if latest.exists() {
+        std::fs::rename(&latest, dir.join(PREVIOUS)).map_err(|source| CheckpointError::Io {
+            path: latest.clone(),
+            context: "keeping the previous checkpoint",
+            source,
+        })?;
+    }
+    save(&latest, tensors, meta)
+}
+
+/// The newest checkpoint of `dir` that verifies: `checkpoint.safetensors`, else the previous
+/// one, else the newest `checkpointNNNN.safetensors`. Damaged candidates are reported through
+/// `warn` and skipped. `Ok(None)`: nothing to resume from.
+pub fn load_latest(
+    dir: &Path,
+    warn: &mut dyn FnMut(String),
+) -> Result<Option<Checkpoint>, CheckpointError> {
+    let mut candidates = vec![dir.join(LATEST), dir.join(PREVIOUS)];
+    let mut numbered: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.starts_with("checkpoint0") || n.starts_with("checkpoint1")
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    numbered.sort();
+    candidates.extend(numbered.into_iter().rev());
+    let mut best: Option<Checkpoint> = None;
+    for path in candidates.into_iter().filter(|p| p.exists()) {
+        match load(&path) {
+            Ok(c) => {
+                if best
+                    .as_ref()
+                    .is_none_or(|b| c.meta.iteration > b.meta.iteration)
+                {
+                    best = Some(c);
+                }
+                // The rolling checkpoint is always the newest valid one: stop at it.
+                if path.ends_with(LATEST) {
+                    break;
+                }
+            }
+            Err(e) => warn(format!("skipping damaged checkpoint: {e}")),
+        }
+    }
+    Ok(best)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(iteration: usize) -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT.into(),
+            epoch: 1,
+            epoch_batch: 0,
+            iteration,
+            seed: 40,
+            fingerprint: "fp".into(),
+            config_yaml: "run: {}".into(),
+            mean: vec![0.5],
+            std: vec![0.25],
+            epoch_totals: EpochTotals::default(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_damage_detection() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Tensor::randn([3, 4], (Kind::Float, tch::Device::Cpu));
+        let tensors = vec![
+            ("student.w".to_string(), a.shallow_clone()),
+            ("optimizer.w.step".to_string(), Tensor::from_slice(&[7i64])),
+        ];
+        save_latest(dir.path(), &tensors, &meta(10)).unwrap();
+        let c = load(&dir.path().join(LATEST)).unwrap();
+        assert_eq!(c.meta, meta(10));
+        assert!(c.get("student.w").unwrap().equal(&a));
+        assert_eq!(c.get("optimizer.w.step").unwrap().int64_value(&[0]), 7);
+
+        // A second save keeps the first as the fallback; damage the newest.
+        save_latest(dir.path(), &tensors, &meta(20)).unwrap();
+        let latest = dir.path().join(LATEST);
+        let mut bytes = std::fs::read(&latest).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0xff;
+        std::fs::write(&latest, &bytes).unwrap();
+        let err = load(&latest).err().unwrap().to_string();
+        assert!(err.contains("checksum mismatch"), "{err}");
+        let mut warnings = vec![];
+        let c = load_latest(dir.path(), &mut |w| warnings.push(w))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.meta.iteration, 10);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(!std::fs::read_dir(dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")));
+    }
+}

@@ -1,0 +1,63 @@
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use trainer::config::Config;
+use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome, EXIT_PREEMPTED};
+
+/// `trainer train`: DINO pretraining; resumes automatically from the output folder.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Index into data.channel_combinations (one model per combination).
+    #[arg(long, default_value_t = 0)]
+    combination: usize,
+    /// Stop with a checkpoint once this global iteration is reached (time-limited segments).
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// Threads for libtorch's intra-op pool (default: libtorch's choice).
+    #[arg(long)]
+    threads: Option<i32>,
+}
+
+impl TrainArgs {
+    pub fn run(self) -> Result<()> {
+        if let Some(t) = self.threads {
+            tch::set_num_threads(t);
+        }
+        let cfg = Config::load(&self.config)?;
+        // SIGUSR1 (Slurm's --signal) and SIGTERM (scancel, preemption): checkpoint at the next
+        // step boundary, then exit with EXIT_PREEMPTED so a requeued job resumes.
+        let stop = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGUSR1, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+        }
+        let opts = TrainOptions {
+            combination: self.combination,
+            max_steps: self.max_steps,
+            stop: Some(stop),
+        };
+        let dir = cfg
+            .channel_sets
+            .get(self.combination)
+            .map(|c| model_dir(&cfg, c))
+            .unwrap_or_default();
+        let outcome = train(&cfg, &opts).with_context(|| format!("training {}", dir.display()))?;
+        match outcome {
+            TrainOutcome::Finished => eprintln!("training finished: {}", dir.display()),
+            TrainOutcome::StepLimit => {
+                eprintln!("step limit reached; rerun to continue: {}", dir.display())
+            }
+            TrainOutcome::Preempted => {
+                eprintln!(
+                    "stopped by signal after a checkpoint; rerun to resume: {}",
+                    dir.display()
+                );
+                std::process::exit(EXIT_PREEMPTED);
+            }
+        }
+        Ok(())
+    }
+}

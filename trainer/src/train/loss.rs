@@ -1,0 +1,88 @@
+//! DINO loss: cross-entropy between the sharpened, centred teacher distribution on the two
+//! global crops and the student distribution on every other crop (scDINO `DINOLoss`).
+use tch::{Kind, Tensor};
+
+/// What the loss needs of the process group: a sum across processes (in place) and their
+/// number. A single process sums nothing.
+pub struct Collective<'a> {
+    pub all_reduce_sum: Box<dyn FnMut(&mut Tensor) + 'a>,
+    pub world_size: usize,
+}
+
+impl Collective<'_> {
+    pub fn single() -> Self {
+        Self {
+            all_reduce_sum: Box::new(|_| {}),
+            world_size: 1,
+        }
+    }
+}
+
+pub struct DinoLoss {
+    /// Running mean of teacher outputs, `[1, out_dim]`; subtracted before the softmax so no
+    /// prototype dominates (collapse prevention).
+    pub center: Tensor,
+    student_temp: f64,
+    center_momentum: f64,
+    ncrops: i64,
+    teacher_temps: Vec<f64>,
+}
+
+impl DinoLoss {
+    pub fn new(out_dim: i64, ncrops: usize, teacher_temps: Vec<f64>, device: tch::Device) -> Self {
+        Self {
+            center: Tensor::zeros([1, out_dim], (Kind::Float, device)),
+            student_temp: 0.1,
+            center_momentum: 0.9,
+            ncrops: ncrops as i64,
+            teacher_temps,
+        }
+    }
+
+    /// The teacher temperature of `epoch` (the last one past the schedule's end).
+    pub fn teacher_temp(&self, epoch: usize) -> f64 {
+        let last = self.teacher_temps.len().saturating_sub(1);
+        self.teacher_temps[epoch.min(last)]
+    }
+
+    /// `student`: `[ncrops·B, K]`, `teacher`: `[2·B, K]` (detached) → scalar loss.
+    /// Does not touch the centre; call [`DinoLoss::update_center`] after it.
+    pub fn forward(&self, student: &Tensor, teacher: &Tensor, epoch: usize) -> Tensor {
+        let student_out = (student / self.student_temp).chunk(self.ncrops, 0);
+        let temp = self.teacher_temp(epoch);
+        let teacher_out = ((teacher - &self.center) / temp)
+            .softmax(-1, Kind::Float)
+            .detach()
+            .chunk(2, 0);
+        let mut total: Option<Tensor> = None;
+        let mut terms = 0;
+        for (iq, q) in teacher_out.iter().enumerate() {
+            for (v, s) in student_out.iter().enumerate() {
+                if v == iq {
+                    continue;
+                }
+                let loss = (-q * s.log_softmax(-1, Kind::Float))
+                    .sum_dim_intlist(-1, false, Kind::Float)
+                    .mean(Kind::Float);
+                total = Some(match total {
+                    None => loss,
+                    Some(t) => t + loss,
+                });
+                terms += 1;
+            }
+        }
+        total.expect("at least one loss term (ncrops ≥ 2)") / terms as f64
+    }
+
+    /// EMA of the mean teacher output over all processes of `group`.
+    pub fn update_center(&mut self, teacher: &Tensor, group: &mut Collective) {
+        tch::no_grad(|| {
+            let mut batch_center = teacher.sum_dim_intlist(0, true, Kind::Float);
+            (group.all_reduce_sum)(&mut batch_center);
+            let rows = teacher.size()[0] as f64 * group.world_size as f64;
+            let batch_center = batch_center / rows;
+            self.center =
+                &self.center * self.center_momentum + batch_center * (1.0 - self.center_momentum);
+        });
+    }
+}

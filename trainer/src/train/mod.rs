@@ -1,0 +1,8 @@
+//! DINO training: schedules, loss, optimiser, the iteration, and (in `run`) the epoch loop.
+pub mod loader;
+pub mod loss;
+pub mod optim;
+pub mod run;
+pub mod sampler;
+pub mod schedule;
+pub mod step;

@@ -1,0 +1,558 @@
+//! The epoch loop of `trainer train`: data, schedules, steps, checkpoints, logs and metrics,
+//! with automatic and exact resume.
+//!
+//! Reproducibility contract: the sample order is a function of (seed, epoch, rank), each
+//! sample's augmentation of (seed, epoch, index), and libtorch's generator is re-seeded from
+//! (seed, iteration) before every step. A checkpoint therefore only needs weights, optimizer
+//! state, loss centre and the position (epoch, batch, iteration) for a resumed run to
+//! continue bit for bit as if it had never stopped (CPU, fixed thread count).
+use super::loader::{EpochLoader, SampleFn};
+use super::loss::{Collective, DinoLoss};
+use super::optim::AdamW;
+use super::sampler::{epoch_order, iters_per_epoch, SplitMix64};
+use super::schedule::{scaled_lr, teacher_temp_schedule, Schedules};
+use super::step::{dino_step, Networks, StepParams};
+use crate::analysis::mean_std::{self, MeanStd};
+use crate::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
+use crate::config::Config;
+use crate::data::preprocess::preprocess;
+use crate::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
+use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tch::Device;
+
+/// Exit code after a checkpoint on SIGUSR1/SIGTERM: EX_TEMPFAIL, "try again" (Slurm requeue).
+pub const EXIT_PREEMPTED: i32 = 75;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    #[error(transparent)]
+    MeanStd(#[from] mean_std::MeanStdError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    #[error(transparent)]
+    NonFinite(#[from] super::step::NonFiniteLoss),
+    #[error("{0}")]
+    Setup(String),
+    #[error("cannot resume from {path}: {reason}")]
+    Resume { path: PathBuf, reason: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How a `train` call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainOutcome {
+    /// All epochs done.
+    Finished,
+    /// `max_steps` reached; a checkpoint was written.
+    StepLimit,
+    /// A stop signal arrived; a checkpoint was written at the step boundary.
+    Preempted,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TrainOptions {
+    /// Index into `data.channel_combinations`.
+    pub combination: usize,
+    /// Stop (with a checkpoint) once this global iteration is reached.
+    pub max_steps: Option<usize>,
+    /// Set asynchronously (signal handler) to request a checkpoint and stop.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+/// The fields a resume must agree on: they change the shape or meaning of the weights.
+fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
+    let m = &cfg.model;
+    serde_json::json!({
+        "arch": m.arch,
+        "patch_size": m.patch_size,
+        "out_dim": m.out_dim,
+        "use_bn_in_head": m.use_bn_in_head,
+        "norm_last_layer": m.norm_last_layer,
+        "channels": channels,
+        "channel_names": channels.iter().map(|&c| &cfg.data.channel_names[c]).collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+/// `{output_dir}/{name}/scDINO_ViTs/{model}_channel_{names}` (scDINO's layout).
+pub fn model_dir(cfg: &Config, channels: &[usize]) -> PathBuf {
+    cfg.run_dir()
+        .join("scDINO_ViTs")
+        .join(cfg.model_dir_name(channels))
+}
+
+/// Loads `mean_and_std_of_dataset.txt` from the run folder, computing it first if missing.
+pub fn dataset_mean_std(cfg: &Config, index: &data::DatasetIndex) -> Result<MeanStd, TrainError> {
+    let path = cfg.run_dir().join("mean_and_std_of_dataset.txt");
+    if path.exists() {
+        return Ok(MeanStd::read(&path)?);
+    }
+    eprintln!("computing dataset mean/std -> {}", path.display());
+    let threads = cfg.data.num_workers.max(1);
+    let ms = mean_std::compute(
+        index,
+        cfg.data.mean_std_fraction,
+        cfg.data.center_crop,
+        threads,
+    )?;
+    std::fs::create_dir_all(cfg.run_dir()).map_err(|source| TrainError::Io {
+        path: cfg.run_dir(),
+        source,
+    })?;
+    ms.write(&path)?;
+    Ok(ms)
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Trains one channel combination of `cfg` on this process (single-process for now).
+pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainError> {
+    let device = Device::Cpu;
+    let channels = cfg
+        .channel_sets
+        .get(opts.combination)
+        .cloned()
+        .ok_or_else(|| {
+            TrainError::Setup(format!(
+                "channel combination {} does not exist",
+                opts.combination
+            ))
+        })?;
+    let out_dir = model_dir(cfg, &channels);
+    std::fs::create_dir_all(&out_dir).map_err(io_err(&out_dir))?;
+
+    let index = Arc::new(build_index(
+        &cfg.data.dataset_dir,
+        cfg.data.label_folder_depth,
+    )?);
+    let split =
+        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    if split.train.is_empty() {
+        return Err(TrainError::Setup("the training split is empty".into()));
+    }
+    let ms = dataset_mean_std(cfg, &index)?;
+    if ms.mean.len() != cfg.file_channels() {
+        return Err(TrainError::Setup(format!(
+            "mean/std lists {} channels but data.channel_names lists {}",
+            ms.mean.len(),
+            cfg.file_channels()
+        )));
+    }
+    let (mean, std) = ms.select(&channels);
+
+    let (world, rank) = (1usize, 0usize);
+    let batch = cfg.train.batch_size_per_gpu;
+    let niter = iters_per_epoch(split.train.len(), world, batch);
+    let peak_lr = scaled_lr(cfg.train.lr, batch, world);
+    let sched = Schedules::new(&cfg.train, peak_lr, niter);
+    let t = &cfg.train;
+    let temps = teacher_temp_schedule(
+        t.warmup_teacher_temp,
+        t.teacher_temp,
+        t.warmup_teacher_temp_epochs,
+        t.epochs,
+    );
+    let ncrops = 2 + cfg.augment.local_crops_number;
+
+    tch::manual_seed(cfg.run.seed as i64);
+    let mut nets = Networks::new(cfg, channels.len(), device);
+    let mut optimizer = AdamW::new(&nets.student_vs);
+    let mut loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
+    let fp = fingerprint(cfg, &channels);
+
+    let (mut epoch, mut start_batch, mut iteration) = (0usize, 0usize, 0usize);
+    let mut meter = EpochTotals::default();
+    let resumed = checkpoint::load_latest(&out_dir, &mut |w| eprintln!("warning: {w}"))?;
+    if let Some(ck) = &resumed {
+        restore(ck, &fp, &mut nets, &mut optimizer, &mut loss_fn)?;
+        (epoch, start_batch, iteration) = (ck.meta.epoch, ck.meta.epoch_batch, ck.meta.iteration);
+        meter = ck.meta.epoch_totals.clone();
+        eprintln!(
+            "resuming from {} at epoch {epoch}, batch {start_batch} (iteration {iteration})",
+            ck.path.display()
+        );
+    }
+    let config_yaml = cfg.to_yaml();
+    write_run_log(&out_dir, cfg, &channels, niter, peak_lr, resumed.is_some())?;
+    trim_log(&out_dir.join("log.txt"), epoch)?;
+
+    let augment = MultiCropAugment::new(MultiCropConfig {
+        global_crops_scale: cfg.augment.global_crops_scale,
+        local_crops_scale: cfg.augment.local_crops_scale,
+        global_size: cfg.augment.global_crop_size,
+        local_size: cfg.augment.local_crop_size,
+        local_crops_number: cfg.augment.local_crops_number,
+        mean: mean.clone(),
+        std: std.clone(),
+    })
+    .map_err(|e| TrainError::Setup(e.to_string()))?;
+    let augment = Arc::new(augment);
+    let prep = PreprocessOptions {
+        selected_channels: Some(channels.clone()),
+        center_crop: cfg.data.center_crop,
+    };
+    let file_channels = cfg.file_channels();
+
+    let mut tb = TensorBoardWriter::create(&out_dir.join("tensorboard"))?;
+    let prom = PromTextfile::new(out_dir.join("metrics.prom"));
+    let run_label = cfg.run.name.clone();
+
+    let save = |nets: &Networks,
+                opt: &AdamW,
+                loss: &DinoLoss,
+                (epoch, epoch_batch, iteration): (usize, usize, usize),
+                totals: &EpochTotals,
+                numbered: bool| {
+        let meta = CheckpointMeta {
+            format: checkpoint::FORMAT.into(),
+            epoch,
+            epoch_batch,
+            iteration,
+            seed: cfg.run.seed,
+            fingerprint: fp.clone(),
+            config_yaml: config_yaml.clone(),
+            mean: mean.clone(),
+            std: std.clone(),
+            epoch_totals: totals.clone(),
+        };
+        let tensors = checkpoint_tensors(nets, opt, loss);
+        checkpoint::save_latest(&out_dir, &tensors, &meta)?;
+        if numbered {
+            checkpoint::save(
+                &out_dir.join(format!("checkpoint{:04}.safetensors", epoch - 1)),
+                &tensors,
+                &meta,
+            )?;
+        }
+        Ok::<(), TrainError>(())
+    };
+
+    let mut group = Collective::single();
+    while epoch < cfg.train.epochs {
+        let order = epoch_order(&split.train, cfg.run.seed, epoch as u64, rank, world);
+        let sample: Arc<SampleFn> = {
+            let (index, augment, prep) = (index.clone(), augment.clone(), prep.clone());
+            let (seed, ep) = (cfg.run.seed, epoch as u64);
+            Arc::new(move |i: usize| {
+                let path = &index.samples[i].path;
+                let raw = data::read_tiff(path).map_err(|e| e.to_string())?;
+                if raw.channels != file_channels {
+                    return Err(format!(
+                        "{} has {} channels but data.channel_names lists {file_channels}",
+                        path.display(),
+                        raw.channels
+                    ));
+                }
+                let (img, outcome) = preprocess(&raw, &prep).map_err(|e| e.to_string())?;
+                if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
+                    return Ok(None);
+                }
+                augment
+                    .apply(&img, SampleKey::new(seed, ep, i as u64))
+                    .map(Some)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            })
+        };
+        let workers = cfg.data.num_workers.max(1);
+        let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
+        let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)
+        let epoch_start = Instant::now();
+        for loaded in loader {
+            let b = loaded.map_err(TrainError::Setup)?;
+            if b.indices.is_empty() {
+                eprintln!(
+                    "warning: batch {} of epoch {epoch} has no usable image; skipped",
+                    b.batch_no
+                );
+                iteration += 1;
+                continue;
+            }
+            let params = StepParams {
+                lr: sched.lr[iteration.min(sched.lr.len() - 1)],
+                weight_decay: sched.weight_decay[iteration.min(sched.lr.len() - 1)],
+                momentum: sched.momentum[iteration.min(sched.lr.len() - 1)],
+                epoch,
+                freeze_last_layer: epoch < cfg.train.freeze_last_layer,
+                clip_grad: cfg.train.clip_grad,
+                rng_seed: step_seed(cfg.run.seed, iteration),
+            };
+            let out = dino_step(
+                &nets,
+                &mut optimizer,
+                &mut loss_fn,
+                &b.crops,
+                params,
+                iteration,
+                &mut group,
+            )?;
+            meter.loss += out.loss;
+            meter.lr += params.lr;
+            meter.wd += params.weight_decay;
+            meter.steps += 1;
+            window.1 += b.indices.len();
+            window.2 += b.wait.as_secs_f64();
+            iteration += 1;
+            let done_in_epoch = b.batch_no + 1;
+
+            if iteration % cfg.train.log_every == 0 || done_in_epoch == niter {
+                let secs = window.0.elapsed().as_secs_f64().max(1e-9);
+                let imgs_per_s = window.1 as f64 / secs;
+                eprintln!(
+                    "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s",
+                    cfg.train.epochs,
+                    out.loss,
+                    meter.loss / meter.steps as f64,
+                    params.lr,
+                    params.weight_decay,
+                    window.2,
+                    secs / (window.1 as f64 / batch as f64).max(1.0),
+                );
+                tb.add_scalars(
+                    iteration as i64,
+                    &[
+                        ("train/loss", out.loss as f32),
+                        ("train/lr", params.lr as f32),
+                        ("train/wd", params.weight_decay as f32),
+                        ("train/momentum", params.momentum as f32),
+                        ("train/teacher_temp", loss_fn.teacher_temp(epoch) as f32),
+                        ("train/images_per_second", imgs_per_s as f32),
+                        ("train/data_wait_seconds", window.2 as f32),
+                    ],
+                )?;
+                let m = |name: &str, help: &str, v: f64| {
+                    Metric::gauge(name, help, v)
+                        .label("run", &run_label)
+                        .label("rank", rank.to_string())
+                };
+                prom.write(&[
+                    m(
+                        "scdino_train_loss",
+                        "DINO loss of the last iteration",
+                        out.loss,
+                    ),
+                    m("scdino_train_lr", "learning rate", params.lr),
+                    m("scdino_train_epoch", "current epoch", epoch as f64),
+                    m(
+                        "scdino_train_iteration",
+                        "global iteration done",
+                        iteration as f64,
+                    ),
+                    m(
+                        "scdino_train_images_per_second",
+                        "training throughput over the last window",
+                        imgs_per_s,
+                    ),
+                    m(
+                        "scdino_train_data_wait_seconds",
+                        "time spent waiting for the loader in the last window",
+                        window.2,
+                    ),
+                ])?;
+                window = (Instant::now(), 0, 0.0);
+            }
+
+            let stop_requested = opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst));
+            let step_limit = opts.max_steps.is_some_and(|m| iteration >= m);
+            if (stop_requested || step_limit) && done_in_epoch < niter {
+                let at = (epoch, done_in_epoch, iteration);
+                save(&nets, &optimizer, &loss_fn, at, &meter, false)?;
+                tb.flush()?;
+                eprintln!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
+                return Ok(if stop_requested {
+                    TrainOutcome::Preempted
+                } else {
+                    TrainOutcome::StepLimit
+                });
+            }
+        }
+        // End of epoch: checkpoint first, then the log line (a crash in between re-logs).
+        let finished = epoch + 1;
+        let numbered = epoch % cfg.train.checkpoint_every == 0 || finished == cfg.train.epochs;
+        let at = (finished, 0, iteration);
+        save(
+            &nets,
+            &optimizer,
+            &loss_fn,
+            at,
+            &EpochTotals::default(),
+            numbered,
+        )?;
+        let n = meter.steps.max(1) as f64;
+        let line = serde_json::json!({
+            "train_loss": meter.loss / n,
+            "train_lr": meter.lr / n,
+            "train_wd": meter.wd / n,
+            "epoch": epoch,
+        });
+        append_line(&out_dir.join("log.txt"), &line.to_string())?;
+        tb.add_scalars(finished as i64, &[("epoch/loss", (meter.loss / n) as f32)])?;
+        tb.flush()?;
+        eprintln!(
+            "Epoch: [{epoch}/{}] Total time: {:.1}s ({:.3} s / it)",
+            cfg.train.epochs,
+            epoch_start.elapsed().as_secs_f64(),
+            epoch_start.elapsed().as_secs_f64() / meter.steps.max(1) as f64
+        );
+        epoch = finished;
+        start_batch = 0;
+        meter = EpochTotals::default();
+        let stop_requested = opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst));
+        if stop_requested && epoch < cfg.train.epochs {
+            return Ok(TrainOutcome::Preempted);
+        }
+        if opts.max_steps.is_some_and(|m| iteration >= m) && epoch < cfg.train.epochs {
+            return Ok(TrainOutcome::StepLimit);
+        }
+    }
+    Ok(TrainOutcome::Finished)
+}
+
+/// libtorch's generator seed for one iteration (drop path draws).
+fn step_seed(seed: u64, iteration: usize) -> i64 {
+    let mut r = SplitMix64::new(seed ^ (iteration as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (r.next_u64() >> 1) as i64
+}
+
+/// Student, teacher, optimizer state and centre under PyTorch-style names.
+fn checkpoint_tensors(nets: &Networks, opt: &AdamW, loss: &DinoLoss) -> Vec<(String, tch::Tensor)> {
+    let mut out = Vec::new();
+    for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
+        let mut vars: Vec<_> = vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(vars.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)));
+    }
+    out.extend(
+        opt.state_tensors()
+            .into_iter()
+            .map(|(n, t)| (format!("optimizer.{n}"), t)),
+    );
+    out.push(("dino_loss.center".into(), loss.center.shallow_clone()));
+    out
+}
+
+fn restore(
+    ck: &Checkpoint,
+    fp: &str,
+    nets: &mut Networks,
+    opt: &mut AdamW,
+    loss: &mut DinoLoss,
+) -> Result<(), TrainError> {
+    let err = |reason: String| TrainError::Resume {
+        path: ck.path.clone(),
+        reason,
+    };
+    if ck.meta.fingerprint != fp {
+        return Err(err(format!(
+            "it was trained with {} but the config now gives {fp}; restore those settings or start a new run (another run.name)",
+            ck.meta.fingerprint
+        )));
+    }
+    tch::no_grad(|| {
+        for (prefix, vs) in [
+            ("student", &mut nets.student_vs),
+            ("teacher", &mut nets.teacher_vs),
+        ] {
+            for (name, mut t) in vs.variables() {
+                let src = ck
+                    .get(&format!("{prefix}.{name}"))
+                    .ok_or_else(|| err(format!("{prefix}.{name} is missing")))?;
+                if src.size() != t.size() {
+                    return Err(err(format!(
+                        "{prefix}.{name} has shape {:?}, model has {:?}",
+                        src.size(),
+                        t.size()
+                    )));
+                }
+                t.copy_(&src);
+            }
+        }
+        Ok(())
+    })?;
+    opt.load_state(&|n| ck.get(&format!("optimizer.{n}")))
+        .map_err(err)?;
+    let center = ck
+        .get("dino_loss.center")
+        .ok_or_else(|| err("dino_loss.center is missing".into()))?;
+    if center.size() != loss.center.size() {
+        return Err(err("the loss centre has another size".into()));
+    }
+    loss.center = center;
+    Ok(())
+}
+
+/// scDINO's `run_log.txt`: the seed line, then one `name : value` line per setting.
+fn write_run_log(
+    dir: &Path,
+    cfg: &Config,
+    channels: &[usize],
+    niter: usize,
+    lr: f64,
+    resumed: bool,
+) -> Result<(), TrainError> {
+    let path = dir.join("run_log.txt");
+    let mut text = format!(
+        "successfully computed features with seed {}: \nparameters: \n",
+        cfg.run.seed
+    );
+    text.push_str(&format!("selected_channels : {channels:?} \n"));
+    text.push_str(&format!("iterations_per_epoch : {niter} \n"));
+    text.push_str(&format!("scaled_lr : {lr} \n"));
+    text.push_str(&format!("resumed : {resumed} \n"));
+    for line in cfg.to_yaml().lines() {
+        text.push_str(line);
+        text.push_str(" \n");
+    }
+    data::tiff_reader::write_atomic(&path, text.as_bytes())?;
+    Ok(())
+}
+
+/// Keeps only the log lines of epochs before `epoch` (a resumed run rewrites the rest).
+fn trim_log(path: &Path, epoch: usize) -> Result<(), TrainError> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["epoch"].as_u64())
+                .is_some_and(|e| (e as usize) < epoch)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept != text {
+        data::tiff_reader::write_atomic(path, kept.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn append_line(path: &Path, line: &str) -> Result<(), TrainError> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    writeln!(f, "{line}").map_err(io_err(path))?;
+    f.sync_data().map_err(io_err(path))
+}

@@ -1,0 +1,125 @@
+"""scDINO's training iteration in PyTorch (main_dino.py train_one_epoch + utils), as the oracle
+for the Rust step: K iterations from one initialisation on given crops and schedule values.
+
+usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS
+Writes OUT (inputs, per-step losses, final weights) and OUT.init.safetensors (initial student).
+"""
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+import dino_reference
+from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer
+
+dino_reference.USE_SDPA = True
+out, steps, freeze_epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(2)
+torch.manual_seed(0)
+OUT_DIM, B, C = 256, 3, 4
+
+
+def net(drop):
+    vit = VisionTransformer("vit_tiny", 16, C, drop_path_rate=drop)
+    return MultiCropWrapper(vit, DINOHead(vit.embed_dim, OUT_DIM))
+
+
+student, teacher = net(0.1), net(0.0)
+teacher.load_state_dict(student.state_dict())
+for p in teacher.parameters():
+    p.requires_grad = False
+init = {k: v.clone().contiguous() for k, v in student.state_dict().items()}
+
+
+class DINOLoss(torch.nn.Module):
+    def __init__(self, out_dim, ncrops, temps):
+        super().__init__()
+        self.student_temp, self.center_momentum, self.ncrops = 0.1, 0.9, ncrops
+        self.register_buffer("center", torch.zeros(1, out_dim))
+        self.temps = temps
+
+    def forward(self, student_output, teacher_output, epoch):
+        student_out = (student_output / self.student_temp).chunk(self.ncrops)
+        temp = self.temps[epoch]
+        teacher_out = F.softmax((teacher_output - self.center) / temp, dim=-1).detach().chunk(2)
+        total_loss, n = 0, 0
+        for iq, q in enumerate(teacher_out):
+            for v in range(len(student_out)):
+                if v == iq:
+                    continue
+                total_loss += torch.sum(-q * F.log_softmax(student_out[v], dim=-1), dim=-1).mean()
+                n += 1
+        total_loss /= n
+        with torch.no_grad():
+            batch_center = torch.sum(teacher_output, dim=0, keepdim=True) / len(teacher_output)
+            self.center = self.center * self.center_momentum + batch_center * (1 - self.center_momentum)
+        return total_loss
+
+
+def get_params_groups(model):
+    regularized, not_regularized = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if name.endswith(".bias") or len(param.shape) == 1:
+            not_regularized.append(param)
+        else:
+            regularized.append(param)
+    return [{"params": regularized}, {"params": not_regularized, "weight_decay": 0.0}]
+
+
+def clip_gradients(model, clip):
+    for _, p in model.named_parameters():
+        if p.grad is not None:
+            param_norm = p.grad.data.norm(2)
+            clip_coef = clip / (param_norm + 1e-6)
+            if clip_coef < 1:
+                p.grad.data.mul_(clip_coef)
+
+
+ncrops = 4
+temps = np.concatenate((np.linspace(0.04, 0.07, 2), np.ones(3) * 0.07))
+loss_fn = DINOLoss(OUT_DIM, ncrops, temps)
+opt = torch.optim.AdamW(get_params_groups(student))
+gen = torch.Generator().manual_seed(1)
+tensors = {}
+losses = []
+for it in range(steps):
+    epoch = it // 2  # two iterations per "epoch": exercises the temperature and freeze schedules
+    lr, wd, m = 1e-3 * (it + 1), 0.04 + 0.01 * it, 0.99 + 0.001 * it
+    crops = [torch.rand(B, C, 64, 64, generator=gen) for _ in range(2)]
+    crops += [torch.rand(B, C, 32, 32, generator=gen) for _ in range(ncrops - 2)]
+    for i, c in enumerate(crops):
+        tensors[f"in.step{it}.crop{i}"] = c
+    tensors[f"in.step{it}.params"] = torch.tensor([lr, wd, m, epoch], dtype=torch.float64)
+    for i, g in enumerate(opt.param_groups):
+        g["lr"] = lr
+        if i == 0:
+            g["weight_decay"] = wd
+    torch.manual_seed(1000 + it)
+    teacher_output = teacher(crops[:2])
+    student_output = student(crops)
+    loss = loss_fn(student_output, teacher_output, epoch)
+    opt.zero_grad()
+    loss.backward()
+    clip_gradients(student, 3.0)
+    if epoch < freeze_epochs:
+        for n, p in student.named_parameters():
+            if "last_layer" in n:
+                p.grad = None
+    opt.step()
+    with torch.no_grad():
+        for pq, pk in zip(student.parameters(), teacher.parameters()):
+            pk.data.mul_(m).add_((1 - m) * pq.detach().data)
+    losses.append(loss.item())
+
+tensors["out.losses"] = torch.tensor(losses, dtype=torch.float64)
+tensors["out.center"] = loss_fn.center
+for k, v in student.state_dict().items():
+    tensors[f"out.student.{k}"] = v
+for k, v in teacher.state_dict().items():
+    tensors[f"out.teacher.{k}"] = v
+save_file({k: v.contiguous() for k, v in tensors.items()}, out)
+save_file(init, out + ".init.safetensors")
