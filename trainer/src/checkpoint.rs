@@ -50,6 +50,9 @@ pub struct CheckpointMeta {
     /// Running sums of the interrupted epoch, so its `log.txt` line averages all its batches.
     #[serde(default)]
     pub epoch_totals: EpochTotals,
+    /// fp16 runs: the dynamic loss scale and its growth counter.
+    #[serde(default)]
+    pub loss_scaler: Option<crate::precision::LossScaler>,
 }
 
 /// Sums behind one epoch's `log.txt` line (scDINO's MetricLogger global averages).
@@ -327,6 +330,7 @@ mod tests {
             mean: vec![0.5],
             std: vec![0.25],
             epoch_totals: EpochTotals::default(),
+            loss_scaler: None,
         }
     }
 

@@ -6,5 +6,6 @@ pub mod config;
 pub mod data;
 pub mod metrics;
 pub mod model;
+pub mod precision;
 pub mod probe;
 pub mod train;

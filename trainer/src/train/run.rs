@@ -8,10 +8,9 @@
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::loader::{EpochLoader, SampleFn};
 use super::loss::{Collective, DinoLoss};
-use super::optim::AdamW;
 use super::sampler::{epoch_order, iters_per_epoch, SplitMix64};
 use super::schedule::{scaled_lr, teacher_temp_schedule, Schedules};
-use super::step::{dino_step, Networks, StepParams};
+use super::step::{Learner, Networks, StepParams};
 use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
@@ -175,16 +174,17 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let ncrops = 2 + cfg.augment.local_crops_number;
 
     tch::manual_seed(cfg.run.seed as i64);
-    let mut nets = Networks::new(cfg, channels.len(), device);
-    let mut optimizer = AdamW::new(&nets.student_vs);
-    let mut loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
+    crate::precision::check_supported(cfg.train.precision, device).map_err(TrainError::Setup)?;
+    let nets = Networks::new(cfg, channels.len(), device);
+    let loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
+    let mut learner = Learner::new(nets, loss_fn, cfg.train.precision, device);
     let fp = fingerprint(cfg, &channels);
 
     let (mut epoch, mut start_batch, mut iteration) = (0usize, 0usize, 0usize);
     let mut meter = EpochTotals::default();
     let resumed = checkpoint::load_latest(&out_dir, &mut |w| eprintln!("warning: {w}"))?;
     if let Some(ck) = &resumed {
-        restore(ck, &fp, &mut nets, &mut optimizer, &mut loss_fn)?;
+        restore(ck, &fp, &mut learner)?;
         (epoch, start_batch, iteration) = (ck.meta.epoch, ck.meta.epoch_batch, ck.meta.iteration);
         meter = ck.meta.epoch_totals.clone();
         eprintln!(
@@ -217,9 +217,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let prom = PromTextfile::new(out_dir.join("metrics.prom"));
     let run_label = cfg.run.name.clone();
 
-    let save = |nets: &Networks,
-                opt: &AdamW,
-                loss: &DinoLoss,
+    let save = |learner: &Learner,
                 (epoch, epoch_batch, iteration): (usize, usize, usize),
                 totals: &EpochTotals,
                 numbered: bool| {
@@ -234,8 +232,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             mean: mean.clone(),
             std: std.clone(),
             epoch_totals: totals.clone(),
+            loss_scaler: learner.scaler.clone(),
         };
-        let tensors = checkpoint_tensors(nets, opt, loss);
+        let tensors = checkpoint_tensors(learner);
         checkpoint::save_latest(&out_dir, &tensors, &meta)?;
         if numbered {
             checkpoint::save(
@@ -296,15 +295,11 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 clip_grad: cfg.train.clip_grad,
                 rng_seed: step_seed(cfg.run.seed, iteration),
             };
-            let out = dino_step(
-                &nets,
-                &mut optimizer,
-                &mut loss_fn,
-                &b.crops,
-                params,
-                iteration,
-                &mut group,
-            )?;
+            let crops: Vec<tch::Tensor> = b.crops.iter().map(|c| c.to_device(device)).collect();
+            let out = learner.step(&crops, params, iteration, &mut group)?;
+            if out.skipped {
+                eprintln!("fp16: gradient overflow at iteration {iteration}; step skipped, loss scale lowered");
+            }
             meter.loss += out.loss;
             meter.lr += params.lr;
             meter.wd += params.weight_decay;
@@ -334,7 +329,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                         ("train/lr", params.lr as f32),
                         ("train/wd", params.weight_decay as f32),
                         ("train/momentum", params.momentum as f32),
-                        ("train/teacher_temp", loss_fn.teacher_temp(epoch) as f32),
+                        (
+                            "train/teacher_temp",
+                            learner.loss.teacher_temp(epoch) as f32,
+                        ),
                         ("train/images_per_second", imgs_per_s as f32),
                         ("train/data_wait_seconds", window.2 as f32),
                     ],
@@ -375,7 +373,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             let step_limit = opts.max_steps.is_some_and(|m| iteration >= m);
             if (stop_requested || step_limit) && done_in_epoch < niter {
                 let at = (epoch, done_in_epoch, iteration);
-                save(&nets, &optimizer, &loss_fn, at, &meter, false)?;
+                save(&learner, at, &meter, false)?;
                 tb.flush()?;
                 eprintln!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
                 return Ok(if stop_requested {
@@ -389,14 +387,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         let finished = epoch + 1;
         let numbered = epoch % cfg.train.checkpoint_every == 0 || finished == cfg.train.epochs;
         let at = (finished, 0, iteration);
-        save(
-            &nets,
-            &optimizer,
-            &loss_fn,
-            at,
-            &EpochTotals::default(),
-            numbered,
-        )?;
+        save(&learner, at, &EpochTotals::default(), numbered)?;
         let n = meter.steps.max(1) as f64;
         let line = serde_json::json!({
             "train_loss": meter.loss / n,
@@ -434,7 +425,8 @@ fn step_seed(seed: u64, iteration: usize) -> i64 {
 }
 
 /// Student, teacher, optimizer state and centre under PyTorch-style names.
-fn checkpoint_tensors(nets: &Networks, opt: &AdamW, loss: &DinoLoss) -> Vec<(String, tch::Tensor)> {
+fn checkpoint_tensors(learner: &Learner) -> Vec<(String, tch::Tensor)> {
+    let (nets, opt, loss) = (&learner.nets, &learner.optimizer, &learner.loss);
     let mut out = Vec::new();
     for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
         let mut vars: Vec<_> = vs.variables().into_iter().collect();
@@ -450,13 +442,14 @@ fn checkpoint_tensors(nets: &Networks, opt: &AdamW, loss: &DinoLoss) -> Vec<(Str
     out
 }
 
-fn restore(
-    ck: &Checkpoint,
-    fp: &str,
-    nets: &mut Networks,
-    opt: &mut AdamW,
-    loss: &mut DinoLoss,
-) -> Result<(), TrainError> {
+fn restore(ck: &Checkpoint, fp: &str, learner: &mut Learner) -> Result<(), TrainError> {
+    let Learner {
+        nets,
+        optimizer: opt,
+        loss,
+        scaler,
+        ..
+    } = learner;
     let err = |reason: String| TrainError::Resume {
         path: ck.path.clone(),
         reason,
@@ -497,6 +490,11 @@ fn restore(
         return Err(err("the loss centre has another size".into()));
     }
     loss.center = center;
+    if scaler.is_some() {
+        if let Some(saved) = &ck.meta.loss_scaler {
+            *scaler = Some(saved.clone());
+        }
+    }
     Ok(())
 }
 

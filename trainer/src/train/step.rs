@@ -1,10 +1,12 @@
 //! One DINO iteration, in scDINO's order (main_dino.py `train_one_epoch`): teacher on the
 //! global crops, student on all crops, loss (+ centre update), finite check, backward,
-//! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA.
+//! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
+//! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
 use super::loss::{Collective, DinoLoss};
 use super::optim::{clip_gradients, ema_update, AdamW};
-use crate::config::Config;
+use crate::config::{Config, Precision};
 use crate::model::{configs_for, MultiCropNet};
+use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
 
 /// Student and teacher with their variable stores. The teacher starts as a copy of the
@@ -64,44 +66,95 @@ pub struct StepOutput {
     pub loss: f64,
     /// Gradient norms before clipping, one per parameter with a gradient.
     pub grad_norms: Vec<f64>,
+    /// fp16 only: the optimizer step was skipped because a gradient overflowed.
+    pub skipped: bool,
 }
 
-/// `crops`: `[global1, global2, local1, ...]`, each `[B, C, H, W]`; `group` feeds the loss
-/// centre update.
-pub fn dino_step(
-    nets: &Networks,
-    optimizer: &mut AdamW,
-    loss_fn: &mut DinoLoss,
-    crops: &[Tensor],
-    p: StepParams,
-    iteration: usize,
-    group: &mut Collective,
-) -> Result<StepOutput, NonFiniteLoss> {
-    tch::manual_seed(p.rng_seed);
-    let teacher_out = tch::no_grad(|| nets.teacher.forward_t(&crops[..2], true));
-    let student_out = nets.student.forward_t(crops, true);
-    let loss = loss_fn.forward(&student_out, &teacher_out, p.epoch);
-    loss_fn.update_center(&teacher_out, group);
-    let loss_value = loss.double_value(&[]);
-    if !loss_value.is_finite() {
-        return Err(NonFiniteLoss {
-            loss: loss_value,
-            epoch: p.epoch,
-            iteration,
-        });
+/// Everything one iteration updates: networks, optimizer state, loss centre and (fp16) the
+/// loss scale.
+pub struct Learner {
+    pub nets: Networks,
+    pub optimizer: AdamW,
+    pub loss: DinoLoss,
+    pub precision: Precision,
+    /// Present for fp16 only.
+    pub scaler: Option<LossScaler>,
+    pub device: Device,
+}
+
+impl Learner {
+    pub fn new(nets: Networks, loss: DinoLoss, precision: Precision, device: Device) -> Self {
+        let optimizer = AdamW::new(&nets.student_vs);
+        Self {
+            nets,
+            optimizer,
+            loss,
+            precision,
+            scaler: (precision == Precision::Fp16).then(LossScaler::default),
+            device,
+        }
     }
-    optimizer.zero_grad();
-    loss.backward();
-    let grad_norms = if p.clip_grad > 0.0 {
-        clip_gradients(&optimizer.params, p.clip_grad)
-    } else {
-        vec![]
-    };
-    let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
-    optimizer.step(p.lr, p.weight_decay, &frozen);
-    ema_update(&nets.teacher_vs, &nets.student_vs, p.momentum);
-    Ok(StepOutput {
-        loss: loss_value,
-        grad_norms,
-    })
+
+    /// `crops`: `[global1, global2, local1, ...]`, each `[B, C, H, W]`; `group` feeds the
+    /// loss centre update.
+    pub fn step(
+        &mut self,
+        crops: &[Tensor],
+        p: StepParams,
+        iteration: usize,
+        group: &mut Collective,
+    ) -> Result<StepOutput, NonFiniteLoss> {
+        tch::manual_seed(p.rng_seed);
+        let nets = &self.nets;
+        let (teacher_out, student_out, loss) = autocast(self.precision, self.device, || {
+            let t = tch::no_grad(|| nets.teacher.forward_t(&crops[..2], true));
+            let s = nets.student.forward_t(crops, true);
+            let l = self.loss.forward(&s, &t, p.epoch);
+            (t, s, l)
+        });
+        drop(student_out);
+        self.loss
+            .update_center(&teacher_out.to_kind(tch::Kind::Float), group);
+        let loss_value = loss.double_value(&[]);
+        if !loss_value.is_finite() {
+            return Err(NonFiniteLoss {
+                loss: loss_value,
+                epoch: p.epoch,
+                iteration,
+            });
+        }
+        self.optimizer.zero_grad();
+        match &self.scaler {
+            Some(scaler) => scaler.scale_loss(&loss).backward(),
+            None => loss.backward(),
+        }
+        let mut skipped = false;
+        if let Some(scaler) = &mut self.scaler {
+            let mut grads: Vec<Tensor> = self
+                .optimizer
+                .params
+                .iter()
+                .map(|q| q.tensor.grad())
+                .collect();
+            skipped = scaler.unscale(&mut grads);
+        }
+        let grad_norms = if p.clip_grad > 0.0 {
+            clip_gradients(&self.optimizer.params, p.clip_grad)
+        } else {
+            vec![]
+        };
+        if !skipped {
+            let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
+            self.optimizer.step(p.lr, p.weight_decay, &frozen);
+        }
+        if let Some(scaler) = &mut self.scaler {
+            scaler.update(skipped);
+        }
+        ema_update(&self.nets.teacher_vs, &self.nets.student_vs, p.momentum);
+        Ok(StepOutput {
+            loss: loss_value,
+            grad_norms,
+            skipped,
+        })
+    }
 }

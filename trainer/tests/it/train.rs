@@ -2,12 +2,12 @@
 use super::util::{max_abs_diff, run_py_file, run_python};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
-use trainer::config::Config;
+use trainer::config::{Config, Precision};
 use trainer::model::load_safetensors_strict;
+use trainer::precision::{autocast, LossScaler};
 use trainer::train::loss::{Collective, DinoLoss};
-use trainer::train::optim::AdamW;
 use trainer::train::schedule::{cosine_schedule, teacher_temp_schedule};
-use trainer::train::step::{dino_step, Networks, StepParams};
+use trainer::train::step::{Learner, Networks, StepParams};
 
 fn tiny_config() -> Config {
     Config::from_yaml(
@@ -43,9 +43,9 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
     )
     .unwrap();
     nets.teacher_vs.copy(&nets.student_vs).unwrap();
-    let mut opt = AdamW::new(&nets.student_vs);
     let temps = teacher_temp_schedule(0.04, 0.07, 2, 5);
-    let mut loss = DinoLoss::new(256, 4, temps, Device::Cpu);
+    let loss = DinoLoss::new(256, 4, temps, Device::Cpu);
+    let mut learner = Learner::new(nets, loss, Precision::Fp32, Device::Cpu);
     let expected_losses: Vec<f64> = Vec::<f64>::try_from(&t["out.losses"]).unwrap();
     let mut lr_sum = 0.0;
     for it in 0..steps {
@@ -64,16 +64,9 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
             clip_grad: 3.0,
             rng_seed: 1000 + it as i64,
         };
-        let o = dino_step(
-            &nets,
-            &mut opt,
-            &mut loss,
-            &crops,
-            params,
-            it,
-            &mut Collective::single(),
-        )
-        .unwrap();
+        let o = learner
+            .step(&crops, params, it, &mut Collective::single())
+            .unwrap();
         assert!(
             (o.loss - expected_losses[it]).abs() <= 1e-6 * expected_losses[it].abs(),
             "step {it}: loss {} vs PyTorch {}",
@@ -82,9 +75,10 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
         );
     }
     assert!(
-        max_abs_diff(&loss.center, &t["out.center"]) <= 1e-7,
+        max_abs_diff(&learner.loss.center, &t["out.center"]) <= 1e-7,
         "centre differs"
     );
+    let nets = &learner.nets;
     for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
         let mut worst = (0.0, String::new());
         for (name, ours) in vs.variables() {
@@ -197,4 +191,105 @@ fn schedules_match_numpy() {
     );
     let theirs: Vec<f64> = py.split_whitespace().map(|x| x.parse().unwrap()).collect();
     assert_eq!(temps, theirs);
+}
+
+#[test]
+fn loss_scaler_follows_grad_scaler_semantics() {
+    let mut s = LossScaler {
+        growth_interval: 3,
+        ..LossScaler::default()
+    };
+    assert_eq!(s.scale, 65536.0);
+    let finite = || {
+        vec![
+            Tensor::from_slice(&[2.0f32, -4.0]),
+            Tensor::from_slice(&[8.0f32]),
+        ]
+    };
+    // Unscaling divides by the scale and finds nothing wrong.
+    let mut g = finite();
+    assert!(!s.unscale(&mut g));
+    assert_eq!(
+        Vec::<f32>::try_from(&g[0]).unwrap(),
+        vec![2.0 / 65536.0, -4.0 / 65536.0]
+    );
+    // An injected inf or NaN anywhere is found; the step is skipped and the scale halves.
+    for bad in [f32::INFINITY, f32::NAN, f32::NEG_INFINITY] {
+        let mut g = finite();
+        g.push(Tensor::from_slice(&[1.0f32, bad]));
+        assert!(s.unscale(&mut g), "{bad} not detected");
+        let before = s.scale;
+        s.update(true);
+        assert_eq!(s.scale, before * 0.5);
+        assert_eq!(s.growth_tracker, 0);
+    }
+    // Growth after `growth_interval` clean steps in a row, and an overflow resets the count.
+    let base = s.scale;
+    s.update(false);
+    s.update(false);
+    s.update(true);
+    assert_eq!(s.scale, base * 0.5);
+    for _ in 0..3 {
+        s.update(false);
+    }
+    assert_eq!(s.scale, base);
+    assert_eq!(s.growth_tracker, 0);
+}
+
+#[test]
+fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
+    let a = Tensor::randn([8, 8], (Kind::Float, Device::Cpu));
+    let out = autocast(Precision::Bf16, Device::Cpu, || a.matmul(&a));
+    assert_eq!(out.kind(), Kind::BFloat16);
+    // Outside the region (and after it) everything is fp32 again.
+    assert_eq!(a.matmul(&a).kind(), Kind::Float);
+    let nested = autocast(Precision::Bf16, Device::Cpu, || {
+        autocast(Precision::Fp32, Device::Cpu, || a.matmul(&a).kind())
+    });
+    assert_eq!(
+        nested,
+        Kind::BFloat16,
+        "fp32 inside bf16 leaves the region on"
+    );
+
+    // One bf16 training step: finite loss, close to the fp32 loss from the same start.
+    let cfg = tiny_config();
+    let crops: Vec<Tensor> = [32, 32, 16, 16]
+        .iter()
+        .map(|&s| Tensor::rand([2, 4, s, s], (Kind::Float, Device::Cpu)))
+        .collect();
+    let params = StepParams {
+        lr: 1e-4,
+        weight_decay: 0.04,
+        momentum: 0.996,
+        epoch: 0,
+        freeze_last_layer: true,
+        clip_grad: 3.0,
+        rng_seed: 5,
+    };
+    let mut losses = vec![];
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        tch::manual_seed(9);
+        let nets = Networks::new(&cfg, 4, Device::Cpu);
+        let loss = DinoLoss::new(256, 4, vec![0.04], Device::Cpu);
+        let mut learner = Learner::new(nets, loss, precision, Device::Cpu);
+        let out = learner
+            .step(&crops, params, 0, &mut Collective::single())
+            .unwrap();
+        assert!(out.loss.is_finite());
+        assert!(
+            learner
+                .nets
+                .student_vs
+                .variables()
+                .values()
+                .all(|v| v.kind() == Kind::Float),
+            "master weights stay fp32"
+        );
+        losses.push(out.loss);
+    }
+    assert!(
+        (losses[0] - losses[1]).abs() < 0.05 * losses[0],
+        "{losses:?}"
+    );
 }
