@@ -186,3 +186,72 @@ impl Drop for EpochLoader {
         self.jobs = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::Chw;
+
+    /// A sample function whose output depends only on the index, slow for some indices so
+    /// that workers finish out of order.
+    fn sample_fn() -> Arc<SampleFn> {
+        Arc::new(|i: usize| {
+            if i % 7 == 3 {
+                return Ok(None); // dropped, as a NaN image would be
+            }
+            if i % 3 == 0 {
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            let img =
+                |side: usize| Chw::new(2, side, side, vec![i as f32; 2 * side * side]).unwrap();
+            Ok(Some(vec![img(4), img(4), img(2)]))
+        })
+    }
+
+    fn collect(workers: usize, start: usize) -> Vec<(usize, Vec<usize>, Vec<Vec<f32>>)> {
+        let order: Vec<usize> = (0..40).rev().collect();
+        EpochLoader::new(order, 6, workers, 3, start, sample_fn())
+            .map(|b| {
+                let b = b.unwrap();
+                let data = b
+                    .crops
+                    .iter()
+                    .map(|c| Vec::<f32>::try_from(c.flatten(0, -1)).unwrap())
+                    .collect();
+                (b.batch_no, b.indices, data)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batches_are_identical_whatever_the_worker_count() {
+        let one = collect(1, 0);
+        assert_eq!(one.len(), 7);
+        assert_eq!(
+            one[0].1,
+            vec![39, 37, 36, 35, 34],
+            "38 (=3 mod 7) is dropped"
+        );
+        for workers in [2, 4, 8] {
+            assert_eq!(collect(workers, 0), one, "{workers} workers");
+        }
+        // Resuming at batch 4 yields exactly the tail.
+        assert_eq!(collect(3, 4), one[4..].to_vec());
+    }
+
+    #[test]
+    fn sample_errors_surface() {
+        let f: Arc<SampleFn> = Arc::new(|i: usize| {
+            if i == 5 {
+                Err("bad.tiff: truncated".into())
+            } else {
+                Ok(None)
+            }
+        });
+        let results: Vec<_> = EpochLoader::new((0..10).collect(), 4, 2, 2, 0, f).collect();
+        assert!(results[1]
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.contains("bad.tiff")));
+    }
+}

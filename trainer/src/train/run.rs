@@ -275,6 +275,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
         let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)
+        let progress = Progress::new(epoch, cfg.train.epochs, niter, start_batch);
         let epoch_start = Instant::now();
         for loaded in loader {
             let b = loaded.map_err(TrainError::Setup)?;
@@ -308,11 +309,12 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             window.2 += b.wait.as_secs_f64();
             iteration += 1;
             let done_in_epoch = b.batch_no + 1;
+            progress.step(out.loss);
 
             if iteration % cfg.train.log_every == 0 || done_in_epoch == niter {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let imgs_per_s = window.1 as f64 / secs;
-                eprintln!(
+                progress.line(format!(
                     "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s",
                     cfg.train.epochs,
                     out.loss,
@@ -321,7 +323,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                     params.weight_decay,
                     window.2,
                     secs / (window.1 as f64 / batch as f64).max(1.0),
-                );
+                ));
                 tb.add_scalars(
                     iteration as i64,
                     &[
@@ -383,6 +385,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 });
             }
         }
+        progress.finish();
         // End of epoch: checkpoint first, then the log line (a crash in between re-logs).
         let finished = epoch + 1;
         let numbered = epoch % cfg.train.checkpoint_every == 0 || finished == cfg.train.epochs;
@@ -553,4 +556,49 @@ fn append_line(path: &Path, line: &str) -> Result<(), TrainError> {
         .map_err(io_err(path))?;
     writeln!(f, "{line}").map_err(io_err(path))?;
     f.sync_data().map_err(io_err(path))
+}
+
+/// Progress for a person at a terminal; plain lines for Slurm logs and pipes. The lines are
+/// the same either way (printed above the bar on a terminal).
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Progress {
+    fn new(epoch: usize, epochs: usize, niter: usize, done: usize) -> Self {
+        use std::io::IsTerminal;
+        if !std::io::stderr().is_terminal() {
+            return Self { bar: None };
+        }
+        let bar = indicatif::ProgressBar::new(niter as u64);
+        let style = indicatif::ProgressStyle::with_template(
+            "epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({eta} left)",
+        )
+        .expect("static template")
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_prefix(format!("{epoch}/{epochs}"));
+        bar.set_position(done as u64);
+        Self { bar: Some(bar) }
+    }
+
+    fn step(&self, loss: f64) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+            b.set_message(format!("loss {loss:.4}"));
+        }
+    }
+
+    fn line(&self, text: String) {
+        match &self.bar {
+            Some(b) => b.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
 }
