@@ -199,7 +199,7 @@ mod tests {
             if i % 7 == 3 {
                 return Ok(None); // dropped, as a NaN image would be
             }
-            if i % 3 == 0 {
+            if i.is_multiple_of(3) {
                 std::thread::sleep(Duration::from_millis(3));
             }
             let img =
