@@ -48,9 +48,12 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", if abi { "1" } else { "0" })
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
+        .include("csrc/gloo_stub")
+        .define("USE_C10D_GLOO", None)
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(false)
         .file("csrc/shim.cpp")
+        .file("csrc/c10d.cpp")
         .compile("scdino_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");

@@ -1,3 +1,12 @@
 //! Slurm/Pyxis launcher for the scDINO pipeline. It never links libtorch: it only writes and
 //! submits scripts, so it builds and tests anywhere.
+//!
+//! - [`cluster`]: the strict `cluster.yaml`;
+//! - [`render`]: one sbatch script per job plus `manifest.json`;
+//! - [`slurm`]: `sbatch --test-only`, `sbatch --parsable` chains, status and cancel;
+//! - [`shell`]: the one place that quotes values for scripts.
+pub mod cluster;
+mod locate;
+pub mod render;
 pub mod shell;
+pub mod slurm;

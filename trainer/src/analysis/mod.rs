@@ -1,2 +1,5 @@
-//! Analyses around training. Today: the dataset mean/std that normalises every crop.
+//! The analyses around training: the dataset mean/std that normalises every crop, CLS
+//! features of the held-out images, and the weighted kNN evaluation.
+pub mod features;
+pub mod knn;
 pub mod mean_std;

@@ -1,16 +1,35 @@
-//! Forward+backward timing of one multi-crop batch; bench/model.sh runs the PyTorch peer
-//! with the same shapes and threads in the same run and reports the ratio.
-use anyhow::Result;
-use clap::{Args, Subcommand};
+//! Timings for bench/: `model` (student forward+backward of one multi-crop batch, peer
+//! bench/model_fwd_bwd.py), `step` (one full DINO iteration, optionally fed by the real
+//! loader, peer bench/train_step.py) and `matmul` (fp32 matmul peak). The scripts run the
+//! PyTorch peers with the same shapes and threads in the same invocation and report ratios.
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
-use trainer::config::Arch;
+use trainer::analysis::mean_std;
+use trainer::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
+use trainer::config::{Arch, Config, Precision};
+use trainer::data::preprocess::preprocess;
+use trainer::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
+use trainer::dist::Single;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
+use trainer::train::loader::{EpochLoader, SampleFn};
+use trainer::train::loss::DinoLoss;
+use trainer::train::sampler::epoch_order;
+use trainer::train::schedule::scaled_lr;
+use trainer::train::step::{Learner, Networks, StepParams};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Student forward + backward of 2 global and N local crops; prints one JSON line.
     Model(ModelBench),
+    /// One full DINO iteration (`Learner::step`: teacher on globals, student on all crops,
+    /// loss, backward, clip, AdamW, EMA), fp32; prints one JSON line.
+    Step(StepBench),
+    /// fp32 matmul throughput (n×n · n×n), best of `reps`; prints one JSON line.
+    Matmul(MatmulBench),
 }
 
 #[derive(Debug, Args)]
@@ -49,7 +68,17 @@ fn parse_arch(s: &str) -> Result<Arch, String> {
 
 impl BenchCommand {
     pub fn run(self) -> Result<()> {
-        let BenchCommand::Model(b) = self;
+        match self {
+            BenchCommand::Model(b) => b.run(),
+            BenchCommand::Step(b) => b.run(),
+            BenchCommand::Matmul(b) => b.run(),
+        }
+    }
+}
+
+impl ModelBench {
+    fn run(self) -> Result<()> {
+        let b = self;
         tch::set_num_threads(b.threads);
         tch::manual_seed(0);
         let vs = nn::VarStore::new(Device::Cpu);
@@ -95,6 +124,314 @@ impl BenchCommand {
                 "threads": b.threads,
                 "median_s": median,
                 "times_s": times,
+            })
+        );
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LoaderMode {
+    /// Random crops held in memory: times `Learner::step` alone.
+    None,
+    /// The training input pipeline (TIFF, min–max, multi-crop, EpochLoader): times the
+    /// wall clock of each step including the wait for its batch.
+    Real,
+}
+
+#[derive(Debug, Args)]
+pub struct StepBench {
+    #[arg(long, value_parser = parse_arch, default_value = "vit_small")]
+    arch: Arch,
+    #[arg(long, default_value_t = 16)]
+    patch: usize,
+    #[arg(long, default_value_t = 5)]
+    channels: usize,
+    /// Images per crop (the per-GPU batch); imgs/s counts these per step.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 8)]
+    local_crops: usize,
+    #[arg(long, default_value_t = 224)]
+    global_size: usize,
+    #[arg(long, default_value_t = 96)]
+    local_size: usize,
+    #[arg(long, default_value_t = 65536)]
+    out_dim: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: i32,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    #[arg(long, default_value_t = 3)]
+    iters: usize,
+    #[arg(long, value_enum, default_value = "none")]
+    loader: LoaderMode,
+    /// ImageFolder root of TIFFs (e.g. the `Training/` folder `trainer synth` writes);
+    /// required with `--loader real`.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Loader worker threads (`--loader real`); prefetch is 2 batches per worker, as in
+    /// `trainer train`.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl StepBench {
+    /// A validated default config with this bench's model and crop settings.
+    fn config(&self) -> Result<Config> {
+        let mut cfg = Config::from_yaml("", "<bench step>")?;
+        cfg.model.arch = self.arch;
+        cfg.model.patch_size = self.patch;
+        cfg.model.out_dim = self.out_dim;
+        cfg.train.precision = Precision::Fp32;
+        cfg.train.batch_size_per_gpu = self.batch;
+        cfg.augment.global_crop_size = self.global_size;
+        cfg.augment.local_crop_size = self.local_size;
+        cfg.augment.local_crops_number = self.local_crops;
+        // scDINO's argparse defaults (also the published model and the AWS runs).
+        cfg.augment.global_crops_scale = (0.4, 1.0);
+        cfg.augment.local_crops_scale = (0.05, 0.4);
+        Ok(cfg)
+    }
+
+    fn run(self) -> Result<()> {
+        if self.iters == 0 {
+            bail!("--iters must be at least 1");
+        }
+        tch::set_num_threads(self.threads);
+        let device = Device::Cpu;
+        let cfg = self.config()?;
+        tch::manual_seed(self.seed as i64);
+        let ncrops = 2 + self.local_crops;
+        let nets = Networks::new(&cfg, self.channels, device);
+        let loss = DinoLoss::new(
+            self.out_dim as i64,
+            ncrops,
+            vec![cfg.train.teacher_temp],
+            device,
+        );
+        let mut learner = Learner::new(nets, loss, Precision::Fp32, device);
+        let lr = scaled_lr(cfg.train.lr, self.batch, 1);
+        let params = |it: usize| StepParams {
+            lr,
+            weight_decay: cfg.train.weight_decay,
+            momentum: cfg.train.momentum_teacher,
+            epoch: 0,
+            // Off, so the head's last layer is updated as in every epoch after the first.
+            freeze_last_layer: false,
+            clip_grad: cfg.train.clip_grad,
+            rng_seed: it as i64,
+        };
+        let mut group = Single;
+        let total = self.warmup + self.iters;
+        // Per timed step: (wall seconds, data-wait seconds, images).
+        let mut timed: Vec<(f64, f64, usize)> = Vec::with_capacity(self.iters);
+        let mut last_loss = f64::NAN;
+        match self.loader {
+            LoaderMode::None => {
+                let (b, c) = (self.batch as i64, self.channels as i64);
+                let opts = (Kind::Float, device);
+                let crops: Vec<Tensor> = (0..ncrops)
+                    .map(|k| {
+                        let s = if k < 2 {
+                            self.global_size
+                        } else {
+                            self.local_size
+                        } as i64;
+                        Tensor::randn([b, c, s, s], opts)
+                    })
+                    .collect();
+                for it in 0..total {
+                    let t = Instant::now();
+                    let out = learner.step(&crops, params(it), it, &mut group)?;
+                    let secs = t.elapsed().as_secs_f64();
+                    last_loss = out.loss;
+                    if it >= self.warmup {
+                        timed.push((secs, 0.0, self.batch));
+                    }
+                }
+            }
+            LoaderMode::Real => {
+                let Some(dir) = &self.data else {
+                    bail!("--loader real needs --data DIR (e.g. the Training/ folder of `trainer synth`)");
+                };
+                let mut loader = self.real_loader(&cfg, dir, total)?;
+                for it in 0..total {
+                    let t = Instant::now();
+                    let b = loader
+                        .next()
+                        .context("the loader ran out of batches")?
+                        .map_err(anyhow::Error::msg)?;
+                    if b.indices.is_empty() {
+                        bail!("batch {} has no usable image", b.batch_no);
+                    }
+                    let out = learner.step(&b.crops, params(it), it, &mut group)?;
+                    let secs = t.elapsed().as_secs_f64();
+                    last_loss = out.loss;
+                    if it >= self.warmup {
+                        timed.push((secs, b.wait.as_secs_f64(), b.indices.len()));
+                    }
+                }
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let times: Vec<f64> = timed.iter().map(|t| t.0).collect();
+        let waits: Vec<f64> = timed.iter().map(|t| t.1).collect();
+        let images: usize = timed.iter().map(|t| t.2).sum();
+        let median_s = median(times.clone());
+        println!(
+            "{}",
+            serde_json::json!({
+                "impl": "rust-tch",
+                "bench": "step",
+                "arch": arch_name(self.arch),
+                "loader": match self.loader { LoaderMode::None => "none", LoaderMode::Real => "real" },
+                "batch": self.batch,
+                "threads": self.threads,
+                "workers": if self.loader == LoaderMode::Real { self.workers } else { 0 },
+                "crops": [self.global_size, self.local_size, self.local_crops],
+                "out_dim": self.out_dim,
+                "median_s": median_s,
+                "imgs_per_s": self.batch as f64 / median_s,
+                "throughput_imgs_per_s": images as f64 / times.iter().sum::<f64>(),
+                "times_s": times,
+                "data_wait_s": waits,
+                "data_wait_median_s": median(waits.clone()),
+                "last_loss": last_loss,
+            })
+        );
+        Ok(())
+    }
+
+    /// The input pipeline of `trainer train` (index, TIFF, min–max, multi-crop augmentation,
+    /// EpochLoader) over `dir`, for the first `steps` batches of a seeded epoch order.
+    /// The sample function is a copy of the one in `train::run::train` (not public there).
+    fn real_loader(
+        &self,
+        cfg: &Config,
+        dir: &std::path::Path,
+        steps: usize,
+    ) -> Result<EpochLoader> {
+        let index = Arc::new(build_index(dir, 0)?);
+        if index.len() < steps * self.batch {
+            bail!(
+                "{} holds {} images; {steps} steps of batch {} need {} (make more with `trainer synth --per-class N`)",
+                dir.display(),
+                index.len(),
+                self.batch,
+                steps * self.batch
+            );
+        }
+        // Computed once before training in `trainer train`, so outside the timing here too.
+        let ms = mean_std::compute(&index, cfg.data.mean_std_fraction, 0, self.workers)?;
+        if ms.mean.len() != self.channels {
+            bail!(
+                "{} has {}-channel images, --channels is {}",
+                dir.display(),
+                ms.mean.len(),
+                self.channels
+            );
+        }
+        let all: Vec<usize> = (0..self.channels).collect();
+        let (mean, std) = ms.select(&all);
+        let a = &cfg.augment;
+        let augment = Arc::new(MultiCropAugment::new(MultiCropConfig {
+            global_crops_scale: a.global_crops_scale,
+            local_crops_scale: a.local_crops_scale,
+            global_size: a.global_crop_size,
+            local_size: a.local_crop_size,
+            local_crops_number: a.local_crops_number,
+            mean,
+            std,
+        })?);
+        let prep = PreprocessOptions {
+            selected_channels: Some(all),
+            center_crop: 0,
+        };
+        let (seed, epoch, file_channels) = (self.seed, 0u64, self.channels);
+        let sample: Arc<SampleFn> = {
+            let index = index.clone();
+            Arc::new(move |i: usize| {
+                let path = &index.samples[i].path;
+                let raw = data::read_tiff(path).map_err(|e| e.to_string())?;
+                if raw.channels != file_channels {
+                    return Err(format!(
+                        "{} has {} channels, expected {file_channels}",
+                        path.display(),
+                        raw.channels
+                    ));
+                }
+                let (img, outcome) = preprocess(&raw, &prep).map_err(|e| e.to_string())?;
+                if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
+                    return Ok(None);
+                }
+                augment
+                    .apply(&img, SampleKey::new(seed, epoch, i as u64))
+                    .map(Some)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            })
+        };
+        let order = epoch_order(&(0..index.len()).collect::<Vec<_>>(), seed, epoch, 0, 1);
+        let workers = self.workers.max(1);
+        Ok(EpochLoader::new(
+            order,
+            self.batch,
+            workers,
+            2 * workers,
+            0,
+            sample,
+        ))
+    }
+}
+
+fn arch_name(a: Arch) -> &'static str {
+    match a {
+        Arch::VitTiny => "vit_tiny",
+        Arch::VitSmall => "vit_small",
+        Arch::VitBase => "vit_base",
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct MatmulBench {
+    #[arg(long, default_value_t = 2048)]
+    n: i64,
+    #[arg(long, default_value_t = 2)]
+    threads: i32,
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+}
+
+impl MatmulBench {
+    fn run(self) -> Result<()> {
+        tch::set_num_threads(self.threads);
+        tch::manual_seed(0);
+        let opts = (Kind::Float, Device::Cpu);
+        let a = Tensor::randn([self.n, self.n], opts);
+        let b = Tensor::randn([self.n, self.n], opts);
+        let out = Tensor::empty([self.n, self.n], opts);
+        let _ = a.matmul_out(&out, &b); // warm-up
+        let mut best = f64::INFINITY;
+        for _ in 0..self.reps.max(1) {
+            let t = Instant::now();
+            let _ = a.matmul_out(&out, &b);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let flops = 2.0 * (self.n as f64).powi(3);
+        println!(
+            "{}",
+            serde_json::json!({
+                "impl": "rust-tch",
+                "bench": "matmul",
+                "n": self.n,
+                "threads": self.threads,
+                "best_s": best,
+                "gflops": flops / best / 1e9,
             })
         );
         Ok(())

@@ -1,4 +1,5 @@
 //! Subcommand definitions and dispatch.
+mod analysis_cmd;
 mod bench;
 mod config_cmd;
 mod data_cmd;
@@ -27,8 +28,16 @@ enum Command {
     Synth(data_cmd::SynthArgs),
     /// Run student and teacher on one multi-crop batch of the configured dataset.
     Forward(data_cmd::ForwardArgs),
+    /// Per-channel mean/std of the dataset (scDINO's mean_and_std_of_dataset.txt).
+    MeanStd(analysis_cmd::MeanStdArgs),
+    /// CLS features, labels and image paths of the held-out split.
+    Features(analysis_cmd::FeaturesArgs),
+    /// scDINO's global weighted kNN on the extracted features (+ per-class metrics).
+    Knn(analysis_cmd::KnnArgs),
     /// DINO pretraining of one channel combination (resumes automatically).
     Train(train_cmd::TrainArgs),
+    /// Run N local ranks of a trainer command (multi-process data parallelism on one machine).
+    Launch(train_cmd::LaunchArgs),
     /// Measure our model against the PyTorch reference (used by bench/).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -42,6 +51,10 @@ impl Cli {
             Command::Synth(s) => s.run(),
             Command::Forward(f) => f.run(),
             Command::Train(t) => t.run(),
+            Command::Launch(l) => l.run(),
+            Command::MeanStd(m) => m.run(),
+            Command::Features(f) => f.run(),
+            Command::Knn(k) => k.run(),
         }
     }
 }

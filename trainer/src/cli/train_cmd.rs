@@ -61,3 +61,34 @@ impl TrainArgs {
         Ok(())
     }
 }
+
+/// `trainer launch`: N local ranks of a trainer command, like `torchrun --standalone`.
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// Processes (ranks) to start on this machine.
+    #[arg(long)]
+    nproc: usize,
+    /// Rendezvous port on 127.0.0.1.
+    #[arg(long, default_value_t = 29500)]
+    master_port: u16,
+    /// Seconds the other ranks get to exit after one failed, before they are killed.
+    #[arg(long, default_value_t = 30)]
+    grace: u64,
+    /// The trainer command every rank runs, e.g. `-- train --config demo.yaml`.
+    #[arg(last = true, required = true)]
+    args: Vec<String>,
+}
+
+impl LaunchArgs {
+    pub fn run(self) -> Result<()> {
+        anyhow::ensure!(self.nproc >= 1, "--nproc must be at least 1");
+        let code = trainer::dist::launch::launch(&trainer::dist::launch::LaunchOptions {
+            nproc: self.nproc,
+            master_port: self.master_port,
+            args: self.args,
+            grace: std::time::Duration::from_secs(self.grace),
+        })
+        .map_err(anyhow::Error::msg)?;
+        std::process::exit(code);
+    }
+}

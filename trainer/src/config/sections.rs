@@ -177,6 +177,9 @@ pub struct TrainSection {
     pub optimizer: Optimizer,
     /// Iterations between progress lines and metric updates (scDINO prints every 10).
     pub log_every: usize,
+    /// How long a collective may wait for the other ranks before the run fails (a dead rank
+    /// must end the job, not hang it). The AWS port used 120 s; torch's default is 30 min.
+    pub dist_timeout_seconds: u64,
 }
 
 impl Default for TrainSection {
@@ -201,6 +204,7 @@ impl Default for TrainSection {
             min_lr: 1e-6,
             optimizer: Optimizer::Adamw,
             log_every: 10,
+            dist_timeout_seconds: 1800,
         }
     }
 }

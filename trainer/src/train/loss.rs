@@ -1,22 +1,8 @@
 //! DINO loss: cross-entropy between the sharpened, centred teacher distribution on the two
 //! global crops and the student distribution on every other crop (scDINO `DINOLoss`).
+use crate::dist::group::DistError;
+use crate::dist::Collective;
 use tch::{Kind, Tensor};
-
-/// What the loss needs of the process group: a sum across processes (in place) and their
-/// number. A single process sums nothing.
-pub struct Collective<'a> {
-    pub all_reduce_sum: Box<dyn FnMut(&mut Tensor) + 'a>,
-    pub world_size: usize,
-}
-
-impl Collective<'_> {
-    pub fn single() -> Self {
-        Self {
-            all_reduce_sum: Box::new(|_| {}),
-            world_size: 1,
-        }
-    }
-}
 
 pub struct DinoLoss {
     /// Running mean of teacher outputs, `[1, out_dim]`; subtracted before the softmax so no
@@ -75,14 +61,19 @@ impl DinoLoss {
     }
 
     /// EMA of the mean teacher output over all processes of `group`.
-    pub fn update_center(&mut self, teacher: &Tensor, group: &mut Collective) {
+    pub fn update_center(
+        &mut self,
+        teacher: &Tensor,
+        group: &mut dyn Collective,
+    ) -> Result<(), DistError> {
         tch::no_grad(|| {
             let mut batch_center = teacher.sum_dim_intlist(0, true, Kind::Float);
-            (group.all_reduce_sum)(&mut batch_center);
-            let rows = teacher.size()[0] as f64 * group.world_size as f64;
+            group.all_reduce_sum(&mut batch_center)?;
+            let rows = teacher.size()[0] as f64 * group.world_size() as f64;
             let batch_center = batch_center / rows;
             self.center =
                 &self.center * self.center_momentum + batch_center * (1.0 - self.center_momentum);
-        });
+            Ok(())
+        })
     }
 }

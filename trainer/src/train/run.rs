@@ -7,7 +7,7 @@
 //! state, loss centre and the position (epoch, batch, iteration) for a resumed run to
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::loader::{EpochLoader, SampleFn};
-use super::loss::{Collective, DinoLoss};
+use super::loss::DinoLoss;
 use super::sampler::{epoch_order, iters_per_epoch, SplitMix64};
 use super::schedule::{scaled_lr, teacher_temp_schedule, Schedules};
 use super::step::{Learner, Networks, StepParams};
@@ -17,12 +17,16 @@ use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
+use crate::dist::ddp::Ddp;
+use crate::dist::env::DistEnv;
+use crate::dist::group::ProcessGroup;
+use crate::dist::{Collective, Single};
 use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tch::Device;
 
 /// Exit code after a checkpoint on SIGUSR1/SIGTERM: EX_TEMPFAIL, "try again" (Slurm requeue).
@@ -39,7 +43,9 @@ pub enum TrainError {
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
     #[error(transparent)]
-    NonFinite(#[from] super::step::NonFiniteLoss),
+    Step(#[from] super::step::StepError),
+    #[error(transparent)]
+    Dist(#[from] crate::dist::group::DistError),
     #[error("{0}")]
     Setup(String),
     #[error("cannot resume from {path}: {reason}")]
@@ -97,7 +103,20 @@ pub fn model_dir(cfg: &Config, channels: &[usize]) -> PathBuf {
 
 /// Loads `mean_and_std_of_dataset.txt` from the run folder, computing it first if missing.
 pub fn dataset_mean_std(cfg: &Config, index: &data::DatasetIndex) -> Result<MeanStd, TrainError> {
-    let path = cfg.run_dir().join("mean_and_std_of_dataset.txt");
+    dataset_mean_std_at(
+        cfg,
+        index,
+        &cfg.run_dir().join("mean_and_std_of_dataset.txt"),
+    )
+}
+
+/// [`dataset_mean_std`] with an explicit file.
+pub fn dataset_mean_std_at(
+    cfg: &Config,
+    index: &data::DatasetIndex,
+    path: &Path,
+) -> Result<MeanStd, TrainError> {
+    let path = path.to_path_buf();
     if path.exists() {
         return Ok(MeanStd::read(&path)?);
     }
@@ -149,7 +168,41 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     if split.train.is_empty() {
         return Err(TrainError::Setup("the training split is empty".into()));
     }
-    let ms = dataset_mean_std(cfg, &index)?;
+    let denv = DistEnv::from_process_env().map_err(TrainError::Setup)?;
+    let (world, rank) = (denv.world, denv.rank);
+    let mut ddp = if world > 1 {
+        let timeout = Duration::from_secs(cfg.train.dist_timeout_seconds);
+        let group = ProcessGroup::new(
+            &denv.master_addr,
+            denv.master_port,
+            rank,
+            world,
+            timeout,
+            device.is_cuda(),
+        )?;
+        if rank == 0 {
+            eprintln!(
+                "distributed: {world} ranks ({}), master {}:{}",
+                denv.source, denv.master_addr, denv.master_port
+            );
+        }
+        Some(Ddp::new(group))
+    } else {
+        None
+    };
+    // Rank 0 computes the statistics; the others read them once it is done.
+    let ms = if rank == 0 {
+        Some(dataset_mean_std(cfg, &index)?)
+    } else {
+        None
+    };
+    if let Some(d) = &mut ddp {
+        d.group.barrier()?;
+    }
+    let ms = match ms {
+        Some(ms) => ms,
+        None => MeanStd::read(&cfg.run_dir().join("mean_and_std_of_dataset.txt"))?,
+    };
     if ms.mean.len() != cfg.file_channels() {
         return Err(TrainError::Setup(format!(
             "mean/std lists {} channels but data.channel_names lists {}",
@@ -159,7 +212,6 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     }
     let (mean, std) = ms.select(&channels);
 
-    let (world, rank) = (1usize, 0usize);
     let batch = cfg.train.batch_size_per_gpu;
     let niter = iters_per_epoch(split.train.len(), world, batch);
     let peak_lr = scaled_lr(cfg.train.lr, batch, world);
@@ -192,9 +244,17 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             ck.path.display()
         );
     }
+    if let Some(d) = &mut ddp {
+        // Every rank starts from rank 0's weights (a resume loads the same file everywhere,
+        // so this changes nothing then).
+        d.broadcast_parameters(&learner.nets.student_vs)?;
+        d.broadcast_parameters(&learner.nets.teacher_vs)?;
+    }
     let config_yaml = cfg.to_yaml();
-    write_run_log(&out_dir, cfg, &channels, niter, peak_lr, resumed.is_some())?;
-    trim_log(&out_dir.join("log.txt"), epoch)?;
+    if rank == 0 {
+        write_run_log(&out_dir, cfg, &channels, niter, peak_lr, resumed.is_some())?;
+        trim_log(&out_dir.join("log.txt"), epoch)?;
+    }
 
     let augment = MultiCropAugment::new(MultiCropConfig {
         global_crops_scale: cfg.augment.global_crops_scale,
@@ -213,14 +273,22 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
     let file_channels = cfg.file_channels();
 
-    let mut tb = TensorBoardWriter::create(&out_dir.join("tensorboard"))?;
-    let prom = PromTextfile::new(out_dir.join("metrics.prom"));
+    // Only rank 0 writes files; every rank computes the same global values.
+    let mut tb = if rank == 0 {
+        Some(TensorBoardWriter::create(&out_dir.join("tensorboard"))?)
+    } else {
+        None
+    };
+    let prom = (rank == 0).then(|| PromTextfile::new(out_dir.join("metrics.prom")));
     let run_label = cfg.run.name.clone();
 
     let save = |learner: &Learner,
                 (epoch, epoch_batch, iteration): (usize, usize, usize),
                 totals: &EpochTotals,
                 numbered: bool| {
+        if rank != 0 {
+            return Ok(());
+        }
         let meta = CheckpointMeta {
             format: checkpoint::FORMAT.into(),
             epoch,
@@ -246,7 +314,11 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         Ok::<(), TrainError>(())
     };
 
-    let mut group = Collective::single();
+    let mut single = Single;
+    let group: &mut dyn Collective = match ddp.as_mut() {
+        Some(d) => d,
+        None => &mut single,
+    };
     while epoch < cfg.train.epochs {
         let order = epoch_order(&split.train, cfg.run.seed, epoch as u64, rank, world);
         let sample: Arc<SampleFn> = {
@@ -275,7 +347,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
         let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)
-        let progress = Progress::new(epoch, cfg.train.epochs, niter, start_batch);
+        let progress = Progress::new(epoch, cfg.train.epochs, niter, start_batch, rank == 0);
         let epoch_start = Instant::now();
         for loaded in loader {
             let b = loaded.map_err(TrainError::Setup)?;
@@ -297,7 +369,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 rng_seed: step_seed(cfg.run.seed, iteration),
             };
             let crops: Vec<tch::Tensor> = b.crops.iter().map(|c| c.to_device(device)).collect();
-            let out = learner.step(&crops, params, iteration, &mut group)?;
+            let out = learner.step(&crops, params, iteration, group)?;
             if out.skipped {
                 eprintln!("fp16: gradient overflow at iteration {iteration}; step skipped, loss scale lowered");
             }
@@ -324,60 +396,70 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                     window.2,
                     secs / (window.1 as f64 / batch as f64).max(1.0),
                 ));
-                tb.add_scalars(
-                    iteration as i64,
-                    &[
-                        ("train/loss", out.loss as f32),
-                        ("train/lr", params.lr as f32),
-                        ("train/wd", params.weight_decay as f32),
-                        ("train/momentum", params.momentum as f32),
-                        (
-                            "train/teacher_temp",
-                            learner.loss.teacher_temp(epoch) as f32,
-                        ),
-                        ("train/images_per_second", imgs_per_s as f32),
-                        ("train/data_wait_seconds", window.2 as f32),
-                    ],
-                )?;
+                if let Some(tb) = &mut tb {
+                    tb.add_scalars(
+                        iteration as i64,
+                        &[
+                            ("train/loss", out.loss as f32),
+                            ("train/lr", params.lr as f32),
+                            ("train/wd", params.weight_decay as f32),
+                            ("train/momentum", params.momentum as f32),
+                            (
+                                "train/teacher_temp",
+                                learner.loss.teacher_temp(epoch) as f32,
+                            ),
+                            ("train/images_per_second", imgs_per_s as f32),
+                            ("train/data_wait_seconds", window.2 as f32),
+                        ],
+                    )?;
+                }
                 let m = |name: &str, help: &str, v: f64| {
                     Metric::gauge(name, help, v)
                         .label("run", &run_label)
                         .label("rank", rank.to_string())
                 };
-                prom.write(&[
-                    m(
-                        "scdino_train_loss",
-                        "DINO loss of the last iteration",
-                        out.loss,
-                    ),
-                    m("scdino_train_lr", "learning rate", params.lr),
-                    m("scdino_train_epoch", "current epoch", epoch as f64),
-                    m(
-                        "scdino_train_iteration",
-                        "global iteration done",
-                        iteration as f64,
-                    ),
-                    m(
-                        "scdino_train_images_per_second",
-                        "training throughput over the last window",
-                        imgs_per_s,
-                    ),
-                    m(
-                        "scdino_train_data_wait_seconds",
-                        "time spent waiting for the loader in the last window",
-                        window.2,
-                    ),
-                ])?;
+                if let Some(prom) = &prom {
+                    prom.write(&[
+                        m(
+                            "scdino_train_loss",
+                            "DINO loss of the last iteration",
+                            out.loss,
+                        ),
+                        m("scdino_train_lr", "learning rate", params.lr),
+                        m("scdino_train_epoch", "current epoch", epoch as f64),
+                        m(
+                            "scdino_train_iteration",
+                            "global iteration done",
+                            iteration as f64,
+                        ),
+                        m(
+                            "scdino_train_images_per_second",
+                            "training throughput over the last window",
+                            imgs_per_s,
+                        ),
+                        m(
+                            "scdino_train_data_wait_seconds",
+                            "time spent waiting for the loader in the last window",
+                            window.2,
+                        ),
+                    ])?;
+                }
                 window = (Instant::now(), 0, 0.0);
             }
 
-            let stop_requested = opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst));
+            let stop_requested = agree(
+                group,
+                opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)),
+            )?;
             let step_limit = opts.max_steps.is_some_and(|m| iteration >= m);
             if (stop_requested || step_limit) && done_in_epoch < niter {
                 let at = (epoch, done_in_epoch, iteration);
                 save(&learner, at, &meter, false)?;
-                tb.flush()?;
+                if let Some(tb) = &mut tb {
+                    tb.flush()?;
+                }
                 eprintln!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
+                report_checksum(rank, world, &learner);
                 return Ok(if stop_requested {
                     TrainOutcome::Preempted
                 } else {
@@ -398,27 +480,66 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             "train_wd": meter.wd / n,
             "epoch": epoch,
         });
-        append_line(&out_dir.join("log.txt"), &line.to_string())?;
-        tb.add_scalars(finished as i64, &[("epoch/loss", (meter.loss / n) as f32)])?;
-        tb.flush()?;
-        eprintln!(
-            "Epoch: [{epoch}/{}] Total time: {:.1}s ({:.3} s / it)",
-            cfg.train.epochs,
-            epoch_start.elapsed().as_secs_f64(),
-            epoch_start.elapsed().as_secs_f64() / meter.steps.max(1) as f64
-        );
+        if let Some(tb) = &mut tb {
+            append_line(&out_dir.join("log.txt"), &line.to_string())?;
+            tb.add_scalars(finished as i64, &[("epoch/loss", (meter.loss / n) as f32)])?;
+            tb.flush()?;
+        }
+        if rank == 0 {
+            eprintln!(
+                "Epoch: [{epoch}/{}] Total time: {:.1}s ({:.3} s / it)",
+                cfg.train.epochs,
+                epoch_start.elapsed().as_secs_f64(),
+                epoch_start.elapsed().as_secs_f64() / meter.steps.max(1) as f64
+            );
+        }
         epoch = finished;
         start_batch = 0;
         meter = EpochTotals::default();
-        let stop_requested = opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst));
+        let stop_requested = agree(
+            group,
+            opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)),
+        )?;
         if stop_requested && epoch < cfg.train.epochs {
+            report_checksum(rank, world, &learner);
             return Ok(TrainOutcome::Preempted);
         }
         if opts.max_steps.is_some_and(|m| iteration >= m) && epoch < cfg.train.epochs {
+            report_checksum(rank, world, &learner);
             return Ok(TrainOutcome::StepLimit);
         }
     }
+    report_checksum(rank, world, &learner);
     Ok(TrainOutcome::Finished)
+}
+
+/// Lets tests (and people) check that data parallelism kept the ranks identical.
+fn report_checksum(rank: usize, world: usize, learner: &Learner) {
+    if world > 1 {
+        eprintln!(
+            "rank {rank}: student parameter checksum {:.12e}",
+            parameter_checksum(&learner.nets.student_vs)
+        );
+    }
+}
+
+/// Σ|θ| over the student, in f64: equal on all ranks when they hold the same weights.
+fn parameter_checksum(vs: &tch::nn::VarStore) -> f64 {
+    let mut vars: Vec<_> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.iter()
+        .map(|(_, t)| t.abs().sum(tch::Kind::Double).double_value(&[]))
+        .sum()
+}
+
+/// True on every rank if it is true on any (a stop signal may reach only some ranks first).
+fn agree(group: &mut dyn Collective, flag: bool) -> Result<bool, TrainError> {
+    if group.world_size() == 1 {
+        return Ok(flag);
+    }
+    let mut t = tch::Tensor::from_slice(&[f64::from(u8::from(flag))]);
+    group.all_reduce_sum(&mut t)?;
+    Ok(t.double_value(&[0]) > 0.0)
 }
 
 /// libtorch's generator seed for one iteration (drop path draws).
@@ -562,13 +683,24 @@ fn append_line(path: &Path, line: &str) -> Result<(), TrainError> {
 /// the same either way (printed above the bar on a terminal).
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
+    /// Ranks other than 0 stay silent (their lines would repeat rank 0's global values).
+    quiet: bool,
 }
 
 impl Progress {
-    fn new(epoch: usize, epochs: usize, niter: usize, done: usize) -> Self {
+    fn new(epoch: usize, epochs: usize, niter: usize, done: usize, shown: bool) -> Self {
         use std::io::IsTerminal;
+        if !shown {
+            return Self {
+                bar: None,
+                quiet: true,
+            };
+        }
         if !std::io::stderr().is_terminal() {
-            return Self { bar: None };
+            return Self {
+                bar: None,
+                quiet: false,
+            };
         }
         let bar = indicatif::ProgressBar::new(niter as u64);
         let style = indicatif::ProgressStyle::with_template(
@@ -579,7 +711,10 @@ impl Progress {
         bar.set_style(style);
         bar.set_prefix(format!("{epoch}/{epochs}"));
         bar.set_position(done as u64);
-        Self { bar: Some(bar) }
+        Self {
+            bar: Some(bar),
+            quiet: false,
+        }
     }
 
     fn step(&self, loss: f64) {
@@ -590,6 +725,9 @@ impl Progress {
     }
 
     fn line(&self, text: String) {
+        if self.quiet {
+            return;
+        }
         match &self.bar {
             Some(b) => b.println(text),
             None => eprintln!("{text}"),

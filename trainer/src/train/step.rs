@@ -2,9 +2,11 @@
 //! global crops, student on all crops, loss (+ centre update), finite check, backward,
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
-use super::loss::{Collective, DinoLoss};
+use super::loss::DinoLoss;
 use super::optim::{clip_gradients, ema_update, AdamW};
 use crate::config::{Config, Precision};
+use crate::dist::group::DistError;
+use crate::dist::Collective;
 use crate::model::{configs_for, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
@@ -62,6 +64,14 @@ pub struct NonFiniteLoss {
     pub iteration: usize,
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    NonFinite(#[from] NonFiniteLoss),
+    #[error("collective failed (another rank may have died): {0}")]
+    Dist(#[from] DistError),
+}
+
 pub struct StepOutput {
     pub loss: f64,
     /// Gradient norms before clipping, one per parameter with a gradient.
@@ -102,8 +112,8 @@ impl Learner {
         crops: &[Tensor],
         p: StepParams,
         iteration: usize,
-        group: &mut Collective,
-    ) -> Result<StepOutput, NonFiniteLoss> {
+        group: &mut dyn Collective,
+    ) -> Result<StepOutput, StepError> {
         tch::manual_seed(p.rng_seed);
         let nets = &self.nets;
         let (teacher_out, student_out, loss) = autocast(self.precision, self.device, || {
@@ -114,28 +124,34 @@ impl Learner {
         });
         drop(student_out);
         self.loss
-            .update_center(&teacher_out.to_kind(tch::Kind::Float), group);
-        let loss_value = loss.double_value(&[]);
+            .update_center(&teacher_out.to_kind(tch::Kind::Float), group)?;
+        // The mean loss over all ranks: every rank logs it and takes the same finite/NaN
+        // decision, so none is left waiting in a collective.
+        let mut global = loss.detach().to_kind(tch::Kind::Double).reshape([1]);
+        group.all_reduce_sum(&mut global)?;
+        let loss_value = global.double_value(&[0]) / group.world_size() as f64;
         if !loss_value.is_finite() {
             return Err(NonFiniteLoss {
                 loss: loss_value,
                 epoch: p.epoch,
                 iteration,
-            });
+            }
+            .into());
         }
         self.optimizer.zero_grad();
         match &self.scaler {
             Some(scaler) => scaler.scale_loss(&loss).backward(),
             None => loss.backward(),
         }
+        let mut grads: Vec<Tensor> = self
+            .optimizer
+            .params
+            .iter()
+            .map(|q| q.tensor.grad())
+            .collect();
+        group.average_gradients(&mut grads)?;
         let mut skipped = false;
         if let Some(scaler) = &mut self.scaler {
-            let mut grads: Vec<Tensor> = self
-                .optimizer
-                .params
-                .iter()
-                .map(|q| q.tensor.grad())
-                .collect();
             skipped = scaler.unscale(&mut grads);
         }
         let grad_norms = if p.clip_grad > 0.0 {

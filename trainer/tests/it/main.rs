@@ -1,7 +1,10 @@
 //! The trainer's single integration-test binary (one libtorch link).
+mod analysis;
 mod augment;
 mod config;
 mod data;
+mod dist;
+mod knn;
 mod metrics;
 mod model;
 mod train;

@@ -163,6 +163,7 @@ fn std_of(t: &Tensor) -> f64 {
 
 #[test]
 fn initialisation_follows_dino() {
+    let _rng = super::util::torch_rng_lock();
     tch::manual_seed(7);
     let vs = nn::VarStore::new(Device::Cpu);
     let vit = VitConfig::new(Arch::VitSmall, 16, 5);
@@ -214,6 +215,7 @@ fn initialisation_follows_dino() {
 
 #[test]
 fn drop_path_only_acts_in_training() {
+    let _rng = super::util::torch_rng_lock();
     tch::manual_seed(3);
     let vs = nn::VarStore::new(Device::Cpu);
     let vit = VitConfig::new(Arch::VitTiny, 16, 2).with_drop_path(0.5);

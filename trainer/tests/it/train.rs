@@ -3,9 +3,10 @@ use super::util::{max_abs_diff, run_py_file, run_python};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 use trainer::config::{Config, Precision};
+use trainer::dist::Single;
 use trainer::model::load_safetensors_strict;
 use trainer::precision::{autocast, LossScaler};
-use trainer::train::loss::{Collective, DinoLoss};
+use trainer::train::loss::DinoLoss;
 use trainer::train::schedule::{cosine_schedule, teacher_temp_schedule};
 use trainer::train::step::{Learner, Networks, StepParams};
 
@@ -20,6 +21,7 @@ fn tiny_config() -> Config {
 /// K full iterations (teacher, student with drop path, loss + centre, clipping, freeze,
 /// AdamW with two groups, EMA) from the same initial weights and crops as PyTorch.
 fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
+    let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ref.safetensors");
@@ -64,9 +66,7 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
             clip_grad: 3.0,
             rng_seed: 1000 + it as i64,
         };
-        let o = learner
-            .step(&crops, params, it, &mut Collective::single())
-            .unwrap();
+        let o = learner.step(&crops, params, it, &mut Single).unwrap();
         assert!(
             (o.loss - expected_losses[it]).abs() <= 1e-6 * expected_losses[it].abs(),
             "step {it}: loss {} vs PyTorch {}",
@@ -137,7 +137,7 @@ fn dino_loss_matches_formula_in_pytorch() {
     loss.center = Tensor::randn([1, k], (Kind::Float, Device::Cpu)) * 0.1;
     Tensor::write_safetensors(&[("s", &s), ("t", &te), ("c", &loss.center)], &path).unwrap();
     let ours = loss.forward(&s, &te, 1).double_value(&[]);
-    loss.update_center(&te, &mut Collective::single());
+    loss.update_center(&te, &mut Single).unwrap();
     let py = run_python(
         "import sys, torch, torch.nn.functional as F\nfrom safetensors.torch import load_file\nd = load_file(sys.argv[1])\ns, t, c = d['s'], d['t'], d['c']\nq = F.softmax((t - c) / 0.06, dim=-1).chunk(2)\nsv = F.log_softmax(s / 0.1, dim=-1).chunk(5)\nterms = [(-qi * sv[v]).sum(-1).mean() for i, qi in enumerate(q) for v in range(5) if v != i]\nprint(float(sum(terms) / len(terms)))\nnc = c * 0.9 + t.sum(0, keepdim=True) / t.shape[0] * 0.1\nprint(repr(nc.flatten().tolist()))",
         &[path.to_str().unwrap()],
@@ -238,6 +238,7 @@ fn loss_scaler_follows_grad_scaler_semantics() {
 
 #[test]
 fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
+    let _rng = super::util::torch_rng_lock();
     let a = Tensor::randn([8, 8], (Kind::Float, Device::Cpu));
     let out = autocast(Precision::Bf16, Device::Cpu, || a.matmul(&a));
     assert_eq!(out.kind(), Kind::BFloat16);
@@ -273,9 +274,7 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         let nets = Networks::new(&cfg, 4, Device::Cpu);
         let loss = DinoLoss::new(256, 4, vec![0.04], Device::Cpu);
         let mut learner = Learner::new(nets, loss, precision, Device::Cpu);
-        let out = learner
-            .step(&crops, params, 0, &mut Collective::single())
-            .unwrap();
+        let out = learner.step(&crops, params, 0, &mut Single).unwrap();
         assert!(out.loss.is_finite());
         assert!(
             learner

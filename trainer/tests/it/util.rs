@@ -53,3 +53,11 @@ pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shape mismatch");
     (a - b).abs().max().double_value(&[])
 }
+
+/// libtorch's default generator is process-wide and the tests of this binary run in parallel
+/// threads: a test that needs reproducible draws (drop path, initialisation) holds this lock
+/// so no other test draws in between.
+pub fn torch_rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,360 @@
+"""PyTorch peer of `trainer bench step`: one full scDINO training iteration, fp32.
+
+The step is scDINO's `train_one_epoch` body (main_dino.py L371-431): set lr/wd, teacher on the
+two global crops, student on all crops, DINOLoss (+ centre update), finite check, zero_grad,
+backward, per-parameter clip_gradients, last-layer freeze (off), AdamW step with scDINO's two
+parameter groups, teacher EMA. The networks are the DINO reference in
+trainer/tests/py/dino_reference.py with `USE_SDPA = True` (the kernel the Rust model uses).
+
+--loader none: random crops held in memory, times the step alone.
+--loader real: a torch DataLoader (--workers processes, prefetch_factor 2) over a TIFF
+  ImageFolder with scDINO's dataset semantics (tifffile.imread, float64, min–max per image and
+  channel with the zero-max rule, NaN image → None dropped by the collate function,
+  torchvision-based DataAugmentationDINO for multi-channel images, Normalize); times the wall
+  clock of each step including the wait for its batch.
+--count-flops: also counts the FLOPs of student forward+backward and teacher forward with
+  torch.utils.flop_counter.FlopCounterMode (matmul/conv/attention; elementwise ops are not
+  counted). FlopCounterMode does not see the CPU SDPA kernel, so the count is taken once with
+  explicit attention (`q @ k.T`, `attn @ v`: the same multiply-adds).
+
+Prints one JSON line.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer", "tests", "py"))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import dino_reference  # noqa: E402
+from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
+
+dino_reference.USE_SDPA = True
+
+p = argparse.ArgumentParser()
+p.add_argument("--arch", default="vit_small")
+p.add_argument("--patch", type=int, default=16)
+p.add_argument("--channels", type=int, default=5)
+p.add_argument("--batch", type=int, default=4)
+p.add_argument("--local-crops", type=int, default=8)
+p.add_argument("--global-size", type=int, default=224)
+p.add_argument("--local-size", type=int, default=96)
+p.add_argument("--out-dim", type=int, default=65536)
+p.add_argument("--threads", type=int, default=2)
+p.add_argument("--warmup", type=int, default=1)
+p.add_argument("--iters", type=int, default=3)
+p.add_argument("--loader", choices=["none", "real"], default="none")
+p.add_argument("--data", help="ImageFolder root of TIFFs (with --loader real)")
+p.add_argument("--workers", type=int, default=1)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--count-flops", action="store_true")
+a = p.parse_args()
+
+# scDINO defaults (argparse / yaml): lr 5e-4 per 256 images, wd 0.04, momentum 0.996,
+# clip 3.0, teacher temp 0.04, crop scales of the argparse defaults.
+LR = 5e-4 * a.batch / 256
+WD, MOMENTUM, CLIP, TEACHER_TEMP = 0.04, 0.996, 3.0, 0.04
+GLOBAL_SCALE, LOCAL_SCALE = (0.4, 1.0), (0.05, 0.4)
+NCROPS = 2 + a.local_crops
+
+
+# ---- scDINO's loss, optimizer groups and helpers (main_dino.py, utils.py) ----
+class DINOLoss(torch.nn.Module):
+    def __init__(self, out_dim, ncrops, teacher_temp):
+        super().__init__()
+        self.student_temp, self.center_momentum, self.ncrops = 0.1, 0.9, ncrops
+        self.register_buffer("center", torch.zeros(1, out_dim))
+        self.teacher_temp = teacher_temp
+
+    def forward(self, student_output, teacher_output, epoch):
+        student_out = (student_output / self.student_temp).chunk(self.ncrops)
+        teacher_out = F.softmax((teacher_output - self.center) / self.teacher_temp, dim=-1)
+        teacher_out = teacher_out.detach().chunk(2)
+        total_loss, n = 0, 0
+        for iq, q in enumerate(teacher_out):
+            for v in range(len(student_out)):
+                if v == iq:
+                    continue
+                total_loss += torch.sum(-q * F.log_softmax(student_out[v], dim=-1), dim=-1).mean()
+                n += 1
+        total_loss /= n
+        self.update_center(teacher_output)
+        return total_loss
+
+    @torch.no_grad()
+    def update_center(self, teacher_output):
+        batch_center = torch.sum(teacher_output, dim=0, keepdim=True) / len(teacher_output)
+        self.center = self.center * self.center_momentum + batch_center * (1 - self.center_momentum)
+
+
+def get_params_groups(model):
+    regularized, not_regularized = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if name.endswith(".bias") or len(param.shape) == 1:
+            not_regularized.append(param)
+        else:
+            regularized.append(param)
+    return [{"params": regularized}, {"params": not_regularized, "weight_decay": 0.0}]
+
+
+def clip_gradients(model, clip):
+    norms = []
+    for _, p in model.named_parameters():
+        if p.grad is not None:
+            param_norm = p.grad.data.norm(2)
+            norms.append(param_norm.item())
+            clip_coef = clip / (param_norm + 1e-6)
+            if clip_coef < 1:
+                p.grad.data.mul_(clip_coef)
+    return norms
+
+
+def cancel_gradients_last_layer(epoch, model, freeze_last_layer):
+    if epoch >= freeze_last_layer:
+        return
+    for n, p in model.named_parameters():
+        if "last_layer" in n:
+            p.grad = None
+
+
+# ---- scDINO's dataset (main_dino.py L172-194, utils.py L96-119) and augmentation ----
+def normalize_numpy_0_to_1(x):
+    x_min = x.min(axis=(0, 1), keepdims=True)
+    x_max = x.max(axis=(0, 1), keepdims=True)
+    if np.any(x_max - x_min == 0):
+        x_max = np.where(x_max == 0, 1, x_max)
+    return (x - x_min) / (x_max - x_min)
+
+
+class AdjustBrightness:
+    """utils.py L191-200: one factor per channel, torchvision adjust_brightness (clamps)."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def __call__(self, x):
+        from torchvision.transforms import functional as TF
+
+        if random.random() < self.p:
+            return torch.cat([TF.adjust_brightness(x[c:c + 1], random.uniform(0.5, 1.25))
+                              for c in range(x.shape[0])])
+        return x
+
+
+class GaussianBlurMultiChan:
+    """utils.py L142-159: torchvision GaussianBlur 5×5, σ ~ U(0.1, 1.5), if rand <= p."""
+
+    def __init__(self, p):
+        from torchvision import transforms
+
+        self.p = p
+        self.blur = transforms.GaussianBlur(kernel_size=(5, 5), sigma=(0.1, 1.5))
+
+    def __call__(self, x):
+        return self.blur(x) if random.random() <= self.p else x
+
+
+class SolarizationMultiChan:
+    """utils.py L175-188: values > 0.5 become 1 − v in every channel, if rand < p."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def __call__(self, x):
+        return torch.where(x > 0.5, 1.0 - x, x) if random.random() < self.p else x
+
+
+class DataAugmentationDINO:
+    """main_dino.py L490-577, multi-channel branch. antialias=False: torchvision 0.9.1, which
+    scDINO used, had no antialiasing for tensors (and every crop of a 50×50 cell upsamples)."""
+
+    def __init__(self, mean, std):
+        from torchvision import transforms as T
+        from torchvision.transforms import InterpolationMode
+
+        bicubic = InterpolationMode.BICUBIC
+        flips = T.Compose([T.RandomHorizontalFlip(p=0.5), T.RandomVerticalFlip(p=0.5)])
+        normalize = T.Normalize(mean, std)
+
+        def rrc(size, scale):
+            return T.RandomResizedCrop(size, scale=scale, interpolation=bicubic, antialias=False)
+
+        self.global1 = T.Compose([rrc(a.global_size, GLOBAL_SCALE), flips, AdjustBrightness(0.8),
+                                  GaussianBlurMultiChan(1.0), normalize])
+        self.global2 = T.Compose([rrc(a.global_size, GLOBAL_SCALE), flips, AdjustBrightness(0.8),
+                                  GaussianBlurMultiChan(0.1), SolarizationMultiChan(0.2),
+                                  normalize])
+        self.local = T.Compose([rrc(a.local_size, LOCAL_SCALE), flips, AdjustBrightness(0.8),
+                                GaussianBlurMultiChan(0.5), normalize])
+
+    def __call__(self, image):
+        crops = [self.global1(image), self.global2(image)]
+        crops += [self.local(image) for _ in range(a.local_crops)]
+        return crops
+
+
+class TiffImageFolder(torch.utils.data.Dataset):
+    """torchvision ImageFolder enumeration; scDINO's per-sample preprocessing."""
+
+    def __init__(self, root, transform):
+        from torchvision.datasets import ImageFolder
+
+        self.samples = ImageFolder(root, loader=lambda p: p).samples
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def load(self, i):
+        import tifffile
+
+        x = tifffile.imread(self.samples[i][0]).astype(np.float64)  # (H, W, C)
+        x = normalize_numpy_0_to_1(x)
+        if np.isnan(x).any():
+            return None
+        return torch.from_numpy(x.astype(np.float32)).permute(2, 0, 1)
+
+    def __getitem__(self, i):
+        x = self.load(i)
+        if x is None:
+            return None
+        return self.transform(x), i
+
+
+def collate_fn(batch):
+    batch = [b for b in batch if b is not None]
+    return torch.utils.data.dataloader.default_collate(batch)
+
+
+def dataset_mean_std(ds, n):
+    """Population mean/std per channel of the min–max-scaled pixels (untimed; values do
+    not change the cost of the step)."""
+    xs = [x for x in (ds.load(i) for i in range(min(n, len(ds)))) if x is not None]
+    x = torch.stack(xs).double()
+    return x.mean(dim=(0, 2, 3)).tolist(), x.std(dim=(0, 2, 3), unbiased=False).tolist()
+
+
+# ---- networks, loss, optimizer ----
+torch.set_num_threads(a.threads)
+torch.manual_seed(a.seed)
+random.seed(a.seed)
+vit_s = VisionTransformer(a.arch, a.patch, a.channels, drop_path_rate=0.1)
+student = MultiCropWrapper(vit_s, DINOHead(vit_s.embed_dim, a.out_dim, norm_last_layer=True))
+vit_t = VisionTransformer(a.arch, a.patch, a.channels)
+teacher = MultiCropWrapper(vit_t, DINOHead(vit_t.embed_dim, a.out_dim))
+teacher.load_state_dict(student.state_dict())
+for q in teacher.parameters():
+    q.requires_grad = False
+student.train()
+teacher.train()
+dino_loss = DINOLoss(a.out_dim, NCROPS, TEACHER_TEMP)
+optimizer = torch.optim.AdamW(get_params_groups(student))
+
+
+def step(images, epoch=0):
+    for i, g in enumerate(optimizer.param_groups):
+        g["lr"] = LR
+        if i == 0:
+            g["weight_decay"] = WD
+    teacher_output = teacher(images[:2])
+    student_output = student(images)
+    loss = dino_loss(student_output, teacher_output, epoch)
+    if not math.isfinite(loss.item()):
+        sys.exit(f"Loss is {loss.item()}, stopping training")
+    optimizer.zero_grad()
+    loss.backward()
+    clip_gradients(student, CLIP)
+    cancel_gradients_last_layer(epoch, student, 0)  # freeze off: every epoch after the first
+    optimizer.step()
+    with torch.no_grad():
+        for param_q, param_k in zip(student.parameters(), teacher.parameters()):
+            param_k.data.mul_(MOMENTUM).add_((1 - MOMENTUM) * param_q.detach().data)
+    return loss.item()
+
+
+def random_crops():
+    return ([torch.randn(a.batch, a.channels, a.global_size, a.global_size) for _ in range(2)]
+            + [torch.randn(a.batch, a.channels, a.local_size, a.local_size)
+               for _ in range(a.local_crops)])
+
+
+def count_flops():
+    """FLOPs of teacher forward (globals) + student forward and backward (all crops)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    crops = random_crops()
+    dino_reference.USE_SDPA = False
+    center = dino_loss.center.clone()
+    try:
+        with FlopCounterMode(display=False) as fc:
+            t = teacher(crops[:2])
+            s = student(crops)
+            dino_loss(s, t, 0).backward()
+    finally:
+        dino_reference.USE_SDPA = True
+        dino_loss.center = center
+        student.zero_grad(set_to_none=True)
+    return fc.get_total_flops()
+
+
+flops = count_flops() if a.count_flops else None
+
+# ---- timing ----
+timed = []  # (wall s, data wait s, images)
+last_loss = float("nan")
+total = a.warmup + a.iters
+if a.loader == "none":
+    crops = random_crops()
+    for it in range(total):
+        t = time.perf_counter()
+        last_loss = step(crops)
+        dt = time.perf_counter() - t
+        if it >= a.warmup:
+            timed.append((dt, 0.0, a.batch))
+else:
+    if not a.data:
+        sys.exit("--loader real needs --data DIR")
+    ds = TiffImageFolder(a.data, transform=None)
+    if len(ds) < total * a.batch:
+        sys.exit(f"{a.data} holds {len(ds)} images; need {total * a.batch}")
+    mean, std = dataset_mean_std(ds, 64)
+    ds.transform = DataAugmentationDINO(mean, std)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=a.batch, shuffle=True, num_workers=a.workers, drop_last=False,
+        collate_fn=collate_fn, generator=torch.Generator().manual_seed(a.seed),
+        persistent_workers=False,
+    )
+    batches = iter(loader)
+    for it in range(total):
+        t = time.perf_counter()
+        images, _ = next(batches)
+        wait = time.perf_counter() - t
+        last_loss = step(images)
+        dt = time.perf_counter() - t
+        if it >= a.warmup:
+            timed.append((dt, wait, len(images[0])))
+    del batches
+
+times = [t[0] for t in timed]
+waits = [t[1] for t in timed]
+median_s = sorted(times)[len(times) // 2]  # as the Rust side
+out = {
+    "impl": "pytorch", "bench": "step", "arch": a.arch, "loader": a.loader, "batch": a.batch,
+    "threads": a.threads, "workers": a.workers if a.loader == "real" else 0,
+    "crops": [a.global_size, a.local_size, a.local_crops], "out_dim": a.out_dim,
+    "median_s": median_s, "imgs_per_s": a.batch / median_s,
+    "throughput_imgs_per_s": sum(t[2] for t in timed) / sum(times),
+    "times_s": times, "data_wait_s": waits, "data_wait_median_s": sorted(waits)[len(waits) // 2],
+    "last_loss": last_loss,
+}
+if flops is not None:
+    out["flops_per_step"] = flops
+print(json.dumps(out))

@@ -1,0 +1,519 @@
+//! Renders the pipeline as one reviewable sbatch script per job plus a JSON manifest. Every
+//! value written into a script goes through [`crate::shell::quote`]; no secret value is ever
+//! written (secrets travel by name, from the submitting environment).
+use crate::cluster::{container_path, Cluster, Runtime};
+use crate::shell::{join, quote};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The pipeline's stages in order; each runs `trainer <stage> --config FILE`.
+pub const STAGES: [&str; 7] = [
+    "mean-std",
+    "train",
+    "features",
+    "knn",
+    "umap",
+    "attention",
+    "report",
+];
+
+/// Exit code of a trainer that checkpointed on SIGUSR1/SIGTERM (`EX_TEMPFAIL`).
+pub const EXIT_PREEMPTED: i32 = 75;
+
+/// What each stage needs from earlier ones.
+fn needs(stage: &str) -> &'static [&'static str] {
+    match stage {
+        "train" => &["mean-std"],
+        "features" | "attention" => &["train"],
+        "knn" | "umap" => &["features"],
+        "report" => &["knn", "umap", "attention"],
+        _ => &[],
+    }
+}
+
+/// Stages that get one GPU when the cluster has GPUs (training gets all of them).
+fn uses_gpu(stage: &str) -> bool {
+    matches!(stage, "features" | "attention")
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependency {
+    /// The job (by name) this one waits for.
+    pub job: String,
+    /// `afterok` between stages; `afterany` between training segments.
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// Unique within the pipeline: `mean-std`, `train-c0`, `train-c0-s2`, ...
+    pub name: String,
+    pub stage: String,
+    /// Script file name inside the render folder.
+    pub script: String,
+    /// Output file, with Slurm's `%j` for the job id.
+    pub log: PathBuf,
+    pub after: Vec<Dependency>,
+    /// Filled by `launcher submit`.
+    #[serde(default)]
+    pub job_id: Option<String>,
+}
+
+impl Job {
+    /// The log path of a submitted job (`%j` replaced).
+    pub fn log_path(&self) -> PathBuf {
+        match &self.job_id {
+            Some(id) => PathBuf::from(self.log.to_string_lossy().replace("%j", id)),
+            None => self.log.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub launcher_version: String,
+    pub cluster_file: Option<PathBuf>,
+    pub trainer_config: PathBuf,
+    pub runtime: Runtime,
+    pub log_dir: PathBuf,
+    pub jobs: Vec<Job>,
+}
+
+pub const MANIFEST: &str = "manifest.json";
+
+impl Manifest {
+    pub fn load(out: &Path) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let p = out.join(MANIFEST);
+        let text = std::fs::read_to_string(&p)
+            .with_context(|| format!("reading {} (render or submit first)", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+    }
+
+    pub fn save(&self, out: &Path) -> anyhow::Result<()> {
+        use anyhow::Context;
+        let p = out.join(MANIFEST);
+        let tmp = out.join(format!(".{MANIFEST}.tmp"));
+        let text = serde_json::to_string_pretty(self)? + "\n";
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &p).with_context(|| format!("writing {}", p.display()))
+    }
+}
+
+/// Everything rendering needs besides the cluster file.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The trainer config, absolute, as the submitting host sees it.
+    pub trainer_config: PathBuf,
+    /// Number of `data.channel_combinations` (one training job chain per combination).
+    pub combinations: usize,
+    /// The render folder (absolute).
+    pub out: PathBuf,
+    /// The default working directory (absolute).
+    pub cwd: PathBuf,
+    pub cluster_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub manifest: Manifest,
+    /// (file name, text), in submission order.
+    pub scripts: Vec<(String, String)>,
+    /// Things a reviewer should know (printed on stderr).
+    pub warnings: Vec<String>,
+}
+
+/// The jobs of the pipeline, in submission order, with their dependencies.
+fn plan(cluster: &Cluster, combinations: usize) -> Vec<(String, String, Vec<Dependency>)> {
+    let enabled = |s: &str| cluster.stages.iter().any(|x| x == s);
+    // The jobs that stand for a stage once it is planned (training: the last segments).
+    let mut finals: Vec<(String, Vec<String>)> = Vec::new();
+    fn resolve(
+        stage: &str,
+        finals: &[(String, Vec<String>)],
+        enabled: &dyn Fn(&str) -> bool,
+        out: &mut Vec<String>,
+    ) {
+        for &n in needs(stage) {
+            if enabled(n) {
+                if let Some((_, jobs)) = finals.iter().find(|(s, _)| s == n) {
+                    for j in jobs {
+                        if !out.contains(j) {
+                            out.push(j.clone());
+                        }
+                    }
+                }
+            } else {
+                resolve(n, finals, enabled, out);
+            }
+        }
+    }
+    let mut jobs = Vec::new();
+    for stage in STAGES.iter().filter(|s| enabled(s)) {
+        let mut deps = Vec::new();
+        resolve(stage, &finals, &enabled, &mut deps);
+        let after_ok: Vec<Dependency> = deps
+            .into_iter()
+            .map(|job| Dependency {
+                job,
+                kind: "afterok".into(),
+            })
+            .collect();
+        if *stage == "train" {
+            let segs = cluster.training.segments;
+            let mut lasts = Vec::new();
+            for c in 0..combinations {
+                let mut prev: Option<String> = None;
+                for s in 1..=segs {
+                    let name = if segs > 1 {
+                        format!("train-c{c}-s{s}")
+                    } else {
+                        format!("train-c{c}")
+                    };
+                    let after = match &prev {
+                        None => after_ok.clone(),
+                        Some(p) => vec![Dependency {
+                            job: p.clone(),
+                            kind: "afterany".into(),
+                        }],
+                    };
+                    jobs.push((name.clone(), stage.to_string(), after));
+                    prev = Some(name);
+                }
+                lasts.extend(prev);
+            }
+            finals.push((stage.to_string(), lasts));
+        } else {
+            jobs.push((stage.to_string(), stage.to_string(), after_ok));
+            finals.push((stage.to_string(), vec![stage.to_string()]));
+        }
+    }
+    jobs
+}
+
+pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
+    anyhow::ensure!(
+        inputs.combinations > 0,
+        "the trainer config lists no channel combination"
+    );
+    let mut warnings = Vec::new();
+    let log_dir = cluster
+        .slurm
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| inputs.out.join("logs"));
+    let s = log_dir.to_string_lossy();
+    anyhow::ensure!(
+        !s.contains('%') && !s.contains('\\') && !s.contains('\n'),
+        "the log folder {} must not contain '%', '\\' or a newline (sbatch reads them specially)",
+        log_dir.display()
+    );
+    let workdir = cluster
+        .workdir
+        .clone()
+        .unwrap_or_else(|| inputs.cwd.clone());
+    let (program, config, workdir) = match cluster.runtime {
+        Runtime::Host => (
+            cluster.host.trainer.clone().expect("validated"),
+            inputs.trainer_config.clone(),
+            workdir,
+        ),
+        Runtime::Pyxis => {
+            let m = &cluster.container.mounts;
+            let config = match container_path(m, &inputs.trainer_config) {
+                Some(p) => p,
+                None => {
+                    warnings.push(format!(
+                        "the trainer config {} is not under any container mount: the job sees it only if the image holds it at that path",
+                        inputs.trainer_config.display()
+                    ));
+                    inputs.trainer_config.clone()
+                }
+            };
+            let workdir = if cluster.workdir.is_some() {
+                workdir
+            } else {
+                container_path(m, &workdir).unwrap_or(workdir)
+            };
+            (cluster.container.trainer.clone(), config, workdir)
+        }
+    };
+    let ctx = Ctx {
+        cluster,
+        program,
+        config,
+        workdir,
+    };
+    let mut jobs = Vec::new();
+    let mut scripts = Vec::new();
+    for (i, (name, stage, after)) in plan(cluster, inputs.combinations).into_iter().enumerate() {
+        let file = format!("{:02}-{name}.sbatch", i + 1);
+        let log = log_dir.join(format!("{name}-%j.out"));
+        let combination = name
+            .strip_prefix("train-c")
+            .map(|r| r.split('-').next().unwrap().parse::<usize>().unwrap());
+        scripts.push((file.clone(), ctx.script(&name, &stage, combination, &log)));
+        jobs.push(Job {
+            name,
+            stage,
+            script: file,
+            log,
+            after,
+            job_id: None,
+        });
+    }
+    Ok(Rendered {
+        manifest: Manifest {
+            launcher_version: env!("CARGO_PKG_VERSION").into(),
+            cluster_file: inputs.cluster_file.clone(),
+            trainer_config: inputs.trainer_config.clone(),
+            runtime: cluster.runtime,
+            log_dir,
+            jobs,
+        },
+        scripts,
+        warnings,
+    })
+}
+
+/// Writes the scripts (mode 0755), the manifest and creates the log folder.
+pub fn write(r: &Rendered, out: &Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    // Scripts from an earlier render that this one no longer has would confuse a reviewer.
+    for e in std::fs::read_dir(out)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "sbatch") {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    for (name, text) in &r.scripts {
+        let p = out.join(name);
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
+    }
+    r.manifest.save(out)
+}
+
+struct Ctx<'a> {
+    cluster: &'a Cluster,
+    program: PathBuf,
+    config: PathBuf,
+    workdir: PathBuf,
+}
+
+fn p(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+impl Ctx<'_> {
+    fn script(&self, name: &str, stage: &str, combination: Option<usize>, log: &Path) -> String {
+        let c = self.cluster;
+        let sl = &c.slurm;
+        let train = stage == "train";
+        let pyxis = c.runtime == Runtime::Pyxis;
+        let mut o = String::new();
+        let mut line = |s: &str| {
+            o.push_str(s);
+            o.push('\n');
+        };
+        line("#!/bin/bash");
+        line(&format!(
+            "# scDINO pipeline job `{name}` (stage {stage}), rendered by launcher {}.",
+            env!("CARGO_PKG_VERSION")
+        ));
+        line(
+            "# Re-render rather than edit. Every value is shell-quoted; no secret is written here.",
+        );
+        let d = |k: &str, v: &str| format!("#SBATCH --{k}={}", quote(v));
+        line(&d("job-name", &format!("scdino-{name}")));
+        for (k, v) in [
+            ("partition", &sl.partition),
+            ("account", &sl.account),
+            ("qos", &sl.qos),
+        ] {
+            if let Some(v) = v {
+                line(&d(k, v));
+            }
+        }
+        if train {
+            line(&d("nodes", &sl.nodes.to_string()));
+            line(&d("ntasks-per-node", &sl.gpus_per_node.max(1).to_string()));
+            if sl.gpus_per_node > 0 {
+                line(&d("gpus-per-node", &sl.gpus_per_node.to_string()));
+            }
+        } else {
+            line(&d("nodes", "1"));
+            line(&d("ntasks", "1"));
+            if sl.gpus_per_node > 0 && uses_gpu(stage) {
+                line(&d("gpus-per-node", "1"));
+            }
+        }
+        line(&d("cpus-per-task", &sl.cpus_per_task.to_string()));
+        if let Some(m) = &sl.mem {
+            line(&d("mem", m));
+        }
+        line(&d("time", &sl.time));
+        if !pyxis {
+            line(&d("chdir", &p(&self.workdir)));
+        }
+        line(&d("output", &p(log)));
+        line(&d("open-mode", "append"));
+        line(&d("export", "ALL"));
+        line(&d("kill-on-invalid-dep", "yes"));
+        if train {
+            line(&d(
+                "signal",
+                &format!("B:USR1@{}", c.training.signal_grace_seconds),
+            ));
+            line(if c.training.requeue {
+                "#SBATCH --requeue"
+            } else {
+                "#SBATCH --no-requeue"
+            });
+        }
+        line("set -euo pipefail");
+        line("");
+        if !c.env.is_empty() {
+            line("# Tunables (with Pyxis also listed in --container-env, so they beat the image's ENV).");
+            for (k, v) in &c.env {
+                line(&format!("export {k}={}", quote(v)));
+            }
+        }
+        if !c.secrets.is_empty() {
+            line(&format!(
+                "# Secrets, by name only: inherited from the environment `launcher submit` ran in: {}",
+                c.secrets.join(" ")
+            ));
+        }
+        if train {
+            line("");
+            line("# Rendezvous: the first node of the allocation, a port derived from the job id.");
+            line(r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"#);
+            line("MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))");
+            line("export MASTER_ADDR MASTER_PORT");
+            line(&format!(
+                r#"echo "[launcher] {} job $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT""#,
+                quote(name)
+            ));
+        } else {
+            line(&format!(
+                r#"echo "[launcher] {} job $SLURM_JOB_ID on $SLURM_JOB_NODELIST""#,
+                quote(name)
+            ));
+        }
+        line("");
+
+        // One option (with its value) per line for review; every word quoted on its own.
+        let mut srun: Vec<Vec<String>> = vec![vec!["srun".into()]];
+        let mut opt = |words: &[&str]| srun.push(words.iter().map(|w| w.to_string()).collect());
+        if train {
+            opt(&["--kill-on-bad-exit=1"]);
+            opt(&["--cpu-bind=none"]);
+        }
+        if pyxis {
+            let k = &c.container;
+            opt(&[&format!(
+                "--container-image={}",
+                k.image.as_deref().unwrap()
+            )]);
+            if !k.mounts.is_empty() {
+                opt(&[&format!("--container-mounts={}", k.mounts.join(","))]);
+            }
+            opt(&[&format!("--container-workdir={}", p(&self.workdir))]);
+            opt(&[if k.mount_home {
+                "--container-mount-home"
+            } else {
+                "--no-container-mount-home"
+            }]);
+            let mut names: Vec<&str> = c.env.keys().map(String::as_str).collect();
+            names.extend(c.secrets.iter().map(String::as_str));
+            if train {
+                names.extend(crate::cluster::RESERVED_ENV);
+            }
+            if !names.is_empty() {
+                opt(&[&format!("--container-env={}", names.join(","))]);
+            }
+        }
+        opt(&[&p(&self.program), stage]);
+        opt(&["--config", &p(&self.config)]);
+        if let Some(ci) = combination {
+            opt(&["--combination", &ci.to_string()]);
+            if let Some(m) = c.training.max_steps {
+                opt(&["--max-steps", &m.to_string()]);
+            }
+            if let Some(t) = c.training.threads {
+                opt(&["--threads", &t.to_string()]);
+            }
+        }
+        let cmd = srun.iter().map(join).collect::<Vec<_>>().join(" \\\n  ");
+        if !train {
+            line(&cmd);
+            line(&format!(r#"echo "[launcher] {} finished""#, quote(name)));
+            return o;
+        }
+        line("# The batch shell gets USR1 (--signal=B:) or TERM and forwards it to the training step;");
+        line(&format!(
+            "# the trainer checkpoints at the next step and exits {EXIT_PREEMPTED}."
+        ));
+        line("step=");
+        line("forward() {");
+        line(r#"  echo "[launcher] got SIG$1, forwarding it to the training step""#);
+        line(r#"  if [ -n "$step" ]; then kill -s "$1" "$step" 2>/dev/null || true; fi"#);
+        line("}");
+        line("trap 'forward USR1' USR1");
+        line("trap 'forward TERM' TERM");
+        line(&format!("{cmd} &"));
+        line("step=$!");
+        line("# bash runs traps only between commands: wait until the step has really ended.");
+        line(r#"while kill -0 "$step" 2>/dev/null; do wait "$step" || true; done"#);
+        line(r#"rc=0; wait "$step" || rc=$?"#);
+        if c.training.requeue {
+            line(&format!("if [ \"$rc\" -eq {EXIT_PREEMPTED} ]; then"));
+            line(
+                r#"  echo "[launcher] the trainer checkpointed on notice: requeueing job $SLURM_JOB_ID""#,
+            );
+            line(r#"  scontrol requeue "$SLURM_JOB_ID""#);
+            line("  exit 0");
+            line("fi");
+        }
+        line(&format!(
+            r#"echo "[launcher] {} finished with exit code $rc""#,
+            quote(name)
+        ));
+        line(r#"exit "$rc""#);
+        o
+    }
+}
+
+/// The number of channel combinations (and the run name) of a trainer config, read leniently:
+/// the trainer validates the file itself (`trainer config check`); the launcher only needs this.
+pub fn trainer_combinations(text: &str, origin: &str) -> anyhow::Result<usize> {
+    #[derive(Deserialize, Default)]
+    #[serde(default)]
+    struct View {
+        data: DataView,
+    }
+    #[derive(Deserialize, Default)]
+    #[serde(default)]
+    struct DataView {
+        channel_combinations: Option<Vec<Combo>>,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    #[allow(dead_code)]
+    enum Combo {
+        Digits(String),
+        Indices(Vec<u64>),
+    }
+    if text.trim().is_empty() {
+        return Ok(6);
+    }
+    let v: View = serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+    // scDINO's default: "01234", "0", "1", "2", "3", "4".
+    Ok(v.data.channel_combinations.map_or(6, |c| c.len()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,351 @@
+//! Talking to Slurm: `sbatch --test-only` before anything is submitted, `sbatch --parsable`
+//! chained with `--dependency`, per-job state from `scontrol show job -o` (sacct only where
+//! accounting exists), `scancel`. The commands come from PATH; `SLURM_CONF` selects the cluster.
+use crate::render::{Job, Manifest};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn run(cmd: &str, args: &[&str]) -> Result<Output> {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {cmd} (is the Slurm client installed and on PATH?)"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).trim().to_string()
+}
+
+/// `sbatch --test-only`: Slurm validates the script and the request without submitting.
+pub fn test_only(script: &Path) -> Result<()> {
+    let s = script.to_string_lossy();
+    let out = run("sbatch", &["--test-only", &s])?;
+    if !out.status.success() {
+        bail!(
+            "sbatch --test-only refused {}: {}",
+            script.display(),
+            text(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// The `--dependency` value for a job, from the ids of the jobs it waits for.
+pub fn dependency(job: &Job, ids: &BTreeMap<String, String>) -> Result<Option<String>> {
+    if job.after.is_empty() {
+        return Ok(None);
+    }
+    let mut by_kind: Vec<(String, Vec<String>)> = Vec::new();
+    for d in &job.after {
+        let id = ids
+            .get(&d.job)
+            .with_context(|| format!("{} waits for {}, which has no job id", job.name, d.job))?;
+        match by_kind.iter_mut().find(|(k, _)| *k == d.kind) {
+            Some((_, v)) => v.push(id.clone()),
+            None => by_kind.push((d.kind.clone(), vec![id.clone()])),
+        }
+    }
+    Ok(Some(
+        by_kind
+            .into_iter()
+            .map(|(k, v)| format!("{k}:{}", v.join(":")))
+            .collect::<Vec<_>>()
+            .join(","),
+    ))
+}
+
+/// Submits every job of a rendered folder in order. Everything is checked with
+/// `sbatch --test-only` first; if a submission fails, the jobs already submitted are cancelled.
+/// The job ids are written into the manifest as they come.
+pub fn submit(out: &Path, manifest: &mut Manifest, say: &mut dyn FnMut(String)) -> Result<()> {
+    // Slurm does not create the folder of --output; a job without it fails without a log.
+    std::fs::create_dir_all(&manifest.log_dir)
+        .with_context(|| format!("creating the log folder {}", manifest.log_dir.display()))?;
+    for job in &manifest.jobs {
+        test_only(&out.join(&job.script))?;
+    }
+    say(format!(
+        "sbatch --test-only accepted all {} jobs",
+        manifest.jobs.len()
+    ));
+    let mut ids = BTreeMap::new();
+    for i in 0..manifest.jobs.len() {
+        let job = &manifest.jobs[i];
+        let script = out.join(&job.script);
+        let result = dependency(job, &ids).and_then(|dep| {
+            let mut args = vec!["--parsable".to_string()];
+            if let Some(d) = &dep {
+                args.push(format!("--dependency={d}"));
+            }
+            args.push(script.to_string_lossy().into_owned());
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let o = run("sbatch", &argv)?;
+            let stdout = text(&o.stdout);
+            // `--parsable` prints `<id>` or `<id>;<cluster>`.
+            let id = stdout.split(';').next().unwrap_or("").trim().to_string();
+            if !o.status.success() || id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+                bail!(
+                    "sbatch failed for {}: {} {}",
+                    job.name,
+                    stdout,
+                    text(&o.stderr)
+                );
+            }
+            Ok((id, dep))
+        });
+        match result {
+            Ok((id, dep)) => {
+                ids.insert(job.name.clone(), id.clone());
+                manifest.jobs[i].job_id = Some(id.clone());
+                manifest.save(out)?;
+                let j = &manifest.jobs[i];
+                say(format!(
+                    "{:<14} job {:<8} {:<28} log {}",
+                    j.name,
+                    id,
+                    dep.map(|d| format!("after {d}")).unwrap_or_default(),
+                    j.log_path().display()
+                ));
+            }
+            Err(e) => {
+                let submitted: Vec<String> = ids.values().cloned().collect();
+                if !submitted.is_empty() {
+                    say(format!(
+                        "cancelling the jobs already submitted: {}",
+                        submitted.join(" ")
+                    ));
+                    let args: Vec<&str> = submitted.iter().map(String::as_str).collect();
+                    let _ = run("scancel", &args);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One job's state as Slurm reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobState {
+    pub name: String,
+    pub job_id: Option<String>,
+    /// PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ..., `UNKNOWN` (Slurm forgot
+    /// the job and there is no accounting) or `NOT_SUBMITTED`.
+    pub state: String,
+    pub reason: String,
+    pub exit_code: String,
+    pub restarts: u32,
+    pub run_time: String,
+    /// `scontrol`'s StartTime/EndTime (`2025-01-31T12:00:00`, or `Unknown`).
+    pub start_time: String,
+    pub end_time: String,
+    pub log: String,
+}
+
+impl JobState {
+    /// Ended for good (a requeued job is PENDING again, not ended).
+    pub fn is_done(&self) -> bool {
+        !self.is_active() && self.state != "NOT_SUBMITTED"
+    }
+
+    pub fn is_active(&self) -> bool {
+        matches!(
+            self.state.as_str(),
+            "PENDING"
+                | "RUNNING"
+                | "REQUEUED"
+                | "REQUEUE_HOLD"
+                | "REQUEUE_FED"
+                | "SUSPENDED"
+                | "CONFIGURING"
+                | "COMPLETING"
+                | "RESIZING"
+                | "SIGNALING"
+                | "STAGE_OUT"
+                | "STOPPED"
+                | "RESV_DEL_HOLD"
+        )
+    }
+}
+
+/// `Key=Value` pairs of `scontrol show job -o`.
+pub fn parse_scontrol(line: &str) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    // Values may contain spaces (e.g. Reason, Command): a token without '=' continues the value.
+    let mut last: Option<String> = None;
+    for tok in line.split_whitespace() {
+        match tok.split_once('=') {
+            Some((k, v))
+                if !k.is_empty()
+                    && k.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || b == b'_' || b == b':' || b == b'/'
+                    }) =>
+            {
+                map.insert(k.to_string(), v.to_string());
+                last = Some(k.to_string());
+            }
+            _ => {
+                if let Some(k) = &last {
+                    let v = map.get_mut(k).unwrap();
+                    v.push(' ');
+                    v.push_str(tok);
+                }
+            }
+        }
+    }
+    map
+}
+
+pub fn state(job: &Job) -> Result<JobState> {
+    let mut s = JobState {
+        name: job.name.clone(),
+        job_id: job.job_id.clone(),
+        state: "NOT_SUBMITTED".into(),
+        reason: String::new(),
+        exit_code: String::new(),
+        restarts: 0,
+        run_time: String::new(),
+        start_time: String::new(),
+        end_time: String::new(),
+        log: job.log_path().display().to_string(),
+    };
+    let Some(id) = &job.job_id else {
+        return Ok(s);
+    };
+    let o = run("scontrol", &["show", "job", "-o", id])?;
+    if o.status.success() {
+        let kv = parse_scontrol(&text(&o.stdout));
+        s.state = kv
+            .get("JobState")
+            .cloned()
+            .unwrap_or_else(|| "UNKNOWN".into());
+        s.reason = kv.get("Reason").cloned().unwrap_or_default();
+        if s.reason == "None" {
+            s.reason.clear();
+        }
+        s.exit_code = kv.get("ExitCode").cloned().unwrap_or_default();
+        s.restarts = kv.get("Restarts").and_then(|r| r.parse().ok()).unwrap_or(0);
+        s.run_time = kv.get("RunTime").cloned().unwrap_or_default();
+        s.start_time = kv.get("StartTime").cloned().unwrap_or_default();
+        s.end_time = kv.get("EndTime").cloned().unwrap_or_default();
+        return Ok(s);
+    }
+    // The controller forgot the job (MinJobAge); accounting may still know it.
+    s.state = "UNKNOWN".into();
+    s.reason = "not known to slurmctld any more and no accounting (sacct) to ask".into();
+    if let Ok(o) = run(
+        "sacct",
+        &["-n", "-P", "-X", "-j", id, "-o", "State,ExitCode,Elapsed"],
+    ) {
+        if o.status.success() {
+            if let Some(l) = text(&o.stdout).lines().next() {
+                let f: Vec<&str> = l.split('|').collect();
+                if f.len() == 3 {
+                    s.state = f[0].split_whitespace().next().unwrap_or("").to_string();
+                    s.exit_code = f[1].to_string();
+                    s.run_time = f[2].to_string();
+                    s.reason = "from sacct".into();
+                }
+            }
+        }
+    }
+    Ok(s)
+}
+
+pub fn status(manifest: &Manifest) -> Result<Vec<JobState>> {
+    manifest.jobs.iter().map(state).collect()
+}
+
+/// A fixed-width table, one job per line.
+pub fn table(states: &[JobState]) -> String {
+    let mut o = format!(
+        "{:<14} {:<8} {:<12} {:<6} {:<8} {:<10} {}\n",
+        "JOB", "ID", "STATE", "EXIT", "RESTARTS", "TIME", "REASON / LOG"
+    );
+    for s in states {
+        o.push_str(&format!(
+            "{:<14} {:<8} {:<12} {:<6} {:<8} {:<10} {}\n",
+            s.name,
+            s.job_id.as_deref().unwrap_or("-"),
+            s.state,
+            s.exit_code,
+            s.restarts,
+            s.run_time,
+            if s.reason.is_empty() {
+                s.log.clone()
+            } else {
+                format!("{} / {}", s.reason, s.log)
+            }
+        ));
+    }
+    o
+}
+
+/// Cancels every job of the pipeline that is still pending or running; returns their ids.
+pub fn cancel(manifest: &Manifest) -> Result<Vec<String>> {
+    let active: Vec<String> = status(manifest)?
+        .into_iter()
+        .filter(JobState::is_active)
+        .filter_map(|s| s.job_id)
+        .collect();
+    if !active.is_empty() {
+        let args: Vec<&str> = active.iter().map(String::as_str).collect();
+        let o = run("scancel", &args)?;
+        if !o.status.success() {
+            bail!("scancel {}: {}", active.join(" "), text(&o.stderr));
+        }
+    }
+    Ok(active)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::Dependency;
+
+    #[test]
+    fn dependencies_group_by_kind() {
+        let job = Job {
+            name: "features".into(),
+            stage: "features".into(),
+            script: "x".into(),
+            log: "/l/features-%j.out".into(),
+            after: vec![
+                Dependency {
+                    job: "train-c0".into(),
+                    kind: "afterok".into(),
+                },
+                Dependency {
+                    job: "train-c1".into(),
+                    kind: "afterok".into(),
+                },
+                Dependency {
+                    job: "seg".into(),
+                    kind: "afterany".into(),
+                },
+            ],
+            job_id: Some("42".into()),
+        };
+        let ids: BTreeMap<String, String> = [("train-c0", "7"), ("train-c1", "8"), ("seg", "9")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .into();
+        assert_eq!(
+            dependency(&job, &ids).unwrap().as_deref(),
+            Some("afterok:7:8,afterany:9")
+        );
+        assert_eq!(job.log_path(), Path::new("/l/features-42.out"));
+        assert!(dependency(&job, &BTreeMap::new()).is_err());
+    }
+
+    #[test]
+    fn scontrol_one_line_output() {
+        let kv = parse_scontrol("JobId=12 JobName=scdino-train-c0 UserId=root(0) JobState=PENDING Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 ExitCode=0:0 RunTime=00:00:03 Command=/tmp/a b/01-train.sbatch WorkDir=/tmp");
+        assert_eq!(kv["JobState"], "PENDING");
+        assert_eq!(kv["Restarts"], "1");
+        assert_eq!(kv["ExitCode"], "0:0");
+        assert_eq!(kv["Command"], "/tmp/a b/01-train.sbatch");
+    }
+}

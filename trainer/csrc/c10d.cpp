@@ -1,0 +1,150 @@
+// libtorch's own process groups (c10d) behind a C ABI: TCPStore rendezvous, ProcessGroupGloo
+// (CPU) and, with SCDINO_NCCL, ProcessGroupNCCL (CUDA). Collectives return work handles that
+// Rust waits on with a timeout. Kept minimal; the logic is in trainer/src/dist/.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef SCDINO_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <exception>
+#include <string>
+
+extern "C" const char* shim_last_error();
+namespace {
+thread_local std::string c10d_error;
+
+template <typename F>
+int guarded(F f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    c10d_error = e.what();
+  } catch (...) {
+    c10d_error = "unknown C++ exception";
+  }
+  return -1;
+}
+
+struct Group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+struct Work {
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+c10d::ReduceOp reduce_op(int op) {
+  switch (op) {
+    case 0: return c10d::ReduceOp::SUM;
+    case 1: return c10d::ReduceOp::AVG;
+    case 2: return c10d::ReduceOp::MAX;
+    case 3: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::PRODUCT;
+  }
+}
+}  // namespace
+
+extern "C" {
+
+const char* c10d_last_error() { return c10d_error.c_str(); }
+
+// Rendezvous through a TCPStore at host:port (rank 0 serves it), then a Gloo (cuda=0) or
+// NCCL (cuda=1) process group. Returns NULL on error.
+void* c10d_group_new(const char* host, int port, int rank, int world, int timeout_ms, int cuda, int gloo_threads) {
+  Group* g = nullptr;
+  int rc = guarded([&] {
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<std::uint16_t>(port);
+    opts.isServer = rank == 0;
+    opts.numWorkers = world;
+    opts.waitWorkers = true;
+    opts.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+    auto group = std::make_unique<Group>();
+    group->store = tcp;
+    if (cuda) {
+#ifdef SCDINO_NCCL
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl/", tcp);
+      auto nopts = c10d::ProcessGroupNCCL::Options::create();
+      nopts->timeout = timeout;
+      group->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world, nopts);
+#else
+      throw std::runtime_error("this trainer was built without NCCL support (cargo feature `nccl`)");
+#endif
+    } else {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo/", tcp);
+      auto gopts = c10d::ProcessGroupGloo::Options::create(timeout);
+      gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(std::string(host)));
+      if (gloo_threads > 0) gopts->threads = gloo_threads;
+      group->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, gopts);
+    }
+    g = group.release();
+  });
+  return rc == 0 ? g : nullptr;
+}
+
+void c10d_group_free(void* group) { delete static_cast<Group*>(group); }
+
+static void* start(const std::function<c10::intrusive_ptr<c10d::Work>()>& f) {
+  Work* w = nullptr;
+  int rc = guarded([&] { w = new Work{f()}; });
+  return rc == 0 ? w : nullptr;
+}
+
+void* c10d_all_reduce(void* group, at::Tensor** tensors, int n, int op) {
+  auto* g = static_cast<Group*>(group);
+  return start([&] {
+    std::vector<at::Tensor> ts;
+    for (int i = 0; i < n; ++i) ts.push_back(*tensors[i]);
+    c10d::AllreduceOptions o;
+    o.reduceOp = reduce_op(op);
+    return n == 1 ? g->backend->allreduce(ts, o) : g->backend->allreduce_coalesced(ts, c10d::AllreduceCoalescedOptions{o});
+  });
+}
+
+void* c10d_broadcast(void* group, at::Tensor* tensor, int root) {
+  auto* g = static_cast<Group*>(group);
+  return start([&] {
+    std::vector<at::Tensor> ts{*tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    return g->backend->broadcast(ts, o);
+  });
+}
+
+void* c10d_all_gather(void* group, at::Tensor* output, at::Tensor* input) {
+  auto* g = static_cast<Group*>(group);
+  return start([&] { return g->backend->_allgather_base(*output, *input); });
+}
+
+void* c10d_reduce_scatter(void* group, at::Tensor* output, at::Tensor* input, int op) {
+  auto* g = static_cast<Group*>(group);
+  return start([&] {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = reduce_op(op);
+    return g->backend->_reduce_scatter_base(*output, *input, o);
+  });
+}
+
+void* c10d_barrier(void* group) {
+  auto* g = static_cast<Group*>(group);
+  return start([&] { return g->backend->barrier(); });
+}
+
+// 0: done; -1: error or timeout (message in c10d_last_error). Frees nothing.
+int c10d_work_wait(void* work, int timeout_ms) {
+  auto* w = static_cast<Work*>(work);
+  return guarded([&] {
+    bool ok = w->work->wait(std::chrono::milliseconds(timeout_ms));
+    if (!ok) throw std::runtime_error("collective timed out");
+  });
+}
+
+void c10d_work_free(void* work) { delete static_cast<Work*>(work); }
+}

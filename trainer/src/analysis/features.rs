@@ -1,0 +1,294 @@
+//! CLS features of the held-out images (scDINO `compute_CLS_features.py` and
+//! `extract_image_labels.py` in one pass): the checkpoint's backbone, the same preprocessing
+//! as training, resize (bilinear, shorter side to `resize_length`), normalisation, CLS token,
+//! L2 normalisation. Features, labels and paths are produced together, so they cannot drift
+//! apart (scDINO ran two jobs and relied on the sampler order matching).
+use crate::analysis::mean_std::MeanStd;
+use crate::checkpoint;
+use crate::config::{CheckpointKey, Config};
+use crate::data::preprocess::preprocess;
+use crate::data::{self, build_index, ImageChw, NanAction, NanPolicy, PreprocessOptions};
+use crate::model::{VisionTransformer, VitConfig};
+use std::path::{Path, PathBuf};
+use tch::{nn, Device, Kind, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FeaturesError {
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    MeanStd(#[from] crate::analysis::mean_std::MeanStdError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Rows in held-out order: `features[i]` belongs to `labels[i]` and `paths[i]`.
+pub struct FeatureSet {
+    /// `[N, D]`, float32, rows of unit L2 norm.
+    pub features: Tensor,
+    pub labels: Vec<String>,
+    pub paths: Vec<String>,
+    /// Dataset indices (ImageFolder order).
+    pub indices: Vec<usize>,
+    /// Rows whose image gave NaN and was replaced by dataset image 0 (scDINO's rule).
+    pub replaced: usize,
+}
+
+/// The backbone of `key` ("teacher"/"student") from one of our checkpoints.
+pub fn load_backbone(
+    cfg: &Config,
+    ck: &checkpoint::Checkpoint,
+    key: CheckpointKey,
+    in_chans: usize,
+) -> Result<(nn::VarStore, VisionTransformer), FeaturesError> {
+    let prefix = match key {
+        CheckpointKey::Teacher => "teacher",
+        CheckpointKey::Student => "student",
+    };
+    let conv = ck
+        .get(&format!("{prefix}.backbone.patch_embed.proj.weight"))
+        .ok_or_else(|| {
+            FeaturesError::Invalid(format!("{}: no {prefix} backbone", ck.path.display()))
+        })?;
+    let ck_chans = conv.size()[1] as usize;
+    if ck_chans != in_chans {
+        return Err(FeaturesError::Invalid(format!(
+            "{} was trained on {ck_chans} channels but this channel combination has {in_chans}",
+            ck.path.display()
+        )));
+    }
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let vit = VisionTransformer::new(
+        vs.root() / "backbone",
+        VitConfig::new(cfg.model.arch, cfg.model.patch_size, in_chans),
+    );
+    tch::no_grad(|| {
+        for (name, mut t) in vs.variables() {
+            let src = ck.get(&format!("{prefix}.{name}")).ok_or_else(|| {
+                FeaturesError::Invalid(format!("{}: {prefix}.{name} missing", ck.path.display()))
+            })?;
+            if src.size() != t.size() {
+                return Err(FeaturesError::Invalid(format!(
+                    "{}: {prefix}.{name} has shape {:?}, the configured model needs {:?}",
+                    ck.path.display(),
+                    src.size(),
+                    t.size()
+                )));
+            }
+            t.copy_(&src);
+        }
+        Ok(())
+    })?;
+    vs.freeze();
+    Ok((vs, vit))
+}
+
+/// torchvision `Resize(size)` with an int: the shorter side becomes `size`.
+fn resized_hw(h: usize, w: usize, size: usize) -> (i64, i64) {
+    if h <= w {
+        (size as i64, (size * w / h) as i64)
+    } else {
+        ((size * h / w) as i64, size as i64)
+    }
+}
+
+fn to_tensor(img: &ImageChw) -> Tensor {
+    Tensor::from_slice(&img.data).reshape([
+        img.channels as i64,
+        img.height as i64,
+        img.width as i64,
+    ])
+}
+
+/// Extracts the held-out features of channel combination `combination` with `checkpoint`.
+pub fn extract(
+    cfg: &Config,
+    combination: usize,
+    checkpoint_path: &Path,
+    mean_std: &MeanStd,
+) -> Result<FeatureSet, FeaturesError> {
+    let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
+        FeaturesError::Invalid(format!("channel combination {combination} does not exist"))
+    })?;
+    let ck = checkpoint::load(checkpoint_path)?;
+    let f = &cfg.downstream.features;
+    let (_vs, vit) = load_backbone(cfg, &ck, f.checkpoint_key, channels.len())?;
+    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let split =
+        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    if split.held_out.is_empty() {
+        return Err(FeaturesError::Invalid("the held-out split is empty".into()));
+    }
+    let (mean, std) = mean_std.select(&channels);
+    let opts = PreprocessOptions {
+        selected_channels: Some(channels.clone()),
+        center_crop: cfg.data.center_crop,
+    };
+    let first = || -> Result<ImageChw, FeaturesError> {
+        Ok(preprocess(&data::read_tiff(&index.samples[0].path)?, &opts)?.0)
+    };
+    let mut replacement: Option<ImageChw> = None;
+    let mut rows = Vec::new();
+    let mut replaced = 0;
+    for chunk in split.held_out.chunks(f.batch_size_per_gpu.max(1)) {
+        let mut batch = Vec::with_capacity(chunk.len());
+        for &i in chunk {
+            let raw = data::read_tiff(&index.samples[i].path)?;
+            let (img, outcome) = preprocess(&raw, &opts)?;
+            let img = match NanPolicy::ReplaceWithFirstImage.action(&outcome) {
+                NanAction::Keep => img,
+                _ => {
+                    replaced += 1;
+                    if replacement.is_none() {
+                        replacement = Some(first()?);
+                    }
+                    replacement.clone().expect("set above")
+                }
+            };
+            batch.push(prepare(&img, cfg, &mean, &std));
+        }
+        let x = Tensor::stack(&batch, 0);
+        let feats = tch::no_grad(|| vit.forward_t(&x, false));
+        rows.push(feats);
+    }
+    let features = Tensor::cat(&rows, 0);
+    let norms = features.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12);
+    let features = features / norms;
+    Ok(FeatureSet {
+        features,
+        labels: split
+            .held_out
+            .iter()
+            .map(|&i| index.samples[i].label.clone())
+            .collect(),
+        paths: split
+            .held_out
+            .iter()
+            .map(|&i| index.samples[i].path.display().to_string())
+            .collect(),
+        indices: split.held_out.clone(),
+        replaced,
+    })
+}
+
+/// Resize (if configured) and normalise (if configured) one preprocessed image.
+fn prepare(img: &ImageChw, cfg: &Config, mean: &[f32], std: &[f32]) -> Tensor {
+    let f = &cfg.downstream.features;
+    let mut x = to_tensor(img);
+    if f.resize {
+        let (h, w) = resized_hw(img.height, img.width, f.resize_length);
+        x = x
+            .unsqueeze(0)
+            .upsample_bilinear2d([h, w], false, None, None)
+            .squeeze_dim(0);
+    }
+    if f.normalize {
+        let m = Tensor::from_slice(mean).reshape([-1, 1, 1]);
+        let s = Tensor::from_slice(std).reshape([-1, 1, 1]);
+        x = (x - m) / s;
+    }
+    x
+}
+
+/// numpy's `%.18e`: 18 decimals and an exponent with a sign and at least two digits.
+pub fn format_e18(v: f64) -> String {
+    let s = format!("{v:.18e}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) => {
+            let (sign, digits) = match exp.strip_prefix('-') {
+                Some(d) => ('-', d),
+                None => ('+', exp),
+            };
+            format!("{mantissa}e{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
+/// Where scDINO puts the analyses of one model: `{run}/{model}_channel{names}_analyses`.
+pub fn analyses_dir(cfg: &Config, channels: &[usize]) -> PathBuf {
+    cfg.run_dir()
+        .join(format!("{}_analyses", cfg.model_dir_name(channels)))
+}
+
+/// Writes `CLS_features/{tag}_features.csv` (scDINO's headerless `%.18e` CSV),
+/// `class_labels.csv`, `image_paths.csv` and `CLS_features/{tag}_features.safetensors` (the
+/// three bound together: features tensor plus labels and paths in its metadata), atomically.
+pub fn write(dir: &Path, tag: &str, set: &FeatureSet) -> Result<(), FeaturesError> {
+    let feat_dir = dir.join("CLS_features");
+    std::fs::create_dir_all(&feat_dir).map_err(|source| FeaturesError::Io {
+        path: feat_dir.clone(),
+        source,
+    })?;
+    let rows = set.features.size()[0];
+    let f64s = Vec::<f64>::try_from(set.features.to_kind(Kind::Double).flatten(0, -1))
+        .map_err(|e| FeaturesError::Invalid(e.to_string()))?;
+    let d = set.features.size()[1] as usize;
+    let mut csv = String::with_capacity(f64s.len() * 26);
+    for r in 0..rows as usize {
+        let line: Vec<String> = f64s[r * d..(r + 1) * d]
+            .iter()
+            .map(|&v| format_e18(v))
+            .collect();
+        csv.push_str(&line.join(","));
+        csv.push('\n');
+    }
+    data::tiff_reader::write_atomic(
+        &feat_dir.join(format!("{tag}_features.csv")),
+        csv.as_bytes(),
+    )?;
+    let lines = |v: &[String]| v.iter().map(|s| format!("{s}\n")).collect::<String>();
+    data::tiff_reader::write_atomic(&dir.join("class_labels.csv"), lines(&set.labels).as_bytes())?;
+    data::tiff_reader::write_atomic(&dir.join("image_paths.csv"), lines(&set.paths).as_bytes())?;
+    let bundle = feat_dir.join(format!("{tag}_features.safetensors"));
+    let meta = checkpoint::CheckpointMeta {
+        format: checkpoint::FORMAT.into(),
+        epoch: 0,
+        epoch_batch: 0,
+        iteration: 0,
+        seed: 0,
+        fingerprint:
+            serde_json::json!({"labels": set.labels, "paths": set.paths, "indices": set.indices})
+                .to_string(),
+        config_yaml: String::new(),
+        mean: vec![],
+        std: vec![],
+        epoch_totals: Default::default(),
+        loss_scaler: None,
+    };
+    checkpoint::save(
+        &bundle,
+        &[("features".to_string(), set.features.shallow_clone())],
+        &meta,
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numpy_e18_format() {
+        assert_eq!(format_e18(0.1), "1.000000000000000056e-01");
+        assert_eq!(format_e18(-2.5), "-2.500000000000000000e+00");
+        assert_eq!(format_e18(0.0), "0.000000000000000000e+00");
+        // Checked against Python: "%.18e" % 1.5e-120
+        assert_eq!(format_e18(1.5e-120), "1.500000000000000054e-120");
+    }
+
+    #[test]
+    fn shorter_side_resize() {
+        assert_eq!(resized_hw(50, 50, 224), (224, 224));
+        assert_eq!(resized_hw(40, 60, 224), (224, 336));
+        assert_eq!(resized_hw(61, 40, 224), (341, 224));
+    }
+}

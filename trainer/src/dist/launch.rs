@@ -1,0 +1,124 @@
+//! `trainer launch --nproc N -- <trainer args>`: N local ranks like `torchrun --standalone`.
+//! Signals are forwarded to every rank; if one rank fails, the others are stopped and the
+//! launcher exits non-zero; if all exit with the preemption code, so does the launcher.
+use crate::train::run::EXIT_PREEMPTED;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct LaunchOptions {
+    pub nproc: usize,
+    pub master_port: u16,
+    pub args: Vec<String>,
+    /// After a failure, how long the other ranks get to exit after SIGTERM before SIGKILL.
+    pub grace: Duration,
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on a pid we spawned; a stale pid at worst gets ESRCH.
+    unsafe {
+        libc_kill(child.id() as i32, sig);
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Runs the ranks to completion; returns the exit code the launcher should use.
+pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let mut children = Vec::with_capacity(opts.nproc);
+    for rank in 0..opts.nproc {
+        let child = Command::new(&exe)
+            .args(&opts.args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", opts.nproc.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", opts.master_port.to_string())
+            .spawn()
+            .map_err(|e| format!("cannot start rank {rank}: {e}"))?;
+        children.push(child);
+    }
+    // Forward SIGTERM/SIGUSR1/SIGINT: the handler records the signal, this loop relays it.
+    let pending = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicBool::new(false));
+    for sig in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGINT,
+    ] {
+        let (pending, seen) = (pending.clone(), seen.clone());
+        // SAFETY: the handler only stores to atomics (async-signal-safe).
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                pending.store(sig as usize, Ordering::SeqCst);
+                seen.store(true, Ordering::SeqCst);
+            })
+        }
+        .map_err(|e| format!("cannot install signal handler: {e}"))?;
+    }
+    let mut codes: Vec<Option<i32>> = vec![None; opts.nproc];
+    let mut failed_at: Option<Instant> = None;
+    loop {
+        if seen.swap(false, Ordering::SeqCst) {
+            let sig = pending.load(Ordering::SeqCst) as i32;
+            for (c, code) in children.iter().zip(&codes) {
+                if code.is_none() {
+                    signal(c, sig);
+                }
+            }
+        }
+        let mut newly_failed = false;
+        for (rank, c) in children.iter_mut().enumerate() {
+            if codes[rank].is_none() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    let code = status.code().unwrap_or(128 + 9);
+                    codes[rank] = Some(code);
+                    if code != 0 && failed_at.is_none() && code != EXIT_PREEMPTED {
+                        eprintln!(
+                            "launch: rank {rank} exited with {status}; stopping the other ranks"
+                        );
+                        newly_failed = true;
+                    }
+                }
+            }
+        }
+        if newly_failed {
+            failed_at = Some(Instant::now());
+            for (other, oc) in children.iter().zip(&codes) {
+                if oc.is_none() {
+                    signal(other, signal_hook::consts::SIGTERM);
+                }
+            }
+        }
+        if codes.iter().all(Option::is_some) {
+            break;
+        }
+        if let Some(t) = failed_at {
+            if t.elapsed() > opts.grace {
+                for (c, code) in children.iter_mut().zip(&codes) {
+                    if code.is_none() {
+                        let _ = c.kill();
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let codes: Vec<i32> = codes.into_iter().map(|c| c.unwrap_or(1)).collect();
+    Ok(if codes.iter().all(|&c| c == 0) {
+        0
+    } else if codes.iter().all(|&c| c == 0 || c == EXIT_PREEMPTED) {
+        EXIT_PREEMPTED
+    } else {
+        codes
+            .iter()
+            .copied()
+            .find(|&c| c != 0 && c != EXIT_PREEMPTED)
+            .unwrap_or(1)
+    })
+}

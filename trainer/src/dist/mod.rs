@@ -1,0 +1,33 @@
+//! Distributed training on libtorch's own collectives: process groups (c10d through the C++
+//! shim), rank discovery, data-parallel gradient averaging and the local launcher.
+pub mod ddp;
+pub mod env;
+pub mod group;
+pub mod launch;
+
+use group::DistError;
+use tch::Tensor;
+
+/// What one training iteration needs from the other processes. One process: [`Single`].
+pub trait Collective {
+    fn world_size(&self) -> usize;
+    /// Sums `t` across processes, in place.
+    fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), DistError>;
+    /// Replaces every defined gradient by its mean across processes.
+    fn average_gradients(&mut self, grads: &mut [Tensor]) -> Result<(), DistError>;
+}
+
+/// A world of one: every collective is the identity.
+pub struct Single;
+
+impl Collective for Single {
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&mut self, _: &mut Tensor) -> Result<(), DistError> {
+        Ok(())
+    }
+    fn average_gradients(&mut self, _: &mut [Tensor]) -> Result<(), DistError> {
+        Ok(())
+    }
+}

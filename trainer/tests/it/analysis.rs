@@ -1,0 +1,160 @@
+//! Dataset mean/std against a numpy implementation of scDINO's algorithm.
+use super::util::run_python;
+use trainer::analysis::mean_std;
+use trainer::data::{build_index, generate_synthetic, SynthOptions};
+
+#[test]
+fn mean_std_matches_numpy_including_dropped_constant_images() {
+    let dir = tempfile::tempdir().unwrap();
+    generate_synthetic(&SynthOptions {
+        out: dir.path().to_path_buf(),
+        seed: 4,
+        classes: 3,
+        per_class: 17,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    let root = dir.path().join("Training");
+    // Images whose channel 1 is a non-zero constant: min–max gives NaN, scDINO drops them.
+    run_python(
+        "import sys, numpy as np, tifffile\nfor i in range(4):\n    a = np.random.RandomState(i).randint(0, 4000, (50, 50, 5)).astype(np.uint16)\n    a[:, :, 1] = 7\n    tifffile.imwrite(f'{sys.argv[1]}/B/B-zz{i}.tiff', a, photometric='minisblack', planarconfig='contig')",
+        &[root.to_str().unwrap()],
+    );
+    let index = build_index(&root, 0).unwrap();
+    assert_eq!(index.len(), 55);
+    let ours = mean_std::compute(&index, 0.2, 0, 3).unwrap();
+    let list = dir.path().join("paths.txt");
+    std::fs::write(&list, index.path_strings().join("\n")).unwrap();
+    let out = run_python(
+        r#"
+import sys, json, numpy as np, tifffile
+paths = open(sys.argv[1]).read().split("\n")
+indices = list(range(len(paths)))
+np.random.seed(42)
+np.random.shuffle(indices)
+split = int(np.floor((1 - 0.2) * len(paths)))
+cnt, fst, snd = 0, np.zeros(5), np.zeros(5)
+dropped = 0
+for i in indices[split:]:
+    x = tifffile.imread(paths[i]).astype(np.float64)
+    mn, mx = x.min(axis=(0, 1)), x.max(axis=(0, 1))
+    if np.any(mx - mn == 0):
+        mx = np.where(mx == 0, 1, mx)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = (x - mn) / (mx - mn)
+    if np.isnan(x).any():
+        dropped += 1
+        continue
+    x = x.astype(np.float32).astype(np.float64)  # scDINO's items are float32 tensors
+    n = x.shape[0] * x.shape[1]
+    fst = (cnt * fst + x.sum(axis=(0, 1))) / (cnt + n)
+    snd = (cnt * snd + (x ** 2).sum(axis=(0, 1))) / (cnt + n)
+    cnt += n
+print(json.dumps({"mean": list(fst), "std": list(np.sqrt(snd - fst ** 2)), "dropped": dropped}))
+"#,
+        &[list.to_str().unwrap()],
+    );
+    let reference: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(
+        reference["dropped"].as_u64().unwrap() >= 1,
+        "the subset should include a constant image: {out}"
+    );
+    for (key, ours) in [("mean", &ours.mean), ("std", &ours.std)] {
+        let theirs: Vec<f64> = reference[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        for (c, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-9 * b.abs(),
+                "{key}[{c}]: {a} vs numpy {b}"
+            );
+        }
+    }
+    // The file round-trips and is the JSON scDINO writes.
+    let f = dir.path().join("mean_and_std_of_dataset.txt");
+    ours.write(&f).unwrap();
+    assert_eq!(mean_std::MeanStd::read(&f).unwrap(), ours);
+}
+
+/// Train two steps, extract features, and recompute them in PyTorch from the checkpoint's
+/// teacher weights and scDINO's preprocessing (tifffile, min–max, bilinear resize, normalise).
+#[test]
+fn features_match_pytorch_from_the_checkpoint() {
+    let _rng = super::util::torch_rng_lock();
+    use trainer::analysis::features;
+    use trainer::config::Config;
+    use trainer::train::run::{model_dir, train, TrainOptions};
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    generate_synthetic(&SynthOptions {
+        out: dir.path().join("data"),
+        seed: 8,
+        classes: 3,
+        per_class: 9,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    let yaml = format!(
+        "run:\n  name: f\n  output_dir: {out}\n  seed: 5\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"24\"]\n  num_workers: 2\nmodel:\n  arch: vit_tiny\n  out_dim: 64\ntrain:\n  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n  precision: fp32\n  lr: 0.05\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\ndownstream:\n  features:\n    resize_length: 48\n    batch_size_per_gpu: 4\n",
+        out = dir.path().join("out").display(),
+        data = dir.path().join("data/Training").display()
+    );
+    let cfg = Config::from_yaml(&yaml, "test").unwrap();
+    let opts = TrainOptions {
+        max_steps: Some(2),
+        ..TrainOptions::default()
+    };
+    train(&cfg, &opts).unwrap();
+    let ckpt = model_dir(&cfg, &[2, 4]).join("checkpoint.safetensors");
+    let ms = mean_std::MeanStd::read(&cfg.run_dir().join("mean_and_std_of_dataset.txt")).unwrap();
+    let set = features::extract(&cfg, 0, &ckpt, &ms).unwrap();
+    assert_eq!(set.labels.len(), 5, "floor(0.2·27) held out");
+    for (label, path) in set.labels.iter().zip(&set.paths) {
+        assert!(path.contains(&format!("/{label}/")), "{label} vs {path}");
+    }
+    let out_dir = dir.path().join("analyses");
+    features::write(&out_dir, "epoch0", &set).unwrap();
+    let out = run_python(
+        r#"
+import sys, json, numpy as np, tifffile, torch, torch.nn.functional as F
+from safetensors.torch import load_file
+from dino_reference import VisionTransformer
+ckpt, analyses, ms = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+sel = [2, 4]
+state = {k[len("teacher.backbone."):]: v for k, v in load_file(ckpt).items() if k.startswith("teacher.backbone.")}
+vit = VisionTransformer("vit_tiny", 16, len(sel)).eval()
+vit.load_state_dict(state)
+mean = torch.tensor([ms["mean"][c] for c in sel]).view(-1, 1, 1)
+std = torch.tensor([ms["std"][c] for c in sel]).view(-1, 1, 1)
+rows = []
+for p in open(analyses + "/image_paths.csv").read().split():
+    x = tifffile.imread(p).astype(np.float64)[:, :, sel]
+    mn, mx = x.min(axis=(0, 1)), x.max(axis=(0, 1))
+    if np.any(mx - mn == 0):
+        mx = np.where(mx == 0, 1, mx)
+    x = torch.from_numpy(((x - mn) / (mx - mn)).astype(np.float32)).permute(2, 0, 1)
+    x = F.interpolate(x[None], size=(48, 48), mode="bilinear", align_corners=False)[0]
+    rows.append((x - mean) / std)
+with torch.no_grad():
+    f = vit(torch.stack(rows))
+f = F.normalize(f, dim=-1)
+ours = np.loadtxt(analyses + "/CLS_features/epoch0_features.csv", delimiter=",")
+print(float(np.abs(ours - f.double().numpy()).max()), ours.shape[0], float(np.abs(np.linalg.norm(ours, axis=1) - 1).max()))
+"#,
+        &[
+            ckpt.to_str().unwrap(),
+            out_dir.to_str().unwrap(),
+            cfg.run_dir()
+                .join("mean_and_std_of_dataset.txt")
+                .to_str()
+                .unwrap(),
+        ],
+    );
+    let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert_eq!(v[1], 5.0);
+    assert!(v[0] <= 1e-4, "features differ from PyTorch by {}", v[0]);
+    assert!(v[2] <= 1e-6, "rows are not unit norm: {}", v[2]);
+}
