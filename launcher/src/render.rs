@@ -390,7 +390,9 @@ impl Ctx<'_> {
         if train {
             line("");
             line("# Rendezvous: the first node of the allocation, a port derived from the job id.");
-            line(r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"#);
+            // `sed -n 1p` reads all input: `head -n1` would leave scontrol to die of SIGPIPE, which
+            // `set -o pipefail` turns into a failed job on allocations with many nodes.
+            line(r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"#);
             line("MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))");
             line("export MASTER_ADDR MASTER_PORT");
             line(&format!(

@@ -119,7 +119,7 @@ export NCCL_SOCKET_IFNAME='^docker,lo,veth'
 # Secrets, by name only: inherited from the environment `launcher submit` ran in: AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
 
 # Rendezvous: the first node of the allocation, a port derived from the job id.
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))
 export MASTER_ADDR MASTER_PORT
 echo "[launcher] train-c0 job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"
@@ -317,7 +317,8 @@ fn hostile_paths_and_values_round_trip_through_bash() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{stdout}{}",
+        "{}: {stdout}{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("master node-a:61064"), "{stdout}");
