@@ -9,7 +9,8 @@
 # Also measures an fp32 matmul peak (4096², both sides) and reports achieved FLOP/s (FLOPs of
 # one step counted by torch.utils.flop_counter on the PyTorch side; the Rust step does the
 # same math) as a fraction of it.
-# usage: bench/train_step.sh [BATCH] [THREADS] [ITERS] [ROUNDS] [WORKERS]
+# usage: [ARCHS="vit_tiny vit_small"] [RUNS_OUT=file.jsonl] bench/train_step.sh [BATCH] [THREADS] [ITERS] [ROUNDS] [WORKERS]
+# RUNS_OUT keeps the raw JSON line of every run (per-step times, data waits, FLOPs, peaks).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/setup.sh" >/dev/null 2>&1 || "$ROOT/scripts/setup.sh"
@@ -17,6 +18,7 @@ PY=${SCDINO_VENV:-$ROOT/.venv}/bin/python
 TRAINER=$ROOT/target/release/trainer
 BATCH=${1:-4} THREADS=${2:-2} ITERS=${3:-3} ROUNDS=${4:-3} WORKERS=${5:-1}
 WARMUP=1
+read -r -a ARCH_LIST <<<"${ARCHS:-vit_tiny vit_small}"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 RUNS=$WORK/runs.jsonl
@@ -33,7 +35,7 @@ for _ in 1 2; do
   "$PY" "$ROOT/bench/matmul_peak.py" --n 4096 --threads "$THREADS" --reps 3 >>"$RUNS"
 done
 
-for arch in vit_tiny vit_small; do
+for arch in "${ARCH_LIST[@]}"; do
   common=(--arch "$arch" --batch "$BATCH" --threads "$THREADS" --warmup "$WARMUP" --iters "$ITERS")
   real=(--loader real --data "$DATA" --workers "$WORKERS")
   flops=(--count-flops)
@@ -46,6 +48,7 @@ for arch in vit_tiny vit_small; do
   done
 done
 
+[[ -n ${RUNS_OUT:-} ]] && cp "$RUNS" "$RUNS_OUT"
 echo "load average (1/5/15 min) at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$PY" - "$RUNS" "$WORKERS" <<'PYEOF'
 import json, sys
