@@ -81,7 +81,7 @@ fn shipped_example_renders_and_every_script_parses() {
         "#SBATCH --signal=B:USR1@300",
         "#SBATCH --requeue",
         "#SBATCH --ntasks-per-node=4",
-        r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"#,
+        r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"#,
     ] {
         assert!(train.contains(needle), "{needle} missing:\n{train}");
     }
