@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use trainer::analysis::mean_std;
-use trainer::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
+use trainer::augment::{MultiCropAugment, MultiCropConfig};
 use trainer::config::{Arch, Config, Precision};
-use trainer::data::preprocess::preprocess;
-use trainer::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
+use trainer::data::{build_index, PreprocessOptions};
 use trainer::dist::Single;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
-use trainer::train::loader::{EpochLoader, SampleFn};
+use trainer::train::loader::EpochLoader;
 use trainer::train::loss::DinoLoss;
+use trainer::train::run::training_sample_fn;
 use trainer::train::sampler::epoch_order;
 use trainer::train::schedule::scaled_lr;
 use trainer::train::step::{Learner, Networks, StepParams};
@@ -354,28 +354,7 @@ impl StepBench {
             center_crop: 0,
         };
         let (seed, epoch, file_channels) = (self.seed, 0u64, self.channels);
-        let sample: Arc<SampleFn> = {
-            let index = index.clone();
-            Arc::new(move |i: usize| {
-                let path = &index.samples[i].path;
-                let raw = data::read_tiff(path).map_err(|e| e.to_string())?;
-                if raw.channels != file_channels {
-                    return Err(format!(
-                        "{} has {} channels, expected {file_channels}",
-                        path.display(),
-                        raw.channels
-                    ));
-                }
-                let (img, outcome) = preprocess(&raw, &prep).map_err(|e| e.to_string())?;
-                if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
-                    return Ok(None);
-                }
-                augment
-                    .apply(&img, SampleKey::new(seed, epoch, i as u64))
-                    .map(Some)
-                    .map_err(|e| format!("{}: {e}", path.display()))
-            })
-        };
+        let sample = training_sample_fn(index.clone(), augment, prep, file_channels, seed, epoch);
         let order = epoch_order(&(0..index.len()).collect::<Vec<_>>(), seed, epoch, 0, 1);
         let workers = self.workers.max(1);
         Ok(EpochLoader::new(

@@ -321,29 +321,14 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
     while epoch < cfg.train.epochs {
         let order = epoch_order(&split.train, cfg.run.seed, epoch as u64, rank, world);
-        let sample: Arc<SampleFn> = {
-            let (index, augment, prep) = (index.clone(), augment.clone(), prep.clone());
-            let (seed, ep) = (cfg.run.seed, epoch as u64);
-            Arc::new(move |i: usize| {
-                let path = &index.samples[i].path;
-                let raw = data::read_tiff(path).map_err(|e| e.to_string())?;
-                if raw.channels != file_channels {
-                    return Err(format!(
-                        "{} has {} channels but data.channel_names lists {file_channels}",
-                        path.display(),
-                        raw.channels
-                    ));
-                }
-                let (img, outcome) = preprocess(&raw, &prep).map_err(|e| e.to_string())?;
-                if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
-                    return Ok(None);
-                }
-                augment
-                    .apply(&img, SampleKey::new(seed, ep, i as u64))
-                    .map(Some)
-                    .map_err(|e| format!("{}: {e}", path.display()))
-            })
-        };
+        let sample = training_sample_fn(
+            index.clone(),
+            augment.clone(),
+            prep.clone(),
+            file_channels,
+            cfg.run.seed,
+            epoch as u64,
+        );
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
         let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)
@@ -540,6 +525,38 @@ fn agree(group: &mut dyn Collective, flag: bool) -> Result<bool, TrainError> {
     let mut t = tch::Tensor::from_slice(&[f64::from(u8::from(flag))]);
     group.all_reduce_sum(&mut t)?;
     Ok(t.double_value(&[0]) > 0.0)
+}
+
+/// What a loader worker does with one dataset index during training: read the TIFF, check
+/// its channel count, select channels / crop / min–max, drop it if that gave NaN (scDINO's
+/// training rule), and augment it with randomness keyed by (seed, epoch, index).
+pub fn training_sample_fn(
+    index: Arc<data::DatasetIndex>,
+    augment: Arc<MultiCropAugment>,
+    prep: PreprocessOptions,
+    file_channels: usize,
+    seed: u64,
+    epoch: u64,
+) -> Arc<SampleFn> {
+    Arc::new(move |i: usize| {
+        let path = &index.samples[i].path;
+        let raw = data::read_tiff(path).map_err(|e| e.to_string())?;
+        if raw.channels != file_channels {
+            return Err(format!(
+                "{} has {} channels but data.channel_names lists {file_channels}",
+                path.display(),
+                raw.channels
+            ));
+        }
+        let (img, outcome) = preprocess(&raw, &prep).map_err(|e| e.to_string())?;
+        if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
+            return Ok(None);
+        }
+        augment
+            .apply(&img, SampleKey::new(seed, epoch, i as u64))
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    })
 }
 
 /// libtorch's generator seed for one iteration (drop path draws).
