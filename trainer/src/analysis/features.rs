@@ -92,7 +92,7 @@ pub fn load_backbone(
 }
 
 /// torchvision `Resize(size)` with an int: the shorter side becomes `size`.
-fn resized_hw(h: usize, w: usize, size: usize) -> (i64, i64) {
+pub(crate) fn resized_hw(h: usize, w: usize, size: usize) -> (i64, i64) {
     if h <= w {
         (size as i64, (size * w / h) as i64)
     } else {
@@ -100,7 +100,7 @@ fn resized_hw(h: usize, w: usize, size: usize) -> (i64, i64) {
     }
 }
 
-fn to_tensor(img: &ImageChw) -> Tensor {
+pub(crate) fn to_tensor(img: &ImageChw) -> Tensor {
     Tensor::from_slice(&img.data).reshape([
         img.channels as i64,
         img.height as i64,

@@ -1,5 +1,7 @@
 //! The analyses around training: the dataset mean/std that normalises every crop, CLS
-//! features of the held-out images, and the weighted kNN evaluation.
+//! features of the held-out images, the weighted kNN evaluation, UMAP and attention maps.
+pub mod attention;
 pub mod features;
 pub mod knn;
 pub mod mean_std;
+pub mod umap;

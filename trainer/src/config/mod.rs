@@ -342,9 +342,14 @@ impl Config {
             ),
         )?;
         v.check(
-            u.n_components >= 1,
+            u.n_components == 2,
             "downstream.umap.n_components",
-            "must be at least 1",
+            "must be 2: the embedding exists to be plotted in 2-D",
+        )?;
+        v.check(
+            !u.topometry_plots,
+            "downstream.umap.topometry_plots",
+            "is not supported (TopOMetry is a Python library); set it to false",
         )?;
         v.check(
             u.epochs >= 1,

@@ -8,4 +8,5 @@ mod knn;
 mod metrics;
 mod model;
 mod train;
+mod umap;
 mod util;

@@ -1,0 +1,219 @@
+//! Attention maps (scDINO `visualise_attention.py`): for a few held-out images per class, the
+//! last block's CLS→patch attention of every head, upsampled ×P (nearest) to the image, saved
+//! as viridis PNGs next to each selected channel of the image.
+//!
+//! Differences from scDINO, on purpose: images are picked with a seeded shuffle (`run.seed`)
+//! instead of Python's unseeded `random.sample`, so reruns and reports are reproducible; and
+//! `attention_images.json` lists what was written, for the report.
+use crate::analysis::features::{self, resized_hw, to_tensor, FeaturesError};
+use crate::analysis::mean_std::MeanStd;
+use crate::checkpoint;
+use crate::config::Config;
+use crate::data::preprocess::preprocess;
+use crate::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
+use crate::plot::{self, PlotError};
+use crate::train::sampler::SplitMix64;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttentionError {
+    #[error(transparent)]
+    Features(#[from] FeaturesError),
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One image's outputs, for the report.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AttentionImage {
+    pub class: String,
+    pub file: String,
+    /// Side length of the shorter side the image was resized to.
+    pub size: usize,
+    /// Channel PNGs then head PNGs, relative to the attention output directory.
+    pub channel_pngs: Vec<String>,
+    pub head_pngs: Vec<String>,
+}
+
+/// Picks up to `per_class` held-out images of every label, reproducibly.
+pub fn pick_images(labels_of: &[(usize, String)], per_class: usize, seed: u64) -> Vec<usize> {
+    let mut by_class: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, label) in labels_of {
+        by_class.entry(label.as_str()).or_default().push(*i);
+    }
+    let mut rng = SplitMix64::new(seed);
+    let mut picked = Vec::new();
+    for (_, mut members) in by_class {
+        for i in (1..members.len()).rev() {
+            let j = rng.below(i as u64 + 1) as usize;
+            members.swap(i, j);
+        }
+        members.truncate(per_class);
+        members.sort_unstable();
+        picked.extend(members);
+    }
+    picked
+}
+
+/// The CLS→patch attention of the last block, per head, upsampled ×P: `[heads, h, w]` where
+/// `h`, `w` are the input's sides trimmed to a multiple of P.
+pub fn cls_attention_maps(vit: &crate::model::VisionTransformer, x: &Tensor) -> Tensor {
+    let p = vit.config().patch_size;
+    let (h, w) = (x.size()[1], x.size()[2]);
+    let (h, w) = (h - h % p, w - w % p);
+    let x = x.narrow(1, 0, h).narrow(2, 0, w).unsqueeze(0);
+    let attn = tch::no_grad(|| vit.last_selfattention(&x));
+    let heads = attn.size()[1];
+    attn.get(0)
+        .select(1, 0)
+        .narrow(1, 1, (h / p) * (w / p))
+        .reshape([heads, h / p, w / p])
+        .unsqueeze(0)
+        .upsample_nearest2d([h, w], Some(p as f64), Some(p as f64))
+        .squeeze_dim(0)
+}
+
+/// Min–max scales a `[h, w]` map to [0, 1] (matplotlib `imsave`'s default normalisation and
+/// torchvision `make_grid(normalize=True, scale_each=True)`).
+fn unit_range(m: &Tensor) -> Vec<f32> {
+    let v = Vec::<f32>::try_from(m.to_kind(Kind::Float).flatten(0, -1)).expect("f32 map");
+    let lo = v.iter().copied().fold(f32::INFINITY, f32::min);
+    let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let span = hi - lo;
+    v.iter()
+        .map(|&x| if span > 0.0 { (x - lo) / span } else { 0.0 })
+        .collect()
+}
+
+fn save_viridis(path: &Path, m: &Tensor) -> Result<(), PlotError> {
+    let (h, w) = (m.size()[0] as u32, m.size()[1] as u32);
+    let rgb: Vec<u8> = unit_range(m).into_iter().flat_map(plot::viridis).collect();
+    plot::write_png(path, &rgb, w, h)
+}
+
+fn save_grey(path: &Path, m: &Tensor) -> Result<(), PlotError> {
+    let (h, w) = (m.size()[0] as u32, m.size()[1] as u32);
+    let rgb: Vec<u8> = unit_range(m)
+        .into_iter()
+        .flat_map(|v| {
+            let g = (v * 255.0).round() as u8;
+            [g, g, g]
+        })
+        .collect();
+    plot::write_png(path, &rgb, w, h)
+}
+
+/// Writes `{out}/{class}/{file}/image_size_{S}/attn-head{j}.png` and
+/// `original_img_channel_{name}.png` for the picked held-out images, for each size in
+/// `sizes` (scDINO: the features' resize length, and the attention image size when
+/// `resize_attention_image`). Returns what was written, in order.
+pub fn write_attention_maps(
+    cfg: &Config,
+    combination: usize,
+    checkpoint_path: &Path,
+    mean_std: &MeanStd,
+    out: &Path,
+) -> Result<Vec<AttentionImage>, AttentionError> {
+    let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
+        AttentionError::Invalid(format!("channel combination {combination} does not exist"))
+    })?;
+    let ck = checkpoint::load(checkpoint_path)?;
+    let (_vs, vit) = features::load_backbone(
+        cfg,
+        &ck,
+        cfg.downstream.features.checkpoint_key,
+        channels.len(),
+    )?;
+    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let split =
+        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    let labelled: Vec<(usize, String)> = split
+        .held_out
+        .iter()
+        .map(|&i| (i, index.samples[i].label.clone()))
+        .collect();
+    let picked = pick_images(
+        &labelled,
+        cfg.downstream.attention.images_per_class,
+        cfg.run.seed,
+    );
+    let mut sizes = vec![cfg.downstream.features.resize_length];
+    if cfg.downstream.attention.resize && !sizes.contains(&cfg.downstream.attention.image_size) {
+        sizes.push(cfg.downstream.attention.image_size);
+    }
+    let (mean, std) = mean_std.select(&channels);
+    let m = Tensor::from_slice(&mean).reshape([-1, 1, 1]);
+    let s = Tensor::from_slice(&std).reshape([-1, 1, 1]);
+    let opts = PreprocessOptions {
+        selected_channels: Some(channels.clone()),
+        center_crop: cfg.data.center_crop,
+    };
+    let mut written = Vec::new();
+    for i in picked {
+        let sample = &index.samples[i];
+        let (img, outcome) = preprocess(&data::read_tiff(&sample.path)?, &opts)?;
+        if !matches!(
+            NanPolicy::ReplaceWithFirstImage.action(&outcome),
+            NanAction::Keep
+        ) {
+            eprintln!(
+                "warning: {} gives NaN after min-max scaling; no attention map",
+                sample.path.display()
+            );
+            continue;
+        }
+        let file = sample
+            .path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| i.to_string());
+        for &size in &sizes {
+            let (h, w) = resized_hw(img.height, img.width, size);
+            let x = to_tensor(&img)
+                .unsqueeze(0)
+                .upsample_bilinear2d([h, w], false, None, None)
+                .squeeze_dim(0);
+            let rel = PathBuf::from(&sample.label)
+                .join(&file)
+                .join(format!("image_size_{size}"));
+            let dir = out.join(&rel);
+            let mut entry = AttentionImage {
+                class: sample.label.clone(),
+                file: file.clone(),
+                size,
+                channel_pngs: vec![],
+                head_pngs: vec![],
+            };
+            for (c, &ch) in channels.iter().enumerate() {
+                let name = format!("original_img_channel_{}.png", cfg.data.channel_names[ch]);
+                save_grey(&dir.join(&name), &x.get(c as i64))?;
+                entry
+                    .channel_pngs
+                    .push(rel.join(name).display().to_string());
+            }
+            let normalized = if cfg.downstream.features.normalize {
+                (&x - &m) / &s
+            } else {
+                x.shallow_clone()
+            };
+            let maps = cls_attention_maps(&vit, &normalized);
+            for head in 0..maps.size()[0] {
+                let name = format!("attn-head{head}.png");
+                save_viridis(&dir.join(&name), &maps.get(head))?;
+                entry.head_pngs.push(rel.join(name).display().to_string());
+            }
+            written.push(entry);
+        }
+    }
+    let manifest = serde_json::to_string_pretty(&written).expect("serialisable");
+    data::tiff_reader::write_atomic(&out.join("attention_images.json"), manifest.as_bytes())?;
+    Ok(written)
+}

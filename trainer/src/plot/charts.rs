@@ -1,0 +1,229 @@
+//! The three chart kinds the analyses draw.
+use super::{colors, render_png, PlotError};
+use plotters::prelude::*;
+use std::path::Path;
+
+/// A class-coloured 2-D scatter (scDINO's `plot_in_2D.py`: hls palette, small opaque dots,
+/// no ticks, legend "Classes" at the lower left).
+pub struct ScatterSpec<'a> {
+    pub points: &'a [[f32; 2]],
+    /// Index into `class_names` per point.
+    pub labels: &'a [usize],
+    pub class_names: &'a [String],
+    pub title: &'a str,
+    pub subtitle: &'a str,
+    pub width: u32,
+    pub height: u32,
+}
+
+pub fn scatter_png(path: &Path, spec: &ScatterSpec) -> Result<(), PlotError> {
+    if spec.points.len() != spec.labels.len() {
+        return Err(PlotError::Invalid(format!(
+            "{} points but {} labels",
+            spec.points.len(),
+            spec.labels.len()
+        )));
+    }
+    if let Some(&bad) = spec.labels.iter().find(|&&l| l >= spec.class_names.len()) {
+        return Err(PlotError::Invalid(format!(
+            "label {bad} but only {} classes",
+            spec.class_names.len()
+        )));
+    }
+    let (mut x0, mut x1, mut y0, mut y1) = (f32::MAX, f32::MIN, f32::MAX, f32::MIN);
+    for p in spec.points {
+        x0 = x0.min(p[0]);
+        x1 = x1.max(p[0]);
+        y0 = y0.min(p[1]);
+        y1 = y1.max(p[1]);
+    }
+    if spec.points.is_empty() {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let pad = |a: f32, b: f32| ((b - a).max(1e-6)) * 0.03;
+    let (px, py) = (pad(x0, x1), pad(y0, y1));
+    let palette = colors::hls_palette(spec.class_names.len());
+    render_png(path, spec.width, spec.height, |root| {
+        let (title_area, body) = root.split_vertically(70);
+        title_area.draw(&Text::new(
+            spec.title.to_string(),
+            (20, 8),
+            ("sans-serif", 26).into_font(),
+        ))?;
+        title_area.draw(&Text::new(
+            spec.subtitle.to_string(),
+            (20, 42),
+            ("sans-serif", 16).into_font().color(&RGBColor(90, 90, 90)),
+        ))?;
+        let mut chart = ChartBuilder::on(&body)
+            .margin(15)
+            .build_cartesian_2d((x0 - px)..(x1 + px), (y0 - py)..(y1 + py))?;
+        let radius = if spec.points.len() > 5000 { 2 } else { 3 };
+        for (class, colour) in palette.iter().enumerate() {
+            chart
+                .draw_series(
+                    spec.points
+                        .iter()
+                        .zip(spec.labels)
+                        .filter(|(_, &l)| l == class)
+                        .map(|(p, _)| Circle::new((p[0], p[1]), radius, colour.mix(0.9).filled())),
+                )?
+                .label(spec.class_names[class].clone())
+                .legend(move |(x, y)| Circle::new((x + 6, y), 5, colour.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 16))
+            .draw()?;
+        Ok(())
+    })
+}
+
+/// One named curve of a line chart.
+pub struct Curve {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart (training curves); the y axis is logarithmic when `log_y` and every value is
+/// positive.
+pub fn lines_png(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    series: &[Curve],
+    log_y: bool,
+) -> Result<(), PlotError> {
+    let all = || series.iter().flat_map(|s| s.points.iter());
+    let finite = |v: &&(f64, f64)| v.0.is_finite() && v.1.is_finite();
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in all().filter(finite) {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    if x1 == x0 {
+        x1 = x0 + 1.0;
+    }
+    if y1 == y0 {
+        y1 = y0 + y0.abs().max(1.0) * 0.1;
+    }
+    let palette = colors::hls_palette(series.len().max(1));
+    render_png(path, 900, 420, |root| {
+        let log = log_y && y0 > 0.0;
+        let mut builder = ChartBuilder::on(root);
+        builder
+            .caption(title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70);
+        macro_rules! draw {
+            ($chart:expr) => {{
+                let mut chart = $chart;
+                chart
+                    .configure_mesh()
+                    .x_desc(x_label)
+                    .label_style(("sans-serif", 14))
+                    .draw()?;
+                for (s, colour) in series.iter().zip(&palette) {
+                    let colour = *colour;
+                    chart
+                        .draw_series(LineSeries::new(
+                            s.points.iter().copied().filter(|p| finite(&p)),
+                            colour.stroke_width(2),
+                        ))?
+                        .label(s.name.clone())
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2))
+                        });
+                }
+                if series.len() > 1 {
+                    chart
+                        .configure_series_labels()
+                        .background_style(WHITE.mix(0.85))
+                        .border_style(BLACK.mix(0.3))
+                        .label_font(("sans-serif", 14))
+                        .draw()?;
+                }
+            }};
+        }
+        if log {
+            draw!(builder.build_cartesian_2d(x0..x1, (y0 * 0.9..y1 * 1.1).log_scale())?);
+        } else {
+            let pad = (y1 - y0) * 0.05;
+            draw!(builder.build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))?);
+        }
+        Ok(())
+    })
+}
+
+/// Confusion-matrix heatmap: rows are true classes, columns predictions; each cell is
+/// coloured by its row-normalised rate and labelled with its count.
+pub fn confusion_png(
+    path: &Path,
+    matrix: &[Vec<u64>],
+    class_names: &[String],
+) -> Result<(), PlotError> {
+    let n = class_names.len();
+    if matrix.len() != n || matrix.iter().any(|r| r.len() != n) {
+        return Err(PlotError::Invalid(format!(
+            "confusion matrix is not {n}×{n}"
+        )));
+    }
+    let size = (160 + 60 * n as u32).clamp(400, 1600);
+    // Pixel size of one cell (plot area over n), for centring the counts.
+    let cell = ((size as i32 - 120) / n.max(1) as i32).max(10);
+    render_png(path, size, size, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption("Confusion matrix (rows: true class)", ("sans-serif", 20))
+            .margin(10)
+            .x_label_area_size(60)
+            .y_label_area_size(90)
+            .build_cartesian_2d(0i32..n as i32, n as i32..0i32)?;
+        let names = class_names.to_vec();
+        let names2 = class_names.to_vec();
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_labels(n)
+            .y_labels(n)
+            .x_desc("predicted")
+            .x_label_formatter(&move |v| names.get(*v as usize).cloned().unwrap_or_default())
+            .y_label_formatter(&move |v| names2.get(*v as usize).cloned().unwrap_or_default())
+            .label_style(("sans-serif", 13))
+            .draw()?;
+        for (i, row) in matrix.iter().enumerate() {
+            let total: u64 = row.iter().sum();
+            for (j, &count) in row.iter().enumerate() {
+                let rate = if total > 0 {
+                    count as f32 / total as f32
+                } else {
+                    0.0
+                };
+                let [r, g, b] = colors::viridis(rate);
+                let (x, y) = (j as i32, i as i32);
+                chart.draw_series(std::iter::once(Rectangle::new(
+                    [(x, y), (x + 1, y + 1)],
+                    RGBColor(r, g, b).filled(),
+                )))?;
+                let text_colour = if rate > 0.6 { BLACK } else { WHITE };
+                chart.draw_series(std::iter::once(
+                    EmptyElement::at((x, y))
+                        + Text::new(
+                            count.to_string(),
+                            (cell / 2 - 8, cell / 2 - 7),
+                            ("sans-serif", 14).into_font().color(&text_colour),
+                        ),
+                ))?;
+            }
+        }
+        Ok(())
+    })
+}

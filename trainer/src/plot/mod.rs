@@ -1,0 +1,95 @@
+//! PNG figures for the analyses (UMAP scatter, confusion matrix, training curves, attention
+//! heatmaps). Everything renders into an RGB buffer and is written atomically, so a killed job
+//! never leaves a half-written PNG that the staleness checks of `trainer pipeline` would trust.
+//! The font is vendored (DejaVu Sans) so figures look the same in a bare container.
+mod charts;
+mod colors;
+
+pub use charts::{confusion_png, lines_png, scatter_png, Curve, ScatterSpec};
+pub use colors::{hls_palette, viridis};
+
+use crate::data::tiff_reader::write_atomic;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("drawing {path}: {message}")]
+    Draw { path: PathBuf, message: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+static FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
+
+/// Registers the vendored font once per process under the family name plotters asks for.
+fn ensure_font() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        use plotters::style::FontStyle;
+        for style in [FontStyle::Normal, FontStyle::Bold] {
+            plotters::style::register_font("sans-serif", style, FONT)
+                .unwrap_or_else(|_| panic!("vendored DejaVuSans.ttf is not a valid font"));
+        }
+    });
+}
+
+/// Encodes an RGB8 buffer as PNG bytes.
+pub fn encode_png(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, String> {
+    use image::ImageEncoder;
+    let mut out = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut out)
+        .write_image(rgb, width, height, image::ExtendedColorType::Rgb8)
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Writes an RGB8 buffer as a PNG file, atomically.
+pub fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<(), PlotError> {
+    let bytes = encode_png(rgb, width, height).map_err(|message| PlotError::Draw {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| PlotError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    write_atomic(path, &bytes).map_err(|e| PlotError::Draw {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Renders with `draw` into a fresh white `width`×`height` canvas and writes the PNG.
+fn render_png<F>(path: &Path, width: u32, height: u32, draw: F) -> Result<(), PlotError>
+where
+    F: FnOnce(
+        &plotters::drawing::DrawingArea<
+            plotters::backend::BitMapBackend<'_>,
+            plotters::coord::Shift,
+        >,
+    ) -> Result<(), Box<dyn std::error::Error>>,
+{
+    use plotters::prelude::*;
+    ensure_font();
+    let mut buf = vec![255u8; (width * height * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (width, height)).into_drawing_area();
+        let fail = |e: &dyn std::fmt::Display| PlotError::Draw {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        };
+        root.fill(&WHITE).map_err(|e| fail(&e))?;
+        draw(&root).map_err(|e| fail(&e))?;
+        root.present().map_err(|e| fail(&e))?;
+    }
+    write_png(path, &buf, width, height)
+}
