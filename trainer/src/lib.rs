@@ -7,6 +7,7 @@ pub mod data;
 pub mod dist;
 pub mod metrics;
 pub mod model;
+pub mod pipeline;
 pub mod plot;
 pub mod precision;
 pub mod probe;

@@ -272,6 +272,61 @@ pub fn write(dir: &Path, tag: &str, set: &FeatureSet) -> Result<(), FeaturesErro
     Ok(())
 }
 
+/// Reads back `CLS_features/{tag}_features.safetensors` (features, labels, paths and indices
+/// bound together, checksum verified).
+pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
+    let ck = checkpoint::load(path)?;
+    let invalid = |what: &str| FeaturesError::Invalid(format!("{}: {what}", path.display()));
+    let features = ck
+        .get("features")
+        .ok_or_else(|| invalid("no `features` tensor"))?;
+    let meta: serde_json::Value =
+        serde_json::from_str(&ck.meta.fingerprint).map_err(|_| invalid("metadata is not JSON"))?;
+    let strings = |key: &str| -> Result<Vec<String>, FeaturesError> {
+        meta[key]
+            .as_array()
+            .ok_or_else(|| invalid(&format!("metadata has no `{key}` list")))?
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| invalid(key)))
+            .collect()
+    };
+    let labels = strings("labels")?;
+    let paths = strings("paths")?;
+    let indices = meta["indices"]
+        .as_array()
+        .ok_or_else(|| invalid("metadata has no `indices` list"))?
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .map(|i| i as usize)
+                .ok_or_else(|| invalid("indices"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows = features.size()[0] as usize;
+    if labels.len() != rows || paths.len() != rows || indices.len() != rows {
+        return Err(invalid(&format!(
+            "{rows} feature rows but {} labels, {} paths, {} indices",
+            labels.len(),
+            paths.len(),
+            indices.len()
+        )));
+    }
+    Ok(FeatureSet {
+        features,
+        labels,
+        paths,
+        indices,
+        replaced: 0,
+    })
+}
+
+/// The bundle file of a feature tag.
+pub fn bundle_path(analyses: &Path, tag: &str) -> PathBuf {
+    analyses
+        .join("CLS_features")
+        .join(format!("{tag}_features.safetensors"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

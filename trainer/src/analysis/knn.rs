@@ -359,7 +359,7 @@ impl LabelEncoder {
 }
 
 /// Parameters of the evaluation (`downstream.knn` plus `run.seed`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct KnnConfig {
     /// `meta.seed` (40 in scDINO's config): the shuffle before the 80/20 split.
     pub seed: u32,
@@ -387,7 +387,7 @@ impl Default for KnnConfig {
 
 /// Precision, recall and F1 of one class for the top-1 predictions (0 where undefined, as
 /// sklearn's `zero_division=0`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct ClassMetrics {
     pub class: String,
     /// Test rows of this class.
@@ -401,7 +401,7 @@ pub struct ClassMetrics {
 }
 
 /// The result for one k.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct KnnKResult {
     /// The k asked for.
     pub k: usize,
@@ -445,7 +445,7 @@ impl KnnKResult {
 }
 
 /// The whole evaluation.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct KnnReport {
     pub n_samples: usize,
     pub n_train: usize,

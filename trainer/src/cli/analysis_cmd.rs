@@ -1,10 +1,10 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use trainer::analysis::features;
 use trainer::config::Config;
 use trainer::data::build_index;
-use trainer::train::run::{dataset_mean_std_at, model_dir};
+use trainer::pipeline::stages::{self, Target};
+use trainer::train::run::dataset_mean_std_at;
 
 /// `trainer mean-std`: the dataset statistics that normalise every crop.
 #[derive(Debug, Args)]
@@ -32,49 +32,69 @@ impl MeanStdArgs {
     }
 }
 
-/// `trainer features`: CLS features, labels and paths of the held-out images.
+/// Options shared by the per-model analysis commands.
 #[derive(Debug, Args)]
-pub struct FeaturesArgs {
+pub struct ModelArgs {
     #[arg(long)]
     config: PathBuf,
+    /// Index into data.channel_combinations.
     #[arg(long, default_value_t = 0)]
     combination: usize,
-    /// Checkpoint to embed with (default: the model's latest `checkpoint.safetensors`).
-    #[arg(long)]
-    checkpoint: Option<PathBuf>,
+    /// Threads for libtorch's intra-op pool (default: libtorch's choice).
     #[arg(long)]
     threads: Option<i32>,
 }
 
-impl FeaturesArgs {
-    pub fn run(self) -> Result<()> {
+impl ModelArgs {
+    fn load(&self) -> Result<Config> {
         if let Some(t) = self.threads {
             tch::set_num_threads(t);
         }
-        let cfg = Config::load(&self.config)?;
-        let channels = cfg
-            .channel_sets
-            .get(self.combination)
-            .cloned()
-            .with_context(|| format!("channel combination {} does not exist", self.combination))?;
-        let ckpt = self
-            .checkpoint
-            .unwrap_or_else(|| model_dir(&cfg, &channels).join(trainer::checkpoint::LATEST));
-        let meta = trainer::checkpoint::load(&ckpt)?.meta;
-        let ms = trainer::analysis::mean_std::MeanStd::read(
-            &cfg.run_dir().join("mean_and_std_of_dataset.txt"),
-        )?;
-        let set = features::extract(&cfg, self.combination, &ckpt, &ms)
+        Ok(Config::load(&self.config)?)
+    }
+}
+
+/// The feature tags to work on: the one asked for, or every extracted one.
+fn tags_or_all(t: &Target, tag: Option<String>) -> Result<Vec<String>> {
+    let tags = match tag {
+        Some(tag) => vec![tag],
+        None => t.feature_tags(),
+    };
+    anyhow::ensure!(
+        !tags.is_empty(),
+        "no features in {}: run `trainer features` first",
+        t.analyses.join("CLS_features").display()
+    );
+    Ok(tags)
+}
+
+/// The checkpoint to use: the one given, or the model's latest.
+fn checkpoint_or_latest(t: &Target, ckpt: Option<PathBuf>) -> PathBuf {
+    ckpt.unwrap_or_else(|| t.model_dir.join(trainer::checkpoint::LATEST))
+}
+
+/// `trainer features`: CLS features, labels and paths of the held-out images.
+#[derive(Debug, Args)]
+pub struct FeaturesArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Checkpoint to embed with (default: the model's latest `checkpoint.safetensors`).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+}
+
+impl FeaturesArgs {
+    pub fn run(self) -> Result<()> {
+        let cfg = self.model.load()?;
+        let t = Target::new(&cfg, self.model.combination)?;
+        let ckpt = checkpoint_or_latest(&t, self.checkpoint);
+        let tag = stages::tag_of_checkpoint(&ckpt)?;
+        let rows = stages::run_features(&t, &ckpt, &tag)
             .with_context(|| format!("features with {}", ckpt.display()))?;
-        // scDINO names feature files after the epoch of the checkpoint (checkpoint{E}.pth).
-        let tag = format!("epoch{}", meta.epoch.saturating_sub(1));
-        let dir = features::analyses_dir(&cfg, &channels);
-        features::write(&dir, &tag, &set)?;
         println!(
-            "{} rows ({} replaced by image 0 after NaN) -> {}",
-            set.labels.len(),
-            set.replaced,
-            dir.join("CLS_features")
+            "{rows} rows -> {}",
+            t.analyses
+                .join("CLS_features")
                 .join(format!("{tag}_features.csv"))
                 .display()
         );
@@ -85,83 +105,95 @@ impl FeaturesArgs {
 /// `trainer knn`: scDINO's global weighted kNN on extracted features.
 #[derive(Debug, Args)]
 pub struct KnnArgs {
-    #[arg(long)]
-    config: PathBuf,
-    #[arg(long, default_value_t = 0)]
-    combination: usize,
-    /// Feature tag, e.g. `epoch4` (default: every `CLS_features/*_features.csv`, sorted).
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Feature tag, e.g. `epoch4` (default: every extracted tag, in epoch order).
     #[arg(long)]
     tag: Option<String>,
-    #[arg(long)]
-    threads: Option<i32>,
 }
 
 impl KnnArgs {
     pub fn run(self) -> Result<()> {
-        use trainer::analysis::knn;
-        if let Some(t) = self.threads {
-            tch::set_num_threads(t);
-        }
-        let cfg = Config::load(&self.config)?;
-        let channels = cfg
-            .channel_sets
-            .get(self.combination)
-            .cloned()
-            .with_context(|| format!("channel combination {} does not exist", self.combination))?;
-        let dir = features::analyses_dir(&cfg, &channels);
-        let feat_dir = dir.join("CLS_features");
-        let tags: Vec<String> = match self.tag {
-            Some(t) => vec![t],
-            None => {
-                let mut t: Vec<String> = std::fs::read_dir(&feat_dir)
-                    .with_context(|| {
-                        format!(
-                            "no features in {}: run `trainer features` first",
-                            feat_dir.display()
-                        )
-                    })?
-                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .filter_map(|n| n.strip_suffix("_features.csv").map(str::to_string))
-                    .collect();
-                t.sort();
-                t
-            }
-        };
-        anyhow::ensure!(
-            !tags.is_empty(),
-            "no *_features.csv in {}",
-            feat_dir.display()
-        );
-        let knn_dir = dir.join("kNN");
-        std::fs::create_dir_all(&knn_dir).with_context(|| knn_dir.display().to_string())?;
-        let kcfg = knn::KnnConfig {
-            seed: cfg.run.seed as u32,
-            ks: cfg.downstream.knn.k.clone(),
-            temperature: cfg.downstream.knn.temperature,
-            ..knn::KnnConfig::default()
-        };
-        for tag in tags {
-            let input = knn::KnnInput::from_csv(
-                &feat_dir.join(format!("{tag}_features.csv")),
-                &dir.join("class_labels.csv"),
-            )?;
-            let report = knn::run_global_knn(&input, &kcfg)?;
-            for w in &report.warnings {
-                eprintln!("warning: {w}");
-            }
+        let cfg = self.model.load()?;
+        let t = Target::new(&cfg, self.model.combination)?;
+        for tag in tags_or_all(&t, self.tag)? {
+            let report = stages::run_knn(&t, &tag).with_context(|| format!("kNN of {tag}"))?;
             let run_name = format!(
                 "{}/{}_{tag}",
                 cfg.run_dir().display(),
-                cfg.model_dir_name(&channels)
+                cfg.model_dir_name(&t.channels)
             );
-            let block = report.txt_block(&run_name);
-            knn::append_txt(&knn_dir.join(knn::GLOBAL_KNN_TXT), &block)?;
-            trainer::data::tiff_reader::write_atomic(
-                &knn_dir.join(format!("{tag}_knn_metrics.json")),
-                report.to_json().as_bytes(),
-            )?;
-            print!("{block}");
+            print!("{}", report.txt_block(&run_name));
         }
+        Ok(())
+    }
+}
+
+/// `trainer umap`: 2-D UMAP scatter of the features, coloured by class.
+#[derive(Debug, Args)]
+pub struct UmapArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Feature tag, e.g. `epoch4` (default: every extracted tag).
+    #[arg(long)]
+    tag: Option<String>,
+}
+
+impl UmapArgs {
+    pub fn run(self) -> Result<()> {
+        let cfg = self.model.load()?;
+        let t = Target::new(&cfg, self.model.combination)?;
+        for tag in tags_or_all(&t, self.tag)? {
+            let u = stages::run_umap(&t, &tag).with_context(|| format!("UMAP of {tag}"))?;
+            println!(
+                "{tag}: {} rows, trustworthiness@{} {:.3} -> {}",
+                u.rows, u.trust_k, u.trustworthiness, u.png
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `trainer attention`: last-block CLS attention heatmaps for a few held-out images per class.
+#[derive(Debug, Args)]
+pub struct AttentionArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Checkpoint (default: the model's latest `checkpoint.safetensors`).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+}
+
+impl AttentionArgs {
+    pub fn run(self) -> Result<()> {
+        let cfg = self.model.load()?;
+        let t = Target::new(&cfg, self.model.combination)?;
+        let ckpt = checkpoint_or_latest(&t, self.checkpoint);
+        let tag = stages::tag_of_checkpoint(&ckpt)?;
+        let images = stages::run_attention(&t, &ckpt, &tag)
+            .with_context(|| format!("attention maps with {}", ckpt.display()))?;
+        println!(
+            "{} images -> {}",
+            images.len(),
+            t.attention_dir(&tag).display()
+        );
+        Ok(())
+    }
+}
+
+/// `trainer report`: one self-contained HTML page of everything the stages wrote.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+impl ReportArgs {
+    pub fn run(self) -> Result<()> {
+        let cfg = self.model.load()?;
+        let t = Target::new(&cfg, self.model.combination)?;
+        let path = trainer::pipeline::report::write_report(&t)?;
+        println!("{}", path.display());
         Ok(())
     }
 }

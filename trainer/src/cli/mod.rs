@@ -3,6 +3,7 @@ mod analysis_cmd;
 mod bench;
 mod config_cmd;
 mod data_cmd;
+mod pipeline_cmd;
 mod train_cmd;
 
 use anyhow::Result;
@@ -34,6 +35,15 @@ enum Command {
     Features(analysis_cmd::FeaturesArgs),
     /// scDINO's global weighted kNN on the extracted features (+ per-class metrics).
     Knn(analysis_cmd::KnnArgs),
+    /// 2-D UMAP of the features, coloured by class (PNG + CSV + trustworthiness).
+    Umap(analysis_cmd::UmapArgs),
+    /// Last-block CLS attention maps of a few held-out images per class (PNG).
+    Attention(analysis_cmd::AttentionArgs),
+    /// One self-contained HTML report of a model's training and analyses.
+    Report(analysis_cmd::ReportArgs),
+    /// Everything: mean-std, train, features, knn, umap, attention, report (skips what is
+    /// up to date, resumes after interruption).
+    Pipeline(pipeline_cmd::PipelineArgs),
     /// DINO pretraining of one channel combination (resumes automatically).
     Train(train_cmd::TrainArgs),
     /// Run N local ranks of a trainer command (multi-process data parallelism on one machine).
@@ -55,6 +65,10 @@ impl Cli {
             Command::MeanStd(m) => m.run(),
             Command::Features(f) => f.run(),
             Command::Knn(k) => k.run(),
+            Command::Umap(u) => u.run(),
+            Command::Attention(a) => a.run(),
+            Command::Report(r) => r.run(),
+            Command::Pipeline(p) => p.run(),
         }
     }
 }

@@ -6,6 +6,16 @@ use std::sync::Arc;
 use trainer::config::Config;
 use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome, EXIT_PREEMPTED};
 
+/// SIGUSR1 (Slurm's --signal) and SIGTERM (scancel, preemption) set this flag: checkpoint at
+/// the next step boundary, then exit with EXIT_PREEMPTED so a requeued job resumes.
+pub fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGUSR1, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    Ok(stop)
+}
+
 /// `trainer train`: DINO pretraining; resumes automatically from the output folder.
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -28,12 +38,7 @@ impl TrainArgs {
             tch::set_num_threads(t);
         }
         let cfg = Config::load(&self.config)?;
-        // SIGUSR1 (Slurm's --signal) and SIGTERM (scancel, preemption): checkpoint at the next
-        // step boundary, then exit with EXIT_PREEMPTED so a requeued job resumes.
-        let stop = Arc::new(AtomicBool::new(false));
-        for sig in [signal_hook::consts::SIGUSR1, signal_hook::consts::SIGTERM] {
-            signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-        }
+        let stop = stop_flag()?;
         let opts = TrainOptions {
             combination: self.combination,
             max_steps: self.max_steps,

@@ -1,0 +1,53 @@
+use anyhow::Result;
+use clap::Args;
+use std::path::PathBuf;
+use trainer::config::Config;
+use trainer::pipeline::{run_pipeline, PipelineOptions, PipelineOutcome};
+use trainer::train::run::EXIT_PREEMPTED;
+
+/// `trainer pipeline`: every stage for every channel combination, make-like.
+#[derive(Debug, Args)]
+pub struct PipelineArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Only this channel combination (default: all of them, in order).
+    #[arg(long)]
+    combination: Option<usize>,
+    /// Threads for libtorch's intra-op pool (default: libtorch's choice).
+    #[arg(long)]
+    threads: Option<i32>,
+}
+
+impl PipelineArgs {
+    pub fn run(self) -> Result<()> {
+        if let Some(t) = self.threads {
+            tch::set_num_threads(t);
+        }
+        let cfg = Config::load(&self.config)?;
+        let opts = PipelineOptions {
+            combinations: self.combination.map(|c| vec![c]),
+            stop: Some(super::train_cmd::stop_flag()?),
+        };
+        match run_pipeline(&cfg, &opts)? {
+            PipelineOutcome::Finished(runs) => {
+                let ran = runs.iter().filter(|r| r.ran).count();
+                eprintln!(
+                    "pipeline finished: {ran} stages ran, {} were up to date",
+                    runs.len() - ran
+                );
+                for c in opts
+                    .combinations
+                    .unwrap_or_else(|| (0..cfg.channel_sets.len()).collect())
+                {
+                    let t = trainer::pipeline::stages::Target::new(&cfg, c)?;
+                    println!("{}", t.report_html().display());
+                }
+                Ok(())
+            }
+            PipelineOutcome::Preempted(_) => {
+                eprintln!("pipeline stopped by signal; rerun to continue");
+                std::process::exit(EXIT_PREEMPTED);
+            }
+        }
+    }
+}

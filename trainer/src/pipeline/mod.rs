@@ -1,0 +1,275 @@
+//! `trainer pipeline`: mean-std → train → features → knn → umap → attention → report, for
+//! every checkpoint training kept (`checkpoint_every` epochs and the last), in one process.
+//!
+//! Make-like: a stage runs only if one of its outputs is missing or older than one of its
+//! inputs, so rerunning after an interruption (or after training more epochs) redoes exactly
+//! the missing work. Every output is written atomically, so a file that exists is complete.
+//! Training resumes from its own checkpoints. A stop signal ends the pipeline at the next stage
+//! or step boundary with [`crate::train::run::EXIT_PREEMPTED`] semantics.
+pub mod report;
+pub mod stages;
+
+use crate::config::Config;
+use crate::train::run::{train, TrainOptions, TrainOutcome};
+use stages::Target;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    Features(#[from] crate::analysis::features::FeaturesError),
+    #[error(transparent)]
+    Knn(#[from] crate::analysis::knn::KnnError),
+    #[error(transparent)]
+    Umap(#[from] crate::analysis::umap::UmapError),
+    #[error(transparent)]
+    Attention(#[from] crate::analysis::attention::AttentionError),
+    #[error(transparent)]
+    Plot(#[from] crate::plot::PlotError),
+    #[error(transparent)]
+    Train(#[from] crate::train::run::TrainError),
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    MeanStd,
+    Train,
+    Features,
+    Knn,
+    Umap,
+    Attention,
+    Report,
+}
+
+impl Stage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::MeanStd => "mean-std",
+            Stage::Train => "train",
+            Stage::Features => "features",
+            Stage::Knn => "knn",
+            Stage::Umap => "umap",
+            Stage::Attention => "attention",
+            Stage::Report => "report",
+        }
+    }
+}
+
+/// What happened to one stage (per checkpoint tag where it applies).
+#[derive(Debug, Clone)]
+pub struct StageRun {
+    pub stage: Stage,
+    pub combination: usize,
+    pub tag: Option<String>,
+    /// False when its outputs were already up to date.
+    pub ran: bool,
+    pub seconds: f64,
+}
+
+#[derive(Debug)]
+pub enum PipelineOutcome {
+    Finished(Vec<StageRun>),
+    /// A stop signal arrived; everything finished so far is on disk.
+    Preempted(Vec<StageRun>),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PipelineOptions {
+    /// Channel combinations to run (default: all).
+    pub combinations: Option<Vec<usize>>,
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// True when every output exists and none is older than the newest existing input.
+pub fn up_to_date(outputs: &[PathBuf], inputs: &[PathBuf]) -> bool {
+    let newest_input = inputs.iter().filter_map(|p| mtime(p)).max();
+    outputs.iter().all(|o| match (mtime(o), newest_input) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(out), Some(inp)) => out >= inp,
+    })
+}
+
+struct Runner<'a> {
+    runs: Vec<StageRun>,
+    stop: Option<&'a AtomicBool>,
+}
+
+impl Runner<'_> {
+    fn stopped(&self) -> bool {
+        self.stop.is_some_and(|s| s.load(Ordering::SeqCst))
+    }
+
+    /// Runs `work` unless `outputs` are up to date with `inputs`.
+    fn stage(
+        &mut self,
+        stage: Stage,
+        t: &Target,
+        tag: Option<&str>,
+        inputs: &[PathBuf],
+        outputs: &[PathBuf],
+        work: impl FnOnce() -> Result<(), StageError>,
+    ) -> Result<(), StageError> {
+        let label = match tag {
+            Some(tag) => format!("{} {tag}", stage.name()),
+            None => stage.name().to_string(),
+        };
+        let start = Instant::now();
+        let ran = !up_to_date(outputs, inputs);
+        if ran {
+            eprintln!("[pipeline] {label}: running");
+            work().map_err(|e| StageError::Invalid(format!("stage {label}: {e}")))?;
+            eprintln!(
+                "[pipeline] {label}: done in {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+        } else {
+            eprintln!("[pipeline] {label}: up to date, skipped");
+        }
+        self.runs.push(StageRun {
+            stage,
+            combination: t.combination,
+            tag: tag.map(str::to_string),
+            ran,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+        Ok(())
+    }
+}
+
+/// Runs the whole pipeline for the selected channel combinations of `cfg`.
+pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutcome, StageError> {
+    let combos = opts
+        .combinations
+        .clone()
+        .unwrap_or_else(|| (0..cfg.channel_sets.len()).collect());
+    let mut r = Runner {
+        runs: Vec::new(),
+        stop: opts.stop.as_deref(),
+    };
+    for &combination in &combos {
+        let t = Target::new(cfg, combination)?;
+        let ms_path = t.mean_std_path();
+        r.stage(Stage::MeanStd, &t, None, &[], &[ms_path.clone()], || {
+            let index =
+                crate::data::build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+            crate::train::run::dataset_mean_std_at(cfg, &index, &ms_path)?;
+            Ok(())
+        })?;
+        if r.stopped() {
+            return Ok(PipelineOutcome::Preempted(r.runs));
+        }
+
+        // Training decides for itself how far it is (it resumes from checkpoint.safetensors).
+        let latest = t.model_dir.join(crate::checkpoint::LATEST);
+        let finished = crate::checkpoint::load(&latest)
+            .map(|c| c.meta.epoch >= cfg.train.epochs)
+            .unwrap_or(false);
+        let start = Instant::now();
+        let mut outcome = TrainOutcome::Finished;
+        if !finished {
+            eprintln!("[pipeline] train: running");
+            outcome = train(
+                cfg,
+                &TrainOptions {
+                    combination,
+                    max_steps: None,
+                    stop: opts.stop.clone(),
+                },
+            )?;
+        } else {
+            eprintln!("[pipeline] train: finished earlier, skipped");
+        }
+        r.runs.push(StageRun {
+            stage: Stage::Train,
+            combination,
+            tag: None,
+            ran: !finished,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+        if outcome != TrainOutcome::Finished || r.stopped() {
+            return Ok(PipelineOutcome::Preempted(r.runs));
+        }
+
+        let checkpoints = t.numbered_checkpoints();
+        if checkpoints.is_empty() {
+            return Err(StageError::Invalid(format!(
+                "training finished but {} has no numbered checkpoints",
+                t.model_dir.display()
+            )));
+        }
+        for (tag, ckpt) in &checkpoints {
+            let tag = tag.as_str();
+            let bundle = t.bundle(tag);
+            r.stage(
+                Stage::Features,
+                &t,
+                Some(tag),
+                &[ckpt.clone(), ms_path.clone()],
+                std::slice::from_ref(&bundle),
+                || stages::run_features(&t, ckpt, tag).map(|_| ()),
+            )?;
+            r.stage(
+                Stage::Knn,
+                &t,
+                Some(tag),
+                std::slice::from_ref(&bundle),
+                &[t.knn_json(tag)],
+                || stages::run_knn(&t, tag).map(|_| ()),
+            )?;
+            r.stage(
+                Stage::Umap,
+                &t,
+                Some(tag),
+                std::slice::from_ref(&bundle),
+                &[t.umap_json(tag)],
+                || stages::run_umap(&t, tag).map(|_| ()),
+            )?;
+            r.stage(
+                Stage::Attention,
+                &t,
+                Some(tag),
+                &[ckpt.clone(), ms_path.clone()],
+                &[t.attention_dir(tag).join("attention_images.json")],
+                || stages::run_attention(&t, ckpt, tag).map(|_| ()),
+            )?;
+            if r.stopped() {
+                return Ok(PipelineOutcome::Preempted(r.runs));
+            }
+        }
+        let mut report_inputs = vec![ms_path.clone(), t.model_dir.join("log.txt")];
+        for (tag, _) in &checkpoints {
+            report_inputs.push(t.knn_json(tag));
+            report_inputs.push(t.umap_json(tag));
+            report_inputs.push(t.attention_dir(tag).join("attention_images.json"));
+        }
+        r.stage(
+            Stage::Report,
+            &t,
+            None,
+            &report_inputs,
+            &[t.report_html()],
+            || report::write_report(&t).map(|_| ()),
+        )?;
+    }
+    Ok(PipelineOutcome::Finished(r.runs))
+}

@@ -1,0 +1,319 @@
+//! `report.html`: one self-contained page per model (every figure embedded as a data URI, so
+//! the file can be mailed or opened from a login node without the output tree). It is built
+//! only from files the stages wrote, so it can be regenerated at any time.
+use super::stages::{best_k, read_knn_json, sort_tags, Target, UmapSummary};
+use super::StageError;
+use crate::analysis::attention::AttentionImage;
+use crate::data::{build_index, train_heldout_split};
+use crate::plot::{self, Curve};
+use base64::Engine;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn img_tag(path: &Path, alt: &str, width: Option<u32>) -> Result<String, StageError> {
+    let bytes = std::fs::read(path).map_err(|source| StageError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+    let w = width.map(|w| format!(" width=\"{w}\"")).unwrap_or_default();
+    Ok(format!(
+        "<img alt=\"{}\" title=\"{}\"{w} src=\"data:image/png;base64,{b64}\">",
+        esc(alt),
+        esc(alt)
+    ))
+}
+
+/// Per-epoch values from scDINO's `log.txt` (JSON lines).
+#[derive(Debug, Default)]
+struct EpochLog {
+    epoch: Vec<f64>,
+    loss: Vec<f64>,
+    lr: Vec<f64>,
+    wd: Vec<f64>,
+}
+
+fn read_log(path: &Path) -> Result<EpochLog, StageError> {
+    let mut log = EpochLog::default();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(log);
+    };
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| StageError::Invalid(format!("{} line {}: {e}", path.display(), n + 1)))?;
+        let num = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        log.epoch.push(num("epoch"));
+        log.loss.push(num("train_loss"));
+        log.lr.push(num("train_lr"));
+        log.wd.push(num("train_wd"));
+    }
+    Ok(log)
+}
+
+/// Writes `{analyses}/report.html` (and the curve PNGs it embeds under `report_assets/`).
+pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
+    let cfg = t.cfg;
+    let mut h = String::new();
+    let title = format!("scDINO report: {}", cfg.model_dir_name(&t.channels));
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\
+         <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}\
+         table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;\
+         text-align:right}}th{{background:#f3f3f3}}pre{{background:#f7f7f7;padding:1em;overflow:auto;\
+         max-height:30em}}figure{{display:inline-block;margin:4px;text-align:center;font-size:80%}}\
+         img{{image-rendering:pixelated}}</style></head><body>\n<h1>{}</h1>\n",
+        esc(&title),
+        esc(&title)
+    );
+
+    // Dataset.
+    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let split = train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for s in &index.samples {
+        *counts.entry(s.label.as_str()).or_default() += 1;
+    }
+    let _ = write!(
+        h,
+        "<h2>Dataset</h2><p>{} images in {} at <code>{}</code>; training split {} images, \
+         held-out {} (seed {}).</p><table><tr><th>class</th><th>images</th></tr>",
+        index.len(),
+        counts.len(),
+        esc(&cfg.data.dataset_dir.display().to_string()),
+        split.train.len(),
+        split.held_out.len(),
+        cfg.run.seed
+    );
+    for (c, n) in &counts {
+        let _ = write!(h, "<tr><td>{}</td><td>{n}</td></tr>", esc(c));
+    }
+    h.push_str("</table>");
+    if let Ok(ms) = t.mean_std() {
+        h.push_str("<table><tr><th>channel</th><th>mean</th><th>std</th></tr>");
+        for (i, name) in cfg.data.channel_names.iter().enumerate() {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{:.4}</td><td>{:.4}</td></tr>",
+                esc(name),
+                ms.mean.get(i).copied().unwrap_or(f64::NAN),
+                ms.std.get(i).copied().unwrap_or(f64::NAN)
+            );
+        }
+        h.push_str("</table>");
+    }
+
+    // Training curves.
+    let log = read_log(&t.model_dir.join("log.txt"))?;
+    h.push_str("<h2>Training</h2>");
+    if log.epoch.is_empty() {
+        h.push_str("<p>No <code>log.txt</code> yet.</p>");
+    } else {
+        let assets = t.analyses.join("report_assets");
+        for (name, values, log_y) in [
+            ("loss", &log.loss, false),
+            ("lr", &log.lr, true),
+            ("wd", &log.wd, false),
+        ] {
+            let path = assets.join(format!("train_{name}.png"));
+            let points = log
+                .epoch
+                .iter()
+                .copied()
+                .zip(values.iter().copied())
+                .collect();
+            plot::lines_png(
+                &path,
+                &format!("train_{name} (epoch mean)"),
+                "epoch",
+                &[Curve {
+                    name: name.to_string(),
+                    points,
+                }],
+                log_y,
+            )?;
+            h.push_str(&img_tag(&path, &format!("train_{name}"), Some(590))?);
+        }
+        h.push_str("<table><tr><th>epoch</th><th>loss</th><th>lr</th><th>wd</th></tr>");
+        for i in 0..log.epoch.len() {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{:.4}</td><td>{:.3e}</td><td>{:.4}</td></tr>",
+                log.epoch[i], log.loss[i], log.lr[i], log.wd[i]
+            );
+        }
+        h.push_str("</table>");
+    }
+
+    // kNN per epoch.
+    let mut tags = t.feature_tags();
+    sort_tags(&mut tags);
+    let reports: Vec<(String, crate::analysis::knn::KnnReport)> = tags
+        .iter()
+        .filter(|tag| t.knn_json(tag).exists())
+        .map(|tag| Ok((tag.clone(), read_knn_json(&t.knn_json(tag))?)))
+        .collect::<Result<_, StageError>>()?;
+    h.push_str("<h2>Weighted kNN (held-out split)</h2>");
+    if let Some((_, first)) = reports.first() {
+        let _ = write!(
+            h,
+            "<p>{} held-out feature rows: {} as kNN train, {} as test (seed {}, T = {}).</p>\
+             <table id=\"knn\"><tr><th>checkpoint</th>",
+            first.n_samples, first.n_train, first.n_test, first.seed, first.temperature
+        );
+        for r in &first.results {
+            let _ = write!(h, "<th>{}-NN top-1</th><th>top-2</th>", r.k);
+        }
+        h.push_str("</tr>");
+        for (tag, rep) in &reports {
+            let _ = write!(h, "<tr><td>{}</td>", esc(tag));
+            for r in &rep.results {
+                let _ = write!(
+                    h,
+                    "<td>{:.1}</td><td>{:.1}</td>",
+                    r.top1_percent, r.top2_percent
+                );
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</table>");
+    } else {
+        h.push_str("<p>No kNN results yet.</p>");
+    }
+    if let Some((tag, rep)) = reports.last() {
+        if let Some(best) = best_k(rep) {
+            let _ = write!(
+                h,
+                "<h3>Per class, {} at k = {} (top-1 {:.1} %)</h3><table id=\"per-class\"><tr>\
+                 <th>class</th><th>support</th><th>precision</th><th>recall</th><th>F1</th></tr>",
+                esc(tag),
+                best.k,
+                best.top1_percent
+            );
+            for c in &best.per_class {
+                let _ = write!(
+                    h,
+                    "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td></tr>",
+                    esc(&c.class),
+                    c.support,
+                    c.precision,
+                    c.recall,
+                    c.f1
+                );
+            }
+            h.push_str("</table>");
+            let png = t.confusion_png(tag);
+            if png.exists() {
+                h.push_str(&img_tag(
+                    &png,
+                    &format!("confusion matrix {tag}"),
+                    Some(600),
+                )?);
+            }
+        }
+    }
+
+    // UMAP of the newest tag that has one.
+    h.push_str("<h2>UMAP</h2>");
+    match tags.iter().rev().find(|tag| t.umap_json(tag).exists()) {
+        Some(tag) => {
+            let path = t.umap_json(tag);
+            let text = std::fs::read_to_string(&path).map_err(|source| StageError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let u: UmapSummary = serde_json::from_str(&text)
+                .map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))?;
+            let _ = write!(
+                h,
+                "<p>{} · {} rows · n_neighbors {} · min_dist {} · spread {} · {} epochs · \
+                 {:?} · seed {} · trustworthiness {:.3} (k = {}, {} rows)</p>",
+                esc(tag),
+                u.rows,
+                u.n_neighbors,
+                u.min_dist,
+                u.spread,
+                u.epochs,
+                u.metric,
+                u.seed,
+                u.trustworthiness,
+                u.trust_k,
+                u.trust_rows
+            );
+            h.push_str(&img_tag(
+                Path::new(&u.png),
+                &format!("UMAP {tag}"),
+                Some(1100),
+            )?);
+        }
+        None => h.push_str("<p>No UMAP yet.</p>"),
+    }
+
+    // Attention maps of the newest tag that has them.
+    h.push_str("<h2>Attention maps (last block, CLS token)</h2>");
+    match tags
+        .iter()
+        .rev()
+        .find(|tag| t.attention_dir(tag).join("attention_images.json").exists())
+    {
+        Some(tag) => {
+            let dir = t.attention_dir(tag);
+            let path = dir.join("attention_images.json");
+            let text = std::fs::read_to_string(&path).map_err(|source| StageError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let images: Vec<AttentionImage> = serde_json::from_str(&text)
+                .map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))?;
+            let _ = write!(h, "<p>{}</p>", esc(tag));
+            for img in &images {
+                let _ = write!(
+                    h,
+                    "<h4>{} / {} ({} px)</h4><div>",
+                    esc(&img.class),
+                    esc(&img.file),
+                    img.size
+                );
+                for rel in img.channel_pngs.iter().chain(&img.head_pngs) {
+                    let name = Path::new(rel)
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let _ = write!(
+                        h,
+                        "<figure>{}<figcaption>{}</figcaption></figure>",
+                        img_tag(&dir.join(rel), &name, Some(128))?,
+                        esc(&name)
+                    );
+                }
+                h.push_str("</div>");
+            }
+        }
+        None => h.push_str("<p>No attention maps yet.</p>"),
+    }
+
+    let _ = write!(
+        h,
+        "<h2>Configuration</h2><pre>{}</pre>\n<p>trainer {}</p></body></html>\n",
+        esc(&cfg.to_yaml()),
+        env!("CARGO_PKG_VERSION")
+    );
+    let out = t.report_html();
+    std::fs::create_dir_all(&t.analyses).map_err(|source| StageError::Io {
+        path: t.analyses.clone(),
+        source,
+    })?;
+    crate::data::tiff_reader::write_atomic(&out, h.as_bytes())?;
+    Ok(out)
+}

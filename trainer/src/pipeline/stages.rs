@@ -1,0 +1,352 @@
+//! One function per analysis stage, shared by the single-stage commands (`trainer knn`, …) and
+//! `trainer pipeline`, so both write exactly the same files. Every file is written atomically.
+use super::StageError;
+use crate::analysis::attention::{self, AttentionImage};
+use crate::analysis::features;
+use crate::analysis::knn::{self, KnnReport};
+use crate::analysis::mean_std::MeanStd;
+use crate::analysis::umap::{self, UmapParams};
+use crate::checkpoint;
+use crate::config::Config;
+use crate::data::tiff_reader::write_atomic;
+use crate::plot;
+use crate::train::run::model_dir;
+use std::path::{Path, PathBuf};
+
+/// One trained model: a channel combination of a config, and where its files live.
+pub struct Target<'a> {
+    pub cfg: &'a Config,
+    pub combination: usize,
+    pub channels: Vec<usize>,
+    /// `scDINO_ViTs/{model}` (checkpoints, log.txt).
+    pub model_dir: PathBuf,
+    /// `{model}_analyses` (features, kNN, plots, attention, report).
+    pub analyses: PathBuf,
+}
+
+impl<'a> Target<'a> {
+    pub fn new(cfg: &'a Config, combination: usize) -> Result<Self, StageError> {
+        let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
+            StageError::Invalid(format!(
+                "channel combination {combination} does not exist (the config has {})",
+                cfg.channel_sets.len()
+            ))
+        })?;
+        Ok(Self {
+            cfg,
+            combination,
+            model_dir: model_dir(cfg, &channels),
+            analyses: features::analyses_dir(cfg, &channels),
+            channels,
+        })
+    }
+
+    pub fn mean_std_path(&self) -> PathBuf {
+        self.cfg.run_dir().join("mean_and_std_of_dataset.txt")
+    }
+
+    pub fn mean_std(&self) -> Result<MeanStd, StageError> {
+        let path = self.mean_std_path();
+        MeanStd::read(&path).map_err(|e| {
+            StageError::Invalid(format!(
+                "{e} (run `trainer mean-std` or `trainer pipeline` first)"
+            ))
+        })
+    }
+
+    pub fn bundle(&self, tag: &str) -> PathBuf {
+        features::bundle_path(&self.analyses, tag)
+    }
+
+    pub fn knn_json(&self, tag: &str) -> PathBuf {
+        self.analyses
+            .join("kNN")
+            .join(format!("{tag}_knn_metrics.json"))
+    }
+
+    pub fn confusion_png(&self, tag: &str) -> PathBuf {
+        self.analyses
+            .join("kNN")
+            .join(format!("{tag}_confusion.png"))
+    }
+
+    pub fn umap_json(&self, tag: &str) -> PathBuf {
+        self.analyses
+            .join("embedding_plots")
+            .join(format!("{tag}_umap.json"))
+    }
+
+    pub fn attention_dir(&self, tag: &str) -> PathBuf {
+        self.analyses.join("attention_images").join(tag)
+    }
+
+    pub fn report_html(&self) -> PathBuf {
+        self.analyses.join("report.html")
+    }
+
+    /// The numbered checkpoints training kept (`saveckp_freq` epochs and the last), oldest
+    /// first, with their feature tags.
+    pub fn numbered_checkpoints(&self) -> Vec<(String, PathBuf)> {
+        let mut found: Vec<(usize, PathBuf)> = std::fs::read_dir(&self.model_dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let path = e.ok()?.path();
+                let name = path.file_name()?.to_str()?;
+                let digits = name
+                    .strip_prefix("checkpoint")?
+                    .strip_suffix(".safetensors")?;
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                Some((digits.parse().ok()?, path))
+            })
+            .collect();
+        found.sort();
+        found
+            .into_iter()
+            .map(|(epoch, p)| (format!("epoch{epoch}"), p))
+            .collect()
+    }
+
+    /// Feature tags with extracted features, in epoch order.
+    pub fn feature_tags(&self) -> Vec<String> {
+        let mut tags: Vec<String> = std::fs::read_dir(self.analyses.join("CLS_features"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| n.strip_suffix("_features.safetensors").map(str::to_string))
+            .collect();
+        sort_tags(&mut tags);
+        tags
+    }
+}
+
+/// Sorts `epoch{N}` tags by N (then anything else by name).
+pub fn sort_tags(tags: &mut [String]) {
+    tags.sort_by_key(|t| {
+        (
+            t.strip_prefix("epoch")
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(u64::MAX),
+            t.clone(),
+        )
+    });
+}
+
+/// scDINO names analyses after the checkpoint's epoch counted from 0 (`checkpoint{E}.pth`).
+pub fn tag_of_checkpoint(path: &Path) -> Result<String, StageError> {
+    let meta = checkpoint::load(path)?.meta;
+    Ok(format!("epoch{}", meta.epoch.saturating_sub(1)))
+}
+
+/// Features, labels and paths of the held-out split with `ckpt`; returns (tag, rows).
+pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<usize, StageError> {
+    let ms = t.mean_std()?;
+    let set = features::extract(t.cfg, t.combination, ckpt, &ms)?;
+    features::write(&t.analyses, tag, &set)?;
+    if set.replaced > 0 {
+        eprintln!(
+            "features {tag}: {} images gave NaN and were replaced by image 0 (scDINO's rule)",
+            set.replaced
+        );
+    }
+    Ok(set.labels.len())
+}
+
+/// The k whose top-1 accuracy is highest (the smallest such k): the confusion matrix shown.
+pub fn best_k(report: &KnnReport) -> Option<&knn::KnnKResult> {
+    report.results.iter().fold(None, |best, r| match best {
+        Some(b) if b.top1_percent >= r.top1_percent => Some(b),
+        _ => Some(r),
+    })
+}
+
+/// scDINO's global weighted kNN on the features of `tag`: `{tag}_knn_metrics.json`,
+/// `{tag}_confusion.png`, and `global_kNN.txt` rebuilt from every tag's block in epoch order
+/// (scDINO appended; rebuilding keeps reruns from duplicating blocks).
+pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
+    let set = features::read_bundle(&t.bundle(tag))?;
+    let input = knn::KnnInput::new(set.features, set.labels)?;
+    let cfg = knn::KnnConfig {
+        seed: t.cfg.run.seed as u32,
+        ks: t.cfg.downstream.knn.k.clone(),
+        temperature: t.cfg.downstream.knn.temperature,
+        ..knn::KnnConfig::default()
+    };
+    let report = knn::run_global_knn(&input, &cfg)?;
+    for w in &report.warnings {
+        eprintln!("warning: kNN {tag}: {w}");
+    }
+    let dir = t.analyses.join("kNN");
+    std::fs::create_dir_all(&dir).map_err(|source| StageError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    if let Some(best) = best_k(&report) {
+        plot::confusion_png(&t.confusion_png(tag), &best.confusion, &report.classes)?;
+    }
+    write_atomic(&t.knn_json(tag), report.to_json().as_bytes())?;
+    rebuild_global_knn_txt(t)?;
+    Ok(report)
+}
+
+fn rebuild_global_knn_txt(t: &Target) -> Result<(), StageError> {
+    let mut text = String::new();
+    for tag in t.feature_tags() {
+        let path = t.knn_json(&tag);
+        if !path.exists() {
+            continue;
+        }
+        let report = read_knn_json(&path)?;
+        let run_name = format!(
+            "{}/{}_{tag}",
+            t.cfg.run_dir().display(),
+            t.cfg.model_dir_name(&t.channels)
+        );
+        text.push_str(&report.txt_block(&run_name));
+    }
+    write_atomic(
+        &t.analyses.join("kNN").join(knn::GLOBAL_KNN_TXT),
+        text.as_bytes(),
+    )?;
+    Ok(())
+}
+
+pub fn read_knn_json(path: &Path) -> Result<KnnReport, StageError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StageError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// What `trainer umap` computed, next to its PNG (the report reads it).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct UmapSummary {
+    pub tag: String,
+    pub rows: usize,
+    pub dim: usize,
+    pub n_neighbors: usize,
+    pub min_dist: f64,
+    pub spread: f64,
+    pub epochs: usize,
+    pub metric: crate::config::UmapMetric,
+    pub seed: u64,
+    /// sklearn-compatible trustworthiness at k = `trust_k` on `trust_rows` rows.
+    pub trustworthiness: f64,
+    pub trust_k: usize,
+    pub trust_rows: usize,
+    pub png: String,
+    pub csv: String,
+}
+
+/// 2-D UMAP of the features of `tag`: `embedding_plots/{tag}_umap.{png,csv,json}`.
+pub fn run_umap(t: &Target, tag: &str) -> Result<UmapSummary, StageError> {
+    let u = &t.cfg.downstream.umap;
+    let set = features::read_bundle(&t.bundle(tag))?;
+    let rows = set.labels.len();
+    let n_neighbors = u.n_neighbors.min(rows.saturating_sub(1));
+    if n_neighbors < u.n_neighbors {
+        eprintln!(
+            "warning: UMAP {tag}: only {rows} rows; n_neighbors lowered from {} to {n_neighbors}",
+            u.n_neighbors
+        );
+    }
+    let params = UmapParams {
+        n_neighbors,
+        min_dist: u.min_dist as f32,
+        spread: u.spread as f32,
+        epochs: u.epochs,
+        metric: u.metric,
+        seed: t.cfg.run.seed,
+        negative_sample_rate: 5,
+    };
+    let emb = umap::fit(&set.features, &params)?;
+    let trust_k = n_neighbors.min(rows.saturating_sub(2) / 2).max(1);
+    let (trust, trust_rows) =
+        umap::trustworthiness_sample(&set.features, &emb, trust_k, 2000, t.cfg.run.seed)?;
+    let mut classes: Vec<String> = set.labels.clone();
+    classes.sort();
+    classes.dedup();
+    let label_idx: Vec<usize> = set
+        .labels
+        .iter()
+        .map(|l| classes.binary_search(l).expect("label present"))
+        .collect();
+    let dir = t.analyses.join("embedding_plots");
+    let png = dir.join(format!("{tag}_umap.png"));
+    let dim = set.features.size()[1] as usize;
+    plot::scatter_png(
+        &png,
+        &plot::ScatterSpec {
+            points: &emb,
+            labels: &label_idx,
+            class_names: &classes,
+            title: &format!("CLS Token embedding of {rows} cells with a dimensionality of {dim}"),
+            subtitle: &format!(
+                "{tag} · n_neighbors={n_neighbors} · min_dist={} · spread={} · epochs={} · \
+                 metric={:?} · seed={} · trustworthiness@{trust_k}={trust:.3}",
+                u.min_dist, u.spread, u.epochs, u.metric, t.cfg.run.seed
+            ),
+            width: 1400,
+            height: 1000,
+        },
+    )?;
+    let csv_path = dir.join(format!("{tag}_umap.csv"));
+    let mut csv = String::from("x,y,label,path\n");
+    for ((p, label), path) in emb.iter().zip(&set.labels).zip(&set.paths) {
+        csv.push_str(&format!(
+            "{},{},{},{}\n",
+            p[0],
+            p[1],
+            csv_field(label),
+            csv_field(path)
+        ));
+    }
+    write_atomic(&csv_path, csv.as_bytes())?;
+    let summary = UmapSummary {
+        tag: tag.to_string(),
+        rows,
+        dim,
+        n_neighbors,
+        min_dist: u.min_dist,
+        spread: u.spread,
+        epochs: u.epochs,
+        metric: u.metric,
+        seed: t.cfg.run.seed,
+        trustworthiness: trust,
+        trust_k,
+        trust_rows,
+        png: png.display().to_string(),
+        csv: csv_path.display().to_string(),
+    };
+    let json = serde_json::to_string_pretty(&summary).expect("serialisable");
+    write_atomic(&t.umap_json(tag), json.as_bytes())?;
+    Ok(summary)
+}
+
+/// RFC 4180 quoting when needed (paths may hold commas or quotes).
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Attention maps of the picked held-out images with `ckpt`: `attention_images/{tag}/…`.
+pub fn run_attention(
+    t: &Target,
+    ckpt: &Path,
+    tag: &str,
+) -> Result<Vec<AttentionImage>, StageError> {
+    let ms = t.mean_std()?;
+    Ok(attention::write_attention_maps(
+        t.cfg,
+        t.combination,
+        ckpt,
+        &ms,
+        &t.attention_dir(tag),
+    )?)
+}
