@@ -169,12 +169,19 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
     for &combination in &combos {
         let t = Target::new(cfg, combination)?;
         let ms_path = t.mean_std_path();
-        r.stage(Stage::MeanStd, &t, None, &[], &[ms_path.clone()], || {
-            let index =
-                crate::data::build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
-            crate::train::run::dataset_mean_std_at(cfg, &index, &ms_path)?;
-            Ok(())
-        })?;
+        r.stage(
+            Stage::MeanStd,
+            &t,
+            None,
+            &[],
+            std::slice::from_ref(&ms_path),
+            || {
+                let index =
+                    crate::data::build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+                crate::train::run::dataset_mean_std_at(cfg, &index, &ms_path)?;
+                Ok(())
+            },
+        )?;
         if r.stopped() {
             return Ok(PipelineOutcome::Preempted(r.runs));
         }
