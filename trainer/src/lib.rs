@@ -9,4 +9,5 @@ pub mod metrics;
 pub mod model;
 pub mod precision;
 pub mod probe;
+pub mod pth;
 pub mod train;

@@ -39,7 +39,8 @@ pub struct FeaturesArgs {
     config: PathBuf,
     #[arg(long, default_value_t = 0)]
     combination: usize,
-    /// Checkpoint to embed with (default: the model's latest `checkpoint.safetensors`).
+    /// Checkpoint to embed with: one of ours or a PyTorch `.pth` (scDINO/DINO training
+    /// checkpoint or bare state dict). Default: the model's latest `checkpoint.safetensors`.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     #[arg(long)]
@@ -60,14 +61,12 @@ impl FeaturesArgs {
         let ckpt = self
             .checkpoint
             .unwrap_or_else(|| model_dir(&cfg, &channels).join(trainer::checkpoint::LATEST));
-        let meta = trainer::checkpoint::load(&ckpt)?.meta;
         let ms = trainer::analysis::mean_std::MeanStd::read(
             &cfg.run_dir().join("mean_and_std_of_dataset.txt"),
         )?;
         let set = features::extract(&cfg, self.combination, &ckpt, &ms)
             .with_context(|| format!("features with {}", ckpt.display()))?;
-        // scDINO names feature files after the epoch of the checkpoint (checkpoint{E}.pth).
-        let tag = format!("epoch{}", meta.epoch.saturating_sub(1));
+        let tag = set.tag.clone();
         let dir = features::analyses_dir(&cfg, &channels);
         features::write(&dir, &tag, &set)?;
         println!(

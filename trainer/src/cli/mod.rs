@@ -1,6 +1,7 @@
 //! Subcommand definitions and dispatch.
 mod analysis_cmd;
 mod bench;
+mod checkpoint_cmd;
 mod config_cmd;
 mod data_cmd;
 mod train_cmd;
@@ -36,6 +37,9 @@ enum Command {
     Knn(analysis_cmd::KnnArgs),
     /// DINO pretraining of one channel combination (resumes automatically).
     Train(train_cmd::TrainArgs),
+    /// Inspect or import PyTorch `.pth` checkpoints (scDINO/DINO).
+    #[command(subcommand)]
+    Checkpoint(checkpoint_cmd::CheckpointCommand),
     /// Run N local ranks of a trainer command (multi-process data parallelism on one machine).
     Launch(train_cmd::LaunchArgs),
     /// Measure our model against the PyTorch reference (used by bench/).
@@ -55,6 +59,7 @@ impl Cli {
             Command::MeanStd(m) => m.run(),
             Command::Features(f) => f.run(),
             Command::Knn(k) => k.run(),
+            Command::Checkpoint(c) => c.run(),
         }
     }
 }
