@@ -7,5 +7,6 @@ mod dist;
 mod knn;
 mod metrics;
 mod model;
+mod pth;
 mod train;
 mod util;
