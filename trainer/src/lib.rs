@@ -11,4 +11,5 @@ pub mod pipeline;
 pub mod plot;
 pub mod precision;
 pub mod probe;
+pub mod pth;
 pub mod train;

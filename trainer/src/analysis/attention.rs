@@ -5,9 +5,9 @@
 //! Differences from scDINO, on purpose: images are picked with a seeded shuffle (`run.seed`)
 //! instead of Python's unseeded `random.sample`, so reruns and reports are reproducible; and
 //! `attention_images.json` lists what was written, for the report.
+use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features::{self, resized_hw, to_tensor, FeaturesError};
 use crate::analysis::mean_std::MeanStd;
-use crate::checkpoint;
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
@@ -23,8 +23,6 @@ pub enum AttentionError {
     Features(#[from] FeaturesError),
     #[error(transparent)]
     Data(#[from] data::DataError),
-    #[error(transparent)]
-    Checkpoint(#[from] checkpoint::CheckpointError),
     #[error(transparent)]
     Plot(#[from] PlotError),
     #[error("{0}")]
@@ -125,13 +123,9 @@ pub fn write_attention_maps(
     let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
         AttentionError::Invalid(format!("channel combination {combination} does not exist"))
     })?;
-    let ck = checkpoint::load(checkpoint_path)?;
-    let (_vs, vit) = features::load_backbone(
-        cfg,
-        &ck,
-        cfg.downstream.features.checkpoint_key,
-        channels.len(),
-    )?;
+    let weights = BackboneWeights::load(checkpoint_path, cfg.downstream.features.checkpoint_key)
+        .map_err(FeaturesError::from)?;
+    let (_vs, vit) = features::load_backbone(cfg, &weights, &channels)?;
     let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;

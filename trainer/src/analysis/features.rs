@@ -3,9 +3,10 @@
 //! as training, resize (bilinear, shorter side to `resize_length`), normalisation, CLS token,
 //! L2 normalisation. Features, labels and paths are produced together, so they cannot drift
 //! apart (scDINO ran two jobs and relied on the sampler order matching).
+use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
-use crate::config::{CheckpointKey, Config};
+use crate::config::Config;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, build_index, ImageChw, NanAction, NanPolicy, PreprocessOptions};
 use crate::model::{VisionTransformer, VitConfig};
@@ -18,6 +19,8 @@ pub enum FeaturesError {
     Data(#[from] data::DataError),
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Backbone(#[from] BackboneError),
     #[error(transparent)]
     MeanStd(#[from] crate::analysis::mean_std::MeanStdError),
     #[error("{0}")]
@@ -40,46 +43,55 @@ pub struct FeatureSet {
     pub indices: Vec<usize>,
     /// Rows whose image gave NaN and was replaced by dataset image 0 (scDINO's rule).
     pub replaced: usize,
+    /// Names the output files: `epoch{E}` after the checkpoint's epoch (see
+    /// [`BackboneWeights::tag`]).
+    pub tag: String,
 }
 
-/// The backbone of `key` ("teacher"/"student") from one of our checkpoints.
+/// The configured ViT with `weights` loaded, for images of `channels` (file channel indices).
+/// The patch embedding is adapted as `downstream.features` says (see
+/// [`PatchEmbedAdapt`]); every other tensor must exist with the configured shape (scDINO loads
+/// with `strict=False`, which leaves a missing tensor at its random init: we refuse instead).
 pub fn load_backbone(
     cfg: &Config,
-    ck: &checkpoint::Checkpoint,
-    key: CheckpointKey,
-    in_chans: usize,
+    weights: &BackboneWeights,
+    channels: &[usize],
 ) -> Result<(nn::VarStore, VisionTransformer), FeaturesError> {
-    let prefix = match key {
-        CheckpointKey::Teacher => "teacher",
-        CheckpointKey::Student => "student",
-    };
-    let conv = ck
-        .get(&format!("{prefix}.backbone.patch_embed.proj.weight"))
-        .ok_or_else(|| {
-            FeaturesError::Invalid(format!("{}: no {prefix} backbone", ck.path.display()))
-        })?;
-    let ck_chans = conv.size()[1] as usize;
-    if ck_chans != in_chans {
-        return Err(FeaturesError::Invalid(format!(
-            "{} was trained on {ck_chans} channels but this channel combination has {in_chans}",
-            ck.path.display()
-        )));
-    }
+    let adapt = PatchEmbedAdapt::from_config(&cfg.downstream.features);
+    let patch_embed = weights.patch_embed_for(channels, &adapt)?;
+    let path = weights.path.display();
+    let hint = weights
+        .args
+        .as_ref()
+        .map(|a| format!(" (the checkpoint was trained with {})", a.summary()))
+        .unwrap_or_default();
     let mut vs = nn::VarStore::new(Device::Cpu);
     let vit = VisionTransformer::new(
         vs.root() / "backbone",
-        VitConfig::new(cfg.model.arch, cfg.model.patch_size, in_chans),
+        VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len()),
     );
     tch::no_grad(|| {
         for (name, mut t) in vs.variables() {
-            let src = ck.get(&format!("{prefix}.{name}")).ok_or_else(|| {
-                FeaturesError::Invalid(format!("{}: {prefix}.{name} missing", ck.path.display()))
-            })?;
+            let short = name.strip_prefix("backbone.").unwrap_or(&name);
+            let src = if short == "patch_embed.proj.weight" {
+                patch_embed.shallow_clone()
+            } else {
+                weights
+                    .tensors
+                    .get(short)
+                    .map(Tensor::shallow_clone)
+                    .ok_or_else(|| {
+                        FeaturesError::Invalid(format!(
+                            "{path}: backbone tensor {short} is missing"
+                        ))
+                    })?
+            };
             if src.size() != t.size() {
                 return Err(FeaturesError::Invalid(format!(
-                    "{}: {prefix}.{name} has shape {:?}, the configured model needs {:?}",
-                    ck.path.display(),
+                    "{path}: backbone tensor {short} has shape {:?}, the configured model ({:?}, patch {}) needs {:?}{hint}",
                     src.size(),
+                    cfg.model.arch,
+                    cfg.model.patch_size,
                     t.size()
                 )));
             }
@@ -108,7 +120,8 @@ pub(crate) fn to_tensor(img: &ImageChw) -> Tensor {
     ])
 }
 
-/// Extracts the held-out features of channel combination `combination` with `checkpoint`.
+/// Extracts the held-out features of channel combination `combination` with `checkpoint`
+/// (one of ours or a PyTorch `.pth`).
 pub fn extract(
     cfg: &Config,
     combination: usize,
@@ -118,9 +131,9 @@ pub fn extract(
     let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
         FeaturesError::Invalid(format!("channel combination {combination} does not exist"))
     })?;
-    let ck = checkpoint::load(checkpoint_path)?;
     let f = &cfg.downstream.features;
-    let (_vs, vit) = load_backbone(cfg, &ck, f.checkpoint_key, channels.len())?;
+    let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
+    let (_vs, vit) = load_backbone(cfg, &weights, &channels)?;
     let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
@@ -176,6 +189,7 @@ pub fn extract(
             .collect(),
         indices: split.held_out.clone(),
         replaced,
+        tag: weights.tag(),
     })
 }
 
@@ -311,12 +325,19 @@ pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
             indices.len()
         )));
     }
+    let tag = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix("_features.safetensors"))
+        .unwrap_or_default()
+        .to_string();
     Ok(FeatureSet {
         features,
         labels,
         paths,
         indices,
         replaced: 0,
+        tag,
     })
 }
 

@@ -78,7 +78,8 @@ fn checkpoint_or_latest(t: &Target, ckpt: Option<PathBuf>) -> PathBuf {
 pub struct FeaturesArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Checkpoint to embed with (default: the model's latest `checkpoint.safetensors`).
+    /// Checkpoint to embed with: one of ours or a PyTorch `.pth` (scDINO/DINO training
+    /// checkpoint or bare state dict). Default: the model's latest `checkpoint.safetensors`.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
 }
@@ -88,7 +89,7 @@ impl FeaturesArgs {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
         let ckpt = checkpoint_or_latest(&t, self.checkpoint);
-        let tag = stages::tag_of_checkpoint(&ckpt)?;
+        let tag = stages::tag_of_checkpoint(&cfg, &ckpt)?;
         let rows = stages::run_features(&t, &ckpt, &tag)
             .with_context(|| format!("features with {}", ckpt.display()))?;
         println!(
@@ -159,7 +160,7 @@ impl UmapArgs {
 pub struct AttentionArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Checkpoint (default: the model's latest `checkpoint.safetensors`).
+    /// Checkpoint: ours or a PyTorch `.pth` (default: the model's latest).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
 }
@@ -169,7 +170,7 @@ impl AttentionArgs {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
         let ckpt = checkpoint_or_latest(&t, self.checkpoint);
-        let tag = stages::tag_of_checkpoint(&ckpt)?;
+        let tag = stages::tag_of_checkpoint(&cfg, &ckpt)?;
         let images = stages::run_attention(&t, &ckpt, &tag)
             .with_context(|| format!("attention maps with {}", ckpt.display()))?;
         println!(

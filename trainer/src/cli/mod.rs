@@ -1,6 +1,7 @@
 //! Subcommand definitions and dispatch.
 mod analysis_cmd;
 mod bench;
+mod checkpoint_cmd;
 mod config_cmd;
 mod data_cmd;
 mod pipeline_cmd;
@@ -46,6 +47,9 @@ enum Command {
     Pipeline(pipeline_cmd::PipelineArgs),
     /// DINO pretraining of one channel combination (resumes automatically).
     Train(train_cmd::TrainArgs),
+    /// Inspect or import PyTorch `.pth` checkpoints (scDINO/DINO).
+    #[command(subcommand)]
+    Checkpoint(checkpoint_cmd::CheckpointCommand),
     /// Run N local ranks of a trainer command (multi-process data parallelism on one machine).
     Launch(train_cmd::LaunchArgs),
     /// Measure our model against the PyTorch reference (used by bench/).
@@ -69,6 +73,7 @@ impl Cli {
             Command::Attention(a) => a.run(),
             Command::Report(r) => r.run(),
             Command::Pipeline(p) => p.run(),
+            Command::Checkpoint(c) => c.run(),
         }
     }
 }

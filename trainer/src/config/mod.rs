@@ -308,6 +308,22 @@ impl Config {
             "must be at least one patch",
         )?;
         v.check(
+            !f.use_mean_patch_embedding || f.custom_embedding_map.is_empty(),
+            "downstream.features.custom_embedding_map",
+            "cannot be combined with use_mean_patch_embedding: choose one way to adapt the patch embedding",
+        )?;
+        for &c in f.custom_embedding_map.keys() {
+            v.check(
+                c < n_channels,
+                "downstream.features.custom_embedding_map",
+                &format!(
+                    "maps channel {c}, but the images have {n_channels} channels ({}), numbered 0 to {}",
+                    data.channel_names.join(", "),
+                    n_channels - 1
+                ),
+            )?;
+        }
+        v.check(
             down.attention.image_size >= model.patch_size,
             "downstream.attention.image_size",
             "must be at least one patch",
@@ -528,6 +544,41 @@ mod tests {
         .unwrap();
         assert_eq!(c.channel_sets, vec![vec![11, 0], vec![2, 9]]);
         assert_eq!(c.model_dir_name(&[11, 0]), "name_of_model_channel_l_a");
+    }
+
+    #[test]
+    fn patch_embedding_options() {
+        let c = Config::from_yaml(
+            "downstream:\n  features:\n    custom_embedding_map: {2: 0, 4: 1}\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.downstream.features.custom_embedding_map,
+            [(2, 0), (4, 1)].into_iter().collect()
+        );
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        let (key, line, msg) =
+            invalid("downstream:\n  features:\n    use_mean_patch_embedding: true\n    custom_embedding_map: {0: 0}\n");
+        assert_eq!(
+            (key.as_str(), line),
+            ("downstream.features.custom_embedding_map", Some(4))
+        );
+        assert!(msg.contains("use_mean_patch_embedding"), "{msg}");
+        let (key, line, msg) =
+            invalid("downstream:\n  features:\n    custom_embedding_map: {5: 0}\n");
+        assert_eq!(
+            (key.as_str(), line),
+            ("downstream.features.custom_embedding_map", Some(3))
+        );
+        assert!(msg.contains("maps channel 5"), "{msg}");
+        let e = Config::from_yaml(
+            "downstream:\n  features:\n    use_custom_embedding_map: true\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("use_custom_embedding_map"), "{e}");
     }
 
     #[test]

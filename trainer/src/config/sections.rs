@@ -5,6 +5,7 @@
 //! misspelled keys (`warump_epochs`, `techer_temp`) and trained with values nobody chose.
 //! The doc comment of each field names the scDINO key it replaces.
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// The whole file as written by the user, with defaults filled in.
@@ -277,6 +278,15 @@ pub struct FeaturesSection {
     pub resize: bool,
     /// Side the images are resized to when `resize` is on.
     pub resize_length: usize,
+    /// scDINO `use_mean_patch_embedding`, for a checkpoint trained on other channels: the
+    /// patch-embedding kernel is averaged over the checkpoint's input channels and repeated
+    /// once per selected channel. Applies whenever set, even if the counts match (as scDINO).
+    pub use_mean_patch_embedding: bool,
+    /// scDINO `custom_embedding_map` (its `use_custom_embedding_map` is implied by a non-empty
+    /// map): image channel index -> checkpoint input channel, e.g. `{2: 0, 4: 1}` embeds
+    /// channel 2 with the checkpoint's channel 0. Every selected channel needs an entry.
+    /// Cannot be combined with `use_mean_patch_embedding` (scDINO silently preferred the mean).
+    pub custom_embedding_map: BTreeMap<usize, usize>,
 }
 
 impl Default for FeaturesSection {
@@ -289,6 +299,8 @@ impl Default for FeaturesSection {
             checkpoint_key: CheckpointKey::Teacher,
             resize: true,
             resize_length: 224,
+            use_mean_patch_embedding: false,
+            custom_embedding_map: BTreeMap::new(),
         }
     }
 }

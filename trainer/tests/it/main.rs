@@ -7,6 +7,7 @@ mod dist;
 mod knn;
 mod metrics;
 mod model;
+mod pth;
 mod train;
 mod umap;
 mod util;

@@ -1,0 +1,317 @@
+//! The ViT backbone weights an analysis embeds with, from any checkpoint we can read: ours
+//! (safetensors) or PyTorch `.pth` as scDINO/DINO save them, told apart by their first bytes.
+//!
+//! Names are normalised the way DINO's `load_pretrained_weights` does (pick `teacher` or
+//! `student`, strip `module.` then `backbone.`, drop the head), so the rest of the code sees
+//! backbone-relative names (`patch_embed.proj.weight`) whatever the file was.
+use crate::checkpoint::{self, CheckpointError};
+use crate::config::CheckpointKey;
+use crate::pth::{self, FileKind, PthError, PthFile, TrainingArgs, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackboneError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Pth(#[from] PthError),
+    #[error("{path}: {what}")]
+    Invalid { path: PathBuf, what: String },
+}
+
+/// Marks the fingerprint of a checkpoint written by [`BackboneWeights::save`].
+const IMPORTED: &str = "imported_from";
+
+/// Backbone weights and what the file says about them.
+pub struct BackboneWeights {
+    pub path: PathBuf,
+    /// Backbone-relative names, the dtype they were saved in.
+    pub tensors: HashMap<String, Tensor>,
+    /// Epochs completed when it was saved (scDINO's `epoch` entry holds epoch+1, our
+    /// `meta.epoch` the same count); `None` for a bare state dict.
+    pub epoch: Option<usize>,
+    /// scDINO's training `args`, when the file has them.
+    pub args: Option<TrainingArgs>,
+}
+
+fn key_name(key: CheckpointKey) -> &'static str {
+    match key {
+        CheckpointKey::Teacher => "teacher",
+        CheckpointKey::Student => "student",
+    }
+}
+
+/// DINO's renaming: `module.backbone.blocks.0...` -> `blocks.0...`; `None` for head weights.
+fn backbone_name(name: &str) -> Option<&str> {
+    let name = name.strip_prefix("module.").unwrap_or(name);
+    let name = name.strip_prefix("backbone.").unwrap_or(name);
+    (!name.starts_with("head.")).then_some(name)
+}
+
+impl BackboneWeights {
+    /// Reads the `key` network of `path`, whichever format it is.
+    pub fn load(path: &Path, key: CheckpointKey) -> Result<Self, BackboneError> {
+        match pth::sniff(path)? {
+            FileKind::Zip | FileKind::LegacyPickle => Self::from_pth(path, key),
+            FileKind::Other => Self::from_ours(path, key),
+        }
+    }
+
+    fn invalid(path: &Path, what: String) -> BackboneError {
+        BackboneError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        }
+    }
+
+    /// A `.pth`: a training checkpoint (`key` selects the network, as scDINO's
+    /// `checkpoint_key`), or a bare state dict when the file has neither network.
+    fn from_pth(path: &Path, key: CheckpointKey) -> Result<Self, BackboneError> {
+        let f = PthFile::open(path)?;
+        let root = f.root();
+        let want = key_name(key);
+        let dict = match root.get(want) {
+            Some(d @ Value::Dict(_)) => d,
+            Some(other) => {
+                return Err(Self::invalid(
+                    path,
+                    format!("`{want}` is {}, not a state dict", other.short_repr()),
+                ))
+            }
+            None => {
+                let other = match key {
+                    CheckpointKey::Teacher => "student",
+                    CheckpointKey::Student => "teacher",
+                };
+                if root.get(other).is_some() {
+                    return Err(Self::invalid(
+                        path,
+                        format!(
+                            "has `{other}` but no `{want}` (downstream.features.checkpoint_key)"
+                        ),
+                    ));
+                }
+                root.clone()
+            }
+        };
+        let mut tensors = HashMap::new();
+        for (name, t) in f.tensors_of(&dict) {
+            if let Some(short) = backbone_name(&name) {
+                tensors.insert(short.to_string(), f.tensor(&t)?);
+            }
+        }
+        if tensors.is_empty() {
+            let keys: Vec<String> = root
+                .dict_items()
+                .unwrap_or_default()
+                .into_iter()
+                .take(10)
+                .map(|(k, _)| k)
+                .collect();
+            return Err(Self::invalid(
+                path,
+                format!("no `{want}` network and no backbone tensors at the top level (top-level keys: {keys:?})"),
+            ));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            tensors,
+            epoch: root
+                .get("epoch")
+                .and_then(|e| e.as_int())
+                .and_then(|e| usize::try_from(e).ok()),
+            args: root.get("args").and_then(|a| TrainingArgs::from_value(&a)),
+        })
+    }
+
+    /// One of our safetensors checkpoints (`teacher.backbone.*`).
+    fn from_ours(path: &Path, key: CheckpointKey) -> Result<Self, BackboneError> {
+        let ck = checkpoint::load(path)?;
+        let prefix = format!("{}.", key_name(key));
+        let tensors: HashMap<String, Tensor> = ck
+            .tensors
+            .iter()
+            .filter_map(|(name, t)| {
+                let short = backbone_name(name.strip_prefix(&prefix)?)?;
+                Some((short.to_string(), t.shallow_clone()))
+            })
+            .collect();
+        if tensors.is_empty() {
+            return Err(Self::invalid(
+                path,
+                format!("no {} backbone", key_name(key)),
+            ));
+        }
+        let imported: Option<serde_json::Value> = serde_json::from_str(&ck.meta.fingerprint)
+            .ok()
+            .filter(|v: &serde_json::Value| v.get(IMPORTED).is_some());
+        let epoch_known = imported
+            .as_ref()
+            .and_then(|v| v.get("epoch_known")?.as_bool())
+            .unwrap_or(true);
+        Ok(Self {
+            path: path.to_path_buf(),
+            tensors,
+            epoch: epoch_known.then_some(ck.meta.epoch),
+            args: None,
+        })
+    }
+
+    /// The name part of feature files: `epoch{E}` as scDINO (E = epochs completed - 1, the
+    /// number in `checkpoint{E}.pth`), or `model_{file stem}` (scDINO's downstream-only naming)
+    /// when the file does not say which epoch it is.
+    pub fn tag(&self) -> String {
+        match self.epoch {
+            Some(e) => format!("epoch{}", e.saturating_sub(1)),
+            None => format!(
+                "model_{}",
+                self.path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ),
+        }
+    }
+
+    /// The weight of the patch embedding, adapted to `channels` (file channel indices) as
+    /// configured; see [`PatchEmbedAdapt`].
+    pub fn patch_embed_for(
+        &self,
+        channels: &[usize],
+        adapt: &PatchEmbedAdapt,
+    ) -> Result<Tensor, BackboneError> {
+        let w = self
+            .tensors
+            .get("patch_embed.proj.weight")
+            .ok_or_else(|| Self::invalid(&self.path, "no patch_embed.proj.weight".into()))?;
+        if w.dim() != 4 {
+            return Err(Self::invalid(
+                &self.path,
+                format!("patch_embed.proj.weight has shape {:?}", w.size()),
+            ));
+        }
+        let ck_chans = w.size()[1] as usize;
+        match adapt {
+            PatchEmbedAdapt::Mean => Ok(w
+                .to_kind(Kind::Float)
+                .mean_dim(1, true, Kind::Float)
+                .repeat([1, channels.len() as i64, 1, 1])),
+            PatchEmbedAdapt::Map(map) => {
+                let mut seq = Vec::with_capacity(channels.len());
+                for &c in channels {
+                    let src = *map.get(&c).ok_or_else(|| {
+                        Self::invalid(
+                            &self.path,
+                            format!("channel {c} has no entry in downstream.features.custom_embedding_map"),
+                        )
+                    })?;
+                    if src >= ck_chans {
+                        return Err(Self::invalid(
+                            &self.path,
+                            format!("downstream.features.custom_embedding_map maps channel {c} to checkpoint channel {src}, but the checkpoint's patch embedding has only {ck_chans} channels"),
+                        ));
+                    }
+                    seq.push(src as i64);
+                }
+                Ok(w.index_select(1, &Tensor::from_slice(&seq)))
+            }
+            PatchEmbedAdapt::None if ck_chans != channels.len() => Err(Self::invalid(
+                &self.path,
+                format!(
+                    "the checkpoint's patch embedding takes {ck_chans} channels but the channel combination {channels:?} has {}; set downstream.features.use_mean_patch_embedding or downstream.features.custom_embedding_map to adapt it",
+                    channels.len()
+                ),
+            )),
+            PatchEmbedAdapt::None => Ok(w.shallow_clone()),
+        }
+    }
+
+    /// Writes the backbone as one of our checkpoints (`{key}.backbone.*`), loadable wherever a
+    /// checkpoint is (`trainer features --checkpoint`). The fingerprint records the source, so
+    /// a training run refuses to resume from it.
+    pub fn save(&self, out: &Path, key: CheckpointKey) -> Result<(), BackboneError> {
+        let mut names: Vec<&String> = self.tensors.keys().collect();
+        names.sort();
+        let tensors: Vec<(String, Tensor)> = names
+            .into_iter()
+            .map(|n| {
+                (
+                    format!("{}.backbone.{n}", key_name(key)),
+                    self.tensors[n].shallow_clone(),
+                )
+            })
+            .collect();
+        let args: BTreeMap<String, String> = self
+            .args
+            .as_ref()
+            .map(|a| a.all.iter().cloned().collect())
+            .unwrap_or_default();
+        let meta = checkpoint::CheckpointMeta {
+            format: checkpoint::FORMAT.into(),
+            epoch: self.epoch.unwrap_or(0),
+            epoch_batch: 0,
+            iteration: 0,
+            seed: 0,
+            fingerprint: serde_json::json!({
+                IMPORTED: self.path.display().to_string(),
+                "checkpoint_key": key_name(key),
+                "epoch_known": self.epoch.is_some(),
+                "args": args,
+            })
+            .to_string(),
+            config_yaml: String::new(),
+            mean: vec![],
+            std: vec![],
+            epoch_totals: Default::default(),
+            loss_scaler: None,
+        };
+        checkpoint::save(out, &tensors, &meta)?;
+        Ok(())
+    }
+}
+
+/// How the checkpoint's patch embedding meets a channel combination (scDINO
+/// `compute_CLS_features.py`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PatchEmbedAdapt {
+    /// Channel counts must match.
+    None,
+    /// `use_mean_patch_embedding`: the conv kernel averaged over its input channels, repeated
+    /// once per selected channel (applied even when the counts match, as scDINO does).
+    Mean,
+    /// `custom_embedding_map`: selected file channel `c` uses checkpoint input channel
+    /// `map[c]` (scDINO keys the map by the image's channel index, not the position in the
+    /// combination).
+    Map(BTreeMap<usize, usize>),
+}
+
+impl PatchEmbedAdapt {
+    pub fn from_config(f: &crate::config::FeaturesSection) -> Self {
+        if f.use_mean_patch_embedding {
+            Self::Mean
+        } else if !f.custom_embedding_map.is_empty() {
+            Self::Map(f.custom_embedding_map.clone())
+        } else {
+            Self::None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dino_renaming() {
+        assert_eq!(
+            backbone_name("module.backbone.blocks.0.attn.qkv.weight"),
+            Some("blocks.0.attn.qkv.weight")
+        );
+        assert_eq!(backbone_name("backbone.cls_token"), Some("cls_token"));
+        assert_eq!(backbone_name("pos_embed"), Some("pos_embed"));
+        assert_eq!(backbone_name("module.head.mlp.0.weight"), None);
+        assert_eq!(backbone_name("head.last_layer.weight_g"), None);
+    }
+}
