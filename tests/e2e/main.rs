@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `trainer` and `launcher` binaries on real files.
 mod dist_cli;
 mod launcher_cli;
+mod pipeline_cli;
 mod train_cli;
 mod trainer_cli;
 mod util;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use trainer::config::Config;
 use trainer::data::build_index;
 use trainer::pipeline::stages::{self, Target};
+use trainer::pipeline::up_to_date;
 use trainer::train::run::dataset_mean_std_at;
 
 /// `trainer mean-std`: the dataset statistics that normalise every crop.
@@ -68,9 +69,33 @@ fn tags_or_all(t: &Target, tag: Option<String>) -> Result<Vec<String>> {
     Ok(tags)
 }
 
-/// The checkpoint to use: the one given, or the model's latest.
-fn checkpoint_or_latest(t: &Target, ckpt: Option<PathBuf>) -> PathBuf {
-    ckpt.unwrap_or_else(|| t.model_dir.join(trainer::checkpoint::LATEST))
+/// The checkpoints to analyse, with their tags: the one given; else every checkpoint training
+/// kept (`checkpoint_every` and the last, as scDINO analyses every saved epoch) whose `output`
+/// is missing or stale; else, when none was kept yet, the latest.
+fn checkpoints_to_run(
+    t: &Target,
+    ckpt: Option<PathBuf>,
+    output: impl Fn(&str) -> PathBuf,
+) -> Result<Vec<(String, PathBuf)>> {
+    if let Some(c) = ckpt {
+        return Ok(vec![(stages::tag_of_checkpoint(t.cfg, &c)?, c)]);
+    }
+    let kept = t.numbered_checkpoints();
+    if kept.is_empty() {
+        let latest = t.model_dir.join(trainer::checkpoint::LATEST);
+        return Ok(vec![(stages::tag_of_checkpoint(t.cfg, &latest)?, latest)]);
+    }
+    let ms = t.mean_std_path();
+    Ok(kept
+        .into_iter()
+        .filter(|(tag, c)| {
+            let fresh = up_to_date(&[output(tag)], &[c.clone(), ms.clone()]);
+            if fresh {
+                eprintln!("{tag}: up to date, skipped");
+            }
+            !fresh
+        })
+        .collect())
 }
 
 /// `trainer features`: CLS features, labels and paths of the held-out images.
@@ -79,7 +104,8 @@ pub struct FeaturesArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Checkpoint to embed with: one of ours or a PyTorch `.pth` (scDINO/DINO training
-    /// checkpoint or bare state dict). Default: the model's latest `checkpoint.safetensors`.
+    /// checkpoint or bare state dict). Default: every checkpoint training kept whose features
+    /// are missing or stale (the latest if none was kept yet).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
 }
@@ -88,17 +114,17 @@ impl FeaturesArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        let ckpt = checkpoint_or_latest(&t, self.checkpoint);
-        let tag = stages::tag_of_checkpoint(&cfg, &ckpt)?;
-        let rows = stages::run_features(&t, &ckpt, &tag)
-            .with_context(|| format!("features with {}", ckpt.display()))?;
-        println!(
-            "{rows} rows -> {}",
-            t.analyses
-                .join("CLS_features")
-                .join(format!("{tag}_features.csv"))
-                .display()
-        );
+        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, |tag| t.bundle(tag))? {
+            let rows = stages::run_features(&t, &ckpt, &tag)
+                .with_context(|| format!("features with {}", ckpt.display()))?;
+            println!(
+                "{rows} rows -> {}",
+                t.analyses
+                    .join("CLS_features")
+                    .join(format!("{tag}_features.csv"))
+                    .display()
+            );
+        }
         Ok(())
     }
 }
@@ -160,7 +186,8 @@ impl UmapArgs {
 pub struct AttentionArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Checkpoint: ours or a PyTorch `.pth` (default: the model's latest).
+    /// Checkpoint: ours or a PyTorch `.pth` (default: every kept checkpoint without up-to-date
+    /// maps, or the latest if none was kept yet).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
 }
@@ -169,15 +196,16 @@ impl AttentionArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        let ckpt = checkpoint_or_latest(&t, self.checkpoint);
-        let tag = stages::tag_of_checkpoint(&cfg, &ckpt)?;
-        let images = stages::run_attention(&t, &ckpt, &tag)
-            .with_context(|| format!("attention maps with {}", ckpt.display()))?;
-        println!(
-            "{} images -> {}",
-            images.len(),
-            t.attention_dir(&tag).display()
-        );
+        let manifest = |tag: &str| t.attention_dir(tag).join("attention_images.json");
+        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, manifest)? {
+            let images = stages::run_attention(&t, &ckpt, &tag)
+                .with_context(|| format!("attention maps with {}", ckpt.display()))?;
+            println!(
+                "{} images -> {}",
+                images.len(),
+                t.attention_dir(&tag).display()
+            );
+        }
         Ok(())
     }
 }

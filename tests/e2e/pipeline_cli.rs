@@ -1,0 +1,251 @@
+//! `trainer pipeline` end to end on synthetic data: every stage's files, a report whose every
+//! image opens, kNN well above chance, make-like reruns, and resuming after a stop signal.
+use super::util::{bin, ok, text};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CLASSES: usize = 4;
+
+fn setup(dir: &Path) -> String {
+    let data = dir.join("data");
+    ok(
+        "trainer",
+        &[
+            "synth",
+            "--out",
+            data.to_str().unwrap(),
+            "--seed",
+            "5",
+            "--classes",
+            &CLASSES.to_string(),
+            "--per-class",
+            "60",
+        ],
+    );
+    let path = dir.join("pipe.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "run:\n  name: pipe\n  output_dir: {out}\n  seed: 40\n\
+             data:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  \
+             channel_combinations: [\"02\"]\n  num_workers: 2\n\
+             model:\n  name: m\n  arch: vit_tiny\n  out_dim: 256\n\
+             augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n\
+             train:\n  epochs: 3\n  checkpoint_every: 2\n  batch_size_per_gpu: 16\n  \
+             precision: fp32\n  num_gpus: 1\n  warmup_epochs: 1\n  lr: 0.005\n\
+             downstream:\n  features:\n    num_gpus: 1\n    resize_length: 32\n  \
+             attention:\n    image_size: 48\n  knn:\n    k: [3, 5]\n  \
+             umap:\n    n_neighbors: 10\n    epochs: 60\n",
+            out = dir.join("out").display(),
+            data = data.join("Training").display()
+        ),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+fn analyses(dir: &Path) -> PathBuf {
+    dir.join("out/pipe/m_channel_APC_DAPI_analyses")
+}
+
+/// Runs the pipeline to completion; returns stderr (the per-stage log).
+fn pipeline(cfg: &str) -> String {
+    let out = Command::new(bin("trainer"))
+        .args(["pipeline", "--config", cfg, "--threads", "2"])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "pipeline failed:\n{err}");
+    err
+}
+
+/// Every `<img src>` of the report, decoded and opened (Python's HTML parser + Pillow).
+fn check_report(report: &Path) -> Vec<(String, u32, u32)> {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let script = r#"
+import sys, base64, io, json
+from html.parser import HTMLParser
+from PIL import Image
+class P(HTMLParser):
+    def __init__(self):
+        super().__init__(); self.imgs = []; self.ids = set()
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a: self.ids.add(a["id"])
+        if tag == "img": self.imgs.append((a.get("alt", ""), a["src"]))
+p = P(); p.feed(open(sys.argv[1], encoding="utf-8").read()); p.close()
+out = []
+for alt, src in p.imgs:
+    assert src.startswith("data:image/png;base64,"), "external image: " + src[:80]
+    im = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1], validate=True)))
+    im.load()
+    out.append([alt, im.size[0], im.size[1]])
+print(json.dumps({"imgs": out, "ids": sorted(p.ids)}))
+"#;
+    let out = Command::new(py)
+        .args(["-c", script, report.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let ids: Vec<&str> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"knn") && ids.contains(&"per-class"),
+        "{ids:?}"
+    );
+    v["imgs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i[0].as_str().unwrap().to_string(),
+                i[1].as_u64().unwrap() as u32,
+                i[2].as_u64().unwrap() as u32,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path());
+    let log = pipeline(&cfg);
+    let a = analyses(dir.path());
+    // Checkpoints kept at epochs 0 and 2 (checkpoint_every 2, and the last).
+    for tag in ["epoch0", "epoch2"] {
+        for f in [
+            format!("CLS_features/{tag}_features.csv"),
+            format!("CLS_features/{tag}_features.safetensors"),
+            format!("kNN/{tag}_knn_metrics.json"),
+            format!("kNN/{tag}_confusion.png"),
+            format!("embedding_plots/{tag}_umap.png"),
+            format!("embedding_plots/{tag}_umap.csv"),
+            format!("embedding_plots/{tag}_umap.json"),
+            format!("attention_images/{tag}/attention_images.json"),
+        ] {
+            assert!(a.join(&f).is_file(), "{f} missing; log:\n{log}");
+        }
+    }
+    assert!(!a.join("CLS_features/epoch1_features.csv").exists());
+    // scDINO's global_kNN.txt: one block per checkpoint, in epoch order.
+    let txt = std::fs::read_to_string(a.join("kNN/global_kNN.txt")).unwrap();
+    let e0 = txt.find("_epoch0\n").expect("epoch0 block");
+    let e2 = txt.find("_epoch2\n").expect("epoch2 block");
+    assert!(e0 < e2 && txt.matches("3-NN Top1").count() == 2, "{txt}");
+    // kNN well above chance (1/4) after training.
+    let knn: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(a.join("kNN/epoch2_knn_metrics.json")).unwrap(),
+    )
+    .unwrap();
+    let top1 = knn["results"][1]["top1_percent"].as_f64().unwrap();
+    assert_eq!(knn["results"][1]["k"], 5);
+    assert!(top1 >= 60.0, "5-NN top-1 {top1} % (chance 25 %)");
+    // Attention: one image per class, at the features' size (32) and the attention size (48),
+    // 2 channel PNGs + 3 heads (vit_tiny) each.
+    let att: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(a.join("attention_images/epoch2/attention_images.json")).unwrap(),
+    )
+    .unwrap();
+    let att = att.as_array().unwrap();
+    assert_eq!(att.len(), CLASSES * 2);
+    for img in att {
+        assert_eq!(img["channel_pngs"].as_array().unwrap().len(), 2);
+        assert_eq!(img["head_pngs"].as_array().unwrap().len(), 3);
+    }
+    let umap: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(a.join("embedding_plots/epoch2_umap.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(umap["n_neighbors"], 10);
+    assert_eq!(umap["epochs"], 60);
+    assert!(umap["trustworthiness"].as_f64().unwrap() > 0.7, "{umap}");
+
+    // The report: every image embedded and decodable.
+    let report = a.join("report.html");
+    let imgs = check_report(&report);
+    let n_att = CLASSES * 2 * (2 + 3);
+    assert_eq!(imgs.len(), 3 + 1 + 1 + n_att, "{imgs:?}");
+    assert!(imgs
+        .iter()
+        .any(|(alt, w, h)| alt == "UMAP epoch2" && *w == 1400 && *h == 1000));
+    assert!(imgs
+        .iter()
+        .any(|(alt, w, h)| alt == "attn-head0" && *w == 48 && *h == 48));
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains("<td>epoch0</td>") && html.contains("<td>epoch2</td>"));
+
+    // Everything is up to date: a rerun runs nothing and leaves the report alone.
+    let before = std::fs::metadata(&report).unwrap().modified().unwrap();
+    let log = pipeline(&cfg);
+    assert!(!log.contains(": running"), "{log}");
+    assert_eq!(
+        std::fs::metadata(&report).unwrap().modified().unwrap(),
+        before
+    );
+
+    // A lost output is redone, and only what depends on it.
+    std::fs::remove_file(a.join("embedding_plots/epoch2_umap.json")).unwrap();
+    let log = pipeline(&cfg);
+    let ran: Vec<&str> = log.lines().filter(|l| l.ends_with(": running")).collect();
+    assert_eq!(
+        ran,
+        [
+            "[pipeline] umap epoch2: running",
+            "[pipeline] report: running"
+        ],
+        "{log}"
+    );
+}
+
+#[test]
+fn pipeline_stopped_by_signal_resumes_and_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path());
+    let model = dir.path().join("out/pipe/scDINO_ViTs/m_channel_APC_DAPI");
+    let child = Command::new(bin("trainer"))
+        .args(["pipeline", "--config", &cfg, "--threads", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stop once the first epoch's checkpoint exists (training or analyses are under way).
+    let start = Instant::now();
+    while !model.join("checkpoint0000.safetensors").exists() {
+        assert!(start.elapsed() < Duration::from_secs(300), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill")
+        .args(["-USR1", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "stderr:\n{}",
+        text(&out.stderr)
+    );
+    assert!(!analyses(dir.path()).join("report.html").exists());
+    let log = pipeline(&cfg);
+    assert!(analyses(dir.path()).join("report.html").is_file(), "{log}");
+    // Training resumed rather than restarted: one log line per epoch.
+    let epochs: Vec<u64> = std::fs::read_to_string(model.join("log.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["epoch"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(epochs, [0, 1, 2]);
+}
