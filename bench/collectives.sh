@@ -3,7 +3,9 @@
 # torch.distributed, both Gloo on NPROC local ranks, same ops, sizes, fill, iterations and busbw
 # formulas (bench/collectives.py), in one invocation. Runs alternate R,P,R,P,... for ROUNDS
 # rounds so machine noise hits both sides; the table gives per op and size the median busbw of
-# each side and the ratio Rust/PyTorch (> 1: ours is faster).
+# each side and the ratio Rust/PyTorch (> 1: ours is faster). Both sides run with
+# OMP_NUM_THREADS=1 (torchrun's default for several ranks per machine): Gloo's reduce_scatter
+# reduces with ATen ops whose OpenMP pool would otherwise oversubscribe the cores.
 # usage: [OPS="all_reduce all_gather reduce_scatter broadcast"] [RUNS_OUT=file.jsonl] \
 #        bench/collectives.sh [MIN_BYTES] [MAX_BYTES] [FACTOR] [ITERS] [ROUNDS] [NPROC]
 set -euo pipefail
@@ -22,6 +24,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 RUNS=$WORK/runs.jsonl
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+export OMP_NUM_THREADS=1
 common=(--min-bytes "$MIN" --max-bytes "$MAX" --factor "$FACTOR" --iters "$ITERS" --warmup "$WARMUP")
 
 for op in "${OP_LIST[@]}"; do
