@@ -157,7 +157,15 @@ fn nccl_test(a: NcclTestArgs) -> Result<()> {
         );
     };
     print!("{}", nccl_test::summary(&report));
-    let why = nccl_test::judge(&report, world, a.min_busbw);
+    let mut why = nccl_test::judge(&report, world, a.min_busbw);
+    // A rank that died after the report (or a failed step) fails the test too. UNKNOWN: Slurm
+    // already forgot the job and there is no accounting; the report is all there is.
+    if why.is_empty() && !matches!(state.state.as_str(), "COMPLETED" | "UNKNOWN") {
+        why.push(format!(
+            "the job ended {} (exit {})",
+            state.state, state.exit_code
+        ));
+    }
     let gate = a
         .min_busbw
         .map(|m| format!("gate {m} GB/s"))
