@@ -25,7 +25,7 @@ alive() {
   [[ $s != Z* ]]
 }
 pid_of() { cat "$1" 2>/dev/null || true; }
-node_state() { sinfo -h -n localnode -o %T 2>/dev/null || true; }
+node_state() { sinfo -h -n localhost -o %T 2>/dev/null || true; }
 
 install_packages() {
   local missing=() bin pkg
@@ -51,6 +51,8 @@ write_config() {
     mungekey -c -k "$S"/munge/munge.key
   fi
   # CPUs as the machine has them; RealMemory well below the real memory (memory is not scheduled).
+# The node is named localhost because job scripts use the first node *name* as the rendezvous
+# host (as on real clusters, where node names resolve), and localhost always resolves.
   cat >"$S"/slurm.conf <<EOF
 # Written by scripts/slurm-local.sh: a throw-away single-node cluster on localhost.
 ClusterName=local
@@ -83,7 +85,7 @@ ReturnToService=2
 MinJobAge=3600
 SchedulerParameters=batch_sched_delay=0,sched_interval=2
 DependencyParameters=kill_invalid_depend
-NodeName=localnode NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=$(nproc) RealMemory=1000 State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=$(nproc) RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 }
@@ -101,7 +103,7 @@ start() {
     --pid-file="$S"/munge/munged.pid --log-file="$S"/munge/munged.log \
     --seed-file="$S"/munge/munged.seed
   slurmctld -c      # daemonizes; -c discards saved job/node state
-  slurmd -N localnode # daemonizes
+  slurmd -N localhost # daemonizes
   local i
   for i in $(seq 1 300); do
     [[ $(node_state) == idle ]] && break
@@ -112,7 +114,7 @@ start() {
     tail -n 20 "$S"/log/slurmctld.log "$S"/log/slurmd.log >&2 || true
     exit 1
   fi
-  log "up: node localnode idle with $(nproc) CPUs; export SLURM_CONF=$SLURM_CONF"
+  log "up: node localhost idle with $(nproc) CPUs; export SLURM_CONF=$SLURM_CONF"
 }
 
 stop_pid() { # TERM, wait up to 15 s (a zombie counts as exited), then KILL

@@ -1,10 +1,16 @@
 //! Embeds an rpath to the venv's `torch/lib` so `trainer` runs without LD_LIBRARY_PATH, and
 //! compiles the small C++ shim (csrc/) against the same libtorch's headers.
 //!
+//! With the `nccl` feature the shim also builds ProcessGroupNCCL (platform-notes §4.7): it
+//! needs the CUDA and NCCL headers of the pip wheels next to torch, plus two header sets those
+//! wheels lack (scripts/nccl-headers.sh fetches them; `CUDA_EXTRA_INCLUDE` overrides where),
+//! and links libtorch_cuda/libc10_cuda with `--no-as-needed`: nothing references them by symbol,
+//! so the default `--as-needed` would drop them and libtorch would then see no GPU (§3.2).
+//!
 //! torch-sys passes its rpath only to the C++ wrapper's compile step, never to the final link
 //! (platform-notes §3.1), and `rustc-link-arg` does not propagate to dependents, so every
 //! package producing a libtorch-linked executable needs this.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// `(torch package dir, C++11 ABI flag)` from the Python that has torch (`PYTHON` overrides).
@@ -29,6 +35,40 @@ fn torch_from_python() -> (PathBuf, bool) {
     (dir, abi)
 }
 
+/// Include folders for the NCCL build; panics with the fix when a required header is missing.
+fn nccl_includes(torch_dir: &Path) -> Vec<PathBuf> {
+    println!("cargo:rerun-if-env-changed=CUDA_EXTRA_INCLUDE");
+    let site = torch_dir.parent().expect("torch lives in site-packages");
+    let mut dirs = vec![
+        site.join("nvidia/cu13/include"),
+        site.join("nvidia/nccl/include"),
+    ];
+    let extra: Vec<PathBuf> = match std::env::var("CUDA_EXTRA_INCLUDE") {
+        Ok(v) => std::env::split_paths(&v).collect(),
+        Err(_) => {
+            let d = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/cuda-extra/nvidia/cu13/include");
+            vec![d.clone(), d.join("cccl")]
+        }
+    };
+    dirs.extend(extra);
+    for (header, hint) in [
+        (
+            "cuda_runtime.h",
+            "the nvidia-cuda-runtime wheel next to torch",
+        ),
+        ("nccl.h", "the nvidia-nccl wheel next to torch"),
+        ("crt/host_config.h", "run scripts/nccl-headers.sh"),
+        ("nv/target", "run scripts/nccl-headers.sh"),
+    ] {
+        assert!(
+            dirs.iter().any(|d| d.join(header).exists()),
+            "--features nccl: {header} is in none of {dirs:?}; {hint} (or set CUDA_EXTRA_INCLUDE)"
+        );
+    }
+    dirs
+}
+
 fn main() {
     println!("cargo:rerun-if-env-changed=PYTHON");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
@@ -40,7 +80,17 @@ fn main() {
     };
     let lib_dir = torch_dir.join("lib");
     let include = torch_dir.join("include");
-    cc::Build::new()
+    let nccl = std::env::var_os("CARGO_FEATURE_NCCL").is_some();
+    let mut build = cc::Build::new();
+    if nccl {
+        for d in nccl_includes(&torch_dir) {
+            build.include(d);
+        }
+        build
+            .define("SCDINO_NCCL", None)
+            .define("USE_C10D_NCCL", None);
+    }
+    build
         .cpp(true)
         .pic(true)
         .opt_level(2)
@@ -58,5 +108,10 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
+    if nccl {
+        println!("cargo:rustc-link-lib=dylib=torch_cuda");
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,-lc10_cuda,--as-needed");
+    }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
 }

@@ -4,9 +4,11 @@
 //! - [`cluster`]: the strict `cluster.yaml`;
 //! - [`render`]: one sbatch script per job plus `manifest.json`;
 //! - [`slurm`]: `sbatch --test-only`, `sbatch --parsable` chains, status and cancel;
+//! - [`nccl_test`]: a collectives benchmark job across the nodes, and its verdict;
 //! - [`shell`]: the one place that quotes values for scripts.
 pub mod cluster;
 mod locate;
+pub mod nccl_test;
 pub mod render;
 pub mod shell;
 pub mod slurm;

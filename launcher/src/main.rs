@@ -37,6 +37,9 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Submit `trainer collectives-bench` on one task per GPU across the nodes, wait for it and
+    /// report pass/fail (exit 1 on fail): a check of the fabric before a long training run.
+    NcclTest(NcclTestArgs),
     /// Print a command line with every word quoted for the shell, as generated scripts do.
     Quote {
         /// The words to quote.
@@ -55,6 +58,135 @@ struct RenderArgs {
     /// Folder for the scripts and manifest.json (on a filesystem the nodes see).
     #[arg(long)]
     out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct NcclTestArgs {
+    /// cluster.yaml (see slurm/cluster.example.yaml).
+    #[arg(long)]
+    cluster: PathBuf,
+    /// Folder for the script, manifest.json and (by default) the log.
+    #[arg(long)]
+    out: PathBuf,
+    /// Nodes (default: slurm.nodes).
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// Tasks per node (default: slurm.gpus_per_node, one per GPU; 1 without GPUs).
+    #[arg(long)]
+    tasks_per_node: Option<u32>,
+    /// all_reduce (what data-parallel training uses), all_gather, reduce_scatter, broadcast, all.
+    #[arg(long, default_value = "all_reduce")]
+    op: String,
+    /// Smallest buffer (K, M, G binary suffixes, as nccl-tests' -b).
+    #[arg(long, default_value = "64M")]
+    min_bytes: String,
+    /// Largest buffer (nccl-tests' -e). The gate averages over all sizes: keep them large.
+    #[arg(long, default_value = "1G")]
+    max_bytes: String,
+    #[arg(long, default_value_t = 4)]
+    factor: u32,
+    #[arg(long, default_value_t = 20)]
+    iters: u32,
+    #[arg(long, default_value_t = 5)]
+    warmup: u32,
+    /// Fail when any op's busbw averaged over the sizes is below this many GB/s.
+    #[arg(long)]
+    min_busbw: Option<f64>,
+    /// gloo or nccl (default: the trainer picks NCCL on GPUs, else Gloo).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Give up (and cancel the job) after this many seconds, queueing included.
+    #[arg(long, default_value_t = 3600)]
+    wait_timeout: u64,
+}
+
+fn nccl_test(a: NcclTestArgs) -> Result<()> {
+    use launcher::nccl_test::{self, Options};
+    let cwd = std::env::current_dir().context("current directory")?;
+    let cluster = Cluster::load(&a.cluster)?;
+    let out = absolute(&a.out, &cwd);
+    let opts = Options {
+        nodes: a.nodes,
+        tasks_per_node: a.tasks_per_node,
+        op: a.op,
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        factor: a.factor,
+        iters: a.iters,
+        warmup: a.warmup,
+        min_busbw: a.min_busbw,
+        backend: a.backend,
+    };
+    let alloc = opts.allocation(&cluster);
+    let mut r = nccl_test::render(&cluster, &opts, &out, &cwd)?;
+    r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
+    if out.join(render::MANIFEST).exists() {
+        if let Ok(old) = Manifest::load(&out) {
+            if slurm::status(&old)?.iter().any(slurm::JobState::is_active) {
+                bail!(
+                    "{} holds a job that is still queued or running; `launcher cancel --out {}` first",
+                    out.display(),
+                    out.display()
+                );
+            }
+        }
+    }
+    render::write(&r, &out)?;
+    slurm::submit(&out, &mut r.manifest, &mut |l| println!("{l}"))?;
+    let job = &r.manifest.jobs[0];
+    let world = (alloc.nodes * alloc.tasks_per_node) as usize;
+    println!(
+        "waiting for {} ({} nodes x {} tasks)",
+        nccl_test::JOB_NAME,
+        alloc.nodes,
+        alloc.tasks_per_node
+    );
+    let state = slurm::wait(job, std::time::Duration::from_secs(a.wait_timeout))?;
+    let log_path = nccl_test::log_path(&r.manifest);
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let Some(report) = nccl_test::find_report(&log) else {
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "nccl-test FAILED: job {} ended {} (exit {}) without a report in {}; its last lines:\n{}",
+            job.job_id.as_deref().unwrap_or("?"),
+            state.state,
+            state.exit_code,
+            log_path.display(),
+            tail.join("\n")
+        );
+    };
+    print!("{}", nccl_test::summary(&report));
+    let mut why = nccl_test::judge(&report, world, a.min_busbw);
+    // A rank that died after the report (or a failed step) fails the test too. UNKNOWN: Slurm
+    // already forgot the job and there is no accounting; the report is all there is.
+    if why.is_empty() && !matches!(state.state.as_str(), "COMPLETED" | "UNKNOWN") {
+        why.push(format!(
+            "the job ended {} (exit {})",
+            state.state, state.exit_code
+        ));
+    }
+    let gate = a
+        .min_busbw
+        .map(|m| format!("gate {m} GB/s"))
+        .unwrap_or_else(|| "no busbw gate".into());
+    if why.is_empty() {
+        println!(
+            "nccl-test PASSED: {} ranks, backend {}, {gate}; log {}",
+            report.world,
+            report.backend,
+            log_path.display()
+        );
+        Ok(())
+    } else {
+        bail!(
+            "nccl-test FAILED ({gate}, job {} {}): {}; log {}",
+            job.job_id.as_deref().unwrap_or("?"),
+            state.state,
+            why.join("; "),
+            log_path.display()
+        )
+    }
 }
 
 fn absolute(p: &Path, cwd: &Path) -> PathBuf {
@@ -94,6 +226,7 @@ fn do_render(a: &RenderArgs) -> Result<(PathBuf, Rendered)> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::NcclTest(a) => nccl_test(a)?,
         Command::Quote { words } => println!("{}", launcher::shell::join(words)),
         Command::Render(a) => {
             let (out, r) = do_render(&a)?;

@@ -73,7 +73,9 @@ impl Job {
 pub struct Manifest {
     pub launcher_version: String,
     pub cluster_file: Option<PathBuf>,
-    pub trainer_config: PathBuf,
+    /// None for jobs that read no trainer config (`launcher nccl-test`).
+    #[serde(default)]
+    pub trainer_config: Option<PathBuf>,
     pub runtime: Runtime,
     pub log_dir: PathBuf,
     pub jobs: Vec<Job>,
@@ -197,52 +199,20 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
         "the trainer config lists no channel combination"
     );
     let mut warnings = Vec::new();
-    let log_dir = cluster
-        .slurm
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| inputs.out.join("logs"));
-    let s = log_dir.to_string_lossy();
-    anyhow::ensure!(
-        !s.contains('%') && !s.contains('\\') && !s.contains('\n'),
-        "the log folder {} must not contain '%', '\\' or a newline (sbatch reads them specially)",
-        log_dir.display()
-    );
-    let workdir = cluster
-        .workdir
-        .clone()
-        .unwrap_or_else(|| inputs.cwd.clone());
-    let (program, config, workdir) = match cluster.runtime {
-        Runtime::Host => (
-            cluster.host.trainer.clone().expect("validated"),
-            inputs.trainer_config.clone(),
-            workdir,
-        ),
-        Runtime::Pyxis => {
-            let m = &cluster.container.mounts;
-            let config = match container_path(m, &inputs.trainer_config) {
-                Some(p) => p,
-                None => {
-                    warnings.push(format!(
-                        "the trainer config {} is not under any container mount: the job sees it only if the image holds it at that path",
-                        inputs.trainer_config.display()
-                    ));
-                    inputs.trainer_config.clone()
-                }
-            };
-            let workdir = if cluster.workdir.is_some() {
-                workdir
-            } else {
-                container_path(m, &workdir).unwrap_or(workdir)
-            };
-            (cluster.container.trainer.clone(), config, workdir)
-        }
-    };
-    let ctx = Ctx {
-        cluster,
-        program,
-        config,
-        workdir,
+    let log_dir = log_dir(cluster, &inputs.out)?;
+    let ctx = context(cluster, &inputs.cwd);
+    let config = match cluster.runtime {
+        Runtime::Host => inputs.trainer_config.clone(),
+        Runtime::Pyxis => match container_path(&cluster.container.mounts, &inputs.trainer_config) {
+            Some(p) => p,
+            None => {
+                warnings.push(format!(
+                    "the trainer config {} is not under any container mount: the job sees it only if the image holds it at that path",
+                    inputs.trainer_config.display()
+                ));
+                inputs.trainer_config.clone()
+            }
+        },
     };
     let mut jobs = Vec::new();
     let mut scripts = Vec::new();
@@ -252,7 +222,10 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
         let combination = name
             .strip_prefix("train-c")
             .map(|r| r.split('-').next().unwrap().parse::<usize>().unwrap());
-        scripts.push((file.clone(), ctx.script(&name, &stage, combination, &log)));
+        scripts.push((
+            file.clone(),
+            ctx.stage_script(&name, &stage, &config, combination, &log),
+        ));
         jobs.push(Job {
             name,
             stage,
@@ -266,7 +239,7 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
         manifest: Manifest {
             launcher_version: env!("CARGO_PKG_VERSION").into(),
             cluster_file: inputs.cluster_file.clone(),
-            trainer_config: inputs.trainer_config.clone(),
+            trainer_config: Some(inputs.trainer_config.clone()),
             runtime: cluster.runtime,
             log_dir,
             jobs,
@@ -274,6 +247,67 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
         scripts,
         warnings,
     })
+}
+
+/// The log folder of a cluster's jobs (`slurm.log_dir`, else `<out>/logs`), refusing characters
+/// sbatch would read specially in `--output`.
+pub fn log_dir(cluster: &Cluster, out: &Path) -> anyhow::Result<PathBuf> {
+    let log_dir = cluster
+        .slurm
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| out.join("logs"));
+    let s = log_dir.to_string_lossy();
+    anyhow::ensure!(
+        !s.contains('%') && !s.contains('\\') && !s.contains('\n'),
+        "the log folder {} must not contain '%', '\\' or a newline (sbatch reads them specially)",
+        log_dir.display()
+    );
+    Ok(log_dir)
+}
+
+/// The trainer program and working directory every job of `cluster` uses (container paths with
+/// Pyxis). `cwd` is the default working directory, as the submitting host sees it.
+pub(crate) fn context<'a>(cluster: &'a Cluster, cwd: &Path) -> Ctx<'a> {
+    let workdir = cluster.workdir.clone().unwrap_or_else(|| cwd.to_path_buf());
+    let (program, workdir) = match cluster.runtime {
+        Runtime::Host => (cluster.host.trainer.clone().expect("validated"), workdir),
+        Runtime::Pyxis => {
+            let workdir = if cluster.workdir.is_some() {
+                workdir
+            } else {
+                container_path(&cluster.container.mounts, &workdir).unwrap_or(workdir)
+            };
+            (cluster.container.trainer.clone(), workdir)
+        }
+    };
+    Ctx {
+        cluster,
+        program,
+        workdir,
+    }
+}
+
+/// The task layout of a multi-task job: `nodes` × `tasks_per_node` ranks that meet at a
+/// rendezvous on the first node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    pub nodes: u32,
+    pub tasks_per_node: u32,
+    /// `--gpus-per-node` (0: none requested).
+    pub gpus_per_node: u32,
+}
+
+/// What a job script must arrange around its trainer command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// Several tasks with a rendezvous (MASTER_ADDR/PORT), `--kill-on-bad-exit`, no CPU
+    /// binding; None: one task on one node.
+    pub distributed: Option<Allocation>,
+    /// One GPU for a single-task job (when the cluster has GPUs).
+    pub one_gpu: bool,
+    /// Training: `--signal`, `--requeue` and the trap that forwards the notice to the step.
+    pub preemptible: bool,
 }
 
 /// Writes the scripts (mode 0755), the manifest and creates the log folder.
@@ -296,10 +330,9 @@ pub fn write(r: &Rendered, out: &Path) -> anyhow::Result<()> {
     r.manifest.save(out)
 }
 
-struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     cluster: &'a Cluster,
     program: PathBuf,
-    config: PathBuf,
     workdir: PathBuf,
 }
 
@@ -308,10 +341,55 @@ fn p(path: &Path) -> String {
 }
 
 impl Ctx<'_> {
-    fn script(&self, name: &str, stage: &str, combination: Option<usize>, log: &Path) -> String {
+    /// `trainer <stage> --config FILE [...]`: training on every GPU of `slurm.nodes` nodes,
+    /// preemptible; the other stages as one task.
+    fn stage_script(
+        &self,
+        name: &str,
+        stage: &str,
+        config: &Path,
+        combination: Option<usize>,
+        log: &Path,
+    ) -> String {
+        let c = self.cluster;
+        let train = stage == "train";
+        let shape = Shape {
+            distributed: train.then(|| Allocation {
+                nodes: c.slurm.nodes,
+                tasks_per_node: c.slurm.gpus_per_node.max(1),
+                gpus_per_node: c.slurm.gpus_per_node,
+            }),
+            one_gpu: uses_gpu(stage),
+            preemptible: train,
+        };
+        let mut args: Vec<Vec<String>> =
+            vec![vec![stage.into()], vec!["--config".into(), p(config)]];
+        if let Some(ci) = combination {
+            args.push(vec!["--combination".into(), ci.to_string()]);
+            if let Some(m) = c.training.max_steps {
+                args.push(vec!["--max-steps".into(), m.to_string()]);
+            }
+            if let Some(t) = c.training.threads {
+                args.push(vec!["--threads".into(), t.to_string()]);
+            }
+        }
+        self.job_script(name, stage, shape, &args, log)
+    }
+
+    /// One sbatch script that runs `trainer <args>` under srun. `args` holds the trainer's
+    /// words grouped one option per line, for review.
+    pub(crate) fn job_script(
+        &self,
+        name: &str,
+        stage: &str,
+        shape: Shape,
+        args: &[Vec<String>],
+        log: &Path,
+    ) -> String {
         let c = self.cluster;
         let sl = &c.slurm;
-        let train = stage == "train";
+        let distributed = shape.distributed.is_some();
+        let preemptible = shape.preemptible;
         let pyxis = c.runtime == Runtime::Pyxis;
         let mut o = String::new();
         let mut line = |s: &str| {
@@ -337,16 +415,16 @@ impl Ctx<'_> {
                 line(&d(k, v));
             }
         }
-        if train {
-            line(&d("nodes", &sl.nodes.to_string()));
-            line(&d("ntasks-per-node", &sl.gpus_per_node.max(1).to_string()));
-            if sl.gpus_per_node > 0 {
-                line(&d("gpus-per-node", &sl.gpus_per_node.to_string()));
+        if let Some(a) = shape.distributed {
+            line(&d("nodes", &a.nodes.to_string()));
+            line(&d("ntasks-per-node", &a.tasks_per_node.to_string()));
+            if a.gpus_per_node > 0 {
+                line(&d("gpus-per-node", &a.gpus_per_node.to_string()));
             }
         } else {
             line(&d("nodes", "1"));
             line(&d("ntasks", "1"));
-            if sl.gpus_per_node > 0 && uses_gpu(stage) {
+            if sl.gpus_per_node > 0 && shape.one_gpu {
                 line(&d("gpus-per-node", "1"));
             }
         }
@@ -362,7 +440,7 @@ impl Ctx<'_> {
         line(&d("open-mode", "append"));
         line(&d("export", "ALL"));
         line(&d("kill-on-invalid-dep", "yes"));
-        if train {
+        if preemptible {
             line(&d(
                 "signal",
                 &format!("B:USR1@{}", c.training.signal_grace_seconds),
@@ -387,7 +465,7 @@ impl Ctx<'_> {
                 c.secrets.join(" ")
             ));
         }
-        if train {
+        if distributed {
             line("");
             line("# Rendezvous: the first node of the allocation, a port derived from the job id.");
             // `sed -n 1p` reads all input: `head -n1` would leave scontrol to die of SIGPIPE, which
@@ -410,7 +488,7 @@ impl Ctx<'_> {
         // One option (with its value) per line for review; every word quoted on its own.
         let mut srun: Vec<Vec<String>> = vec![vec!["srun".into()]];
         let mut opt = |words: &[&str]| srun.push(words.iter().map(|w| w.to_string()).collect());
-        if train {
+        if distributed {
             opt(&["--kill-on-bad-exit=1"]);
             opt(&["--cpu-bind=none"]);
         }
@@ -431,26 +509,21 @@ impl Ctx<'_> {
             }]);
             let mut names: Vec<&str> = c.env.keys().map(String::as_str).collect();
             names.extend(c.secrets.iter().map(String::as_str));
-            if train {
+            if distributed {
                 names.extend(crate::cluster::RESERVED_ENV);
             }
             if !names.is_empty() {
                 opt(&[&format!("--container-env={}", names.join(","))]);
             }
         }
-        opt(&[&p(&self.program), stage]);
-        opt(&["--config", &p(&self.config)]);
-        if let Some(ci) = combination {
-            opt(&["--combination", &ci.to_string()]);
-            if let Some(m) = c.training.max_steps {
-                opt(&["--max-steps", &m.to_string()]);
-            }
-            if let Some(t) = c.training.threads {
-                opt(&["--threads", &t.to_string()]);
-            }
-        }
+        // The program goes on the line of the first trainer word (the subcommand).
+        let mut words = args.iter();
+        let mut first = vec![p(&self.program)];
+        first.extend(words.next().into_iter().flatten().cloned());
+        srun.push(first);
+        srun.extend(words.cloned());
         let cmd = srun.iter().map(join).collect::<Vec<_>>().join(" \\\n  ");
-        if !train {
+        if !preemptible {
             line(&cmd);
             line(&format!(r#"echo "[launcher] {} finished""#, quote(name)));
             return o;

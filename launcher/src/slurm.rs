@@ -284,6 +284,30 @@ pub fn table(states: &[JobState]) -> String {
     o
 }
 
+/// Polls one submitted job until it has ended (or Slurm forgot it); on timeout cancels it.
+pub fn wait(job: &Job, limit: std::time::Duration) -> Result<JobState> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = state(job)?;
+        if !s.is_active() {
+            return Ok(s);
+        }
+        if t0.elapsed() > limit {
+            if let Some(id) = &job.job_id {
+                let _ = run("scancel", &[id]);
+            }
+            bail!(
+                "{} (job {}) did not end within {} s (state {}); cancelled it",
+                job.name,
+                job.job_id.as_deref().unwrap_or("?"),
+                limit.as_secs(),
+                s.state
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
 /// Cancels every job of the pipeline that is still pending or running; returns their ids.
 pub fn cancel(manifest: &Manifest) -> Result<Vec<String>> {
     let active: Vec<String> = status(manifest)?

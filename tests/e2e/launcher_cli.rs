@@ -459,3 +459,77 @@ fn slurm_preemption_checkpoints_requeues_and_resumes() {
         .collect();
     assert_eq!(epochs_logged, (0..epochs).collect::<Vec<u64>>(), "{log}");
 }
+
+/// `launcher nccl-test` on the real Slurm: one job of two tasks (Gloo, chosen automatically
+/// without CUDA) meets at the rendezvous the script derives, and the launcher's verdict follows
+/// the gate: a low one passes, an impossible one fails with a non-zero exit.
+#[test]
+fn slurm_nccl_test_passes_a_low_gate_and_fails_an_impossible_one() {
+    if !slurm_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = hostile_dir(tmp.path());
+    let cluster = cluster_file(&root, &["train"], "");
+    let nccl_test = |out: &str, op: &str, gate: &str| {
+        launcher(
+            &[
+                "nccl-test",
+                "--cluster",
+                s(&cluster),
+                "--out",
+                s(&root.join(out)),
+                "--tasks-per-node",
+                "2",
+                "--op",
+                op,
+                "--min-bytes",
+                "4K",
+                "--max-bytes",
+                "64K",
+                "--factor",
+                "4",
+                "--iters",
+                "3",
+                "--warmup",
+                "1",
+                "--min-busbw",
+                gate,
+                "--wait-timeout",
+                "240",
+            ],
+            &[],
+        )
+    };
+    let o = nccl_test("low gate", "all", "0.000001");
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("nccl-test PASSED: 2 ranks, backend gloo, gate 0.000001 GB/s"),
+        "{stdout}"
+    );
+    for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast"] {
+        assert!(
+            stdout.contains(&format!("{op:<15} average busbw")),
+            "{op}: {stdout}"
+        );
+    }
+    let st = status(&root.join("low gate"));
+    assert_eq!(st.len(), 1);
+    assert_eq!(st[0]["state"], "COMPLETED", "{:#}", st[0]);
+    let log = log_of(&st[0]);
+    assert!(log.contains("2 ranks (Slurm variables)"), "{log}");
+    assert!(log.contains("# Out of bounds values : 0 OK"), "{log}");
+
+    let o = nccl_test("impossible gate", "all_reduce", "1e9");
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(!o.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("nccl-test FAILED")
+            && stderr.contains("all_reduce: average busbw")
+            && stderr.contains("below the gate 1000000000 GB/s"),
+        "{stderr}"
+    );
+    let st = status(&root.join("impossible gate"));
+    assert_eq!(st[0]["state"], "FAILED", "{:#}\n{}", st[0], log_of(&st[0]));
+}

@@ -9,6 +9,7 @@
 #endif
 
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -80,7 +81,13 @@ void* c10d_group_new(const char* host, int port, int rank, int world, int timeou
     } else {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo/", tcp);
       auto gopts = c10d::ProcessGroupGloo::Options::create(timeout);
-      gopts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(std::string(host)));
+      // Each rank binds an interface of its own host, as PyTorch does: GLOO_SOCKET_IFNAME if
+      // set, else the address this host's name resolves to (loopback as a fallback). Binding
+      // the master's name would mean another machine's address on every other node.
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      gopts->devices.push_back(ifname && *ifname
+                                   ? c10d::ProcessGroupGloo::createDeviceForInterface(std::string(ifname))
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
       if (gloo_threads > 0) gopts->threads = gloo_threads;
       group->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, gopts);
     }

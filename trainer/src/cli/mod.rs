@@ -2,6 +2,7 @@
 mod analysis_cmd;
 mod bench;
 mod checkpoint_cmd;
+mod collectives_cmd;
 mod config_cmd;
 mod data_cmd;
 mod pipeline_cmd;
@@ -52,6 +53,8 @@ enum Command {
     Checkpoint(checkpoint_cmd::CheckpointCommand),
     /// Run N local ranks of a trainer command (multi-process data parallelism on one machine).
     Launch(train_cmd::LaunchArgs),
+    /// nccl-tests-style bandwidth and correctness of the collectives across the job's ranks.
+    CollectivesBench(collectives_cmd::CollectivesArgs),
     /// Measure our model against the PyTorch reference (used by bench/).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -62,6 +65,7 @@ impl Cli {
         match self.command {
             Command::Config(c) => c.run(),
             Command::Bench(b) => b.run(),
+            Command::CollectivesBench(c) => c.run(),
             Command::Synth(s) => s.run(),
             Command::Forward(f) => f.run(),
             Command::Train(t) => t.run(),

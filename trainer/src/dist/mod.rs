@@ -1,5 +1,8 @@
 //! Distributed training on libtorch's own collectives: process groups (c10d through the C++
-//! shim), rank discovery, data-parallel gradient averaging and the local launcher.
+//! shim), rank discovery, data-parallel gradient averaging, the local launcher and the collectives
+//! benchmark.
+pub mod backend;
+pub mod bench;
 pub mod ddp;
 pub mod env;
 pub mod group;

@@ -114,3 +114,79 @@ fn rendezvous_without_peers_times_out_with_a_clear_error() {
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(err.to_string().contains("rendezvous of rank 0/2"), "{err}");
 }
+
+/// The collectives benchmark on two real ranks: every op at every size, nccl-tests' busbw
+/// factors for n = 2, the same verdict on both ranks, and the gate applied to the average.
+#[test]
+fn collectives_bench_measures_every_op_and_size_on_two_ranks() {
+    use trainer::dist::bench::{run, BenchOptions, Op};
+    let out = on_two_ranks(29731, |mut g| {
+        let opts = |min| BenchOptions {
+            ops: Op::ALL.to_vec(),
+            sizes: vec![4096, 16384],
+            iters: 3,
+            warmup: 1,
+            min_busbw_gbps: min,
+            device: tch::Device::Cpu,
+            backend: "gloo".into(),
+        };
+        let low = run(&mut g, &opts(Some(1e-9))).unwrap();
+        let impossible = run(&mut g, &opts(Some(1e9))).unwrap();
+        (low, impossible)
+    });
+    for (low, impossible) in &out {
+        assert!(low.passed, "{}", low.table());
+        assert_eq!(low.wrong, 0);
+        assert_eq!(low.world, 2);
+        let ops: Vec<Op> = low.ops.iter().map(|o| o.op).collect();
+        assert_eq!(ops, Op::ALL);
+        for o in &low.ops {
+            let want_factor = if matches!(o.op, Op::AllReduce | Op::Broadcast) {
+                1.0
+            } else {
+                0.5
+            };
+            assert_eq!(o.bus_factor, want_factor, "{:?}", o.op);
+            let sizes: Vec<u64> = o.sizes.iter().map(|s| s.size_bytes).collect();
+            assert_eq!(sizes, [4096, 16384]);
+            for s in &o.sizes {
+                assert_eq!(s.count, s.size_bytes / 4);
+                assert!(s.time_us > 0.0 && s.time_us.is_finite(), "{s:?}");
+                let algbw = s.size_bytes as f64 / 1e9 / (s.time_us / 1e6);
+                assert!((s.algbw_gbps - algbw).abs() <= 1e-9 * algbw, "{s:?}");
+                assert!((s.busbw_gbps - algbw * want_factor).abs() <= 1e-9 * algbw);
+            }
+            let avg = o.sizes.iter().map(|s| s.busbw_gbps).sum::<f64>() / 2.0;
+            assert!((o.avg_busbw_gbps - avg).abs() <= 1e-12 * avg.max(1.0));
+        }
+        assert!(!impossible.passed);
+        assert_eq!(impossible.failures.len(), 4, "{:?}", impossible.failures);
+        assert_eq!(impossible.wrong, 0);
+    }
+    // Times are averaged across ranks, so both ranks report the same numbers.
+    assert_eq!(out[0].0.ops, out[1].0.ops);
+}
+
+/// The correctness column can fail: the closed form accepts the real results of every op and
+/// counts exactly the elements that were changed afterwards.
+#[test]
+fn collectives_bench_check_counts_corrupted_elements() {
+    use trainer::dist::bench::{run_checked_once, wrong_elements, Op};
+    let out = on_two_ranks(29741, |mut g| {
+        let mut counts = Vec::new();
+        for op in Op::ALL {
+            // 40 B: 10 elements, 5 per rank for the sharded ops.
+            let out = run_checked_once(&mut g, op, 40).unwrap();
+            let clean = wrong_elements(op, &out, g.rank, g.world);
+            let bad = out.copy();
+            let _ = bad.narrow(0, 1, 2).fill_(-1.0);
+            counts.push((op, clean, wrong_elements(op, &bad, g.rank, g.world)));
+        }
+        counts
+    });
+    for counts in out {
+        for (op, clean, bad) in counts {
+            assert_eq!((clean, bad), (0, 2), "{op:?}");
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! `launcher nccl-test`: one job that runs `trainer collectives-bench` with one task per GPU
+//! across the nodes, through the same script renderer (srun, Pyxis, env, rendezvous) as
+//! training, so a passing test means training's own collectives work on that allocation.
+//! The verdict is read back from the JSON report rank 0 prints into the job's log.
+use crate::cluster::Cluster;
+use crate::render::{self, context, Allocation, Job, Manifest, Rendered, Shape};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+pub const JOB_NAME: &str = "nccl-test";
+/// The `kind` field of the trainer's report (`trainer::dist::bench::REPORT_KIND`).
+pub const REPORT_KIND: &str = "scdino.collectives_bench";
+
+/// What to measure; the byte counts are passed through as written (`64M`, `1G`, ...).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Default: `slurm.nodes`.
+    pub nodes: Option<u32>,
+    /// Default: `slurm.gpus_per_node` (one task per GPU), or 1 on clusters without GPUs.
+    pub tasks_per_node: Option<u32>,
+    pub op: String,
+    pub min_bytes: String,
+    pub max_bytes: String,
+    pub factor: u32,
+    pub iters: u32,
+    pub warmup: u32,
+    pub min_busbw: Option<f64>,
+    /// `--backend` for the trainer; None lets it choose (NCCL on GPUs, else Gloo).
+    pub backend: Option<String>,
+}
+
+impl Options {
+    pub fn allocation(&self, cluster: &Cluster) -> Allocation {
+        let gpus = cluster.slurm.gpus_per_node;
+        Allocation {
+            nodes: self.nodes.unwrap_or(cluster.slurm.nodes),
+            tasks_per_node: self.tasks_per_node.unwrap_or(gpus.max(1)),
+            gpus_per_node: gpus,
+        }
+    }
+
+    /// The trainer's words, one option per line of the script.
+    fn trainer_args(&self) -> Vec<Vec<String>> {
+        let mut a: Vec<Vec<String>> = vec![
+            vec!["collectives-bench".into()],
+            vec!["--op".into(), self.op.clone()],
+            vec!["--min-bytes".into(), self.min_bytes.clone()],
+            vec!["--max-bytes".into(), self.max_bytes.clone()],
+            vec!["--factor".into(), self.factor.to_string()],
+            vec!["--iters".into(), self.iters.to_string()],
+            vec!["--warmup".into(), self.warmup.to_string()],
+        ];
+        if let Some(m) = self.min_busbw {
+            a.push(vec!["--min-busbw".into(), m.to_string()]);
+        }
+        if let Some(b) = &self.backend {
+            a.push(vec!["--backend".into(), b.clone()]);
+        }
+        a.push(vec!["--json".into(), "-".into()]);
+        a
+    }
+}
+
+/// The script and a one-job manifest (so `launcher status/cancel --out` work on it too).
+pub fn render(
+    cluster: &Cluster,
+    opts: &Options,
+    out: &Path,
+    cwd: &Path,
+) -> anyhow::Result<Rendered> {
+    anyhow::ensure!(
+        opts.factor >= 1 && opts.iters >= 1,
+        "--factor and --iters must be at least 1"
+    );
+    if let Some(m) = opts.min_busbw {
+        anyhow::ensure!(
+            m.is_finite() && m >= 0.0,
+            "--min-busbw must be a number >= 0"
+        );
+    }
+    let alloc = opts.allocation(cluster);
+    anyhow::ensure!(
+        alloc.nodes >= 1 && alloc.tasks_per_node >= 1,
+        "--nodes and --tasks-per-node must be at least 1"
+    );
+    let log_dir = render::log_dir(cluster, out)?;
+    let log = log_dir.join(format!("{JOB_NAME}-%j.out"));
+    let shape = Shape {
+        distributed: Some(alloc),
+        one_gpu: false,
+        preemptible: false,
+    };
+    let script_name = format!("{JOB_NAME}.sbatch");
+    let text =
+        context(cluster, cwd).job_script(JOB_NAME, JOB_NAME, shape, &opts.trainer_args(), &log);
+    Ok(Rendered {
+        manifest: Manifest {
+            launcher_version: env!("CARGO_PKG_VERSION").into(),
+            cluster_file: None,
+            trainer_config: None,
+            runtime: cluster.runtime,
+            log_dir,
+            jobs: vec![Job {
+                name: JOB_NAME.into(),
+                stage: JOB_NAME.into(),
+                script: script_name.clone(),
+                log,
+                after: vec![],
+                job_id: None,
+            }],
+        },
+        scripts: vec![(script_name, text)],
+        warnings: vec![],
+    })
+}
+
+/// The parts of the trainer's JSON report the verdict needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Report {
+    pub kind: String,
+    pub backend: String,
+    pub world: usize,
+    pub ops: Vec<OpReport>,
+    pub wrong: u64,
+    pub passed: bool,
+    #[serde(default)]
+    pub failures: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct OpReport {
+    pub op: String,
+    pub sizes: Vec<SizeReport>,
+    pub avg_busbw_gbps: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SizeReport {
+    pub size_bytes: u64,
+    pub time_us: f64,
+    pub busbw_gbps: f64,
+    pub wrong: u64,
+}
+
+/// The last report line of a job log (other lines: the table, the batch script's echoes, the
+/// ranks' stderr).
+pub fn find_report(log: &str) -> Option<Report> {
+    log.lines()
+        .rev()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .filter_map(|l| serde_json::from_str::<Report>(l.trim()).ok())
+        .find(|r| r.kind == REPORT_KIND)
+}
+
+/// The launcher's own verdict from the report: every rank took part, no wrong element, and
+/// every op's average busbw reaches the gate. Returns the reasons for failing.
+pub fn judge(report: &Report, world: usize, min_busbw: Option<f64>) -> Vec<String> {
+    let mut why = Vec::new();
+    if report.world != world {
+        why.push(format!(
+            "{} ranks took part, the allocation has {world} tasks",
+            report.world
+        ));
+    }
+    if report.ops.is_empty() {
+        why.push("the report holds no measurement".into());
+    }
+    if report.wrong > 0 {
+        why.push(format!("{} wrong elements", report.wrong));
+    }
+    if let Some(min) = min_busbw {
+        for o in &report.ops {
+            if o.avg_busbw_gbps.is_nan() || o.avg_busbw_gbps < min {
+                why.push(format!(
+                    "{}: average busbw {:.3} GB/s is below the gate {min} GB/s",
+                    o.op, o.avg_busbw_gbps
+                ));
+            }
+        }
+    }
+    if why.is_empty() && !report.passed {
+        // The trainer failed for a reason we did not see: trust the stricter side.
+        why.extend(report.failures.iter().cloned());
+        if why.is_empty() {
+            why.push("the trainer reported a failure".into());
+        }
+    }
+    why
+}
+
+/// A short table of the report for the terminal.
+pub fn summary(r: &Report) -> String {
+    let mut o = format!(
+        "{:<15} {:>12} {:>11} {:>9} {:>7}\n",
+        "op", "size (B)", "time (us)", "busbw", "#wrong"
+    );
+    for op in &r.ops {
+        for s in &op.sizes {
+            o += &format!(
+                "{:<15} {:>12} {:>11.1} {:>9.3} {:>7}\n",
+                op.op, s.size_bytes, s.time_us, s.busbw_gbps, s.wrong
+            );
+        }
+        o += &format!(
+            "{:<15} average busbw {:.3} GB/s\n",
+            op.op, op.avg_busbw_gbps
+        );
+    }
+    o
+}
+
+/// Where the job's log is once submitted.
+pub fn log_path(m: &Manifest) -> PathBuf {
+    m.jobs[0].log_path()
+}
+
+#[cfg(test)]
+mod tests;
