@@ -250,3 +250,95 @@ fn a_killed_rank_fails_the_job_fast_and_a_relaunch_resumes() {
     .unwrap();
     assert_eq!(log.lines().count(), 3, "{log}");
 }
+
+/// `features` launched on 3 ranks writes the same rows, once each and in held-out order, as
+/// one process (every rank embeds every third image; rank 0 gathers and writes).
+#[test]
+fn features_on_three_ranks_equal_one_process_without_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // 52 images: floor(0.2·52) = 10 held out, not a multiple of 3 (ranks get 4, 3, 3 rows).
+    ok(
+        "trainer",
+        &[
+            "synth",
+            "--out",
+            data.to_str().unwrap(),
+            "--seed",
+            "4",
+            "--classes",
+            "2",
+            "--per-class",
+            "26",
+        ],
+    );
+    let cfg = config(dir.path(), &data.join("Training"), "feat", 4, "");
+    ok(
+        "trainer",
+        &[
+            "train",
+            "--config",
+            &cfg,
+            "--max-steps",
+            "2",
+            "--threads",
+            "1",
+        ],
+    );
+    let analyses = dir.path().join("out/feat/m_channel_APC_DAPI_analyses");
+    let csv = analyses.join("CLS_features/epoch0_features.csv");
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    let rows = |s: &str| -> Vec<Vec<f64>> {
+        s.lines()
+            .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+            .collect()
+    };
+    ok("trainer", &["features", "--config", &cfg, "--threads", "1"]);
+    let single = rows(&read(&csv));
+    let single_labels = read(&analyses.join("class_labels.csv"));
+    let single_paths = read(&analyses.join("image_paths.csv"));
+    std::fs::remove_dir_all(&analyses).unwrap();
+    let out = run(
+        "trainer",
+        &[
+            "launch",
+            "--nproc",
+            "3",
+            "--master-port",
+            "29655",
+            "--",
+            "features",
+            "--config",
+            &cfg,
+            "--threads",
+            "1",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Only rank 0 reports (and writes).
+    assert_eq!(
+        text(&out.stdout).matches(" rows -> ").count(),
+        1,
+        "{}",
+        text(&out.stdout)
+    );
+    let multi = rows(&read(&csv));
+    assert_eq!(multi.len(), 10);
+    assert_eq!(single.len(), 10);
+    for (i, (a, b)) in multi.iter().zip(&single).enumerate() {
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-5, "row {i} differs by {worst}");
+    }
+    // Distinct rows: no image embedded twice.
+    for i in 0..multi.len() {
+        for j in i + 1..multi.len() {
+            assert_ne!(multi[i], multi[j], "rows {i} and {j} are duplicates");
+        }
+    }
+    assert_eq!(read(&analyses.join("class_labels.csv")), single_labels);
+    assert_eq!(read(&analyses.join("image_paths.csv")), single_paths);
+}

@@ -128,6 +128,21 @@ pub fn extract(
     checkpoint_path: &Path,
     mean_std: &MeanStd,
 ) -> Result<FeatureSet, FeaturesError> {
+    extract_shard(cfg, combination, checkpoint_path, mean_std, 0, 1)
+}
+
+/// The share of rank `rank` of `world`: held-out positions `rank, rank + world, …`. The
+/// returned set's labels, paths and indices still cover every held-out row (every rank knows
+/// them from the seeded split); only `features` (and `replaced`) are this rank's rows, in
+/// that order. [`crate::pipeline::stages`] gathers and interleaves the shares.
+pub fn extract_shard(
+    cfg: &Config,
+    combination: usize,
+    checkpoint_path: &Path,
+    mean_std: &MeanStd,
+    rank: usize,
+    world: usize,
+) -> Result<FeatureSet, FeaturesError> {
     let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
         FeaturesError::Invalid(format!("channel combination {combination} does not exist"))
     })?;
@@ -151,7 +166,14 @@ pub fn extract(
     let mut replacement: Option<ImageChw> = None;
     let mut rows = Vec::new();
     let mut replaced = 0;
-    for chunk in split.held_out.chunks(f.batch_size_per_gpu.max(1)) {
+    let mine: Vec<usize> = split
+        .held_out
+        .iter()
+        .copied()
+        .skip(rank)
+        .step_by(world.max(1))
+        .collect();
+    for chunk in mine.chunks(f.batch_size_per_gpu.max(1)) {
         let mut batch = Vec::with_capacity(chunk.len());
         for &i in chunk {
             let raw = data::read_tiff(&index.samples[i].path)?;
@@ -172,7 +194,11 @@ pub fn extract(
         let feats = tch::no_grad(|| vit.forward_t(&x, false));
         rows.push(feats);
     }
-    let features = Tensor::cat(&rows, 0);
+    let features = if rows.is_empty() {
+        Tensor::zeros([0, vit.config().embed_dim], (Kind::Float, tch::Device::Cpu))
+    } else {
+        Tensor::cat(&rows, 0)
+    };
     let norms = features.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12);
     let features = features / norms;
     Ok(FeatureSet {

@@ -115,8 +115,9 @@ impl FeaturesArgs {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
         for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, |tag| t.bundle(tag))? {
-            let rows = stages::run_features(&t, &ckpt, &tag)
+            let written = stages::run_features(&t, &ckpt, &tag)
                 .with_context(|| format!("features with {}", ckpt.display()))?;
+            let Some(rows) = written else { continue };
             println!(
                 "{rows} rows -> {}",
                 t.analyses

@@ -9,6 +9,8 @@ use crate::analysis::mean_std::MeanStd;
 use crate::analysis::umap::{self, UmapParams};
 use crate::config::Config;
 use crate::data::tiff_reader::write_atomic;
+use crate::dist::env::DistEnv;
+use crate::dist::group::ProcessGroup;
 use crate::plot;
 use crate::train::run::model_dir;
 use std::path::{Path, PathBuf};
@@ -142,11 +144,77 @@ pub fn tag_of_checkpoint(cfg: &Config, path: &Path) -> Result<String, StageError
     Ok(weights.tag())
 }
 
-/// Features, labels and paths of the held-out split with `ckpt`; returns (tag, rows).
-pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<usize, StageError> {
+/// Features, labels and paths of the held-out split with `ckpt`; returns the row count written
+/// (`None` on ranks other than 0, which write nothing).
+///
+/// Launched on several ranks (`trainer launch`, srun), each rank embeds every W-th held-out
+/// image, the shares are all-gathered and interleaved back into held-out order, and rank 0
+/// alone writes: the same rows, once each, as one process would write.
+pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>, StageError> {
     let ms = t.mean_std()?;
-    let set = features::extract(t.cfg, t.combination, ckpt, &ms)?;
-    features::write(&t.analyses, tag, &set)?;
+    let env = DistEnv::from_process_env().map_err(StageError::Invalid)?;
+    if env.world <= 1 {
+        let set = features::extract(t.cfg, t.combination, ckpt, &ms)?;
+        return write_features(t, tag, &set).map(Some);
+    }
+    let mut group = ProcessGroup::new(
+        &env.master_addr,
+        env.master_port,
+        env.rank,
+        env.world,
+        std::time::Duration::from_secs(t.cfg.train.dist_timeout_seconds),
+        false,
+    )
+    .map_err(|e| StageError::Invalid(e.to_string()))?;
+    let mut set = features::extract_shard(t.cfg, t.combination, ckpt, &ms, env.rank, env.world)?;
+    let gathered = gather_shards(
+        &mut group,
+        env.world,
+        &set.features,
+        set.labels.len(),
+        set.replaced,
+    )
+    .map_err(|e| StageError::Invalid(format!("gathering features: {e}")))?;
+    (set.features, set.replaced) = gathered;
+    let rows = if env.rank == 0 {
+        Some(write_features(t, tag, &set)?)
+    } else {
+        None
+    };
+    // Nobody leaves before rank 0 has written (a following stage may start right away).
+    group
+        .barrier()
+        .map_err(|e| StageError::Invalid(e.to_string()))?;
+    Ok(rows)
+}
+
+/// All-gathers every rank's share (positions r, r+W, …) and interleaves them back into
+/// held-out order; also sums the NaN-replacement counts.
+fn gather_shards(
+    group: &mut ProcessGroup,
+    world: usize,
+    mine: &tch::Tensor,
+    total: usize,
+    replaced: usize,
+) -> Result<(tch::Tensor, usize), crate::dist::group::DistError> {
+    use tch::{Kind, Tensor};
+    let per = total.div_ceil(world) as i64;
+    let dim = mine.size()[1];
+    let padded = Tensor::zeros([per, dim], (Kind::Float, tch::Device::Cpu));
+    padded.narrow(0, 0, mine.size()[0]).copy_(mine);
+    let mut all = Tensor::zeros([world as i64 * per, dim], (Kind::Float, tch::Device::Cpu));
+    group.all_gather(&mut all, &padded)?;
+    let order: Vec<i64> = (0..total)
+        .map(|p| ((p % world) as i64) * per + (p / world) as i64)
+        .collect();
+    let mut count = [Tensor::from_slice(&[replaced as f32])];
+    group.all_reduce(&mut count, crate::dist::group::ReduceOp::Sum)?;
+    let replaced = f32::try_from(&count[0]).unwrap_or(0.0).round() as usize;
+    Ok((all.index_select(0, &Tensor::from_slice(&order)), replaced))
+}
+
+fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<usize, StageError> {
+    features::write(&t.analyses, tag, set)?;
     if set.replaced > 0 {
         eprintln!(
             "features {tag}: {} images gave NaN and were replaced by image 0 (scDINO's rule)",
