@@ -94,6 +94,10 @@ pub struct SlurmSection {
     /// GPUs per node; training runs one task per GPU (`--ntasks-per-node`), or one task per
     /// node when 0 (CPU clusters, tests).
     pub gpus_per_node: u32,
+    /// Training ranks per node. Default: one per GPU, or 1 without GPUs. Set it on CPU
+    /// clusters (and in tests) to run several Gloo ranks per node; with GPUs it must equal
+    /// `gpus_per_node` (each rank owns one device).
+    pub tasks_per_node: Option<u32>,
     pub cpus_per_task: u32,
     /// Memory per node (`--mem`): `0` (all of it), or a number with an optional K/M/G/T suffix.
     pub mem: Option<String>,
@@ -101,6 +105,13 @@ pub struct SlurmSection {
     pub time: String,
     /// Where job output goes (`<log_dir>/<stage>-<jobid>.out`). Default: `<out>/logs`.
     pub log_dir: Option<PathBuf>,
+}
+
+impl SlurmSection {
+    /// Ranks per node of a distributed job.
+    pub fn ranks_per_node(&self) -> u32 {
+        self.tasks_per_node.unwrap_or(self.gpus_per_node.max(1))
+    }
 }
 
 impl Default for SlurmSection {
@@ -111,6 +122,7 @@ impl Default for SlurmSection {
             qos: None,
             nodes: 1,
             gpus_per_node: 0,
+            tasks_per_node: None,
             cpus_per_task: 1,
             mem: None,
             time: "01:00:00".into(),
@@ -213,6 +225,17 @@ impl Cluster {
     fn validate(&self, v: &Validator) -> Result<(), ClusterError> {
         let s = &self.slurm;
         v.check(s.nodes >= 1, "slurm.nodes", "must be at least 1")?;
+        if let Some(t) = s.tasks_per_node {
+            v.check(t >= 1, "slurm.tasks_per_node", "must be at least 1")?;
+            v.check(
+                s.gpus_per_node == 0 || t == s.gpus_per_node,
+                "slurm.tasks_per_node",
+                &format!(
+                    "is {t} but must equal slurm.gpus_per_node ({}): one rank per GPU",
+                    s.gpus_per_node
+                ),
+            )?;
+        }
         v.check(
             s.cpus_per_task >= 1,
             "slurm.cpus_per_task",
@@ -637,6 +660,13 @@ mod tests {
         assert!(e.contains("`host.trainer`"), "{e}");
         let e = err(&format!("{HOST}slurm:\n  mem: 64GB\n"));
         assert!(e.contains("`slurm.mem`"), "{e}");
+        let e = err(&format!(
+            "{HOST}slurm:\n  gpus_per_node: 4\n  tasks_per_node: 2\n"
+        ));
+        assert!(
+            e.contains("`slurm.tasks_per_node`") && e.contains("one rank per GPU"),
+            "{e}"
+        );
     }
 
     #[test]

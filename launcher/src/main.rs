@@ -71,7 +71,7 @@ struct NcclTestArgs {
     /// Nodes (default: slurm.nodes).
     #[arg(long)]
     nodes: Option<u32>,
-    /// Tasks per node (default: slurm.gpus_per_node, one per GPU; 1 without GPUs).
+    /// Tasks per node (default: slurm.tasks_per_node: one per GPU; 1 without GPUs).
     #[arg(long)]
     tasks_per_node: Option<u32>,
     /// all_reduce (what data-parallel training uses), all_gather, reduce_scatter, broadcast, all.

@@ -16,7 +16,7 @@ pub const REPORT_KIND: &str = "scdino.collectives_bench";
 pub struct Options {
     /// Default: `slurm.nodes`.
     pub nodes: Option<u32>,
-    /// Default: `slurm.gpus_per_node` (one task per GPU), or 1 on clusters without GPUs.
+    /// Default: `slurm.tasks_per_node` (one task per GPU, or 1 on clusters without GPUs).
     pub tasks_per_node: Option<u32>,
     pub op: String,
     pub min_bytes: String,
@@ -34,7 +34,9 @@ impl Options {
         let gpus = cluster.slurm.gpus_per_node;
         Allocation {
             nodes: self.nodes.unwrap_or(cluster.slurm.nodes),
-            tasks_per_node: self.tasks_per_node.unwrap_or(gpus.max(1)),
+            tasks_per_node: self
+                .tasks_per_node
+                .unwrap_or(cluster.slurm.ranks_per_node()),
             gpus_per_node: gpus,
         }
     }

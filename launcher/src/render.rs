@@ -356,7 +356,7 @@ impl Ctx<'_> {
         let shape = Shape {
             distributed: train.then(|| Allocation {
                 nodes: c.slurm.nodes,
-                tasks_per_node: c.slurm.gpus_per_node.max(1),
+                tasks_per_node: c.slurm.ranks_per_node(),
                 gpus_per_node: c.slurm.gpus_per_node,
             }),
             one_gpu: uses_gpu(stage),

@@ -310,10 +310,15 @@ fn slurm_chain_runs_every_available_stage_in_order() {
     let stages = available_stages();
     assert!(stages.contains(&"train"), "{stages:?}");
     eprintln!("chaining the stages the trainer has today: {stages:?}");
-    // Single process per training job for now (multi-rank over SLURM_* comes with the
-    // distributed issue): gpus_per_node 0 renders --ntasks-per-node=1.
+    // Training runs as 2 srun tasks (2 Gloo ranks meeting on the allocation's first node).
     let cfg = setup(&root, "  epochs: 2\n");
     let cluster = cluster_file(&root, &stages, "  max_steps: 3\n");
+    let yaml = std::fs::read_to_string(&cluster).unwrap();
+    std::fs::write(
+        &cluster,
+        yaml.replacen("slurm:\n", "slurm:\n  tasks_per_node: 2\n", 1),
+    )
+    .unwrap();
     let out = root.join("jobs");
     let o = launcher(
         &[
@@ -372,6 +377,10 @@ fn slurm_chain_runs_every_available_stage_in_order() {
     assert!(model.join("checkpoint.safetensors").exists());
     let train_log = log_of(&st[names.iter().position(|n| *n == "train-c0").unwrap()]);
     assert!(train_log.contains("step limit reached"), "{train_log}");
+    assert!(
+        train_log.contains("distributed: 2 ranks ("),
+        "training ran as 2 ranks: {train_log}"
+    );
     // The secret reached no script, manifest, log or launcher output (it travels by name).
     assert!(!said.contains(SECRET));
     let everything = all_text(&root);
