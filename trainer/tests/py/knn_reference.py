@@ -42,11 +42,17 @@ def main():
         class_labels.pop()
     assert len(class_labels) == features.shape[0], (len(class_labels), features.shape)
 
-    # The single LabelEncoder (sklearn: np.unique -> sorted code points; searchsorted).
+    for out in run(features, class_labels, seed, ks, temperature, sort_modes):
+        print(json.dumps(out))
+
+
+def run(features, class_labels, seed, ks, temperature, sort_modes=("stable",)):
+    """The whole algorithm on in-memory data (what `main` does after reading the CSVs); the
+    dtype of `features` (a numpy array) is the dtype the tensors are computed in. Returns one
+    report dict per sort mode (the objects `main` prints)."""
     classes = np.unique(np.array(class_labels))
     codes = np.searchsorted(classes, np.array(class_labels))
-    num_classes = len(set(class_labels))
-    assert num_classes == len(classes)
+    num_classes = len(classes)
 
     indices = np.arange(features.shape[0])
     np.random.seed(seed)
@@ -100,9 +106,11 @@ def main():
                 confusion[y, p] += 1
         return top1, top2, total, imgs_per_chunk, confusion
 
-    for sort_mode in sort_modes:
+    return [
         report(sort_mode, ks, n_tr, classes, knn_classifier, train_features, train_labels,
                test_features, test_labels, temperature, num_classes)
+        for sort_mode in sort_modes
+    ]
 
 
 def report(sort_mode, ks, n_tr, classes, knn_classifier, train_features, train_labels,
@@ -131,18 +139,14 @@ def report(sort_mode, ks, n_tr, classes, knn_classifier, train_features, train_l
                 "confusion": confusion.tolist(),
             }
         )
-    print(
-        json.dumps(
-            {
-                "sort": sort_mode,
-                "n_train": n_tr,
-                "n_test": int(test_labels.shape[0]),
-                "classes": [str(c) for c in classes],
-                "chunk": chunk,
-                "results": results,
-            }
-        )
-    )
+    return {
+        "sort": sort_mode,
+        "n_train": n_tr,
+        "n_test": int(test_labels.shape[0]),
+        "classes": [str(c) for c in classes],
+        "chunk": chunk,
+        "results": results,
+    }
 
 
 if __name__ == "__main__":
