@@ -542,3 +542,29 @@ fn slurm_nccl_test_passes_a_low_gate_and_fails_an_impossible_one() {
     let st = status(&root.join("impossible gate"));
     assert_eq!(st[0]["state"], "FAILED", "{:#}\n{}", st[0], log_of(&st[0]));
 }
+
+/// The image bakes in no tunable (they would beat `--container-env` under Pyxis), sets the
+/// NVIDIA runtime variables, installs EFA user space only, and builds the NCCL trainer.
+#[test]
+fn containerfile_keeps_tunables_out_and_ships_efa_and_nccl() {
+    let text = std::fs::read_to_string(repo().join("Containerfile")).unwrap();
+    let mut in_env = false;
+    for line in text.lines() {
+        let l = line.trim_start();
+        if l.starts_with("ENV ") {
+            in_env = true;
+        } else if !line.starts_with(' ') {
+            in_env = false;
+        }
+        if in_env {
+            for bad in ["NCCL_", "FI_", "OMP_NUM_THREADS"] {
+                assert!(!l.contains(bad), "tunable baked into the image: {line}");
+            }
+        }
+    }
+    assert!(text.contains("NVIDIA_VISIBLE_DEVICES=all"));
+    assert!(text.contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility"));
+    assert!(text.contains("efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify"));
+    assert!(text.contains("--features nccl"));
+    assert!(text.contains("/opt/amazon/ofi-nccl/lib"));
+}
