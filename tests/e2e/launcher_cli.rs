@@ -359,15 +359,24 @@ fn slurm_chain_runs_every_available_stage_in_order() {
             "{log}"
         );
     }
-    // In order: each job started after the one before it ended (1-second resolution).
-    for w in st.windows(2) {
-        assert!(
-            w[1]["start_time"].as_str().unwrap() >= w[0]["end_time"].as_str().unwrap(),
-            "{:#} started before {:#} ended",
-            w[1],
-            w[0]
-        );
+    // In dependency order: each job started after every job it depends on ended (1-second
+    // resolution; attention needs only training, so it may overlap features/knn/umap).
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let by_name = |n: &str| st.iter().find(|j| j["name"] == n).unwrap();
+    let mut checked = 0;
+    for job in manifest["jobs"].as_array().unwrap() {
+        let me = by_name(job["name"].as_str().unwrap());
+        for dep in job["after"].as_array().unwrap() {
+            let d = by_name(dep["job"].as_str().unwrap());
+            assert!(
+                me["start_time"].as_str().unwrap() >= d["end_time"].as_str().unwrap(),
+                "{me:#} started before its dependency {d:#} ended"
+            );
+            checked += 1;
+        }
     }
+    assert!(checked >= stages.len() - 1, "{manifest:#}");
     // Outputs.
     let run_dir = root.join("out/slurmrun");
     if stages.contains(&"mean-std") {
@@ -381,6 +390,40 @@ fn slurm_chain_runs_every_available_stage_in_order() {
         train_log.contains("distributed: 2 ranks ("),
         "training ran as 2 ranks: {train_log}"
     );
+    // Every analysis stage wrote its outputs (the files each stage's successor reads).
+    let analyses = run_dir.join("m_channel_APC_DAPI_analyses");
+    let has = |dir: &str, suffix: &str| {
+        std::fs::read_dir(analyses.join(dir))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .any(|e| e.file_name().to_string_lossy().ends_with(suffix))
+            })
+            .unwrap_or(false)
+    };
+    let want_files = [
+        ("features", "CLS_features", "_features.safetensors"),
+        ("knn", "kNN", "_knn_metrics.json"),
+        ("umap", "embedding_plots", "_umap.png"),
+    ];
+    for (stage, dir, suffix) in want_files {
+        if stages.contains(&stage) {
+            assert!(has(dir, suffix), "{stage} wrote no {dir}/*{suffix}");
+        }
+    }
+    if stages.contains(&"attention") {
+        let any_manifest = std::fs::read_dir(analyses.join("attention_images"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.path().join("attention_images.json").is_file());
+        assert!(any_manifest, "attention wrote no attention_images.json");
+    }
+    if stages.contains(&"report") {
+        let html = std::fs::read_to_string(analyses.join("report.html")).unwrap();
+        assert!(
+            html.contains("data:image/png;base64,"),
+            "report has no images"
+        );
+    }
     // The secret reached no script, manifest, log or launcher output (it travels by name).
     assert!(!said.contains(SECRET));
     let everything = all_text(&root);
