@@ -3,9 +3,7 @@
 //! ViT-DINO student and teacher on one multi-crop batch. It proves config, data and model fit
 //! together before any training is launched.
 use crate::config::Config;
-use crate::data::{
-    self, build_index, preprocess::preprocess, NanAction, NanPolicy, PreprocessOptions,
-};
+use crate::data::{self, preprocess::preprocess, NanAction, NanPolicy, PreprocessOptions};
 use crate::model::{configs_for, MultiCropNet};
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -54,7 +52,8 @@ pub fn forward_probe(
             cfg.channel_sets.len()
         ))
     })?;
-    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let source = data::open_source(&cfg.data)?;
+    let index = source.index();
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
     let wanted = images.unwrap_or(cfg.train.batch_size_per_gpu);
@@ -67,7 +66,7 @@ pub fn forward_probe(
     let mut dropped = 0;
     for &i in split.train.iter().take(wanted) {
         let sample = &index.samples[i];
-        let raw = data::read_tiff(&sample.path)?;
+        let raw = source.read(i)?;
         if raw.channels != cfg.file_channels() {
             return Err(ProbeError::Mismatch(format!(
                 "{} has {} channels but data.channel_names lists {}",
@@ -169,14 +168,15 @@ pub fn check_dataset(cfg: &Config) -> Result<Option<DatasetSummary>, ProbeError>
     if !cfg.data.dataset_dir.exists() {
         return Ok(None);
     }
-    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let source = data::open_source(&cfg.data)?;
+    let index = source.index();
     let first = index.samples.first().ok_or_else(|| {
         ProbeError::Mismatch(format!(
             "{} holds no .tif/.tiff images",
             cfg.data.dataset_dir.display()
         ))
     })?;
-    let img = data::read_tiff(&first.path)?;
+    let img = source.read(0)?;
     if img.channels != cfg.file_channels() {
         return Err(ProbeError::Mismatch(format!(
             "{} has {} channels but data.channel_names lists {} ({})",

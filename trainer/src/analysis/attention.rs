@@ -10,7 +10,7 @@ use crate::analysis::features::{self, resized_hw, to_tensor, FeaturesError};
 use crate::analysis::mean_std::MeanStd;
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
-use crate::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, NanAction, NanPolicy, PreprocessOptions};
 use crate::plot::{self, PlotError};
 use crate::train::sampler::SplitMix64;
 use std::collections::BTreeMap;
@@ -126,7 +126,8 @@ pub fn write_attention_maps(
     let weights = BackboneWeights::load(checkpoint_path, cfg.downstream.features.checkpoint_key)
         .map_err(FeaturesError::from)?;
     let (_vs, vit) = features::load_backbone(cfg, &weights, &channels)?;
-    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let source = data::open_source(&cfg.data)?;
+    let index = source.index();
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
     let labelled: Vec<(usize, String)> = split
@@ -153,7 +154,7 @@ pub fn write_attention_maps(
     let mut written = Vec::new();
     for i in picked {
         let sample = &index.samples[i];
-        let (img, outcome) = preprocess(&data::read_tiff(&sample.path)?, &opts)?;
+        let (img, outcome) = preprocess(&source.read(i)?, &opts)?;
         if !matches!(
             NanPolicy::ReplaceWithFirstImage.action(&outcome),
             NanAction::Keep

@@ -8,7 +8,7 @@ use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
-use crate::data::{self, build_index, ImageChw, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, ImageChw, NanAction, NanPolicy, PreprocessOptions};
 use crate::model::{VisionTransformer, VitConfig};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
@@ -149,7 +149,8 @@ pub fn extract_shard(
     let f = &cfg.downstream.features;
     let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
     let (_vs, vit) = load_backbone(cfg, &weights, &channels)?;
-    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let source = data::open_source(&cfg.data)?;
+    let index = source.index();
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
     if split.held_out.is_empty() {
@@ -160,9 +161,8 @@ pub fn extract_shard(
         selected_channels: Some(channels.clone()),
         center_crop: cfg.data.center_crop,
     };
-    let first = || -> Result<ImageChw, FeaturesError> {
-        Ok(preprocess(&data::read_tiff(&index.samples[0].path)?, &opts)?.0)
-    };
+    let first =
+        || -> Result<ImageChw, FeaturesError> { Ok(preprocess(&source.read(0)?, &opts)?.0) };
     let mut replacement: Option<ImageChw> = None;
     let mut rows = Vec::new();
     let mut replaced = 0;
@@ -176,7 +176,7 @@ pub fn extract_shard(
     for chunk in mine.chunks(f.batch_size_per_gpu.max(1)) {
         let mut batch = Vec::with_capacity(chunk.len());
         for &i in chunk {
-            let raw = data::read_tiff(&index.samples[i].path)?;
+            let raw = source.read(i)?;
             let (img, outcome) = preprocess(&raw, &opts)?;
             let img = match NanPolicy::ReplaceWithFirstImage.action(&outcome) {
                 NanAction::Keep => img,

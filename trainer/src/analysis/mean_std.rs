@@ -6,7 +6,7 @@
 //! computed it and threw it away), and every image of the subset counts (scDINO's loader
 //! dropped a random remainder of up to 9 images through `drop_last`).
 use crate::data::preprocess::preprocess;
-use crate::data::{self, DatasetIndex, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions};
 use std::path::Path;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -64,13 +64,14 @@ impl MeanStd {
     }
 }
 
-/// Computes the statistics over `index`'s mean/std subset with `threads` readers.
+/// Computes the statistics over the source's mean/std subset with `threads` readers.
 pub fn compute(
-    index: &DatasetIndex,
+    source: &dyn ImageSource,
     fraction: f64,
     center_crop: usize,
     threads: usize,
 ) -> Result<MeanStd, MeanStdError> {
+    let index = source.index();
     let subset = data::mean_std_subset(index.len(), fraction)?;
     let opts = PreprocessOptions {
         selected_channels: None,
@@ -89,7 +90,7 @@ pub fn compute(
                 s.spawn(move || {
                     let mut acc: Partial = (vec![], vec![], 0, 0);
                     for &i in *chunk {
-                        let raw = data::read_tiff(&index.samples[i].path)?;
+                        let raw = source.read(i)?;
                         let (img, outcome) = preprocess(&raw, opts)?;
                         if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
                             acc.3 += 1;

@@ -2,7 +2,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use trainer::config::Config;
-use trainer::data::build_index;
+use trainer::data::open_source;
 use trainer::pipeline::stages::{self, Target};
 use trainer::pipeline::up_to_date;
 use trainer::train::run::dataset_mean_std_at;
@@ -20,13 +20,13 @@ pub struct MeanStdArgs {
 impl MeanStdArgs {
     pub fn run(self) -> Result<()> {
         let cfg = Config::load(&self.config)?;
-        let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)
+        let source = open_source(&cfg.data)
             .with_context(|| format!("indexing {}", cfg.data.dataset_dir.display()))?;
         let path = cfg.run_dir().join("mean_and_std_of_dataset.txt");
         if self.force {
             let _ = std::fs::remove_file(&path);
         }
-        let ms = dataset_mean_std_at(&cfg, &index, &path)?;
+        let ms = dataset_mean_std_at(&cfg, source.as_ref(), &path)?;
         println!("{}", serde_json::to_string(&ms)?);
         eprintln!("mean/std: {}", path.display());
         Ok(())

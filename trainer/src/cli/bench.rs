@@ -11,7 +11,7 @@ use tch::{nn, Device, Kind, Tensor};
 use trainer::analysis::mean_std;
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
 use trainer::config::{Arch, Config, Precision};
-use trainer::data::{build_index, PreprocessOptions};
+use trainer::data::{LocalSource, PreprocessOptions, SharedSource};
 use trainer::dist::Single;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::loader::EpochLoader;
@@ -317,7 +317,8 @@ impl StepBench {
         dir: &std::path::Path,
         steps: usize,
     ) -> Result<EpochLoader> {
-        let index = Arc::new(build_index(dir, 0)?);
+        let source: SharedSource = Arc::new(LocalSource::open(dir, 0)?);
+        let index = source.index();
         if index.len() < steps * self.batch {
             bail!(
                 "{} holds {} images; {steps} steps of batch {} need {} (make more with `trainer synth --per-class N`)",
@@ -328,7 +329,7 @@ impl StepBench {
             );
         }
         // Computed once before training in `trainer train`, so outside the timing here too.
-        let ms = mean_std::compute(&index, cfg.data.mean_std_fraction, 0, self.workers)?;
+        let ms = mean_std::compute(source.as_ref(), cfg.data.mean_std_fraction, 0, self.workers)?;
         if ms.mean.len() != self.channels {
             bail!(
                 "{} has {}-channel images, --channels is {}",
@@ -354,7 +355,7 @@ impl StepBench {
             center_crop: 0,
         };
         let (seed, epoch, file_channels) = (self.seed, 0u64, self.channels);
-        let sample = training_sample_fn(index.clone(), augment, prep, file_channels, seed, epoch);
+        let sample = training_sample_fn(source.clone(), augment, prep, file_channels, seed, epoch);
         let order = epoch_order(&(0..index.len()).collect::<Vec<_>>(), seed, epoch, 0, 1);
         let workers = self.workers.max(1);
         Ok(EpochLoader::new(

@@ -7,6 +7,8 @@
 //! * [`split`]: numpy legacy `RandomState` (MT19937) seeding and shuffle, the
 //!   train/held-out split and the mean/std subset.
 //! * [`preprocess`]: channel selection, center crop, per-image min–max.
+//! * [`source`]: where image bytes come from (local tree, object store, shards),
+//!   behind one trait so every consumer reads any source.
 //! * [`synth`]: a deterministic synthetic PBMC-like dataset for tests/demos.
 //!
 //! Errors are [`DataError`]s naming the offending file; nothing here panics on
@@ -16,6 +18,7 @@
 pub mod error;
 pub mod index;
 pub mod preprocess;
+pub mod source;
 pub mod split;
 pub mod synth;
 pub mod tiff_reader;
@@ -23,6 +26,7 @@ pub mod tiff_reader;
 pub use error::DataError;
 pub use index::{build_index, DatasetIndex, Sample};
 pub use preprocess::{MinMaxOutcome, NanAction, NanPolicy, PreprocessOptions};
+pub use source::{open_source, ImageSource, LocalSource, SharedSource};
 pub use split::{mean_std_subset, numpy_shuffled_indices, train_heldout_split, Split};
 pub use synth::{generate as generate_synthetic, SynthOptions, SynthSummary};
 pub use tiff_reader::{read_tiff, write_tiff_u16_chunky, Chw, ImageChw, ImageChwU16};

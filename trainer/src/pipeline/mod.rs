@@ -176,9 +176,8 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             &[],
             std::slice::from_ref(&ms_path),
             || {
-                let index =
-                    crate::data::build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
-                crate::train::run::dataset_mean_std_at(cfg, &index, &ms_path)?;
+                let source = crate::data::open_source(&cfg.data)?;
+                crate::train::run::dataset_mean_std_at(cfg, source.as_ref(), &ms_path)?;
                 Ok(())
             },
         )?;

@@ -4,7 +4,7 @@
 use super::stages::{best_k, read_knn_json, sort_tags, Target, UmapSummary};
 use super::StageError;
 use crate::analysis::attention::AttentionImage;
-use crate::data::{build_index, train_heldout_split};
+use crate::data::{open_source, train_heldout_split};
 use crate::plot::{self, Curve};
 use base64::Engine;
 use std::fmt::Write as _;
@@ -79,7 +79,8 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
     );
 
     // Dataset.
-    let index = build_index(&cfg.data.dataset_dir, cfg.data.label_folder_depth)?;
+    let source = open_source(&cfg.data)?;
+    let index = source.index();
     let split = train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
     let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
     for s in &index.samples {

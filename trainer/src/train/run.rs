@@ -16,7 +16,7 @@ use crate::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
-use crate::data::{self, build_index, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions, SharedSource};
 use crate::dist::ddp::Ddp;
 use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
@@ -102,10 +102,10 @@ pub fn model_dir(cfg: &Config, channels: &[usize]) -> PathBuf {
 }
 
 /// Loads `mean_and_std_of_dataset.txt` from the run folder, computing it first if missing.
-pub fn dataset_mean_std(cfg: &Config, index: &data::DatasetIndex) -> Result<MeanStd, TrainError> {
+pub fn dataset_mean_std(cfg: &Config, source: &dyn ImageSource) -> Result<MeanStd, TrainError> {
     dataset_mean_std_at(
         cfg,
-        index,
+        source,
         &cfg.run_dir().join("mean_and_std_of_dataset.txt"),
     )
 }
@@ -113,7 +113,7 @@ pub fn dataset_mean_std(cfg: &Config, index: &data::DatasetIndex) -> Result<Mean
 /// [`dataset_mean_std`] with an explicit file.
 pub fn dataset_mean_std_at(
     cfg: &Config,
-    index: &data::DatasetIndex,
+    source: &dyn ImageSource,
     path: &Path,
 ) -> Result<MeanStd, TrainError> {
     let path = path.to_path_buf();
@@ -123,7 +123,7 @@ pub fn dataset_mean_std_at(
     eprintln!("computing dataset mean/std -> {}", path.display());
     let threads = cfg.data.num_workers.max(1);
     let ms = mean_std::compute(
-        index,
+        source,
         cfg.data.mean_std_fraction,
         cfg.data.center_crop,
         threads,
@@ -159,10 +159,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let out_dir = model_dir(cfg, &channels);
     std::fs::create_dir_all(&out_dir).map_err(io_err(&out_dir))?;
 
-    let index = Arc::new(build_index(
-        &cfg.data.dataset_dir,
-        cfg.data.label_folder_depth,
-    )?);
+    let source = data::open_source(&cfg.data)?;
+    let index = source.index();
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
     if split.train.is_empty() {
@@ -192,7 +190,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
     // Rank 0 computes the statistics; the others read them once it is done.
     let ms = if rank == 0 {
-        Some(dataset_mean_std(cfg, &index)?)
+        Some(dataset_mean_std(cfg, source.as_ref())?)
     } else {
         None
     };
@@ -321,8 +319,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
     while epoch < cfg.train.epochs {
         let order = epoch_order(&split.train, cfg.run.seed, epoch as u64, rank, world);
+        source.will_read(&order);
         let sample = training_sample_fn(
-            index.clone(),
+            source.clone(),
             augment.clone(),
             prep.clone(),
             file_channels,
@@ -531,7 +530,7 @@ fn agree(group: &mut dyn Collective, flag: bool) -> Result<bool, TrainError> {
 /// its channel count, select channels / crop / min–max, drop it if that gave NaN (scDINO's
 /// training rule), and augment it with randomness keyed by (seed, epoch, index).
 pub fn training_sample_fn(
-    index: Arc<data::DatasetIndex>,
+    source: SharedSource,
     augment: Arc<MultiCropAugment>,
     prep: PreprocessOptions,
     file_channels: usize,
@@ -539,8 +538,8 @@ pub fn training_sample_fn(
     epoch: u64,
 ) -> Arc<SampleFn> {
     Arc::new(move |i: usize| {
-        let path = &index.samples[i].path;
-        let raw = data::read_tiff(path).map_err(|e| e.to_string())?;
+        let path = &source.index().samples[i].path;
+        let raw = source.read(i).map_err(|e| e.to_string())?;
         if raw.channels != file_channels {
             return Err(format!(
                 "{} has {} channels but data.channel_names lists {file_channels}",

@@ -1,7 +1,7 @@
 //! Dataset mean/std against a numpy implementation of scDINO's algorithm.
 use super::util::run_python;
 use trainer::analysis::mean_std;
-use trainer::data::{build_index, generate_synthetic, SynthOptions};
+use trainer::data::{generate_synthetic, ImageSource, LocalSource, SynthOptions};
 
 #[test]
 fn mean_std_matches_numpy_including_dropped_constant_images() {
@@ -20,9 +20,10 @@ fn mean_std_matches_numpy_including_dropped_constant_images() {
         "import sys, numpy as np, tifffile\nfor i in range(4):\n    a = np.random.RandomState(i).randint(0, 4000, (50, 50, 5)).astype(np.uint16)\n    a[:, :, 1] = 7\n    tifffile.imwrite(f'{sys.argv[1]}/B/B-zz{i}.tiff', a, photometric='minisblack', planarconfig='contig')",
         &[root.to_str().unwrap()],
     );
-    let index = build_index(&root, 0).unwrap();
+    let source = LocalSource::open(&root, 0).unwrap();
+    let index = source.index();
     assert_eq!(index.len(), 55);
-    let ours = mean_std::compute(&index, 0.2, 0, 3).unwrap();
+    let ours = mean_std::compute(&source, 0.2, 0, 3).unwrap();
     let list = dir.path().join("paths.txt");
     std::fs::write(&list, index.path_strings().join("\n")).unwrap();
     let out = run_python(
