@@ -211,6 +211,33 @@ fn resume_with_another_model_shape_is_refused() {
 }
 
 #[test]
+fn device_cuda_without_a_gpu_fails_before_training_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 2, 3);
+    let cfg = config(
+        dir.path(),
+        &data,
+        "cuda",
+        "  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n  device: cuda\n",
+    );
+    let out = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    // This CI machine has no GPU; the message names whichever of the two is missing.
+    assert!(
+        err.contains("train.device is cuda")
+            && (err.contains("--features nccl") || err.contains("sees no GPU")),
+        "{err}"
+    );
+    assert!(
+        !model_dir(dir.path(), "cuda")
+            .join("checkpoint.safetensors")
+            .exists(),
+        "nothing trained"
+    );
+}
+
+#[test]
 fn non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 2, 3); // 6 images, 5 train: one batch per epoch

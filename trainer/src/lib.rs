@@ -4,6 +4,7 @@ pub mod augment;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod dist;
 pub mod metrics;
 pub mod model;

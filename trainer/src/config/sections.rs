@@ -181,6 +181,9 @@ pub struct TrainSection {
     /// How long a collective may wait for the other ranks before the run fails (a dead rank
     /// must end the job, not hang it). The AWS port used 120 s; torch's default is 30 min.
     pub dist_timeout_seconds: u64,
+    /// `auto` (the local rank's GPU if libtorch sees one, else CPU), `cpu` or `cuda`. scDINO
+    /// always trained on `cuda:{local_rank}`.
+    pub device: crate::device::DeviceChoice,
 }
 
 impl Default for TrainSection {
@@ -206,6 +209,7 @@ impl Default for TrainSection {
             optimizer: Optimizer::Adamw,
             log_every: 10,
             dist_timeout_seconds: 1800,
+            device: crate::device::DeviceChoice::Auto,
         }
     }
 }

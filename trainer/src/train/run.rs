@@ -17,6 +17,7 @@ use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions, SharedSource};
+use crate::device::CudaFacts;
 use crate::dist::ddp::Ddp;
 use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
@@ -27,7 +28,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tch::Device;
 
 /// Exit code after a checkpoint on SIGUSR1/SIGTERM: EX_TEMPFAIL, "try again" (Slurm requeue).
 pub const EXIT_PREEMPTED: i32 = 75;
@@ -145,7 +145,6 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
 
 /// Trains one channel combination of `cfg` on this process (single-process for now).
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainError> {
-    let device = Device::Cpu;
     let channels = cfg
         .channel_sets
         .get(opts.combination)
@@ -168,6 +167,11 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     }
     let denv = DistEnv::from_process_env().map_err(TrainError::Setup)?;
     let (world, rank) = (denv.world, denv.rank);
+    let device = crate::device::resolve(cfg.train.device, denv.local_rank, CudaFacts::probe())
+        .map_err(TrainError::Setup)?;
+    if rank == 0 || device.is_cuda() {
+        eprintln!("rank {rank}: training on {device:?}");
+    }
     let mut ddp = if world > 1 {
         let timeout = Duration::from_secs(cfg.train.dist_timeout_seconds);
         let group = ProcessGroup::new(

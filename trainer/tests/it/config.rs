@@ -114,3 +114,21 @@ fn shipped_configs_are_valid() {
     }
     assert!(n >= 1, "no configs in {}", dir.display());
 }
+
+#[test]
+fn train_device_takes_auto_cpu_cuda_and_names_a_bad_value() {
+    use trainer::device::DeviceChoice;
+    assert_eq!(
+        Config::from_yaml("{}", "d.yaml").unwrap().train.device,
+        DeviceChoice::Auto
+    );
+    for (text, want) in [("cpu", DeviceChoice::Cpu), ("cuda", DeviceChoice::Cuda)] {
+        let cfg = Config::from_yaml(&format!("train:\n  device: {text}\n"), "d.yaml").unwrap();
+        assert_eq!(cfg.train.device, want);
+    }
+    let err = Config::from_yaml("run:\n  seed: 1\ntrain:\n  device: gpu0\n", "d.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("d.yaml") && err.contains("line 4"), "{err}");
+    assert!(err.contains("gpu0"), "{err}");
+}

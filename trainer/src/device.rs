@@ -1,0 +1,126 @@
+//! Which device a process trains on (`train.device`).
+//!
+//! A GPU process uses the GPU numbered by its local rank, as torchrun and scDINO's
+//! `init_distributed_mode` do (`torch.cuda.set_device(args.gpu)`), so one Slurm task or one
+//! `trainer launch` rank per GPU needs no further setting. The choice is resolved once, at the
+//! start, from facts passed in (not read here), so the rules are tested on a machine without a
+//! GPU and the CPU path runs the very same code.
+use serde::{Deserialize, Serialize};
+use tch::Device;
+
+/// `train.device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceChoice {
+    /// The local rank's GPU when libtorch sees one, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    /// The local rank's GPU; an error when there is none.
+    Cuda,
+}
+
+/// What libtorch can see in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaFacts {
+    /// `torch.cuda.device_count()`; 0 without a GPU, and also in a trainer built without the
+    /// `nccl` feature, whose binary does not load libtorch_cuda at all.
+    pub devices: usize,
+    pub cuda_built: bool,
+}
+
+impl CudaFacts {
+    /// This process's view.
+    pub fn probe() -> Self {
+        Self {
+            devices: if tch::Cuda::is_available() {
+                tch::Cuda::device_count().max(0) as usize
+            } else {
+                0
+            },
+            cuda_built: crate::dist::backend::NCCL_BUILT,
+        }
+    }
+}
+
+/// The device for the process with `local_rank`, or a message saying what is missing.
+pub fn resolve(
+    choice: DeviceChoice,
+    local_rank: usize,
+    facts: CudaFacts,
+) -> Result<Device, String> {
+    let gpu = || -> Result<Device, String> {
+        if !facts.cuda_built {
+            return Err("train.device is cuda but this trainer was built without CUDA: rebuild with `cargo build --release -p trainer --features nccl` (it links libtorch_cuda)".into());
+        }
+        if facts.devices == 0 {
+            return Err("train.device is cuda but libtorch sees no GPU in this process (check the driver, CUDA_VISIBLE_DEVICES, and --gpus/--gres in the job)".into());
+        }
+        if local_rank >= facts.devices {
+            return Err(format!(
+                "local rank {local_rank} has no GPU: this node shows {} to the process (one task per GPU; check CUDA_VISIBLE_DEVICES and --ntasks-per-node)",
+                facts.devices
+            ));
+        }
+        Ok(Device::Cuda(local_rank))
+    };
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Cuda => gpu(),
+        DeviceChoice::Auto if facts.cuda_built && facts.devices > 0 => gpu(),
+        DeviceChoice::Auto => Ok(Device::Cpu),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use DeviceChoice::*;
+
+    const NO_GPU: CudaFacts = CudaFacts {
+        devices: 0,
+        cuda_built: true,
+    };
+    const CPU_BUILD: CudaFacts = CudaFacts {
+        devices: 0,
+        cuda_built: false,
+    };
+    const FOUR: CudaFacts = CudaFacts {
+        devices: 4,
+        cuda_built: true,
+    };
+
+    #[test]
+    fn each_rank_takes_its_local_gpu() {
+        assert_eq!(resolve(Auto, 0, FOUR), Ok(Device::Cuda(0)));
+        assert_eq!(resolve(Auto, 3, FOUR), Ok(Device::Cuda(3)));
+        assert_eq!(resolve(Cuda, 2, FOUR), Ok(Device::Cuda(2)));
+        assert_eq!(resolve(Cpu, 2, FOUR), Ok(Device::Cpu));
+    }
+
+    #[test]
+    fn auto_falls_back_to_cpu_but_cuda_says_what_is_missing() {
+        assert_eq!(resolve(Auto, 0, NO_GPU), Ok(Device::Cpu));
+        assert_eq!(resolve(Auto, 1, CPU_BUILD), Ok(Device::Cpu));
+        let e = resolve(Cuda, 0, CPU_BUILD).unwrap_err();
+        assert!(e.contains("--features nccl"), "{e}");
+        let e = resolve(Cuda, 0, NO_GPU).unwrap_err();
+        assert!(e.contains("sees no GPU"), "{e}");
+        // More tasks than GPUs on a node is an error, not two ranks on one GPU (NCCL
+        // would refuse that later with a less helpful message).
+        let e = resolve(Auto, 4, FOUR).unwrap_err();
+        assert!(
+            e.contains("local rank 4 has no GPU") && e.contains("shows 4"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn this_process_matches_its_build() {
+        let facts = CudaFacts::probe();
+        assert_eq!(facts.cuda_built, cfg!(feature = "nccl"));
+        if !facts.cuda_built {
+            assert_eq!(facts.devices, 0, "a CPU build must not see a GPU");
+        }
+    }
+}
