@@ -195,6 +195,50 @@ impl Checkpoint {
     }
 }
 
+/// The metadata of a checkpoint, from the safetensors header alone: deciding whether training
+/// is finished or which epoch a file holds must not read (and checksum) hundreds of MB of
+/// weights. The tensors are not verified; [`load`] does that when they are used.
+pub fn read_meta(path: &Path) -> Result<CheckpointMeta, CheckpointError> {
+    use std::io::Read;
+    let invalid = |reason: String| CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let io = |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        context: "reading header",
+        source,
+    };
+    let mut f = File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(io)?;
+    let len = u64::from_le_bytes(len);
+    let file_len = f.metadata().map_err(io)?.len();
+    if len > 100 << 20 || len + 8 > file_len {
+        return Err(invalid(format!(
+            "header length {len} does not fit a {file_len}-byte file"
+        )));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).map_err(io)?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| invalid(format!("header: {e}")))?;
+    let meta = header
+        .get("__metadata__")
+        .and_then(|m| m.get("meta"))
+        .and_then(|m| m.as_str())
+        .ok_or_else(|| invalid("no `meta`".into()))?;
+    let meta: CheckpointMeta =
+        serde_json::from_str(meta).map_err(|e| invalid(format!("bad `meta`: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(invalid(format!(
+            "format {:?}, expected {FORMAT:?}",
+            meta.format
+        )));
+    }
+    Ok(meta)
+}
+
 /// Reads and verifies one checkpoint file (format, metadata, checksum).
 pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let invalid = |reason: String| CheckpointError::Invalid {
@@ -357,6 +401,16 @@ mod tests {
         std::fs::write(&latest, &bytes).unwrap();
         let err = load(&latest).err().unwrap().to_string();
         assert!(err.contains("checksum mismatch"), "{err}");
+        // The header is intact: the metadata alone still reads, without the tensors.
+        assert_eq!(read_meta(&latest).unwrap(), meta(20));
+        // A cut-off header is an error naming the file, not a panic or a huge allocation.
+        let cut = dir.path().join("cut.safetensors");
+        std::fs::write(&cut, &bytes[..40]).unwrap();
+        let err = read_meta(&cut).unwrap_err().to_string();
+        assert!(
+            err.contains("cut.safetensors") && err.contains("header length"),
+            "{err}"
+        );
         let mut warnings = vec![];
         let c = load_latest(dir.path(), &mut |w| warnings.push(w))
             .unwrap()

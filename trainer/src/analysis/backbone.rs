@@ -144,13 +144,7 @@ impl BackboneWeights {
                 format!("no {} backbone", key_name(key)),
             ));
         }
-        let imported: Option<serde_json::Value> = serde_json::from_str(&ck.meta.fingerprint)
-            .ok()
-            .filter(|v: &serde_json::Value| v.get(IMPORTED).is_some());
-        let epoch_known = imported
-            .as_ref()
-            .and_then(|v| v.get("epoch_known")?.as_bool())
-            .unwrap_or(true);
+        let epoch_known = epoch_known(&ck.meta);
         Ok(Self {
             path: path.to_path_buf(),
             tensors,
@@ -163,16 +157,7 @@ impl BackboneWeights {
     /// number in `checkpoint{E}.pth`), or `model_{file stem}` (scDINO's downstream-only naming)
     /// when the file does not say which epoch it is.
     pub fn tag(&self) -> String {
-        match self.epoch {
-            Some(e) => format!("epoch{}", e.saturating_sub(1)),
-            None => format!(
-                "model_{}",
-                self.path
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
-        }
+        tag_for(&self.path, self.epoch)
     }
 
     /// The weight of the patch embedding, adapted to `channels` (file channel indices) as
@@ -297,6 +282,47 @@ impl PatchEmbedAdapt {
             Self::None
         }
     }
+}
+
+/// `epoch{E}` for a checkpoint holding `epoch` (epochs done, so E = epoch - 1, as scDINO's
+/// `checkpoint{E}.pth`), else `model_{file stem}`.
+fn tag_for(path: &Path, epoch: Option<usize>) -> String {
+    match epoch {
+        Some(e) => format!("epoch{}", e.saturating_sub(1)),
+        None => format!(
+            "model_{}",
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ),
+    }
+}
+
+/// False for a checkpoint imported from a `.pth` that had no `epoch` entry: its `meta.epoch`
+/// is a placeholder.
+fn epoch_known(meta: &checkpoint::CheckpointMeta) -> bool {
+    serde_json::from_str::<serde_json::Value>(&meta.fingerprint)
+        .ok()
+        .filter(|v| v.get(IMPORTED).is_some())
+        .and_then(|v| v.get("epoch_known")?.as_bool())
+        .unwrap_or(true)
+}
+
+/// [`BackboneWeights::tag`] without loading any weights: our checkpoints' safetensors header,
+/// or a `.pth` file's pickle (its storages are not read).
+pub fn checkpoint_tag(path: &Path) -> Result<String, BackboneError> {
+    let epoch = match pth::sniff(path)? {
+        FileKind::Zip | FileKind::LegacyPickle => PthFile::open(path)?
+            .root()
+            .get("epoch")
+            .and_then(|e| e.as_int())
+            .and_then(|e| usize::try_from(e).ok()),
+        FileKind::Other => {
+            let meta = checkpoint::read_meta(path)?;
+            epoch_known(&meta).then_some(meta.epoch)
+        }
+    };
+    Ok(tag_for(path, epoch))
 }
 
 #[cfg(test)]

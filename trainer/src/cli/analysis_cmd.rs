@@ -78,12 +78,12 @@ fn checkpoints_to_run(
     output: impl Fn(&str) -> PathBuf,
 ) -> Result<Vec<(String, PathBuf)>> {
     if let Some(c) = ckpt {
-        return Ok(vec![(stages::tag_of_checkpoint(t.cfg, &c)?, c)]);
+        return Ok(vec![(stages::tag_of_checkpoint(&c)?, c)]);
     }
     let kept = t.numbered_checkpoints();
     if kept.is_empty() {
         let latest = t.model_dir.join(trainer::checkpoint::LATEST);
-        return Ok(vec![(stages::tag_of_checkpoint(t.cfg, &latest)?, latest)]);
+        return Ok(vec![(stages::tag_of_checkpoint(&latest)?, latest)]);
     }
     let ms = t.mean_std_path();
     Ok(kept

@@ -43,6 +43,14 @@ pub enum StageError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// A stage failed; the source stays typed so callers can tell, e.g., a dead rank from a
+    /// bad file.
+    #[error("stage {label}: {source}")]
+    Stage {
+        label: String,
+        #[source]
+        source: Box<StageError>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +145,10 @@ impl Runner<'_> {
         let ran = !up_to_date(outputs, inputs);
         if ran {
             eprintln!("[pipeline] {label}: running");
-            work().map_err(|e| StageError::Invalid(format!("stage {label}: {e}")))?;
+            work().map_err(|e| StageError::Stage {
+                label: label.clone(),
+                source: Box::new(e),
+            })?;
             eprintln!(
                 "[pipeline] {label}: done in {:.1} s",
                 start.elapsed().as_secs_f64()
@@ -187,8 +198,8 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
 
         // Training decides for itself how far it is (it resumes from checkpoint.safetensors).
         let latest = t.model_dir.join(crate::checkpoint::LATEST);
-        let finished = crate::checkpoint::load(&latest)
-            .map(|c| c.meta.epoch >= cfg.train.epochs)
+        let finished = crate::checkpoint::read_meta(&latest)
+            .map(|m| m.epoch >= cfg.train.epochs)
             .unwrap_or(false);
         let start = Instant::now();
         let mut outcome = TrainOutcome::Finished;

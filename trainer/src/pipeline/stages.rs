@@ -2,7 +2,6 @@
 //! `trainer pipeline`, so both write exactly the same files. Every file is written atomically.
 use super::StageError;
 use crate::analysis::attention::{self, AttentionImage};
-use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features;
 use crate::analysis::knn::{self, KnnReport};
 use crate::analysis::mean_std::MeanStd;
@@ -138,10 +137,8 @@ pub fn sort_tags(tags: &mut [String]) {
 
 /// scDINO names analyses after the checkpoint's epoch counted from 0 (`checkpoint{E}.pth`);
 /// works for our checkpoints and PyTorch `.pth` files alike.
-pub fn tag_of_checkpoint(cfg: &Config, path: &Path) -> Result<String, StageError> {
-    let weights = BackboneWeights::load(path, cfg.downstream.features.checkpoint_key)
-        .map_err(features::FeaturesError::from)?;
-    Ok(weights.tag())
+pub fn tag_of_checkpoint(path: &Path) -> Result<String, StageError> {
+    Ok(crate::analysis::backbone::checkpoint_tag(path).map_err(features::FeaturesError::from)?)
 }
 
 /// Features, labels and paths of the held-out split with `ckpt`; returns the row count written

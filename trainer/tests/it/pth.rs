@@ -4,7 +4,7 @@ use super::util::{max_abs_diff, run_py_file};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use tch::{Kind, Tensor};
-use trainer::analysis::backbone::BackboneWeights;
+use trainer::analysis::backbone::{checkpoint_tag, BackboneWeights};
 use trainer::analysis::features;
 use trainer::analysis::mean_std::MeanStd;
 use trainer::config::{CheckpointKey, Config};
@@ -206,6 +206,7 @@ fn bare_fp16_state_dict_features_match_pytorch() {
     assert_eq!(w.epoch, None);
     let set = features::extract(&config("24", ""), 0, &ck, &dataset().ms).unwrap();
     assert_eq!(set.tag, "model_dino_vittiny16_fp16");
+    assert_eq!(checkpoint_tag(&ck).unwrap(), set.tag);
     let reference = pytorch_features(&ck, "teacher", &set, &[2, 4], "null");
     assert_close(&set.features, &reference, "bare fp16 state dict");
 }
@@ -272,6 +273,10 @@ fn import_gives_a_safetensors_backbone_with_identical_features() {
     let from_pth = features::extract(&cfg, 0, ck, &dataset().ms).unwrap();
     let imported = features::extract(&cfg, 0, &out, &dataset().ms).unwrap();
     assert_eq!(imported.tag, from_pth.tag);
+    // The header-only reader names both files as loading them does.
+    assert_eq!(checkpoint_tag(ck).unwrap(), from_pth.tag);
+    assert_eq!(checkpoint_tag(&out).unwrap(), from_pth.tag);
+    assert_eq!(from_pth.tag, "epoch2");
     assert_eq!(max_abs_diff(&imported.features, &from_pth.features), 0.0);
     // The imported file holds no training state: resuming from it must not be mistaken for
     // one of our training checkpoints.
