@@ -55,3 +55,87 @@ int shim_autocast_exit(int cuda, int previous) {
   });
 }
 }
+
+// ---- Autograd extras for overlapped DDP and FSDP (platform-notes §4.6) ----------------------
+#include <ATen/native/Resize.h>
+#ifdef SCDINO_NCCL
+#include <ATen/native/cuda/Resize.h>
+#endif
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cstdint>
+#include <memory>
+
+// `grad` is NULL for post-accumulate hooks (the gradient is then in the tensor's .grad).
+typedef void (*tchx_grad_cb)(void* ctx, int64_t idx, at::Tensor* grad);
+
+namespace {
+struct PostAccumulate : torch::autograd::PostAccumulateGradHook {
+  tchx_grad_cb cb;
+  void* ctx;
+  int64_t idx;
+  PostAccumulate(tchx_grad_cb c, void* x, int64_t i) : cb(c), ctx(x), idx(i) {}
+  void operator()(const torch::autograd::Variable&) override { cb(ctx, idx, nullptr); }
+};
+}  // namespace
+
+extern "C" {
+
+// Calls cb(ctx, idx, &grad) each time the gradient with respect to `t` is computed (before a
+// leaf accumulates it into .grad; for a non-leaf, before its grad_fn runs). Returns the hook
+// handle for tchx_remove_grad_hook, or -1 on error (e.g. `t` does not require grad).
+int64_t tchx_register_grad_hook(at::Tensor* t, tchx_grad_cb cb, void* ctx, int64_t idx) {
+  int64_t handle = -1;
+  int rc = guarded([&] {
+    handle = t->register_hook([cb, ctx, idx](const at::Tensor& grad) {
+      at::Tensor g = grad;
+      cb(ctx, idx, &g);
+    });
+  });
+  return rc == 0 ? handle : -1;
+}
+
+int tchx_remove_grad_hook(at::Tensor* t, int64_t handle) {
+  return guarded([&] { t->remove_hook(static_cast<unsigned>(handle)); });
+}
+
+// Calls cb(ctx, idx, NULL) after a leaf's gradient has been accumulated into .grad (one such
+// hook per tensor; registering replaces it, cb == NULL removes it).
+int tchx_set_post_accumulate_hook(at::Tensor* t, tchx_grad_cb cb, void* ctx, int64_t idx) {
+  return guarded([&] {
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        *t, cb ? std::make_unique<PostAccumulate>(cb, ctx, idx) : nullptr);
+  });
+}
+
+// t.grad = g (g == NULL: no gradient, freeing the old one).
+int tchx_set_grad(at::Tensor* t, at::Tensor* g) {
+  return guarded([&] { t->mutable_grad() = g ? *g : at::Tensor(); });
+}
+
+// Resizes the storage under `t` (and every view of it) to `nbytes`, keeping sizes and strides,
+// as FSDP's `_free_storage`/`_alloc_storage`: 0 frees the memory, the full size reallocates it
+// (contents undefined until written).
+int tchx_resize_storage(at::Tensor* t, int64_t nbytes) {
+  return guarded([&] {
+    auto* storage = t->storage().unsafeGetStorageImpl();
+    if (t->device().is_cpu()) {
+      at::native::resize_bytes_cpu(storage, static_cast<size_t>(nbytes));
+    } else {
+#ifdef SCDINO_NCCL
+      at::native::resize_bytes_cuda(storage, static_cast<size_t>(nbytes));
+#else
+      at::native::resize_bytes_nocuda(t->storage(), c10::SymInt(nbytes));
+#endif
+    }
+  });
+}
+
+// Bytes of the storage under `t` (what it actually holds, whatever its sizes claim); -1 if
+// it has none.
+int64_t tchx_storage_nbytes(at::Tensor* t) {
+  if (!t->defined() || !t->has_storage()) return -1;
+  return static_cast<int64_t>(t->storage().nbytes());
+}
+}

@@ -184,6 +184,18 @@ pub struct TrainSection {
     /// `auto` (the local rank's GPU if libtorch sees one, else CPU), `cpu` or `cuda`. scDINO
     /// always trained on `cuda:{local_rank}`.
     pub device: crate::device::DeviceChoice,
+    /// How several ranks share the work. `ddp` (scDINO's DistributedDataParallel): every
+    /// rank holds the whole model and gradients are averaged. `fsdp`: parameters, gradients,
+    /// AdamW state and teacher are sharded across ranks (1/N each between steps), for models
+    /// whose training state does not fit one device. Same results either way.
+    pub strategy: Strategy,
+    /// DDP: start each ~25 MB gradient bucket's all-reduce during backward, as soon as its
+    /// gradients exist, so communication overlaps compute (PyTorch DDP's behaviour). `false`
+    /// reduces all buckets after backward (simpler; for comparison and debugging).
+    pub ddp_overlap: bool,
+    /// How `lr` follows the global batch B (all ranks): `linear` = lr·B/256 (scDINO, Goyal et
+    /// al.), `sqrt` = lr·sqrt(B/256) (often better for Adam at large B). Reported at start.
+    pub lr_scaling: LrScaling,
 }
 
 impl Default for TrainSection {
@@ -210,8 +222,25 @@ impl Default for TrainSection {
             log_every: 10,
             dist_timeout_seconds: 1800,
             device: crate::device::DeviceChoice::Auto,
+            strategy: Strategy::Ddp,
+            ddp_overlap: true,
+            lr_scaling: LrScaling::Linear,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    Ddp,
+    Fsdp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrScaling {
+    Linear,
+    Sqrt,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

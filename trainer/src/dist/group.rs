@@ -3,6 +3,7 @@
 //! peer becomes an error instead of a hang.
 use std::ffi::{c_void, CStr, CString};
 use std::os::raw::c_char;
+use std::sync::Arc;
 use std::time::Duration;
 use tch::Tensor;
 
@@ -64,17 +65,152 @@ pub enum ReduceOp {
     Product = 4,
 }
 
+/// The shim's group handle, freed when the last owner (group or async handle) goes.
+struct RawGroup(*mut c_void);
+
+// SAFETY: c10d backends are thread-safe for enqueuing collectives; ranks must still enqueue
+// them in the same order, which the owners guarantee by issuing from one thread.
+unsafe impl Send for RawGroup {}
+unsafe impl Sync for RawGroup {}
+
+impl Drop for RawGroup {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from c10d_group_new and is freed once.
+        unsafe { c10d_group_free(self.0) }
+    }
+}
+
 /// One process's membership in a group of `world` processes.
 pub struct ProcessGroup {
-    raw: *mut c_void,
+    raw: Arc<RawGroup>,
     pub rank: usize,
     pub world: usize,
     timeout: Duration,
 }
 
-// SAFETY: c10d backends are thread-safe for enqueuing collectives; we use the handle from one
-// thread at a time (`&mut self` on every collective).
-unsafe impl Send for ProcessGroup {}
+/// A collective in flight. It keeps the tensors it reads and writes alive until it is waited
+/// on: dropping it unwaited waits (ignoring errors), so the backend never writes into freed
+/// memory.
+pub struct Work {
+    raw: *mut c_void,
+    tensors: Vec<Tensor>,
+    timeout: Duration,
+    what: &'static str,
+}
+
+// SAFETY: a c10d work handle may be waited on from any thread.
+unsafe impl Send for Work {}
+
+impl Work {
+    fn start(
+        raw: *mut c_void,
+        tensors: Vec<Tensor>,
+        timeout: Duration,
+        what: &'static str,
+    ) -> Result<Self, DistError> {
+        if raw.is_null() {
+            return Err(last_error(what));
+        }
+        Ok(Self {
+            raw,
+            tensors,
+            timeout,
+            what,
+        })
+    }
+
+    /// Blocks until done or the group's timeout passed; returns the tensors it used.
+    pub fn wait(mut self) -> Result<Vec<Tensor>, DistError> {
+        self.wait_raw()?;
+        Ok(std::mem::take(&mut self.tensors))
+    }
+
+    fn wait_raw(&mut self) -> Result<(), DistError> {
+        if self.raw.is_null() {
+            return Ok(());
+        }
+        let ms = self.timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `raw` came from the shim and is freed exactly once (then nulled).
+        let rc = unsafe { c10d_work_wait(self.raw, ms) };
+        let result = if rc == 0 {
+            Ok(())
+        } else {
+            Err(last_error(self.what))
+        };
+        unsafe { c10d_work_free(self.raw) };
+        self.raw = std::ptr::null_mut();
+        result
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        let _ = self.wait_raw();
+    }
+}
+
+/// A cheap, sendable handle that can start collectives without blocking (used from inside
+/// backward, by gradient hooks). Every rank must start them in the same order.
+#[derive(Clone)]
+pub struct AsyncGroup {
+    raw: Arc<RawGroup>,
+    timeout: Duration,
+    pub rank: usize,
+    pub world: usize,
+}
+
+impl AsyncGroup {
+    /// Starts an in-place all-reduce of `t`.
+    pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Work, DistError> {
+        let mut ptrs = [t.as_ptr() as *mut c_void];
+        // SAFETY: the Work keeps `t` alive until waited on.
+        let work = unsafe { c10d_all_reduce(self.raw.0, ptrs.as_mut_ptr(), 1, op as i32) };
+        Work::start(work, vec![t.shallow_clone()], self.timeout, "all_reduce")
+    }
+
+    /// Starts a reduce-scatter: `output` (n elements) gets shard `rank` of the reduction of
+    /// every rank's `input` (world·n elements).
+    pub fn reduce_scatter(
+        &self,
+        output: &Tensor,
+        input: &Tensor,
+        op: ReduceOp,
+    ) -> Result<Work, DistError> {
+        // SAFETY: as above.
+        let work = unsafe {
+            c10d_reduce_scatter(
+                self.raw.0,
+                output.as_ptr() as *mut c_void,
+                input.as_ptr() as *mut c_void,
+                op as i32,
+            )
+        };
+        Work::start(
+            work,
+            vec![output.shallow_clone(), input.shallow_clone()],
+            self.timeout,
+            "reduce_scatter",
+        )
+    }
+
+    /// Starts an all-gather: `output` (world·n elements) gets every rank's `input` in rank order.
+    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<Work, DistError> {
+        // SAFETY: as above.
+        let work = unsafe {
+            c10d_all_gather(
+                self.raw.0,
+                output.as_ptr() as *mut c_void,
+                input.as_ptr() as *mut c_void,
+            )
+        };
+        Work::start(
+            work,
+            vec![output.shallow_clone(), input.shallow_clone()],
+            self.timeout,
+            "all_gather",
+        )
+    }
+}
 
 impl ProcessGroup {
     /// Rendezvous at `host:port` (rank 0 serves the store) and build the backend. `cuda`
@@ -110,11 +246,21 @@ impl ProcessGroup {
             )));
         }
         Ok(Self {
-            raw,
+            raw: Arc::new(RawGroup(raw)),
             rank,
             world,
             timeout,
         })
+    }
+
+    /// A handle for starting collectives asynchronously (it shares this group).
+    pub fn async_handle(&self) -> AsyncGroup {
+        AsyncGroup {
+            raw: self.raw.clone(),
+            timeout: self.timeout,
+            rank: self.rank,
+            world: self.world,
+        }
     }
 
     fn wait(&self, work: *mut c_void, what: &str) -> Result<(), DistError> {
@@ -142,13 +288,14 @@ impl ProcessGroup {
             tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect();
         // SAFETY: the tensors outlive the call (we wait before returning).
         let work =
-            unsafe { c10d_all_reduce(self.raw, ptrs.as_mut_ptr(), ptrs.len() as i32, op as i32) };
+            unsafe { c10d_all_reduce(self.raw.0, ptrs.as_mut_ptr(), ptrs.len() as i32, op as i32) };
         self.wait(work, "all_reduce")
     }
 
     pub fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
         // SAFETY: as above.
-        let work = unsafe { c10d_broadcast(self.raw, tensor.as_ptr() as *mut c_void, root as i32) };
+        let work =
+            unsafe { c10d_broadcast(self.raw.0, tensor.as_ptr() as *mut c_void, root as i32) };
         self.wait(work, "broadcast")
     }
 
@@ -157,7 +304,7 @@ impl ProcessGroup {
         // SAFETY: as above.
         let work = unsafe {
             c10d_all_gather(
-                self.raw,
+                self.raw.0,
                 output.as_ptr() as *mut c_void,
                 input.as_ptr() as *mut c_void,
             )
@@ -175,7 +322,7 @@ impl ProcessGroup {
         // SAFETY: as above.
         let work = unsafe {
             c10d_reduce_scatter(
-                self.raw,
+                self.raw.0,
                 output.as_ptr() as *mut c_void,
                 input.as_ptr() as *mut c_void,
                 op as i32,
@@ -186,14 +333,7 @@ impl ProcessGroup {
 
     pub fn barrier(&mut self) -> Result<(), DistError> {
         // SAFETY: as above.
-        let work = unsafe { c10d_barrier(self.raw) };
+        let work = unsafe { c10d_barrier(self.raw.0) };
         self.wait(work, "barrier")
-    }
-}
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from c10d_group_new and is freed once.
-        unsafe { c10d_group_free(self.raw) }
     }
 }

@@ -5,7 +5,9 @@ pub mod backend;
 pub mod bench;
 pub mod ddp;
 pub mod env;
+pub mod fsdp;
 pub mod group;
+pub mod hooks;
 pub mod launch;
 
 use group::DistError;
@@ -16,7 +18,13 @@ pub trait Collective {
     fn world_size(&self) -> usize;
     /// Sums `t` across processes, in place.
     fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), DistError>;
-    /// Replaces every defined gradient by its mean across processes.
+    /// Called right before backward: overlapped implementations arm their gradient hooks.
+    fn begin_backward(&mut self) -> Result<(), DistError> {
+        Ok(())
+    }
+    /// Replaces every parameter's gradient by its mean across processes. `grads` are the
+    /// optimizer's gradients in its order; an implementation tracking the parameters itself
+    /// (overlapped DDP) writes `.grad` directly, so callers re-read `.grad` afterwards.
     fn average_gradients(&mut self, grads: &mut [Tensor]) -> Result<(), DistError>;
 }
 

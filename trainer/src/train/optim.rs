@@ -65,22 +65,16 @@ impl AdamW {
                     continue;
                 }
                 let wd = if p.decay { weight_decay } else { 0.0 };
-                if wd != 0.0 {
-                    let _ = p.tensor.g_mul_scalar_(1.0 - lr * wd);
-                }
                 p.step += 1;
-                let _ = p.exp_avg.lerp_(&grad, 1.0 - BETA1);
-                // addcmul_(grad, grad, value=1-β2) with the scalar folded into the first factor:
-                // the kernel computes self + value·t1·t2 left to right, so this is identical.
-                let _ = p.exp_avg_sq.g_mul_scalar_(BETA2);
-                let _ = p.exp_avg_sq.addcmul_(&(&grad * (1.0 - BETA2)), &grad);
-                let step = p.step as f64;
-                let bias_correction1 = 1.0 - BETA1.powf(step);
-                let bias_correction2 = 1.0 - BETA2.powf(step);
-                let step_size = lr / bias_correction1;
-                let bias_correction2_sqrt = bias_correction2.powf(0.5);
-                let denom = (p.exp_avg_sq.sqrt() / bias_correction2_sqrt) + EPS;
-                let _ = p.tensor.addcdiv_(&(&p.exp_avg * (-step_size)), &denom);
+                adamw_update(
+                    &mut p.tensor,
+                    &grad,
+                    &mut p.exp_avg,
+                    &mut p.exp_avg_sq,
+                    p.step,
+                    lr,
+                    wd,
+                );
             }
         });
     }
@@ -121,6 +115,35 @@ impl AdamW {
             Ok(())
         })
     }
+}
+
+/// One AdamW update of `param` (any view: FSDP applies it to shard segments) after `step`
+/// updates so far including this one, with PyTorch's single-tensor op order. Call under
+/// `no_grad`.
+pub fn adamw_update(
+    param: &mut Tensor,
+    grad: &Tensor,
+    exp_avg: &mut Tensor,
+    exp_avg_sq: &mut Tensor,
+    step: u64,
+    lr: f64,
+    wd: f64,
+) {
+    if wd != 0.0 {
+        let _ = param.g_mul_scalar_(1.0 - lr * wd);
+    }
+    let _ = exp_avg.lerp_(grad, 1.0 - BETA1);
+    // addcmul_(grad, grad, value=1-β2) with the scalar folded into the first factor:
+    // the kernel computes self + value·t1·t2 left to right, so this is identical.
+    let _ = exp_avg_sq.g_mul_scalar_(BETA2);
+    let _ = exp_avg_sq.addcmul_(&(grad * (1.0 - BETA2)), grad);
+    let step = step as f64;
+    let bias_correction1 = 1.0 - BETA1.powf(step);
+    let bias_correction2 = 1.0 - BETA2.powf(step);
+    let step_size = lr / bias_correction1;
+    let bias_correction2_sqrt = bias_correction2.powf(0.5);
+    let denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt) + EPS;
+    let _ = param.addcdiv_(&(&*exp_avg * (-step_size)), &denom);
 }
 
 /// scDINO's per-parameter clipping: each gradient is scaled to norm ≤ `clip` on its own

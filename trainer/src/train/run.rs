@@ -9,17 +9,18 @@
 use super::loader::{EpochLoader, SampleFn};
 use super::loss::DinoLoss;
 use super::sampler::{epoch_order, iters_per_epoch, SplitMix64};
-use super::schedule::{scaled_lr, teacher_temp_schedule, Schedules};
+use super::schedule::{scale_lr, teacher_temp_schedule, Schedules};
 use super::step::{Learner, Networks, StepParams};
 use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
-use crate::config::Config;
+use crate::config::{Config, Strategy};
 use crate::data::preprocess::preprocess;
 use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions, SharedSource};
 use crate::device::CudaFacts;
 use crate::dist::ddp::Ddp;
 use crate::dist::env::DistEnv;
+use crate::dist::fsdp::Fsdp;
 use crate::dist::group::ProcessGroup;
 use crate::dist::{Collective, Single};
 use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
@@ -216,7 +217,15 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
 
     let batch = cfg.train.batch_size_per_gpu;
     let niter = iters_per_epoch(split.train.len(), world, batch);
-    let peak_lr = scaled_lr(cfg.train.lr, batch, world);
+    let peak_lr = scale_lr(cfg.train.lr_scaling, cfg.train.lr, batch, world);
+    if rank == 0 {
+        eprintln!(
+            "lr: {} per 256 images, {:?} scaling to the global batch {} ({world} x {batch}): peak lr {peak_lr:e}",
+            cfg.train.lr,
+            cfg.train.lr_scaling,
+            batch * world
+        );
+    }
     let sched = Schedules::new(&cfg.train, peak_lr, niter);
     let t = &cfg.train;
     let temps = teacher_temp_schedule(
@@ -252,6 +261,78 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         d.broadcast_parameters(&learner.nets.student_vs)?;
         d.broadcast_parameters(&learner.nets.teacher_vs)?;
     }
+    let shard_fp = format!("{fp} fsdp rank {rank} of {world}");
+    let shard_dir = out_dir.join("fsdp").join(format!("rank{rank}of{world}"));
+    let mut fsdp = None;
+    if let Some(d) = &mut ddp {
+        match cfg.train.strategy {
+            Strategy::Ddp if cfg.train.ddp_overlap => {
+                let named: Vec<(String, tch::Tensor)> = learner
+                    .optimizer
+                    .params
+                    .iter()
+                    .map(|p| (p.name.clone(), p.tensor.shallow_clone()))
+                    .collect();
+                d.enable_overlap(&named)?;
+            }
+            Strategy::Ddp => {}
+            Strategy::Fsdp => {
+                let mut f = Fsdp::new(&d.group, &mut learner)?;
+                // The shards win over the consolidated checkpoint when every rank has the
+                // same, at least as new, iteration (a crash between the two writes, or a new
+                // world size, falls back to the consolidated one, re-sharded above).
+                let ck = checkpoint::load_latest(&shard_dir, &mut |w| eprintln!("warning: {w}"))?
+                    .filter(|c| c.meta.fingerprint == shard_fp);
+                let mine = ck.as_ref().map_or(-1.0, |c| c.meta.iteration as f64);
+                let (mut lo, mut hi) = (
+                    tch::Tensor::from_slice(&[mine]),
+                    tch::Tensor::from_slice(&[mine]),
+                );
+                d.group.all_reduce(
+                    std::slice::from_mut(&mut lo),
+                    crate::dist::group::ReduceOp::Min,
+                )?;
+                d.group.all_reduce(
+                    std::slice::from_mut(&mut hi),
+                    crate::dist::group::ReduceOp::Max,
+                )?;
+                let full_iter = resumed.as_ref().map_or(-1.0, |c| c.meta.iteration as f64);
+                let (lo, hi) = (lo.double_value(&[0]), hi.double_value(&[0]));
+                if let Some(ck) = ck.filter(|_| lo == hi && lo >= 0.0 && lo >= full_iter) {
+                    f.load_shards(&ck, &mut learner)
+                        .map_err(|reason| TrainError::Resume {
+                            path: ck.path.clone(),
+                            reason,
+                        })?;
+                    learner.loss.center =
+                        ck.get("dino_loss.center")
+                            .ok_or_else(|| TrainError::Resume {
+                                path: ck.path.clone(),
+                                reason: "dino_loss.center is missing".into(),
+                            })?;
+                    (epoch, start_batch, iteration) =
+                        (ck.meta.epoch, ck.meta.epoch_batch, ck.meta.iteration);
+                    meter = ck.meta.epoch_totals.clone();
+                    if rank == 0 {
+                        eprintln!(
+                            "resuming from the FSDP shards {} at epoch {epoch}, batch {start_batch} (iteration {iteration})",
+                            shard_dir.display()
+                        );
+                    }
+                }
+                if rank == 0 {
+                    let units = f.units();
+                    let total: i64 = units.iter().map(|u| u.1).sum();
+                    eprintln!(
+                        "fsdp: {} units ({} parameters) sharded over {world} ranks",
+                        units.len(),
+                        total
+                    );
+                }
+                fsdp = Some(f);
+            }
+        }
+    }
     let config_yaml = cfg.to_yaml();
     if rank == 0 {
         write_run_log(&out_dir, cfg, &channels, niter, peak_lr, resumed.is_some())?;
@@ -285,10 +366,11 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let run_label = cfg.run.name.clone();
 
     let save = |learner: &Learner,
+                fsdp: Option<&Fsdp>,
                 (epoch, epoch_batch, iteration): (usize, usize, usize),
                 totals: &EpochTotals,
                 numbered: bool| {
-        if rank != 0 {
+        if rank != 0 && fsdp.is_none() {
             return Ok(());
         }
         let meta = CheckpointMeta {
@@ -304,7 +386,30 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             epoch_totals: totals.clone(),
             loss_scaler: learner.scaler.clone(),
         };
-        let tensors = checkpoint_tensors(learner);
+        let tensors = match fsdp {
+            Some(f) => {
+                // Every rank writes its shard, then the consolidated checkpoint is gathered
+                // (its all-gathers complete only once every shard is on disk).
+                let center = (
+                    "dino_loss.center".to_string(),
+                    learner.loss.center.shallow_clone(),
+                );
+                let mut shard = f.shard_tensors(learner);
+                shard.push((center.0.clone(), center.1.shallow_clone()));
+                let shard_meta = CheckpointMeta {
+                    fingerprint: shard_fp.clone(),
+                    ..meta.clone()
+                };
+                checkpoint::save_latest(&shard_dir, &shard, &shard_meta)?;
+                let mut full = f.consolidated_tensors(learner)?;
+                full.push(center);
+                full
+            }
+            None => checkpoint_tensors(learner),
+        };
+        if rank != 0 {
+            return Ok(());
+        }
         checkpoint::save_latest(&out_dir, &tensors, &meta)?;
         if numbered {
             checkpoint::save(
@@ -317,10 +422,6 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
 
     let mut single = Single;
-    let group: &mut dyn Collective = match ddp.as_mut() {
-        Some(d) => d,
-        None => &mut single,
-    };
     while epoch < cfg.train.epochs {
         let order = epoch_order(&split.train, cfg.run.seed, epoch as u64, rank, world);
         source.will_read(&order);
@@ -357,7 +458,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 rng_seed: step_seed(cfg.run.seed, iteration),
             };
             let crops: Vec<tch::Tensor> = b.crops.iter().map(|c| c.to_device(device)).collect();
-            let out = learner.step(&crops, params, iteration, group)?;
+            let out = match (&mut fsdp, ddp.as_mut()) {
+                (Some(f), Some(d)) => f.step(&mut learner, &crops, params, iteration, d)?,
+                _ => learner.step(&crops, params, iteration, collective(&mut ddp, &mut single))?,
+            };
             if out.skipped {
                 eprintln!("fp16: gradient overflow at iteration {iteration}; step skipped, loss scale lowered");
             }
@@ -436,18 +540,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             }
 
             let stop_requested = agree(
-                group,
+                collective(&mut ddp, &mut single),
                 opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)),
             )?;
             let step_limit = opts.max_steps.is_some_and(|m| iteration >= m);
             if (stop_requested || step_limit) && done_in_epoch < niter {
                 let at = (epoch, done_in_epoch, iteration);
-                save(&learner, at, &meter, false)?;
+                save(&learner, fsdp.as_ref(), at, &meter, false)?;
                 if let Some(tb) = &mut tb {
                     tb.flush()?;
                 }
                 eprintln!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
-                report_checksum(rank, world, &learner);
+                report_checksum(rank, world, &learner, fsdp.as_ref())?;
                 return Ok(if stop_requested {
                     TrainOutcome::Preempted
                 } else {
@@ -460,7 +564,13 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         let finished = epoch + 1;
         let numbered = epoch % cfg.train.checkpoint_every == 0 || finished == cfg.train.epochs;
         let at = (finished, 0, iteration);
-        save(&learner, at, &EpochTotals::default(), numbered)?;
+        save(
+            &learner,
+            fsdp.as_ref(),
+            at,
+            &EpochTotals::default(),
+            numbered,
+        )?;
         let n = meter.steps.max(1) as f64;
         let line = serde_json::json!({
             "train_loss": meter.loss / n,
@@ -485,29 +595,45 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         start_batch = 0;
         meter = EpochTotals::default();
         let stop_requested = agree(
-            group,
+            collective(&mut ddp, &mut single),
             opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)),
         )?;
         if stop_requested && epoch < cfg.train.epochs {
-            report_checksum(rank, world, &learner);
+            report_checksum(rank, world, &learner, fsdp.as_ref())?;
             return Ok(TrainOutcome::Preempted);
         }
         if opts.max_steps.is_some_and(|m| iteration >= m) && epoch < cfg.train.epochs {
-            report_checksum(rank, world, &learner);
+            report_checksum(rank, world, &learner, fsdp.as_ref())?;
             return Ok(TrainOutcome::StepLimit);
         }
     }
-    report_checksum(rank, world, &learner);
+    report_checksum(rank, world, &learner, fsdp.as_ref())?;
     Ok(TrainOutcome::Finished)
 }
 
-/// Lets tests (and people) check that data parallelism kept the ranks identical.
-fn report_checksum(rank: usize, world: usize, learner: &Learner) {
+/// Lets tests (and people) check that data parallelism kept the ranks identical. With FSDP
+/// the sum is all-reduced from the shards (a collective: every rank calls this).
+fn report_checksum(
+    rank: usize,
+    world: usize,
+    learner: &Learner,
+    fsdp: Option<&Fsdp>,
+) -> Result<(), TrainError> {
     if world > 1 {
-        eprintln!(
-            "rank {rank}: student parameter checksum {:.12e}",
-            parameter_checksum(&learner.nets.student_vs)
-        );
+        let sum = match fsdp {
+            Some(f) => f.checksum(learner)?,
+            None => parameter_checksum(&learner.nets.student_vs),
+        };
+        eprintln!("rank {rank}: student parameter checksum {sum:.12e}");
+    }
+    Ok(())
+}
+
+/// The collective of this run: the process group, or the identity for one process.
+fn collective<'a>(ddp: &'a mut Option<Ddp>, single: &'a mut Single) -> &'a mut dyn Collective {
+    match ddp {
+        Some(d) => d,
+        None => single,
     }
 }
 

@@ -100,6 +100,22 @@ pub fn scaled_lr(lr: f64, batch_per_process: usize, world_size: usize) -> f64 {
     lr * (batch_per_process * world_size) as f64 / 256.0
 }
 
+/// The peak lr for a global batch under `rule` (`train.lr_scaling`); the configured lr is for
+/// a global batch of 256 either way.
+pub fn scale_lr(
+    rule: crate::config::LrScaling,
+    lr: f64,
+    batch_per_process: usize,
+    world_size: usize,
+) -> f64 {
+    match rule {
+        crate::config::LrScaling::Linear => scaled_lr(lr, batch_per_process, world_size),
+        crate::config::LrScaling::Sqrt => {
+            lr * ((batch_per_process * world_size) as f64 / 256.0).sqrt()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +137,13 @@ mod tests {
         assert!(s[39] > 0.0 && s[39] < 0.01);
         // The published run: lr 5e-4 with 8×30 images peaks at 4.6875e-4.
         assert_eq!(scaled_lr(5e-4, 30, 8), 4.6875e-4);
+    }
+
+    #[test]
+    fn sqrt_scaling_is_the_square_root_of_the_batch_ratio() {
+        use crate::config::LrScaling;
+        assert_eq!(scale_lr(LrScaling::Linear, 5e-4, 30, 8), 4.6875e-4);
+        assert_eq!(scale_lr(LrScaling::Sqrt, 1e-3, 64, 16), 2e-3);
+        assert_eq!(scale_lr(LrScaling::Sqrt, 1e-3, 16, 4), 5e-4);
     }
 }

@@ -139,6 +139,7 @@ impl Learner {
             .into());
         }
         self.optimizer.zero_grad();
+        group.begin_backward()?;
         match &self.scaler {
             Some(scaler) => scaler.scale_loss(&loss).backward(),
             None => loss.backward(),
@@ -150,6 +151,12 @@ impl Learner {
             .map(|q| q.tensor.grad())
             .collect();
         group.average_gradients(&mut grads)?;
+        let mut grads: Vec<Tensor> = self
+            .optimizer
+            .params
+            .iter()
+            .map(|q| q.tensor.grad())
+            .collect();
         let mut skipped = false;
         if let Some(scaler) = &mut self.scaler {
             skipped = scaler.unscale(&mut grads);

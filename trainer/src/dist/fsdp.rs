@@ -1,0 +1,796 @@
+//! Fully sharded data parallelism (`train.strategy: fsdp`), ZeRO-3 style on tch.
+//!
+//! The student's trainable parameters are grouped into *units*: one per transformer block
+//! (`backbone.blocks.{i}`) and one for everything else (patch embedding, cls token, position
+//! embedding, final norm and the DINO head). Each unit is one flat f32 vector (parameters in
+//! model order, zero-padded to a multiple of the world size) of which rank r persistently holds
+//! only slice r: the student parameters, their averaged gradients, AdamW's `exp_avg` and
+//! `exp_avg_sq`, and the teacher's matching parameters. Non-trainable variables (the head's
+//! `weight_g` with `norm_last_layer`, BatchNorm running statistics) are tiny and stay full on
+//! every rank, as with DDP.
+//!
+//! How the modules see full parameters: every module variable is re-pointed (`set_data`) at a
+//! view of its unit's full-size buffer, and that buffer's *storage* is freed (resized to 0
+//! bytes) whenever the unit is not in use and reallocated + all-gathered when it is, the trick
+//! PyTorch's FSDP uses. Tensor shapes never change, so the modules and the autograd graph are
+//! untouched; only the memory comes and goes.
+//!
+//! One step:
+//! 1. teacher: all-gather every teacher unit, forward (no grad), free them all;
+//! 2. student: all-gather every unit, forward. The units stay gathered until their backward
+//!    is done (the backbone runs twice per step, on global and local crops, so a block's
+//!    parameters are needed again long after its forward);
+//! 3. backward: a post-accumulate hook on each parameter counts the unit's gradients; when a
+//!    unit's last gradient has been accumulated, its full gradients are flattened, a
+//!    reduce-scatter starts asynchronously, and the unit's full gradients *and* full parameters
+//!    are freed at once, while backward continues with earlier units;
+//! 4. after backward: units some parameter of which got no gradient are flushed (zeros),
+//!    every reduce-scatter is waited on and divided by the world size, per-parameter clipping
+//!    uses norms all-reduced from the shards' partial sums, and AdamW and the teacher EMA run
+//!    on the local shard segments only.
+//!
+//! So between steps a rank holds 1/N of parameters, gradients, optimizer state and teacher;
+//! during a step the peak adds one full copy of the student's parameters (forward to
+//! backward) or of the teacher's (its forward), plus full gradients of the units whose
+//! backward is in progress.
+use super::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
+use super::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
+use super::Collective;
+use crate::checkpoint::Checkpoint;
+use crate::config::Precision;
+use crate::precision::autocast;
+use crate::train::optim::adamw_update;
+use crate::train::step::{Learner, NonFiniteLoss, StepError, StepOutput, StepParams};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tch::{Kind, Tensor};
+
+fn err(what: &str, message: impl ToString) -> DistError {
+    DistError {
+        what: format!("FSDP: {what}"),
+        message: message.to_string(),
+    }
+}
+
+/// One trainable parameter's place in its unit.
+struct Param {
+    name: String,
+    unit: usize,
+    /// Offset and length in the unit's flat vector.
+    offset: i64,
+    numel: i64,
+    shape: Vec<i64>,
+    decay: bool,
+    /// AdamW updates applied so far (identical on every rank).
+    step: u64,
+    student: Tensor,
+    teacher: Tensor,
+}
+
+/// A flat group of parameters sharded across ranks.
+struct Unit {
+    name: String,
+    params: Vec<usize>,
+    /// Elements per rank (the unit's flat length is world · shard).
+    shard: i64,
+    student: Tensor,
+    teacher: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// Full-size buffers the module variables view; storage freed while not in use.
+    student_full: Tensor,
+    teacher_full: Tensor,
+    /// Gradients still to be accumulated in the current backward.
+    pending: usize,
+    reduce: Option<Work>,
+}
+
+impl Unit {
+    /// The slice of the unit's flat vector rank `rank` holds, as (start, end).
+    fn range(&self, rank: usize) -> (i64, i64) {
+        (rank as i64 * self.shard, (rank as i64 + 1) * self.shard)
+    }
+}
+
+struct Inner {
+    rank: usize,
+    world: usize,
+    group: AsyncGroup,
+    units: Vec<Unit>,
+    params: Vec<Param>,
+    /// Whether param i received a gradient in the current backward.
+    used: Vec<bool>,
+    armed: bool,
+    error: Option<DistError>,
+}
+
+impl Inner {
+    fn full_bytes(&self, u: usize) -> usize {
+        self.units[u].shard as usize * self.world * 4
+    }
+
+    fn gather(&self, u: usize, teacher: bool) -> Result<(), DistError> {
+        let unit = &self.units[u];
+        let (full, shard) = if teacher {
+            (&unit.teacher_full, &unit.teacher)
+        } else {
+            (&unit.student_full, &unit.student)
+        };
+        resize_storage(full, self.full_bytes(u)).map_err(|e| err("gather", e))?;
+        self.group.all_gather(full, shard)?.wait()?;
+        Ok(())
+    }
+
+    fn free(&self, u: usize, teacher: bool) -> Result<(), DistError> {
+        let unit = &self.units[u];
+        let full = if teacher {
+            &unit.teacher_full
+        } else {
+            &unit.student_full
+        };
+        resize_storage(full, 0).map_err(|e| err("free", e))
+    }
+
+    /// Starts unit `u`'s gradient reduce-scatter and frees its full gradients and parameters.
+    fn reduce_unit(&mut self, u: usize) -> Result<(), DistError> {
+        let unit = &self.units[u];
+        let flat = Tensor::zeros(
+            [unit.shard * self.world as i64],
+            (Kind::Float, tch::Device::Cpu),
+        )
+        .to_device(unit.student.device());
+        tch::no_grad(|| {
+            for &i in &unit.params {
+                let p = &self.params[i];
+                let g = p.student.grad();
+                if g.defined() {
+                    flat.narrow(0, p.offset, p.numel).copy_(&g.reshape([-1]));
+                }
+                set_grad(&p.student, None).map_err(|e| err("freeing a gradient", e))?;
+            }
+            Ok::<(), DistError>(())
+        })?;
+        let work = self
+            .group
+            .reduce_scatter(&unit.grad, &flat, ReduceOp::Sum)?;
+        self.units[u].reduce = Some(work);
+        self.free(u, false)
+    }
+
+    fn on_accumulated(&mut self, i: usize) {
+        if !self.armed || self.error.is_some() || self.used[i] {
+            return;
+        }
+        self.used[i] = true;
+        let u = self.params[i].unit;
+        self.units[u].pending -= 1;
+        if self.units[u].pending == 0 {
+            if let Err(e) = self.reduce_unit(u) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    /// (param, start in the local shard, start in the parameter, length) for every parameter
+    /// segment this rank holds.
+    fn local_segments(&self) -> Vec<(usize, i64, i64, i64)> {
+        let mut out = vec![];
+        for unit in &self.units {
+            let (lo, hi) = unit.range(self.rank);
+            for &i in &unit.params {
+                let p = &self.params[i];
+                let (a, b) = (p.offset.max(lo), (p.offset + p.numel).min(hi));
+                if a < b {
+                    out.push((i, a - lo, a - p.offset, b - a));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The sharded state of one rank, plus the hooks driving the backward reduce-scatters.
+pub struct Fsdp {
+    inner: Arc<Mutex<Inner>>,
+    /// Names of the variables kept full on every rank (non-trainable).
+    replicated: Vec<String>,
+    _hooks: HookSet,
+}
+
+/// What a rank holds between steps, in bytes (storage actually allocated).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// Shards of student, teacher, gradient, exp_avg, exp_avg_sq.
+    pub shards: usize,
+    /// Full-size unit buffers (0 unless a unit is gathered).
+    pub full_buffers: usize,
+    /// Non-trainable variables kept full on every rank.
+    pub replicated: usize,
+}
+
+impl Memory {
+    pub fn total(&self) -> usize {
+        self.shards + self.full_buffers + self.replicated
+    }
+}
+
+/// Which unit a student parameter belongs to.
+fn unit_of(name: &str) -> String {
+    if let Some(rest) = name.strip_prefix("backbone.blocks.") {
+        if let Some((i, _)) = rest.split_once('.') {
+            return format!("backbone.blocks.{i}");
+        }
+    }
+    "rest".into()
+}
+
+fn unit_rank(name: &str) -> (u64, String) {
+    match name.strip_prefix("backbone.blocks.") {
+        Some(i) => (i.parse().unwrap_or(u64::MAX - 1), String::new()),
+        None => (u64::MAX, name.to_string()),
+    }
+}
+
+impl Fsdp {
+    /// Shards `learner`'s current (full, identical on every rank) student, teacher and AdamW
+    /// state, re-points the module variables at freed full-size buffers and drops the full
+    /// optimizer state. Call after weights were broadcast or restored.
+    pub fn new(group: &ProcessGroup, learner: &mut Learner) -> Result<Self, DistError> {
+        if learner.precision == Precision::Fp16 || learner.scaler.is_some() {
+            return Err(err(
+                "setup",
+                "train.precision fp16 is not supported with strategy fsdp yet (use fp32 or bf16)",
+            ));
+        }
+        let (rank, world) = (group.rank, group.world);
+        let teacher_vars = learner.nets.teacher_vs.variables();
+        let trainable: Vec<String> = learner
+            .optimizer
+            .params
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
+        let replicated: Vec<String> = {
+            let mut v: Vec<String> = learner
+                .nets
+                .student_vs
+                .variables()
+                .into_keys()
+                .filter(|n| !trainable.contains(n))
+                .collect();
+            v.sort();
+            v
+        };
+        let mut names = trainable.clone();
+        super::ddp::model_order(&mut names);
+        let mut unit_names: Vec<String> = names.iter().map(|n| unit_of(n)).collect();
+        unit_names.sort_by_key(|u| unit_rank(u));
+        unit_names.dedup();
+        let by_name: HashMap<&str, usize> = learner
+            .optimizer
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.as_str(), i))
+            .collect();
+
+        let mut params: Vec<Param> = vec![];
+        let mut units: Vec<Unit> = vec![];
+        tch::no_grad(|| {
+            for (u, uname) in unit_names.iter().enumerate() {
+                let members: Vec<&String> = names.iter().filter(|n| &unit_of(n) == uname).collect();
+                let mut offset = 0i64;
+                let mut idxs = vec![];
+                for n in &members {
+                    let ap = &learner.optimizer.params[by_name[n.as_str()]];
+                    let numel = ap.tensor.numel() as i64;
+                    let teacher = teacher_vars
+                        .get(n.as_str())
+                        .ok_or_else(|| err("setup", format!("teacher has no {n}")))?
+                        .shallow_clone();
+                    idxs.push(params.len());
+                    params.push(Param {
+                        name: n.to_string(),
+                        unit: u,
+                        offset,
+                        numel,
+                        shape: ap.tensor.size(),
+                        decay: ap.decay,
+                        step: ap.step,
+                        student: ap.tensor.shallow_clone(),
+                        teacher,
+                    });
+                    offset += numel;
+                }
+                let shard = (offset + world as i64 - 1) / world as i64;
+                let device = learner.device;
+                let flat = |get: &dyn Fn(&Param) -> Tensor| -> Tensor {
+                    let full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
+                    for &i in &idxs {
+                        let p: &Param = &params[i];
+                        full.narrow(0, p.offset, p.numel)
+                            .copy_(&get(p).to_kind(Kind::Float).reshape([-1]));
+                    }
+                    full.narrow(0, rank as i64 * shard, shard).copy()
+                };
+                let opt = |n: &str| &learner.optimizer.params[by_name[n]];
+                let student = flat(&|p| p.student.detach());
+                let teacher = flat(&|p| p.teacher.detach());
+                let exp_avg = flat(&|p| opt(&p.name).exp_avg.shallow_clone());
+                let exp_avg_sq = flat(&|p| opt(&p.name).exp_avg_sq.shallow_clone());
+                let student_full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
+                let teacher_full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
+                for &i in &idxs {
+                    let p = &mut params[i];
+                    let view =
+                        |full: &Tensor| full.narrow(0, p.offset, p.numel).view(p.shape.as_slice());
+                    p.student.set_data(&view(&student_full));
+                    p.teacher.set_data(&view(&teacher_full));
+                }
+                units.push(Unit {
+                    name: uname.clone(),
+                    pending: idxs.len(),
+                    params: idxs,
+                    shard,
+                    grad: student.zeros_like(),
+                    student,
+                    teacher,
+                    exp_avg,
+                    exp_avg_sq,
+                    student_full,
+                    teacher_full,
+                    reduce: None,
+                });
+            }
+            Ok::<(), DistError>(())
+        })?;
+        learner.optimizer.params.clear();
+        let inner = Inner {
+            rank,
+            world,
+            group: group.async_handle(),
+            used: vec![false; params.len()],
+            units,
+            params,
+            armed: false,
+            error: None,
+        };
+        for u in 0..inner.units.len() {
+            inner.free(u, false)?;
+            inner.free(u, true)?;
+        }
+        let students: Vec<Tensor> = inner
+            .params
+            .iter()
+            .map(|p| p.student.shallow_clone())
+            .collect();
+        let inner = Arc::new(Mutex::new(inner));
+        let hook_inner = inner.clone();
+        let mut hooks = HookSet::new(Box::new(move |i, _| {
+            hook_inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .on_accumulated(i);
+        }));
+        for (i, t) in students.iter().enumerate() {
+            hooks.on_accumulated(t, i).map_err(|e| err("hooks", e))?;
+        }
+        Ok(Self {
+            inner,
+            replicated,
+            _hooks: hooks,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Unit names and their sizes (elements before padding), in unit order.
+    pub fn units(&self) -> Vec<(String, i64)> {
+        let g = self.lock();
+        g.units
+            .iter()
+            .map(|u| {
+                (
+                    u.name.clone(),
+                    u.params.iter().map(|&i| g.params[i].numel).sum(),
+                )
+            })
+            .collect()
+    }
+
+    /// Every tensor this rank keeps between steps, by role (what the memory test measures,
+    /// together with the module variables, which must all be views of freed buffers).
+    pub fn memory(&self, learner: &Learner) -> Memory {
+        let g = self.lock();
+        let mut m = Memory::default();
+        for u in &g.units {
+            m.shards += [&u.student, &u.teacher, &u.grad, &u.exp_avg, &u.exp_avg_sq]
+                .iter()
+                .map(|t| storage_bytes(t))
+                .sum::<usize>();
+            m.full_buffers += storage_bytes(&u.student_full) + storage_bytes(&u.teacher_full);
+        }
+        for vs in [&learner.nets.student_vs, &learner.nets.teacher_vs] {
+            for (n, t) in vs.variables() {
+                if self.replicated.contains(&n) {
+                    m.replicated += storage_bytes(&t);
+                }
+            }
+        }
+        m
+    }
+
+    /// One DINO iteration with sharded state; the same computation as [`Learner::step`].
+    pub fn step(
+        &mut self,
+        learner: &mut Learner,
+        crops: &[Tensor],
+        p: StepParams,
+        iteration: usize,
+        coll: &mut dyn Collective,
+    ) -> Result<StepOutput, StepError> {
+        tch::manual_seed(p.rng_seed);
+        let n_units = self.lock().units.len();
+        {
+            let g = self.lock();
+            for u in 0..n_units {
+                g.gather(u, true)?;
+            }
+        }
+        let nets = &learner.nets;
+        let teacher_out = autocast(learner.precision, learner.device, || {
+            tch::no_grad(|| nets.teacher.forward_t(&crops[..2], true))
+        });
+        {
+            let mut g = self.lock();
+            for u in 0..n_units {
+                g.free(u, true)?;
+                g.gather(u, false)?;
+                g.units[u].pending = g.units[u].params.len();
+            }
+            g.used.iter_mut().for_each(|x| *x = false);
+            g.error = None;
+            g.armed = true;
+        }
+        let loss_fn = &learner.loss;
+        let loss = autocast(learner.precision, learner.device, || {
+            let s = nets.student.forward_t(crops, true);
+            loss_fn.forward(&s, &teacher_out, p.epoch)
+        });
+        let result = self.after_forward(learner, &teacher_out, &loss, p, iteration, coll);
+        // Whatever happened, no full buffer outlives the step.
+        let mut g = self.lock();
+        g.armed = false;
+        for u in 0..n_units {
+            g.free(u, false)?;
+            if let Some(w) = g.units[u].reduce.take() {
+                let _ = w.wait();
+            }
+        }
+        for p in &g.params {
+            set_grad(&p.student, None).map_err(|e| err("freeing a gradient", e))?;
+        }
+        result
+    }
+
+    fn after_forward(
+        &mut self,
+        learner: &mut Learner,
+        teacher_out: &Tensor,
+        loss: &Tensor,
+        p: StepParams,
+        iteration: usize,
+        coll: &mut dyn Collective,
+    ) -> Result<StepOutput, StepError> {
+        learner
+            .loss
+            .update_center(&teacher_out.to_kind(Kind::Float), coll)?;
+        let mut global = loss.detach().to_kind(Kind::Double).reshape([1]);
+        coll.all_reduce_sum(&mut global)?;
+        let loss_value = global.double_value(&[0]) / coll.world_size() as f64;
+        if !loss_value.is_finite() {
+            return Err(NonFiniteLoss {
+                loss: loss_value,
+                epoch: p.epoch,
+                iteration,
+            }
+            .into());
+        }
+        loss.backward();
+        let mut g = self.lock();
+        g.armed = false;
+        if let Some(e) = g.error.take() {
+            return Err(e.into());
+        }
+        // Units with a parameter that got no gradient, in unit order (the same on all ranks).
+        for u in 0..g.units.len() {
+            if g.units[u].pending > 0 {
+                g.reduce_unit(u)?;
+            }
+        }
+        let used = Tensor::from_slice(
+            &g.used
+                .iter()
+                .map(|&f| f32::from(u8::from(f)))
+                .collect::<Vec<_>>(),
+        );
+        let used_work = g.group.all_reduce(&used, ReduceOp::Sum)?;
+        let world = g.world;
+        for u in 0..g.units.len() {
+            if let Some(w) = g.units[u].reduce.take() {
+                w.wait()?;
+            }
+            let _ = g.units[u].grad.g_div_scalar_(world as f64);
+        }
+        used_work.wait()?;
+        let used: Vec<bool> = Vec::<f32>::try_from(&used)
+            .expect("f32 vector")
+            .iter()
+            .zip(&g.params)
+            .map(|(&c, p)| {
+                let ranks = c.round() as usize;
+                if ranks != 0 && ranks != world {
+                    Err(err(
+                        "backward",
+                        format!("parameter {} received a gradient on {ranks} of {world} ranks; every rank must use the same parameters", p.name),
+                    ))
+                } else {
+                    Ok(ranks == world)
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        let segments = g.local_segments();
+        let grad_norms = if p.clip_grad > 0.0 {
+            clip(&mut g, &segments, &used, p.clip_grad)?
+        } else {
+            vec![]
+        };
+        let inner = &mut *g;
+        tch::no_grad(|| {
+            let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
+            for (i, q) in inner.params.iter_mut().enumerate() {
+                if used[i] && !frozen(&q.name) {
+                    q.step += 1;
+                }
+            }
+            for &(i, at, _, len) in &segments {
+                let q = &inner.params[i];
+                if !used[i] || frozen(&q.name) {
+                    continue;
+                }
+                let unit = &inner.units[q.unit];
+                let wd = if q.decay { p.weight_decay } else { 0.0 };
+                adamw_update(
+                    &mut unit.student.narrow(0, at, len),
+                    &unit.grad.narrow(0, at, len),
+                    &mut unit.exp_avg.narrow(0, at, len),
+                    &mut unit.exp_avg_sq.narrow(0, at, len),
+                    q.step,
+                    p.lr,
+                    wd,
+                );
+            }
+            for unit in &mut inner.units {
+                let _ = unit.teacher.g_mul_scalar_(p.momentum);
+                let _ = unit.teacher.g_add_(&(&unit.student * (1.0 - p.momentum)));
+            }
+        });
+        drop(g);
+        self.ema_replicated(learner, p.momentum);
+        Ok(StepOutput {
+            loss: loss_value,
+            grad_norms,
+            skipped: false,
+        })
+    }
+
+    /// The teacher EMA for the variables every rank keeps full (as `ema_update`).
+    fn ema_replicated(&self, learner: &Learner, momentum: f64) {
+        let student = learner.nets.student_vs.variables();
+        tch::no_grad(|| {
+            for (name, mut t) in learner.nets.teacher_vs.variables() {
+                if !self.replicated.contains(&name)
+                    || name.ends_with("running_mean")
+                    || name.ends_with("running_var")
+                {
+                    continue;
+                }
+                if let Some(s) = student.get(&name) {
+                    let _ = t.g_mul_scalar_(momentum);
+                    let _ = t.g_add_(&(s.detach() * (1.0 - momentum)));
+                }
+            }
+        });
+    }
+
+    /// Σ|θ| over the whole student (shards all-reduced, replicated variables once): the same
+    /// number on every rank, comparable with DDP's checksum.
+    pub fn checksum(&self, learner: &Learner) -> Result<f64, DistError> {
+        let g = self.lock();
+        let local: f64 = g
+            .units
+            .iter()
+            .map(|u| u.student.abs().sum(Kind::Double).double_value(&[]))
+            .sum();
+        let t = Tensor::from_slice(&[local]);
+        g.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+        let replicated: f64 = learner
+            .nets
+            .student_vs
+            .variables()
+            .iter()
+            .filter(|(n, _)| self.replicated.contains(n))
+            .map(|(_, t)| t.abs().sum(Kind::Double).double_value(&[]))
+            .sum();
+        Ok(t.double_value(&[0]) + replicated)
+    }
+
+    /// This rank's shard checkpoint: unit shards, per-parameter step counts and the
+    /// replicated variables (the caller adds the loss centre).
+    pub fn shard_tensors(&self, learner: &Learner) -> Vec<(String, Tensor)> {
+        let g = self.lock();
+        let mut out = vec![];
+        for u in &g.units {
+            for (role, t) in [
+                ("student", &u.student),
+                ("teacher", &u.teacher),
+                ("exp_avg", &u.exp_avg),
+                ("exp_avg_sq", &u.exp_avg_sq),
+            ] {
+                out.push((format!("fsdp.{}.{role}", u.name), t.shallow_clone()));
+            }
+        }
+        for p in &g.params {
+            out.push((
+                format!("optimizer.{}.step", p.name),
+                Tensor::from_slice(&[p.step as i64]),
+            ));
+        }
+        out.extend(self.replicated_tensors(learner));
+        out
+    }
+
+    fn replicated_tensors(&self, learner: &Learner) -> Vec<(String, Tensor)> {
+        let mut out = vec![];
+        for (prefix, vs) in [
+            ("student", &learner.nets.student_vs),
+            ("teacher", &learner.nets.teacher_vs),
+        ] {
+            let vars = vs.variables();
+            for n in &self.replicated {
+                if let Some(t) = vars.get(n) {
+                    out.push((format!("{prefix}.{n}"), t.shallow_clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Restores what [`Fsdp::shard_tensors`] wrote (same world size and model).
+    pub fn load_shards(&mut self, ck: &Checkpoint, learner: &mut Learner) -> Result<(), String> {
+        let mut g = self.lock();
+        tch::no_grad(|| {
+            for u in &mut g.units {
+                for (role, t) in [
+                    ("student", &mut u.student),
+                    ("teacher", &mut u.teacher),
+                    ("exp_avg", &mut u.exp_avg),
+                    ("exp_avg_sq", &mut u.exp_avg_sq),
+                ] {
+                    let name = format!("fsdp.{}.{role}", u.name);
+                    let src = ck.get(&name).ok_or_else(|| format!("{name} is missing"))?;
+                    if src.size() != t.size() {
+                        return Err(format!(
+                            "{name} has shape {:?}, expected {:?}",
+                            src.size(),
+                            t.size()
+                        ));
+                    }
+                    t.copy_(&src);
+                }
+            }
+            for p in &mut g.params {
+                let name = format!("optimizer.{}.step", p.name);
+                p.step = ck
+                    .get(&name)
+                    .ok_or_else(|| format!("{name} is missing"))?
+                    .int64_value(&[0]) as u64;
+            }
+            for (name, mut t) in self.replicated_tensors(learner) {
+                let src = ck.get(&name).ok_or_else(|| format!("{name} is missing"))?;
+                t.copy_(&src);
+            }
+            Ok(())
+        })
+    }
+
+    /// The full state under the names of a single-process checkpoint (`student.*`,
+    /// `teacher.*`, `optimizer.*`), gathered unit by unit. Collective: every rank calls it;
+    /// all get the tensors (rank 0 writes them).
+    pub fn consolidated_tensors(
+        &self,
+        learner: &Learner,
+    ) -> Result<Vec<(String, Tensor)>, DistError> {
+        let g = self.lock();
+        let mut out = vec![];
+        for u in &g.units {
+            for (role, shard) in [
+                ("student", &u.student),
+                ("teacher", &u.teacher),
+                ("exp_avg", &u.exp_avg),
+                ("exp_avg_sq", &u.exp_avg_sq),
+            ] {
+                let full = Tensor::zeros([u.shard * g.world as i64], (Kind::Float, shard.device()));
+                g.group.all_gather(&full, shard)?.wait()?;
+                for &i in &u.params {
+                    let p = &g.params[i];
+                    let t = full
+                        .narrow(0, p.offset, p.numel)
+                        .view(p.shape.as_slice())
+                        .copy();
+                    let name = match role {
+                        "student" | "teacher" => format!("{role}.{}", p.name),
+                        _ => format!("optimizer.{}.{role}", p.name),
+                    };
+                    out.push((name, t));
+                }
+            }
+        }
+        for p in &g.params {
+            out.push((
+                format!("optimizer.{}.step", p.name),
+                Tensor::from_slice(&[p.step as i64]),
+            ));
+        }
+        out.extend(self.replicated_tensors(learner));
+        Ok(out)
+    }
+}
+
+/// scDINO's per-parameter clipping on shards: each parameter's norm comes from the squared
+/// sums of its segments on every rank (one all-reduce), then its segments are scaled alone.
+fn clip(
+    g: &mut Inner,
+    segments: &[(usize, i64, i64, i64)],
+    used: &[bool],
+    clip: f64,
+) -> Result<Vec<f64>, DistError> {
+    let mut sums = vec![0f64; g.params.len()];
+    for &(i, at, _, len) in segments {
+        let unit = &g.units[g.params[i].unit];
+        let s = unit.grad.narrow(0, at, len);
+        sums[i] += (&s * &s).sum(Kind::Double).double_value(&[]);
+    }
+    let t = Tensor::from_slice(&sums);
+    g.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
+    let sums = Vec::<f64>::try_from(&t).expect("f64 vector");
+    // As torch: norm in f32, coef = reciprocal(norm + 1e-6) · clip in f32.
+    let coefs: Vec<f32> = sums
+        .iter()
+        .map(|&s| (1.0f32 / (s.sqrt() as f32 + 1e-6f32)) * clip as f32)
+        .collect();
+    tch::no_grad(|| {
+        for &(i, at, _, len) in segments {
+            if used[i] && coefs[i] < 1.0 {
+                let unit = &g.units[g.params[i].unit];
+                let _ = unit
+                    .grad
+                    .narrow(0, at, len)
+                    .g_mul_scalar_(f64::from(coefs[i]));
+            }
+        }
+    });
+    let mut named: Vec<(&str, f64)> = g
+        .params
+        .iter()
+        .zip(&sums)
+        .zip(used)
+        .filter(|(_, &u)| u)
+        .map(|((p, s), _)| (p.name.as_str(), (s.sqrt() as f32) as f64))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(b.0));
+    Ok(named.into_iter().map(|(_, n)| n).collect())
+}
