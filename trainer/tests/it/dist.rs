@@ -190,3 +190,242 @@ fn collectives_bench_check_counts_corrupted_elements() {
         }
     }
 }
+
+/// Four linear layers (plus one parameter the forward never uses) with rank-specific inputs.
+fn mlp(vs: &tch::nn::VarStore) -> impl Fn(&Tensor) -> Tensor {
+    use tch::nn::Module;
+    let root = vs.root();
+    let dims = [(8, 64), (64, 64), (64, 64), (64, 4)];
+    let layers: Vec<tch::nn::Linear> = dims
+        .iter()
+        .enumerate()
+        .map(|(i, &(a, b))| tch::nn::linear(&root / format!("l{i}"), a, b, Default::default()))
+        .collect();
+    let _unused = (&root / "a_unused").var("weight", &[3, 3], tch::nn::Init::Const(1.0));
+    move |x: &Tensor| {
+        let mut h = x.shallow_clone();
+        for l in &layers {
+            h = l.forward(&h).tanh();
+        }
+        h.pow_tensor_scalar(2).sum(Kind::Float)
+    }
+}
+
+fn inputs(rank: usize) -> Tensor {
+    Tensor::from_slice(
+        &(0..32)
+            .map(|i| ((i * 7 + rank * 13) % 11) as f32 / 11.0 - 0.5)
+            .collect::<Vec<_>>(),
+    )
+    .reshape([4, 8])
+}
+
+/// Overlapped DDP: buckets in reverse model order, all-reduces started by the gradient hooks
+/// while backward is still running (proved by the recorded event order, not by timing), the
+/// mean gradient exactly as both ranks' inputs averaged on one process, and a parameter no
+/// rank used keeps no gradient.
+#[test]
+fn overlapped_ddp_reduces_buckets_during_backward_to_the_exact_mean() {
+    use trainer::dist::ddp::OverlapEvent;
+    let _rng = super::util::torch_rng_lock();
+    let out = on_two_ranks(29751, |g| {
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let f = mlp(&vs);
+        let mut ddp = Ddp::new(g);
+        ddp.broadcast_parameters(&vs).unwrap();
+        // The reference: the same weights, both ranks' inputs, plain autograd.
+        let mut reference = tch::nn::VarStore::new(tch::Device::Cpu);
+        let f_ref = mlp(&reference);
+        reference.copy(&vs).unwrap();
+        let mut ref_grads = std::collections::BTreeMap::new();
+        for r in 0..2 {
+            f_ref(&inputs(r)).backward();
+        }
+        for (n, t) in reference.variables() {
+            let g = t.grad();
+            ref_grads.insert(n, g.defined().then(|| values(&(g / 2.0))));
+        }
+        let named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        ddp.bucket_bytes = 64 * 64 * 4;
+        ddp.first_bucket_bytes = 64 * 4 * 4;
+        ddp.enable_overlap(&named).unwrap();
+        let mut grads = vec![];
+        // Two iterations: hooks re-arm and buckets are reused.
+        for _ in 0..2 {
+            for (_, t) in &named {
+                let mut t = t.shallow_clone();
+                t.zero_grad();
+            }
+            ddp.begin_backward().unwrap();
+            f(&inputs(ddp.group.rank)).backward();
+            ddp.average_gradients(&mut []).unwrap();
+            grads = named
+                .iter()
+                .map(|(n, t)| {
+                    let g = t.grad();
+                    (n.clone(), g.defined().then(|| values(&g)))
+                })
+                .collect();
+        }
+        (ddp.bucket_layout(), ddp.last_events(), grads, ref_grads)
+    });
+    for (layout, events, grads, ref_grads) in out {
+        // Reverse model order: the last layer's parameters are in the first bucket, the
+        // unused parameter (before every `l*` in model order, like an unused embedding) in
+        // the last one.
+        assert!(layout[0].iter().all(|n| n.starts_with("l3.")), "{layout:?}");
+        assert!(layout.len() >= 3, "{layout:?}");
+        let bucket_of = |name: &str| layout.iter().position(|b| b.iter().any(|n| n == name));
+        assert!(bucket_of("l0.weight") > bucket_of("l2.weight"));
+        // Buckets start in bucket order; all but the one holding the unused parameter start
+        // inside backward, that one in the flush after it.
+        let launches: Vec<(usize, bool)> = events
+            .iter()
+            .filter_map(|e| match e {
+                OverlapEvent::Launched {
+                    bucket,
+                    in_backward,
+                } => Some((*bucket, *in_backward)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            launches.iter().map(|l| l.0).collect::<Vec<_>>(),
+            (0..layout.len()).collect::<Vec<_>>()
+        );
+        let unused_bucket = bucket_of("a_unused.weight").unwrap();
+        for &(b, in_backward) in &launches {
+            assert_eq!(in_backward, b < unused_bucket, "bucket {b}: {events:?}");
+        }
+        // The overlap itself: bucket 0's all-reduce started before backward produced the
+        // gradients of the first layer (which come last).
+        let pos = |e: &OverlapEvent| events.iter().position(|x| x == e).unwrap();
+        let first_launch = pos(&OverlapEvent::Launched {
+            bucket: 0,
+            in_backward: true,
+        });
+        let last_grad = events
+            .iter()
+            .rposition(|e| matches!(e, OverlapEvent::GradReady(_)))
+            .unwrap();
+        assert!(first_launch < last_grad, "{events:?}");
+        assert!(last_grad < pos(&OverlapEvent::BackwardDone));
+        for (name, g) in grads {
+            let want = &ref_grads[&name];
+            match (g, want) {
+                (None, None) => assert_eq!(name, "a_unused.weight"),
+                (Some(g), Some(w)) => {
+                    for (a, b) in g.iter().zip(w) {
+                        assert!(
+                            (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+                            "{name}: {a} vs {b}"
+                        );
+                    }
+                }
+                (g, w) => panic!("{name}: gradient {g:?} vs reference {w:?}"),
+            }
+        }
+    }
+}
+
+fn fsdp_config() -> trainer::config::Config {
+    trainer::config::Config::from_yaml(
+        "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\"]\nmodel:\n  arch: vit_tiny\n  out_dim: 64\n  drop_path_rate: 0.0\ntrain:\n  precision: fp32\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n",
+        "test",
+    )
+    .unwrap()
+}
+
+/// FSDP on 2 and 4 ranks: after a step (so gradients and AdamW state exist) each rank holds at
+/// most 1/N of the full training state plus 10 %, measured as the bytes actually allocated
+/// under every tensor it keeps, and every module variable is a view of freed memory.
+#[test]
+fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
+    use trainer::dist::fsdp::Fsdp;
+    use trainer::dist::hooks::storage_bytes;
+    use trainer::train::loss::DinoLoss;
+    use trainer::train::step::{Learner, Networks, StepParams};
+    let _rng = super::util::torch_rng_lock();
+    for (world, port) in [(2usize, 29761u16), (4, 29771)] {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let g = ProcessGroup::new(
+                        "127.0.0.1",
+                        port,
+                        rank,
+                        world,
+                        Duration::from_secs(60),
+                        false,
+                    )
+                    .unwrap();
+                    let cfg = fsdp_config();
+                    let dev = tch::Device::Cpu;
+                    let nets = Networks::new(&cfg, 2, dev);
+                    let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
+                    let mut learner =
+                        Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
+                    let full_state: usize = learner
+                        .optimizer
+                        .params
+                        .iter()
+                        .map(|p| p.tensor.numel() * 4 * 5) // student, grad, m, v, teacher
+                        .sum();
+                    let mut ddp = Ddp::new(g);
+                    ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
+                    ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
+                    let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
+                    let crops: Vec<Tensor> = [32, 32, 16, 16]
+                        .iter()
+                        .map(|&s| {
+                            Tensor::from_slice(
+                                &(0..2 * 2 * s * s)
+                                    .map(|i| ((i * 31 + rank * 7) % 17) as f32 / 17.0)
+                                    .collect::<Vec<_>>(),
+                            )
+                            .reshape([2, 2, s as i64, s as i64])
+                        })
+                        .collect();
+                    let p = StepParams {
+                        lr: 1e-3,
+                        weight_decay: 0.04,
+                        momentum: 0.996,
+                        epoch: 1,
+                        freeze_last_layer: false,
+                        clip_grad: 3.0,
+                        rng_seed: 1,
+                    };
+                    let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
+                    assert!(out.loss.is_finite());
+                    let mem = fsdp.memory(&learner);
+                    let mut module_bytes = 0;
+                    for vs in [&learner.nets.student_vs, &learner.nets.teacher_vs] {
+                        for (_, t) in vs.variables() {
+                            module_bytes += storage_bytes(&t) + storage_bytes(&t.grad());
+                        }
+                    }
+                    // Replicated variables are counted in both `mem` and `module_bytes`:
+                    // only makes the bound stricter.
+                    (full_state, mem, module_bytes, mem.total() + module_bytes)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (full, mem, module_bytes, held) = h.join().unwrap();
+            assert_eq!(mem.full_buffers, 0, "{mem:?}");
+            assert!(mem.shards > 0);
+            // Module variables: only the replicated ones own memory; no gradient survives.
+            assert_eq!(module_bytes, mem.replicated, "{mem:?}");
+            let bound = full as f64 / world as f64 * 1.1;
+            assert!(
+                held as f64 <= bound,
+                "{world} ranks: {held} bytes held, bound {bound} (full {full})"
+            );
+            // And not trivially: the shards are at least 1/N of the full state.
+            assert!(
+                mem.shards as f64 >= full as f64 / world as f64 * 0.99,
+                "{mem:?}"
+            );
+        }
+    }
+}
