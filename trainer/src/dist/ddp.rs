@@ -309,7 +309,8 @@ impl Ddp {
                 .iter()
                 .map(|&f| f32::from(u8::from(f)))
                 .collect::<Vec<_>>(),
-        );
+        )
+        .to_device(st.buckets[0].flat.device());
         let used_work = st.group.all_reduce(&used, ReduceOp::Sum)?;
         for b in &mut st.buckets {
             if let Some(w) = b.work.take() {
@@ -317,7 +318,7 @@ impl Ddp {
             }
         }
         used_work.wait()?;
-        let used = Vec::<f32>::try_from(&used).expect("f32 vector");
+        let used = Vec::<f32>::try_from(&used.to_device(tch::Device::Cpu)).expect("f32 vector");
         tch::no_grad(|| {
             for (i, p) in o.params.iter().enumerate() {
                 let ranks = used[i].round() as usize;

@@ -516,7 +516,8 @@ impl Fsdp {
                 .iter()
                 .map(|&f| f32::from(u8::from(f)))
                 .collect::<Vec<_>>(),
-        );
+        )
+        .to_device(g.units[0].grad.device());
         let used_work = g.group.all_reduce(&used, ReduceOp::Sum)?;
         let world = g.world;
         for u in 0..g.units.len() {
@@ -526,7 +527,7 @@ impl Fsdp {
             let _ = g.units[u].grad.g_div_scalar_(world as f64);
         }
         used_work.wait()?;
-        let used: Vec<bool> = Vec::<f32>::try_from(&used)
+        let used: Vec<bool> = Vec::<f32>::try_from(&used.to_device(tch::Device::Cpu))
             .expect("f32 vector")
             .iter()
             .zip(&g.params)
@@ -615,7 +616,7 @@ impl Fsdp {
             .iter()
             .map(|u| u.student.abs().sum(Kind::Double).double_value(&[]))
             .sum();
-        let t = Tensor::from_slice(&[local]);
+        let t = Tensor::from_slice(&[local]).to_device(g.units[0].grad.device());
         g.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
         let replicated: f64 = learner
             .nets
@@ -764,9 +765,9 @@ fn clip(
         let s = unit.grad.narrow(0, at, len);
         sums[i] += (&s * &s).sum(Kind::Double).double_value(&[]);
     }
-    let t = Tensor::from_slice(&sums);
+    let t = Tensor::from_slice(&sums).to_device(g.units[0].grad.device());
     g.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
-    let sums = Vec::<f64>::try_from(&t).expect("f64 vector");
+    let sums = Vec::<f64>::try_from(&t.to_device(tch::Device::Cpu)).expect("f64 vector");
     // As torch: norm in f32, coef = reciprocal(norm + 1e-6) · clip in f32.
     let coefs: Vec<f32> = sums
         .iter()

@@ -285,8 +285,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                     .filter(|c| c.meta.fingerprint == shard_fp);
                 let mine = ck.as_ref().map_or(-1.0, |c| c.meta.iteration as f64);
                 let (mut lo, mut hi) = (
-                    tch::Tensor::from_slice(&[mine]),
-                    tch::Tensor::from_slice(&[mine]),
+                    tch::Tensor::from_slice(&[mine]).to_device(device),
+                    tch::Tensor::from_slice(&[mine]).to_device(device),
                 );
                 d.group.all_reduce(
                     std::slice::from_mut(&mut lo),
