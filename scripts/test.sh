@@ -8,6 +8,13 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${SCDINO_VENV:-$ROOT/.venv}
 cd "$ROOT"
 export PATH=$VENV/bin:$PATH LIBTORCH_USE_PYTORCH=1
+# The NCCL build (ProcessGroupNCCL in the shim, libtorch_cuda linked) must compile and link on
+# every run even though only a GPU machine can run it; kept as target/release/trainer-nccl for
+# the tests that check it fails cleanly without a GPU. Both feature sets stay cached in target/.
+"$ROOT/scripts/nccl-headers.sh" >/dev/null
+cargo build --release -p trainer --features nccl --bin trainer --quiet
+cp target/release/trainer target/release/trainer-nccl
+cargo build --release --workspace --bins --quiet
 "$ROOT/scripts/slurm-local.sh" start
 trap '"$ROOT/scripts/slurm-local.sh" stop || true' EXIT
 eval "$("$ROOT/scripts/slurm-local.sh" env)"

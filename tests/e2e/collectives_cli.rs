@@ -119,3 +119,50 @@ fn collectives_bench_refuses_nccl_without_it() {
         "{err}"
     );
 }
+
+/// `scripts/test.sh` builds `trainer-nccl` with `--features nccl` on every run, so the GPU path
+/// compiles and links in CI; here it must say clearly why it cannot run (no GPU on CI).
+#[test]
+fn nccl_build_links_libtorch_cuda_and_fails_cleanly_without_a_gpu() {
+    let exe = super::util::bin("trainer-nccl");
+    let dynamic = std::process::Command::new("readelf")
+        .args(["-d", exe.to_str().unwrap()])
+        .output()
+        .expect("readelf (binutils) runs");
+    let dynamic = text(&dynamic.stdout);
+    assert!(
+        dynamic.contains("[libtorch_cuda.so]") && dynamic.contains("[libc10_cuda.so]"),
+        "the nccl build must link libtorch_cuda (else CUDA is invisible to it):\n{dynamic}"
+    );
+    let o = run("trainer-nccl", &["collectives-bench", "--backend", "nccl"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("CUDA is not available"),
+        "{}",
+        text(&o.stderr)
+    );
+    // auto falls back to Gloo in the same binary: one process is a world of one.
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let o = run(
+        "trainer-nccl",
+        &[
+            "collectives-bench",
+            "--op",
+            "all_reduce",
+            "--min-bytes",
+            "4K",
+            "--max-bytes",
+            "4K",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["backend"], "gloo", "{report}");
+}

@@ -59,7 +59,12 @@ int shim_autocast_exit(int cuda, int previous) {
 // ---- Autograd extras for overlapped DDP and FSDP (platform-notes §4.6) ----------------------
 #include <ATen/native/Resize.h>
 #ifdef SCDINO_NCCL
-#include <ATen/native/cuda/Resize.h>
+// Declared by hand: ATen/native/cuda/Resize.h does not compile outside nvcc with torch 2.13's
+// headers (its inline resize_impl_cuda_ compares IntArrayRef with OptionalIntArrayRef). The
+// symbol is exported by libtorch_cuda, which the nccl feature links.
+namespace at::native {
+void resize_bytes_cuda(c10::StorageImpl* storage, size_t size_bytes);
+}
 #endif
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
