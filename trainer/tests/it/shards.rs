@@ -376,3 +376,40 @@ fn training_and_features_from_shards_equal_the_folder() {
     assert!(a.2.features.equal(&b.2.features), "features differ");
     assert_eq!(a.2.labels.len(), 5);
 }
+
+/// What the training loop calls: `exact` is the seeded permutation on any source;
+/// `shard_sequential` streams the packed layout, and is refused on loose files.
+#[test]
+fn configured_order_follows_data_order() {
+    use trainer::config::SampleOrder;
+    use trainer::data::shards::shard_sequential_order;
+    use trainer::train::sampler::{configured_epoch_order, epoch_order};
+    let dir = tempfile::tempdir().unwrap();
+    let tree = synth(dir.path(), 3, 10);
+    let packed = dir.path().join("packed");
+    let local = LocalSource::open(&tree, 0).unwrap();
+    pack_quiet(&local, &opts(&packed, 1 << 30, 4)).unwrap();
+    let shards = open_source(&data_section(&packed, DataFormat::Auto, 0)).unwrap();
+    let train = train_heldout_split(30, 0.8, 40).unwrap().train;
+    let mut data = data_section(&packed, DataFormat::Auto, 0);
+    data.shuffle_buffer = 3;
+    for (rank, world) in [(0, 1), (1, 2)] {
+        let exact = configured_epoch_order(&data, shards.as_ref(), &train, 9, 2, rank, world);
+        assert_eq!(exact.unwrap(), epoch_order(&train, 9, 2, rank, world));
+        data.order = SampleOrder::ShardSequential;
+        let seq =
+            configured_epoch_order(&data, shards.as_ref(), &train, 9, 2, rank, world).unwrap();
+        let layout = shards.shard_layout().unwrap();
+        assert_eq!(
+            seq,
+            shard_sequential_order(layout, &train, 3, 9, 2, rank, world)
+        );
+        assert_ne!(seq, epoch_order(&train, 9, 2, rank, world));
+        let err = configured_epoch_order(&data, &local, &train, 9, 2, rank, world).unwrap_err();
+        assert!(
+            err.contains("data.order") && err.contains("trainer data pack"),
+            "{err}"
+        );
+        data.order = SampleOrder::Exact;
+    }
+}

@@ -131,7 +131,10 @@ mod tests {
                 for (p, &c) in counts.iter().enumerate() {
                     let is_train = train.contains(&p);
                     assert_eq!(c >= 1, is_train, "sample {p} count {c}");
-                    assert!(c <= 1 + pad.div_ceil(train.len().max(1)), "sample {p} count {c}");
+                    assert!(
+                        c <= 1 + pad.div_ceil(train.len().max(1)),
+                        "sample {p} count {c}"
+                    );
                 }
             }
         }
