@@ -3,6 +3,7 @@ mod collectives_cli;
 mod dist_cli;
 mod launcher_cli;
 mod pipeline_cli;
+mod shards_cli;
 mod train_cli;
 mod trainer_cli;
 mod util;

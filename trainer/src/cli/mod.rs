@@ -5,6 +5,7 @@ mod checkpoint_cmd;
 mod collectives_cmd;
 mod config_cmd;
 mod data_cmd;
+mod pack_cmd;
 mod pipeline_cmd;
 mod train_cmd;
 
@@ -27,6 +28,9 @@ enum Command {
     /// Validate, print or import configuration files.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// Dataset tools (`data pack`: tar shards + index).
+    #[command(subcommand)]
+    Data(pack_cmd::DataCommand),
     /// Write a synthetic PBMC-like multi-channel TIFF dataset (the demo data).
     Synth(data_cmd::SynthArgs),
     /// Run student and teacher on one multi-crop batch of the configured dataset.
@@ -67,6 +71,7 @@ impl Cli {
             Command::Bench(b) => b.run(),
             Command::CollectivesBench(c) => c.run(),
             Command::Synth(s) => s.run(),
+            Command::Data(d) => d.run(),
             Command::Forward(f) => f.run(),
             Command::Train(t) => t.run(),
             Command::Launch(l) => l.run(),

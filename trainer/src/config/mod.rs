@@ -136,6 +136,17 @@ impl Config {
             ),
         )?;
         v.check(
+            data.shuffle_buffer >= 1,
+            "data.shuffle_buffer",
+            "must be at least 1 (1 keeps each shard's stored order)",
+        )?;
+        v.check(
+            !(data.order == SampleOrder::ShardSequential && data.format == DataFormat::Folder),
+            "data.order",
+            "shard_sequential needs a packed dataset (data.format: shards or auto); \
+             pack one with `trainer data pack`",
+        )?;
+        v.check(
             !data.images_are_rgb,
             "data.images_are_rgb",
             "RGB images are not supported yet; multi-channel TIFFs only",

@@ -64,6 +64,36 @@ pub struct DataSection {
     pub mean_std_fraction: f64,
     /// `train_scDINO.num_workers`: loader threads per process.
     pub num_workers: usize,
+    /// New (no scDINO field). What `dataset_dir` holds: `folder` (an ImageFolder tree),
+    /// `shards` (a directory written by `trainer data pack`), or `auto` (shards if the
+    /// directory has a `shard-index.json`, else a tree). Either way the dataset index, labels
+    /// and split are the original tree's.
+    pub format: DataFormat,
+    /// New. Sample order per epoch: `exact` = scDINO's seeded permutation (random access; any
+    /// source); `shard_sequential` = shard order shuffled per epoch, each rank streaming a
+    /// contiguous run of shards through a shuffle buffer (packed datasets only). Both give
+    /// every rank `ceil(N/W)` samples and every training sample once per epoch.
+    pub order: SampleOrder,
+    /// New. Shuffle-buffer size (samples per rank) for `order: shard_sequential`; 1 keeps the
+    /// shard's stored order.
+    pub shuffle_buffer: usize,
+}
+
+/// `data.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataFormat {
+    Auto,
+    Folder,
+    Shards,
+}
+
+/// `data.order`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SampleOrder {
+    Exact,
+    ShardSequential,
 }
 
 impl Default for DataSection {
@@ -82,6 +112,9 @@ impl Default for DataSection {
             center_crop: 0,
             mean_std_fraction: 0.2,
             num_workers: 8,
+            format: DataFormat::Auto,
+            order: SampleOrder::Exact,
+            shuffle_buffer: 1000,
         }
     }
 }

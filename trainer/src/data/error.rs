@@ -68,6 +68,20 @@ pub enum DataError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A packed shard or one of its members is missing, truncated or fails its checksum.
+    /// Names the shard file and, when one member is at fault, its key (the member name
+    /// without extension) and the sample's original path.
+    #[error("{}{}: {reason}", shard.display(), key.as_deref().map(|k| format!(" [{k}]")).unwrap_or_default())]
+    Shard {
+        shard: PathBuf,
+        key: Option<String>,
+        reason: String,
+    },
+
+    /// The shard index (`shard-index.json`) or the pack journal is unreadable or inconsistent.
+    #[error("{}: {reason}", path.display())]
+    ShardIndex { path: PathBuf, reason: String },
+
     /// Wraps an error that has no path of its own (e.g. from preprocessing)
     /// with the file it occurred on.
     #[error("{}: {source}", path.display())]

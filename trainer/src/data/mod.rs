@@ -9,6 +9,8 @@
 //! * [`preprocess`]: channel selection, center crop, per-image min–max.
 //! * [`source`]: where image bytes come from (local tree, object store, shards),
 //!   behind one trait so every consumer reads any source.
+//! * [`shards`]: packed WebDataset-style tar shards with an index (`trainer data pack`),
+//!   read back as the same `ImageFolder` dataset.
 //! * [`synth`]: a deterministic synthetic PBMC-like dataset for tests/demos.
 //!
 //! Errors are [`DataError`]s naming the offending file; nothing here panics on
@@ -18,6 +20,7 @@
 pub mod error;
 pub mod index;
 pub mod preprocess;
+pub mod shards;
 pub mod source;
 pub mod split;
 pub mod synth;

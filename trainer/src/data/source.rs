@@ -31,6 +31,12 @@ pub trait ImageSource: Send + Sync {
     /// start fetching ahead; local sources ignore it.
     fn will_read(&self, _order: &[usize]) {}
 
+    /// For packed sources: per shard, the sample positions in storage order. Lets
+    /// `data.order: shard_sequential` read shards front to back; `None` for loose files.
+    fn shard_layout(&self) -> Option<&[Vec<usize>]> {
+        None
+    }
+
     /// One line for logs: what is being read and from where.
     fn describe(&self) -> String;
 }
@@ -82,8 +88,21 @@ impl ImageSource for LocalSource {
     }
 }
 
-/// Opens the dataset named by `data.dataset_dir`.
+/// Opens the dataset named by `data.dataset_dir`: a packed directory (see
+/// [`super::shards`]) when `data.format` says so or, with `auto`, when it holds a shard index;
+/// otherwise the `ImageFolder` tree.
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
+    use super::shards::{is_packed_dir, LocalShardStore, ShardSource};
+    use crate::config::DataFormat;
+    let packed = match data.format {
+        DataFormat::Folder => false,
+        DataFormat::Shards => true,
+        DataFormat::Auto => is_packed_dir(&data.dataset_dir),
+    };
+    if packed {
+        let store = Arc::new(LocalShardStore::new(&data.dataset_dir));
+        return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
+    }
     Ok(Arc::new(LocalSource::open(
         &data.dataset_dir,
         data.label_folder_depth,

@@ -8,7 +8,7 @@
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::loader::{EpochLoader, SampleFn};
 use super::loss::DinoLoss;
-use super::sampler::{epoch_order, iters_per_epoch, SplitMix64};
+use super::sampler::{configured_epoch_order, iters_per_epoch, SplitMix64};
 use super::schedule::{scale_lr, teacher_temp_schedule, Schedules};
 use super::step::{Learner, Networks, StepParams};
 use crate::analysis::mean_std::{self, MeanStd};
@@ -423,7 +423,16 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
 
     let mut single = Single;
     while epoch < cfg.train.epochs {
-        let order = epoch_order(&split.train, cfg.run.seed, epoch as u64, rank, world);
+        let order = configured_epoch_order(
+            &cfg.data,
+            source.as_ref(),
+            &split.train,
+            cfg.run.seed,
+            epoch as u64,
+            rank,
+            world,
+        )
+        .map_err(TrainError::Setup)?;
         source.will_read(&order);
         let sample = training_sample_fn(
             source.clone(),

@@ -69,6 +69,41 @@ pub fn iters_per_epoch(train_len: usize, world: usize, batch: usize) -> usize {
     train_len.div_ceil(world).div_ceil(batch)
 }
 
+/// The epoch order for `data.order`: [`epoch_order`] (`exact`) or the shard-streaming order
+/// of [`crate::data::shards::shard_sequential_order`], which needs a packed source.
+pub fn configured_epoch_order(
+    data: &crate::config::DataSection,
+    source: &dyn crate::data::ImageSource,
+    train: &[usize],
+    seed: u64,
+    epoch: u64,
+    rank: usize,
+    world: usize,
+) -> Result<Vec<usize>, String> {
+    use crate::config::SampleOrder;
+    match data.order {
+        SampleOrder::Exact => Ok(epoch_order(train, seed, epoch, rank, world)),
+        SampleOrder::ShardSequential => {
+            let layout = source.shard_layout().ok_or_else(|| {
+                format!(
+                    "data.order: shard_sequential needs a packed dataset, but {} is not one \
+                     (pack it with `trainer data pack`)",
+                    data.dataset_dir.display()
+                )
+            })?;
+            Ok(crate::data::shards::shard_sequential_order(
+                layout,
+                train,
+                data.shuffle_buffer,
+                seed,
+                epoch,
+                rank,
+                world,
+            ))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ mod knn;
 mod metrics;
 mod model;
 mod pth;
+mod shards;
 mod train;
 mod umap;
 mod util;

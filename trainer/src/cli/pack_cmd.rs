@@ -1,0 +1,250 @@
+//! `trainer data ...`: dataset tools. `pack` lives here; other data tools add their
+//! variant to [`DataCommand`].
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+use std::time::Instant;
+use trainer::config::Config;
+use trainer::data::open_source;
+use trainer::data::shards::{pack, PackEvent, PackOptions};
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Pack `data.dataset_dir` into WebDataset-style tar shards plus an index (resumable:
+    /// a rerun verifies finished shards by checksum and writes only what is missing).
+    Pack(PackArgs),
+    /// Read (and decode) one epoch of the training split in the configured `data.order`
+    /// with N threads and report images/s (used by bench/shards.sh).
+    ReadBench(ReadBenchArgs),
+}
+
+impl DataCommand {
+    pub fn run(self) -> Result<()> {
+        match self {
+            DataCommand::Pack(p) => p.run(),
+            DataCommand::ReadBench(r) => r.run(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PackArgs {
+    /// The config whose `data.dataset_dir` (and `data.label_folder_depth`) to pack.
+    #[arg(long)]
+    config: PathBuf,
+    /// Output directory (created; point `data.dataset_dir` at it to train from the shards).
+    #[arg(long)]
+    out: PathBuf,
+    /// Close a shard before it exceeds this size: bytes, or with a K/M/G suffix (powers of
+    /// 1024). WebDataset recommends 100 MB–1 GB.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    shard_size: u64,
+    /// Also close a shard after this many samples (0 = no limit).
+    #[arg(long, default_value_t = 0)]
+    shard_samples: usize,
+    /// Seed of the pack-time shuffle that spreads classes over all shards.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep ImageFolder order in the shards (then each shard holds one or few classes, and
+    /// `data.order: shard_sequential` batches would be nearly single-class).
+    #[arg(long)]
+    no_shuffle: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size suffix in {s:?} (use K, M or G)")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 256M)"))?;
+    match n.checked_mul(mult) {
+        Some(v) if v > 0 => Ok(v),
+        _ => Err(format!("{s:?} must be positive and below 16 EiB")),
+    }
+}
+
+impl PackArgs {
+    pub fn run(self) -> Result<()> {
+        let cfg = Config::load(&self.config)?;
+        let out_abs = std::path::absolute(&self.out).unwrap_or(self.out.clone());
+        let src_abs =
+            std::path::absolute(&cfg.data.dataset_dir).unwrap_or(cfg.data.dataset_dir.clone());
+        if out_abs == src_abs {
+            bail!("--out must differ from data.dataset_dir");
+        }
+        let t0 = Instant::now();
+        let source = open_source(&cfg.data)
+            .with_context(|| format!("opening {}", cfg.data.dataset_dir.display()))?;
+        eprintln!(
+            "packing {} into {} (shards of at most {} bytes{})",
+            source.describe(),
+            self.out.display(),
+            self.shard_size,
+            if self.shard_samples > 0 {
+                format!(" / {} samples", self.shard_samples)
+            } else {
+                String::new()
+            }
+        );
+        let opts = PackOptions {
+            out: self.out.clone(),
+            max_shard_bytes: self.shard_size,
+            max_shard_samples: self.shard_samples,
+            shuffle: !self.no_shuffle,
+            seed: self.seed,
+        };
+        let mut report = |e: PackEvent| match e {
+            PackEvent::Verified {
+                shard,
+                samples,
+                bytes,
+            } => eprintln!("shard {shard:6}: verified ({samples} samples, {bytes} bytes), kept"),
+            PackEvent::Damaged { shard, reason } => {
+                eprintln!("shard {shard:6}: {reason}; rewriting from here")
+            }
+            PackEvent::Written {
+                shard,
+                samples,
+                bytes,
+                done,
+                total,
+            } => {
+                let secs = t0.elapsed().as_secs_f64().max(1e-9);
+                eprintln!(
+                    "shard {shard:6}: {samples} samples, {:.1} MB written [{done}/{total} images, {:.0} images/s]",
+                    bytes as f64 / 1e6,
+                    done as f64 / secs
+                );
+            }
+        };
+        let s = pack(
+            source.as_ref(),
+            cfg.data.label_folder_depth,
+            &opts,
+            &mut report,
+        )
+        .with_context(|| format!("packing into {}", self.out.display()))?;
+        println!(
+            "packed {} images into {} shards ({:.1} MB) in {}: {} shards written, {} verified and kept; {:.1} s, {:.0} images/s",
+            s.samples,
+            s.shards,
+            s.bytes as f64 / 1e6,
+            self.out.display(),
+            s.written_shards,
+            s.verified_shards,
+            s.seconds,
+            s.written_samples as f64 / s.seconds.max(1e-9)
+        );
+        Ok(())
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ReadBenchArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Reader threads (each takes the next sample of the order, as the loader's workers do).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Only read the bytes; skip TIFF decoding.
+    #[arg(long)]
+    no_decode: bool,
+    /// Label for the JSON line.
+    #[arg(long, default_value = "")]
+    label: String,
+}
+
+impl ReadBenchArgs {
+    pub fn run(self) -> Result<()> {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let cfg = Config::load(&self.config)?;
+        let source = open_source(&cfg.data)?;
+        let split = trainer::data::train_heldout_split(
+            source.index().len(),
+            cfg.data.train_fraction,
+            cfg.run.seed as u32,
+        )?;
+        let order = trainer::train::sampler::configured_epoch_order(
+            &cfg.data,
+            source.as_ref(),
+            &split.train,
+            cfg.run.seed,
+            0,
+            0,
+            1,
+        )
+        .map_err(anyhow::Error::msg)?;
+        let next = AtomicUsize::new(0);
+        let bytes = AtomicU64::new(0);
+        let t0 = Instant::now();
+        std::thread::scope(|s| -> Result<()> {
+            let workers: Vec<_> = (0..self.threads.max(1))
+                .map(|_| {
+                    s.spawn(|| -> Result<()> {
+                        loop {
+                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(&i) = order.get(k) else {
+                                return Ok(());
+                            };
+                            if self.no_decode {
+                                let b = source.read_bytes(i)?;
+                                bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
+                            } else {
+                                let img = source.read(i)?;
+                                bytes.fetch_add(4 * img.data.len() as u64, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+            }
+            Ok(())
+        })?;
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "{}",
+            serde_json::json!({
+                "label": self.label,
+                "source": source.describe(),
+                "order": format!("{:?}", cfg.data.order),
+                "threads": self.threads.max(1),
+                "decode": !self.no_decode,
+                "images": order.len(),
+                "seconds": secs,
+                "images_per_s": order.len() as f64 / secs,
+                "mb_per_s": bytes.load(Ordering::Relaxed) as f64 / 1e6 / secs,
+            })
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("M").is_err());
+    }
+}

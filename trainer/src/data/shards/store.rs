@@ -1,0 +1,70 @@
+//! Where shard bytes live: the reader needs only whole small objects (the index) and byte
+//! ranges of large ones, which both local files (`pread`) and object stores (ranged GET)
+//! provide. A remote store plugs in by implementing [`ShardStore`].
+use crate::data::error::DataError;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+pub trait ShardStore: Send + Sync {
+    /// A whole (small) object, e.g. the index.
+    fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError>;
+    /// `len` bytes of object `name` from `offset`; fewer bytes than asked is an error.
+    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError>;
+    /// Where object `name` is, for messages (a path or URL).
+    fn locate(&self, name: &str) -> PathBuf;
+    fn describe(&self) -> String;
+}
+
+/// Shards in a local or shared (FSx, NFS) directory. Files are opened once and read with
+/// positioned reads, so loader threads never contend on a file cursor.
+#[derive(Debug)]
+pub struct LocalShardStore {
+    dir: PathBuf,
+    open: Mutex<HashMap<String, Arc<File>>>,
+}
+
+impl LocalShardStore {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn file(&self, name: &str) -> Result<Arc<File>, DataError> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = open.get(name) {
+            return Ok(f.clone());
+        }
+        let path = self.dir.join(name);
+        let f = Arc::new(File::open(&path).map_err(|e| DataError::io(&path, "opening shard", e))?);
+        open.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+}
+
+impl ShardStore for LocalShardStore {
+    fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError> {
+        let path = self.dir.join(name);
+        std::fs::read(&path).map_err(|e| DataError::io(&path, "reading", e))
+    }
+
+    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
+        let f = self.file(name)?;
+        let mut buf = vec![0u8; len];
+        f.read_exact_at(&mut buf, offset)
+            .map_err(|e| DataError::io(self.dir.join(name), "reading shard member", e))?;
+        Ok(buf)
+    }
+
+    fn locate(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+}
