@@ -5,6 +5,7 @@ mod checkpoint_cmd;
 mod collectives_cmd;
 mod config_cmd;
 mod data_cmd;
+mod data_ops_cmd;
 mod pipeline_cmd;
 mod train_cmd;
 
@@ -27,6 +28,9 @@ enum Command {
     /// Validate, print or import configuration files.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// Dataset operations ahead of a run (`data preload`: S3 -> FSx/NVMe).
+    #[command(subcommand)]
+    Data(data_ops_cmd::DataCommand),
     /// Write a synthetic PBMC-like multi-channel TIFF dataset (the demo data).
     Synth(data_cmd::SynthArgs),
     /// Run student and teacher on one multi-crop batch of the configured dataset.
@@ -66,6 +70,7 @@ impl Cli {
             Command::Config(c) => c.run(),
             Command::Bench(b) => b.run(),
             Command::CollectivesBench(c) => c.run(),
+            Command::Data(d) => d.run(),
             Command::Synth(s) => s.run(),
             Command::Forward(f) => f.run(),
             Command::Train(t) => t.run(),

@@ -33,6 +33,11 @@ pub trait ImageSource: Send + Sync {
 
     /// One line for logs: what is being read and from where.
     fn describe(&self) -> String;
+
+    /// Transfer counters for the log (GETs, cache hits), for sources that have any.
+    fn report(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A shared handle, as the loader's worker threads hold it.
@@ -82,8 +87,13 @@ impl ImageSource for LocalSource {
     }
 }
 
-/// Opens the dataset named by `data.dataset_dir`.
+/// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` streams through
+/// [`ObjectStoreSource`](super::stream::ObjectStoreSource), anything else is a local or
+/// shared (FSx) directory.
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
+    if super::object_store::S3Url::is_s3(&data.dataset_dir.to_string_lossy()) {
+        return Ok(Arc::new(super::stream::ObjectStoreSource::open(data)?));
+    }
     Ok(Arc::new(LocalSource::open(
         &data.dataset_dir,
         data.label_folder_depth,
