@@ -118,11 +118,12 @@ impl ObjectStoreSource {
         let cache = match &data.cache.dir {
             Some(dir) => {
                 let sub = dir.join(&remote.url.bucket).join(&remote.url.prefix);
-                let sharers = std::env::var("LOCAL_WORLD_SIZE")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(1);
-                Some(NodeCache::open(dir, &sub, data.cache.max_bytes, sharers)?)
+                Some(NodeCache::open(
+                    dir,
+                    &sub,
+                    data.cache.max_bytes,
+                    processes_per_node(),
+                )?)
             }
             None => None,
         };
@@ -160,6 +161,24 @@ impl ObjectStoreSource {
             prefetched: s.prefetched.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Processes of this job on this node, which share the cache's cap: torchrun's and `trainer
+/// launch`'s `LOCAL_WORLD_SIZE`, else Slurm's tasks per node (`"4"` or `"4(x2)"`), else 1.
+fn processes_per_node() -> u64 {
+    let leading = |v: String| -> Option<u64> {
+        let digits: String = v.chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse().ok()
+    };
+    [
+        "LOCAL_WORLD_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok().and_then(leading))
+    .unwrap_or(1)
+    .max(1)
 }
 
 fn fetch_loop(pf: &Prefetch, fetcher: &Fetcher) {

@@ -712,3 +712,53 @@ fn s3_preload_copies_verified_files_and_resumes() {
         );
     }
 }
+
+#[test]
+fn s3_each_rank_fetches_only_its_own_samples() {
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let cfg = config(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}/Training"),
+        &s3_yaml(proxy.port),
+        1,
+    );
+    let split = data::train_heldout_split(16, 0.8, 3).unwrap();
+    let mut total = 0;
+    for rank in 0..2 {
+        let src = ObjectStoreSource::open(&cfg.data).unwrap();
+        let order = trainer::train::sampler::epoch_order(&split.train, 3, 0, rank, 2);
+        src.will_read(&order);
+        for &i in &order {
+            src.read_bytes(i).unwrap();
+        }
+        // Prefetching fetched this rank's share and nothing else.
+        let mut share = order.clone();
+        share.sort();
+        share.dedup();
+        assert_eq!(src.stats().gets, share.len() as u64, "rank {rank}");
+        total += share.len();
+    }
+    // The two shares cover the training split (r::W of a padded permutation).
+    assert!(total >= split.train.len());
+    let gets = proxy.object_gets(200);
+    assert_eq!(gets.values().sum::<usize>(), total);
+    let heldout: Vec<String> = {
+        let local = LocalSource::open(&root.join("Training"), 0).unwrap();
+        split
+            .held_out
+            .iter()
+            .map(|&i| {
+                let p = &local.index().samples[i].path;
+                object_path(&p.strip_prefix(&root).unwrap().to_string_lossy())
+            })
+            .collect()
+    };
+    assert!(
+        heldout.iter().all(|k| !gets.contains_key(k)),
+        "held-out images were fetched"
+    );
+}
