@@ -19,7 +19,7 @@ trap 'kill $MOTO 2>/dev/null || true; rm -rf "$W"' EXIT
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$PY" "$ROOT/trainer/tests/py/moto_s3.py" "$PORT" bench pbmc "$W/data" >"$W/moto.log" 2>&1 &
 MOTO=$!
-until grep -q ready "$W/moto.log"; do sleep 0.2; done
+until grep -q ready "$W/moto.log"; do kill -0 $MOTO 2>/dev/null || { cat "$W/moto.log"; exit 1; }; sleep 0.2; done
 export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench
 cfg() { # dataset_dir, extra data lines
   cat <<YAML

@@ -146,6 +146,11 @@ impl Config {
                 "data.s3.endpoint",
                 &format!("{ep:?} must start with http:// or https://"),
             )?;
+            v.check(
+                !ep.starts_with("http://") || data.s3.allow_http,
+                "data.s3.endpoint",
+                &format!("{ep:?} is plain HTTP: set data.s3.allow_http: true (local S3-compatible servers only)"),
+            )?;
         }
         let ds = data.dataset_dir.to_string_lossy();
         if let Some(rest) = ds.strip_prefix("s3://") {

@@ -13,9 +13,9 @@
 //! (`eval "$(aws configure export-credentials --format env)"`).
 use super::error::DataError;
 use crate::config::S3Section;
-use ::object_store::aws::AmazonS3Builder;
+use ::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use ::object_store::path::Path as ObjPath;
-use ::object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
+use ::object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
 use futures_util::StreamExt;
 use std::sync::{Arc, Once};
 use std::time::Duration;
@@ -127,10 +127,17 @@ pub fn build_store(url: &S3Url, s3: &S3Section) -> Result<Arc<dyn ObjectStore>, 
     if s3.allow_http {
         b = b.with_allow_http(true);
     }
-    let client = ClientOptions::new()
-        .with_allow_http(s3.allow_http)
-        .with_timeout(Duration::from_secs(s3.request_timeout_seconds.max(1)))
-        .with_connect_timeout(Duration::from_secs(s3.request_timeout_seconds.clamp(1, 10)));
+    // Set through config keys, not `with_client_options`, which would replace the client
+    // settings `from_env` read (AWS_ALLOW_HTTP, AWS_PROXY_URL, ...).
+    b = b
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+            format!("{}s", s3.request_timeout_seconds.max(1)),
+        )
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            format!("{}s", s3.request_timeout_seconds.clamp(1, 10)),
+        );
     let retry = RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(s3.retry_initial_backoff_ms.max(1)),
@@ -143,7 +150,6 @@ pub fn build_store(url: &S3Url, s3: &S3Section) -> Result<Arc<dyn ObjectStore>, 
         retry_timeout: Duration::from_secs(s3.retry_timeout_seconds),
     };
     let store = b
-        .with_client_options(client)
         .with_retry(retry)
         .build()
         .map_err(|e| DataError::StoreConfig {
