@@ -236,7 +236,10 @@ fn device_cuda_without_a_gpu_fails_before_training_and_says_why() {
         "nothing trained"
     );
     // The CUDA build (scripts/test.sh makes it) knows it could use a GPU and says none is here.
-    let out = run("trainer-nccl", &["train", "--config", &cfg, "--threads", "1"]);
+    let out = run(
+        "trainer-nccl",
+        &["train", "--config", &cfg, "--threads", "1"],
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("libtorch sees no GPU"), "{err}");

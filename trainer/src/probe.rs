@@ -165,7 +165,8 @@ pub struct DatasetSummary {
 /// `data.channel_names`. `Ok(None)` when `dataset_dir` does not exist on this machine (a
 /// config written for a cluster path).
 pub fn check_dataset(cfg: &Config) -> Result<Option<DatasetSummary>, ProbeError> {
-    if !cfg.data.dataset_dir.exists() {
+    let remote = data::object_store::S3Url::is_s3(&cfg.data.dataset_dir.to_string_lossy());
+    if !remote && !cfg.data.dataset_dir.exists() {
         return Ok(None);
     }
     let source = data::open_source(&cfg.data)?;

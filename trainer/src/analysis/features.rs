@@ -173,6 +173,8 @@ pub fn extract_shard(
         .skip(rank)
         .step_by(world.max(1))
         .collect();
+    // A streaming source fetches this rank's images ahead of the forward passes.
+    source.will_read(&mine);
     for chunk in mine.chunks(f.batch_size_per_gpu.max(1)) {
         let mut batch = Vec::with_capacity(chunk.len());
         for &i in chunk {

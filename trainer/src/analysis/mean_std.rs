@@ -5,6 +5,7 @@
 //! Differences from scDINO, both deliberate: the configured centre crop is applied (scDINO
 //! computed it and threw it away), and every image of the subset counts (scDINO's loader
 //! dropped a random remainder of up to 9 images through `drop_last`).
+use crate::config::OnCorrupt;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions};
 use std::path::Path;
@@ -71,6 +72,18 @@ pub fn compute(
     center_crop: usize,
     threads: usize,
 ) -> Result<MeanStd, MeanStdError> {
+    compute_with(source, fraction, center_crop, threads, OnCorrupt::Fail)
+}
+
+/// [`compute`], leaving out undecodable images when `on_corrupt` is `skip` (each is named
+/// in a warning).
+pub fn compute_with(
+    source: &dyn ImageSource,
+    fraction: f64,
+    center_crop: usize,
+    threads: usize,
+    on_corrupt: OnCorrupt,
+) -> Result<MeanStd, MeanStdError> {
     let index = source.index();
     let subset = data::mean_std_subset(index.len(), fraction)?;
     let opts = PreprocessOptions {
@@ -80,6 +93,13 @@ pub fn compute(
     let chunks: Vec<&[usize]> = subset
         .chunks(subset.len().div_ceil(threads.max(1)).max(1))
         .collect();
+    // The readers advance through their chunks side by side: announce that interleaving so
+    // a streaming source prefetches what each of them needs next.
+    let longest = chunks.iter().map(|c| c.len()).max().unwrap_or(0);
+    let interleaved: Vec<usize> = (0..longest)
+        .flat_map(|k| chunks.iter().filter_map(move |c| c.get(k).copied()))
+        .collect();
+    source.will_read(&interleaved);
     // Per thread: (Σx, Σx², pixel count per channel, dropped images).
     type Partial = (Vec<f64>, Vec<f64>, u64, usize);
     let partials: Vec<Result<Partial, MeanStdError>> = std::thread::scope(|s| {
@@ -90,7 +110,16 @@ pub fn compute(
                 s.spawn(move || {
                     let mut acc: Partial = (vec![], vec![], 0, 0);
                     for &i in *chunk {
-                        let raw = source.read(i)?;
+                        let raw = match source.read(i) {
+                            Err(e) if on_corrupt == OnCorrupt::Skip && e.is_corrupt_image() => {
+                                eprintln!(
+                                    "warning: skipping corrupt image (data.on_corrupt: skip): {e}"
+                                );
+                                acc.3 += 1;
+                                continue;
+                            }
+                            r => r?,
+                        };
                         let (img, outcome) = preprocess(&raw, opts)?;
                         if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
                             acc.3 += 1;

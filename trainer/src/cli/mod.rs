@@ -5,8 +5,10 @@ mod checkpoint_cmd;
 mod collectives_cmd;
 mod config_cmd;
 mod data_cmd;
+mod data_tools_cmd;
 mod pack_cmd;
 mod pipeline_cmd;
+mod preload_cmd;
 mod train_cmd;
 
 use anyhow::Result;
@@ -28,9 +30,9 @@ enum Command {
     /// Validate, print or import configuration files.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
-    /// Dataset tools (`data pack`: tar shards + index).
+    /// Dataset tools: `data pack` (tar shards), `data preload` (S3 to FSx/NVMe), `data read-bench`.
     #[command(subcommand)]
-    Data(pack_cmd::DataCommand),
+    Data(data_tools_cmd::DataCommand),
     /// Write a synthetic PBMC-like multi-channel TIFF dataset (the demo data).
     Synth(data_cmd::SynthArgs),
     /// Run student and teacher on one multi-crop batch of the configured dataset.
@@ -70,8 +72,8 @@ impl Cli {
             Command::Config(c) => c.run(),
             Command::Bench(b) => b.run(),
             Command::CollectivesBench(c) => c.run(),
-            Command::Synth(s) => s.run(),
             Command::Data(d) => d.run(),
+            Command::Synth(s) => s.run(),
             Command::Forward(f) => f.run(),
             Command::Train(t) => t.run(),
             Command::Launch(l) => l.run(),

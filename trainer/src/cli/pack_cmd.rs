@@ -1,31 +1,11 @@
-//! `trainer data ...`: dataset tools. `pack` lives here; other data tools add their
-//! variant to [`DataCommand`].
+//! `trainer data pack`: the dataset as WebDataset-style tar shards plus an index.
 use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
+use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
 use trainer::config::Config;
 use trainer::data::open_source;
 use trainer::data::shards::{pack, PackEvent, PackOptions};
-
-#[derive(Debug, Subcommand)]
-pub enum DataCommand {
-    /// Pack `data.dataset_dir` into WebDataset-style tar shards plus an index (resumable:
-    /// a rerun verifies finished shards by checksum and writes only what is missing).
-    Pack(PackArgs),
-    /// Read (and decode) one epoch of the training split in the configured `data.order`
-    /// with N threads and report images/s (used by bench/shards.sh).
-    ReadBench(ReadBenchArgs),
-}
-
-impl DataCommand {
-    pub fn run(self) -> Result<()> {
-        match self {
-            DataCommand::Pack(p) => p.run(),
-            DataCommand::ReadBench(r) => r.run(),
-        }
-    }
-}
 
 #[derive(Debug, Args)]
 pub struct PackArgs {
@@ -145,89 +125,6 @@ impl PackArgs {
             s.verified_shards,
             s.seconds,
             s.written_samples as f64 / s.seconds.max(1e-9)
-        );
-        Ok(())
-    }
-}
-
-#[derive(Debug, Args)]
-pub struct ReadBenchArgs {
-    #[arg(long)]
-    config: PathBuf,
-    /// Reader threads (each takes the next sample of the order, as the loader's workers do).
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
-    /// Only read the bytes; skip TIFF decoding.
-    #[arg(long)]
-    no_decode: bool,
-    /// Label for the JSON line.
-    #[arg(long, default_value = "")]
-    label: String,
-}
-
-impl ReadBenchArgs {
-    pub fn run(self) -> Result<()> {
-        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-        let cfg = Config::load(&self.config)?;
-        let source = open_source(&cfg.data)?;
-        let split = trainer::data::train_heldout_split(
-            source.index().len(),
-            cfg.data.train_fraction,
-            cfg.run.seed as u32,
-        )?;
-        let order = trainer::train::sampler::configured_epoch_order(
-            &cfg.data,
-            source.as_ref(),
-            &split.train,
-            cfg.run.seed,
-            0,
-            0,
-            1,
-        )
-        .map_err(anyhow::Error::msg)?;
-        let next = AtomicUsize::new(0);
-        let bytes = AtomicU64::new(0);
-        let t0 = Instant::now();
-        std::thread::scope(|s| -> Result<()> {
-            let workers: Vec<_> = (0..self.threads.max(1))
-                .map(|_| {
-                    s.spawn(|| -> Result<()> {
-                        loop {
-                            let k = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(&i) = order.get(k) else {
-                                return Ok(());
-                            };
-                            if self.no_decode {
-                                let b = source.read_bytes(i)?;
-                                bytes.fetch_add(b.len() as u64, Ordering::Relaxed);
-                            } else {
-                                let img = source.read(i)?;
-                                bytes.fetch_add(4 * img.data.len() as u64, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            for w in workers {
-                w.join()
-                    .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
-            }
-            Ok(())
-        })?;
-        let secs = t0.elapsed().as_secs_f64();
-        println!(
-            "{}",
-            serde_json::json!({
-                "label": self.label,
-                "source": source.describe(),
-                "order": format!("{:?}", cfg.data.order),
-                "threads": self.threads.max(1),
-                "decode": !self.no_decode,
-                "images": order.len(),
-                "seconds": secs,
-                "images_per_s": order.len() as f64 / secs,
-                "mb_per_s": bytes.load(Ordering::Relaxed) as f64 / 1e6 / secs,
-            })
         );
         Ok(())
     }

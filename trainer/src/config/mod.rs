@@ -147,6 +147,37 @@ impl Config {
              pack one with `trainer data pack`",
         )?;
         v.check(
+            data.s3.max_concurrency > 0,
+            "data.s3.max_concurrency",
+            "must be at least 1 (GET requests in flight)",
+        )?;
+        if let Some(ep) = &data.s3.endpoint {
+            v.check(
+                ep.starts_with("http://") || ep.starts_with("https://"),
+                "data.s3.endpoint",
+                &format!("{ep:?} must start with http:// or https://"),
+            )?;
+            v.check(
+                !ep.starts_with("http://") || data.s3.allow_http,
+                "data.s3.endpoint",
+                &format!("{ep:?} is plain HTTP: set data.s3.allow_http: true (local S3-compatible servers only)"),
+            )?;
+        }
+        let ds = data.dataset_dir.to_string_lossy();
+        if let Some(rest) = ds.strip_prefix("s3://") {
+            v.check(
+                !rest.is_empty() && !rest.starts_with('/'),
+                "data.dataset_dir",
+                "an s3:// dataset needs a bucket: s3://bucket/prefix",
+            )?;
+        } else {
+            v.check(
+                !ds.contains("://"),
+                "data.dataset_dir",
+                &format!("{ds:?}: only local paths and s3://bucket/prefix are supported"),
+            )?;
+        }
+        v.check(
             !data.images_are_rgb,
             "data.images_are_rgb",
             "RGB images are not supported yet; multi-channel TIFFs only",

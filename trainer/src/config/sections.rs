@@ -77,6 +77,12 @@ pub struct DataSection {
     /// New. Shuffle-buffer size (samples per rank) for `order: shard_sequential`; 1 keeps the
     /// shard's stored order.
     pub shuffle_buffer: usize,
+    /// How `s3://` datasets are reached (ignored for local and FSx paths).
+    pub s3: S3Section,
+    /// Node-local copy of streamed images, so only the first epoch pays for the network.
+    pub cache: CacheSection,
+    /// What training does with an image that cannot be decoded (truncated or garbage object).
+    pub on_corrupt: OnCorrupt,
 }
 
 /// `data.format`.
@@ -94,6 +100,84 @@ pub enum DataFormat {
 pub enum SampleOrder {
     Exact,
     ShardSequential,
+}
+
+/// Client settings for an `s3://bucket/prefix` dataset. Credentials are deliberately not
+/// settable here: they come from the environment (see the README), so a config file can be
+/// shared, logged and stored in checkpoints without leaking a secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct S3Section {
+    /// Endpoint of an S3-compatible server (`http://127.0.0.1:9000`); unset = AWS, or the
+    /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT` variable.
+    pub endpoint: Option<String>,
+    /// Bucket region; unset = `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+    /// Permit plain-HTTP endpoints (local S3-compatible servers); AWS itself needs HTTPS.
+    pub allow_http: bool,
+    /// GET requests in flight at once per process: S3 latency, not bandwidth, limits
+    /// small-object throughput, so this is what sets images/s.
+    pub max_concurrency: usize,
+    /// Images fetched ahead of the sampler's order; with `max_concurrency` this bounds the
+    /// memory held by the prefetcher (`prefetch` × image size).
+    pub prefetch: usize,
+    /// Retries of one request on throttling (503 SlowDown, 429), 5xx and connection errors.
+    pub max_retries: usize,
+    /// First retry delay; doubles per retry up to `retry_max_backoff_ms`.
+    pub retry_initial_backoff_ms: u64,
+    pub retry_max_backoff_ms: u64,
+    /// Give up on a request (with all its retries) after this long.
+    pub retry_timeout_seconds: u64,
+    /// Timeout of one HTTP request.
+    pub request_timeout_seconds: u64,
+}
+
+impl Default for S3Section {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: None,
+            allow_http: false,
+            max_concurrency: 32,
+            prefetch: 512,
+            max_retries: 10,
+            retry_initial_backoff_ms: 100,
+            retry_max_backoff_ms: 15_000,
+            retry_timeout_seconds: 180,
+            request_timeout_seconds: 30,
+        }
+    }
+}
+
+/// A node-local cache of objects read from `s3://` (e.g. NVMe at `/local_scratch`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSection {
+    /// Cache directory; unset = no cache (every epoch streams from the store).
+    pub dir: Option<PathBuf>,
+    /// Size cap in bytes over all processes of the node. When full, new images are not
+    /// cached (no eviction: with a fresh random order every epoch, evicting would only
+    /// trade one miss for another) and keep streaming.
+    pub max_bytes: u64,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            max_bytes: 100 << 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCorrupt {
+    /// Stop with an error naming the object (the default: a bad file is usually a bad copy).
+    #[default]
+    Fail,
+    /// Drop the image from its batch, count it, and report the count in the log.
+    Skip,
 }
 
 impl Default for DataSection {
@@ -115,6 +199,9 @@ impl Default for DataSection {
             format: DataFormat::Auto,
             order: SampleOrder::Exact,
             shuffle_buffer: 1000,
+            s3: S3Section::default(),
+            cache: CacheSection::default(),
+            on_corrupt: OnCorrupt::Fail,
         }
     }
 }

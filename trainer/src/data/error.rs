@@ -81,6 +81,23 @@ pub enum DataError {
     /// The shard index (`shard-index.json`) or the pack journal is unreadable or inconsistent.
     #[error("{}: {reason}", path.display())]
     ShardIndex { path: PathBuf, reason: String },
+    /// A request to the object store failed after its retries (`url` names the object or
+    /// the listed prefix).
+    #[error("{url}: {context}: {source}")]
+    ObjectStore {
+        url: String,
+        context: &'static str,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+
+    /// An object-store URL or client setting we cannot use.
+    #[error("{url}: {reason}")]
+    StoreConfig { url: String, reason: String },
+
+    /// An object's body disagrees with its listing (e.g. fewer bytes than listed).
+    #[error("{url}: {reason}")]
+    CorruptObject { url: String, reason: String },
 
     /// Wraps an error that has no path of its own (e.g. from preprocessing)
     /// with the file it occurred on.
@@ -93,6 +110,29 @@ pub enum DataError {
 }
 
 impl DataError {
+    /// True when the image's own bytes are bad (undecodable or inconsistent), as opposed to
+    /// the storage failing: the errors `data.on_corrupt: skip` may skip.
+    pub fn is_corrupt_image(&self) -> bool {
+        matches!(
+            self,
+            DataError::Tiff { .. }
+                | DataError::UnsupportedTiff { .. }
+                | DataError::CorruptObject { .. }
+        )
+    }
+
+    pub(crate) fn store(
+        url: impl Into<String>,
+        context: &'static str,
+        source: object_store::Error,
+    ) -> Self {
+        DataError::ObjectStore {
+            url: url.into(),
+            context,
+            source: Box::new(source),
+        }
+    }
+
     /// Attach `path` to an error that does not already name a file.
     pub fn in_file(self, path: impl Into<PathBuf>) -> DataError {
         match self {

@@ -161,13 +161,85 @@ pub fn build_index(root: &Path, folder_depth_for_labels: usize) -> Result<Datase
         });
     }
     classes.sort_by_cached_key(|c| python_key(c));
+    let mut walks = Vec::with_capacity(classes.len());
+    for class in &classes {
+        walks.push(walk_sorted(&py_join(root, class))?);
+    }
+    assemble(root, classes, walks, folder_depth_for_labels)
+}
 
+/// The index of an object-store listing: `keys` are object keys relative to the dataset
+/// prefix (`Training/B/x.tif`, '/'-separated), `root` the prefix as a URL
+/// (`s3://bucket/prefix`). Gives exactly what [`build_index`] gives for a local tree with the
+/// same files, so a dataset copied to S3 keeps its order, labels and seeded splits. Object
+/// stores have no directories: a "folder" exists when some key lies below it, and keys
+/// ending in `/` (console-made folder markers) are folders, not files.
+pub fn build_index_from_keys<S: AsRef<str>>(
+    root: &str,
+    keys: &[S],
+    folder_depth_for_labels: usize,
+) -> Result<DatasetIndex, DataError> {
+    use std::collections::BTreeMap;
+    // class -> dir (relative) -> file names
+    let mut tree: BTreeMap<String, BTreeMap<String, Vec<OsString>>> = BTreeMap::new();
+    for key in keys {
+        let key = key.as_ref().trim_start_matches('/');
+        let Some((class, rest)) = key.split_once('/') else {
+            continue; // a file in the root: ImageFolder ignores it
+        };
+        if class.is_empty() {
+            continue;
+        }
+        let dirs = tree.entry(class.to_string()).or_default();
+        let (dir, file) = match rest.rsplit_once('/') {
+            Some((d, f)) => (format!("{class}/{d}"), f),
+            None => (class.to_string(), rest),
+        };
+        // Every folder on the way exists (os.walk lists it even if it holds no file).
+        let mut p = class.to_string();
+        dirs.entry(p.clone()).or_default();
+        for part in dir.split('/').skip(1) {
+            p = format!("{p}/{part}");
+            dirs.entry(p.clone()).or_default();
+        }
+        if !file.is_empty() {
+            dirs.entry(dir).or_default().push(OsString::from(file));
+        }
+    }
+    let root_path = PathBuf::from(root.trim_end_matches('/'));
+    if tree.is_empty() {
+        return Err(DataError::NoClassFolders { path: root_path });
+    }
+    let mut classes: Vec<OsString> = tree.keys().map(OsString::from).collect();
+    classes.sort_by_cached_key(|c| python_key(c));
+    let walks = classes
+        .iter()
+        .map(|c| {
+            let mut walk: Vec<(PathBuf, Vec<OsString>)> = tree[c.to_str().unwrap_or_default()]
+                .iter()
+                .map(|(d, files)| (py_join(&root_path, OsStr::new(d)), files.clone()))
+                .collect();
+            walk.sort_by_cached_key(|(dir, _)| python_key(dir.as_os_str()));
+            walk
+        })
+        .collect();
+    assemble(&root_path, classes, walks, folder_depth_for_labels)
+}
+
+/// Samples from sorted classes and each class's `sorted(os.walk)` (the part of the
+/// `ImageFolder` enumeration shared by local trees and object-store listings).
+fn assemble(
+    root: &Path,
+    classes: Vec<OsString>,
+    walks: Vec<Vec<(PathBuf, Vec<OsString>)>>,
+    folder_depth_for_labels: usize,
+) -> Result<DatasetIndex, DataError> {
     let mut samples = Vec::new();
     let mut skipped_other_images = Vec::new();
     let mut empty = Vec::new();
-    for (class_index, class) in classes.iter().enumerate() {
+    for (class_index, (class, walk)) in classes.iter().zip(walks).enumerate() {
         let before = samples.len();
-        for (dir, mut files) in walk_sorted(&py_join(root, class))? {
+        for (dir, mut files) in walk {
             files.sort_by_cached_key(|f| python_key(f));
             for fname in files {
                 let path = py_join(&dir, &fname);
@@ -323,6 +395,55 @@ mod tests {
         assert_eq!(index.skipped_other_images.len(), 1);
         let deep = build_index(r, 1).unwrap();
         assert_eq!(deep.samples[6].label, "x");
+    }
+
+    #[test]
+    fn key_listing_indexes_like_the_local_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        // Same last folder name as the prefix, so depth-1 labels of root-level classes agree.
+        let r = &dir.path().join("pre");
+        let files = [
+            "b/x/z/1.tif",
+            "b/x-y/2.TIFF",
+            "b/x/3.tiff",
+            "b/4.tif",
+            "b/notes.txt",
+            "b/pic.png",
+            "B/0.tif",
+            "a/_.tif",
+            "a/Z.tif",
+            "a/é/1.tif",
+            "a/e/1.tif",
+            "loose.tif",
+        ];
+        for f in files {
+            touch(&r.join(f));
+        }
+        let local = build_index(r, 0).unwrap();
+        let mut keys: Vec<String> = files.iter().map(|f| f.to_string()).collect();
+        keys.push("b/x/".into()); // a folder marker
+        keys.reverse(); // listing order must not matter
+        for depth in [0, 1] {
+            let local = build_index(r, depth).unwrap();
+            let remote = build_index_from_keys("s3://bkt/pre/", &keys, depth).unwrap();
+            assert_eq!(remote.classes, local.classes);
+            assert_eq!(remote.root, PathBuf::from("s3://bkt/pre"));
+            assert_eq!(rel(&remote), rel(&local));
+            assert_eq!(remote.labels(), local.labels());
+            let classes =
+                |i: &DatasetIndex| i.samples.iter().map(|s| s.class_index).collect::<Vec<_>>();
+            assert_eq!(classes(&remote), classes(&local));
+            assert_eq!(remote.skipped_other_images.len(), 1);
+        }
+        assert_eq!(local.samples[0].path, r.join("B/0.tif"));
+        assert!(matches!(
+            build_index_from_keys("s3://b/p", &["loose.tif"], 0),
+            Err(DataError::NoClassFolders { .. })
+        ));
+        assert!(matches!(
+            build_index_from_keys("s3://b/p", &["A/x.tif", "C/readme.txt"], 0),
+            Err(DataError::EmptyClasses { .. })
+        ));
     }
 
     #[test]

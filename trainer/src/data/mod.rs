@@ -11,23 +11,30 @@
 //!   behind one trait so every consumer reads any source.
 //! * [`shards`]: packed WebDataset-style tar shards with an index (`trainer data pack`),
 //!   read back as the same `ImageFolder` dataset.
+//! * [`object_store`]: the S3 client (`s3://` URLs, settings, blocking API), reusable by
+//!   anything that reads or writes the dataset's bucket; [`stream`]: the streaming source
+//!   with prefetch; [`cache`]: verified node-local copies; [`preload`]: `trainer data preload`.
 //! * [`synth`]: a deterministic synthetic PBMC-like dataset for tests/demos.
 //!
 //! Errors are [`DataError`]s naming the offending file; nothing here panics on
 //! bad input data. `index` uses Unix file-name APIs (the trainer targets
 //! Linux).
 
+pub mod cache;
 pub mod error;
 pub mod index;
+pub mod object_store;
+pub mod preload;
 pub mod preprocess;
 pub mod shards;
 pub mod source;
 pub mod split;
+pub mod stream;
 pub mod synth;
 pub mod tiff_reader;
 
 pub use error::DataError;
-pub use index::{build_index, DatasetIndex, Sample};
+pub use index::{build_index, build_index_from_keys, DatasetIndex, Sample};
 pub use preprocess::{MinMaxOutcome, NanAction, NanPolicy, PreprocessOptions};
 pub use source::{open_source, ImageSource, LocalSource, SharedSource};
 pub use split::{mean_std_subset, numpy_shuffled_indices, train_heldout_split, Split};

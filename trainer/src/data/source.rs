@@ -39,6 +39,11 @@ pub trait ImageSource: Send + Sync {
 
     /// One line for logs: what is being read and from where.
     fn describe(&self) -> String;
+
+    /// Transfer counters for the log (GETs, cache hits), for sources that have any.
+    fn report(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A shared handle, as the loader's worker threads hold it.
@@ -88,12 +93,22 @@ impl ImageSource for LocalSource {
     }
 }
 
-/// Opens the dataset named by `data.dataset_dir`: a packed directory (see
+/// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` streams through
+/// [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
 /// [`super::shards`]) when `data.format` says so or, with `auto`, when it holds a shard index;
-/// otherwise the `ImageFolder` tree.
+/// otherwise the `ImageFolder` tree on a local or shared (FSx) file system.
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
     use super::shards::{is_packed_dir, LocalShardStore, ShardSource};
     use crate::config::DataFormat;
+    if super::object_store::S3Url::is_s3(&data.dataset_dir.to_string_lossy()) {
+        if data.format == DataFormat::Shards {
+            return Err(DataError::StoreConfig {
+                url: data.dataset_dir.display().to_string(),
+                reason: "packed shards are read from local or FSx directories only (copy them with `trainer data preload` first)".into(),
+            });
+        }
+        return Ok(Arc::new(super::stream::ObjectStoreSource::open(data)?));
+    }
     let packed = match data.format {
         DataFormat::Folder => false,
         DataFormat::Shards => true,

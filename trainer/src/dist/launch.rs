@@ -41,6 +41,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", rank.to_string())
             .env("WORLD_SIZE", opts.nproc.to_string())
+            .env("LOCAL_WORLD_SIZE", opts.nproc.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", opts.master_port.to_string())
             .spawn()

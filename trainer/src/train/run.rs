@@ -14,7 +14,7 @@ use super::step::{Learner, Networks, StepParams};
 use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
-use crate::config::{Config, Strategy};
+use crate::config::{Config, OnCorrupt, Strategy};
 use crate::data::preprocess::preprocess;
 use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions, SharedSource};
 use crate::device::CudaFacts;
@@ -26,7 +26,7 @@ use crate::dist::{Collective, Single};
 use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -123,11 +123,12 @@ pub fn dataset_mean_std_at(
     }
     eprintln!("computing dataset mean/std -> {}", path.display());
     let threads = cfg.data.num_workers.max(1);
-    let ms = mean_std::compute(
+    let ms = mean_std::compute_with(
         source,
         cfg.data.mean_std_fraction,
         cfg.data.center_crop,
         threads,
+        cfg.data.on_corrupt,
     )?;
     std::fs::create_dir_all(cfg.run_dir()).map_err(|source| TrainError::Io {
         path: cfg.run_dir(),
@@ -422,6 +423,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
 
     let mut single = Single;
+    let corrupt_skipped = Arc::new(AtomicU64::new(0));
+    eprintln!("data: {}", source.describe());
     while epoch < cfg.train.epochs {
         let order = configured_epoch_order(
             &cfg.data,
@@ -433,14 +436,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             world,
         )
         .map_err(TrainError::Setup)?;
-        source.will_read(&order);
-        let sample = training_sample_fn(
+        // A resumed epoch starts at `start_batch`: announce only what will be read.
+        source.will_read(&order[(start_batch * batch).min(order.len())..]);
+        let skip_corrupt =
+            (cfg.data.on_corrupt == OnCorrupt::Skip).then(|| corrupt_skipped.clone());
+        let sample = training_sample_fn_policy(
             source.clone(),
             augment.clone(),
             prep.clone(),
             file_channels,
             cfg.run.seed,
             epoch as u64,
+            skip_corrupt,
         );
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
@@ -600,6 +607,16 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 epoch_start.elapsed().as_secs_f64() / meter.steps.max(1) as f64
             );
         }
+        // Every rank reports its own transfers (each fetches only its own samples).
+        if let Some(r) = source.report() {
+            eprintln!("rank {rank} epoch {epoch}: {r}");
+        }
+        let skipped = corrupt_skipped.swap(0, Ordering::Relaxed);
+        if skipped > 0 {
+            eprintln!(
+                "rank {rank} epoch {epoch}: skipped {skipped} corrupt image(s) (data.on_corrupt: skip)"
+            );
+        }
         epoch = finished;
         start_batch = 0;
         meter = EpochTotals::default();
@@ -676,9 +693,33 @@ pub fn training_sample_fn(
     seed: u64,
     epoch: u64,
 ) -> Arc<SampleFn> {
+    training_sample_fn_policy(source, augment, prep, file_channels, seed, epoch, None)
+}
+
+/// [`training_sample_fn`] with `data.on_corrupt: skip`: given a counter, an undecodable
+/// image is dropped from its batch (like a NaN image) and counted instead of failing.
+pub fn training_sample_fn_policy(
+    source: SharedSource,
+    augment: Arc<MultiCropAugment>,
+    prep: PreprocessOptions,
+    file_channels: usize,
+    seed: u64,
+    epoch: u64,
+    skip_corrupt: Option<Arc<AtomicU64>>,
+) -> Arc<SampleFn> {
     Arc::new(move |i: usize| {
         let path = &source.index().samples[i].path;
-        let raw = source.read(i).map_err(|e| e.to_string())?;
+        let raw = match source.read(i) {
+            Ok(raw) => raw,
+            Err(e) if e.is_corrupt_image() && skip_corrupt.is_some() => {
+                if let Some(n) = &skip_corrupt {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+                eprintln!("warning: skipping corrupt image (data.on_corrupt: skip): {e}");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         if raw.channels != file_channels {
             return Err(format!(
                 "{} has {} channels but data.channel_names lists {file_channels}",

@@ -132,3 +132,39 @@ fn train_device_takes_auto_cpu_cuda_and_names_a_bad_value() {
     assert!(err.contains("d.yaml") && err.contains("line 4"), "{err}");
     assert!(err.contains("gpu0"), "{err}");
 }
+
+#[test]
+fn s3_cache_and_corrupt_keys_are_strict_and_checked() {
+    let ok = Config::from_yaml(
+        "data:\n  dataset_dir: s3://bkt/pbmc\n  s3:\n    endpoint: http://127.0.0.1:9000\n    allow_http: true\n    max_concurrency: 8\n  cache:\n    dir: /local_scratch/c\n    max_bytes: 1000\n  on_corrupt: skip\n",
+        "t",
+    )
+    .unwrap();
+    assert_eq!(ok.data.s3.max_concurrency, 8);
+    assert_eq!(ok.data.cache.max_bytes, 1000);
+    assert_eq!(ok.data.on_corrupt, trainer::config::OnCorrupt::Skip);
+    // The defaults: no cache, fail on corrupt images, HTTPS only.
+    let d = Config::from_yaml("", "t").unwrap();
+    assert_eq!(d.data.cache.dir, None);
+    assert_eq!(d.data.on_corrupt, trainer::config::OnCorrupt::Fail);
+    assert!(!d.data.s3.allow_http);
+    for (yaml, needle) in [
+        (
+            "data:\n  s3:\n    secret_access_key: x\n",
+            "secret_access_key",
+        ),
+        ("data:\n  cache:\n    size: 3\n", "size"),
+        ("data:\n  on_corrupt: ignore\n", "on_corrupt"),
+        ("data:\n  s3:\n    endpoint: http://h:1\n", "allow_http"),
+        ("data:\n  s3:\n    endpoint: h:1\n", "data.s3.endpoint"),
+        (
+            "data:\n  s3:\n    max_concurrency: 0\n",
+            "data.s3.max_concurrency",
+        ),
+        ("data:\n  dataset_dir: s3:///x\n", "bucket"),
+        ("data:\n  dataset_dir: gs://b/x\n", "s3://"),
+    ] {
+        let e = Config::from_yaml(yaml, "t").unwrap_err().to_string();
+        assert!(e.contains(needle), "{yaml}: {e}");
+    }
+}

@@ -8,6 +8,7 @@ mod knn;
 mod metrics;
 mod model;
 mod pth;
+mod s3;
 mod shards;
 mod train;
 mod umap;

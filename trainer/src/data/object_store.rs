@@ -1,0 +1,296 @@
+//! The object-store client: `s3://bucket/prefix` URLs, the S3 client built from the
+//! environment plus `data.s3`, and a blocking API over it.
+//!
+//! `object_store` is async; the loader's workers are plain threads. [`Remote`] owns a small
+//! tokio runtime and blocks on it, so callers (loader workers, the prefetcher, `trainer data
+//! preload`, shard writers) never see async code. Several threads may block on the same
+//! runtime at once; the runtime's two workers only drive socket I/O.
+//!
+//! Credentials never come from the config: `AmazonS3Builder::from_env` reads `AWS_*`
+//! variables (keys, session token, web identity / IRSA, ECS container credentials) and falls
+//! back to the EC2 instance metadata service. Shared-config profiles (`~/.aws/credentials`,
+//! `AWS_PROFILE`) are not read by `object_store`; export them first
+//! (`eval "$(aws configure export-credentials --format env)"`).
+use super::error::DataError;
+use crate::config::S3Section;
+use ::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use ::object_store::path::Path as ObjPath;
+use ::object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
+use futures_util::StreamExt;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+/// `s3://bucket/prefix`, split. `prefix` has no leading or trailing '/'.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Url {
+    pub bucket: String,
+    pub prefix: String,
+}
+
+impl S3Url {
+    pub fn parse(url: &str) -> Result<Self, DataError> {
+        let bad = |reason: &str| DataError::StoreConfig {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("not an s3:// URL"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(bad("no bucket name (expected s3://bucket/prefix)"));
+        }
+        Ok(Self {
+            bucket: bucket.to_string(),
+            prefix: prefix.trim_matches('/').to_string(),
+        })
+    }
+
+    /// True for `s3://...` dataset locations.
+    pub fn is_s3(location: &str) -> bool {
+        location.starts_with("s3://")
+    }
+
+    /// The dataset root as it appears in sample paths: `s3://bucket/prefix`.
+    pub fn root(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("s3://{}", self.bucket)
+        } else {
+            format!("s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+
+    /// The object key of `rel` (a key relative to the prefix).
+    pub fn key(&self, rel: &str) -> String {
+        if self.prefix.is_empty() {
+            rel.to_string()
+        } else {
+            format!("{}/{rel}", self.prefix)
+        }
+    }
+
+    /// `s3://bucket/key` of `rel`, for messages and sample paths.
+    pub fn url_of(&self, rel: &str) -> String {
+        format!("s3://{}/{}", self.bucket, self.key(rel))
+    }
+}
+
+/// One listed object.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Key relative to the prefix.
+    pub rel: String,
+    /// The store's own path of the object (used as is for GETs, so keys with characters
+    /// that `object_store` would re-encode are fetched exactly as listed).
+    pub location: ObjPath,
+    pub size: u64,
+}
+
+/// A bucket prefix with a blocking client.
+pub struct Remote {
+    rt: tokio::runtime::Runtime,
+    store: Arc<dyn ObjectStore>,
+    pub url: S3Url,
+    backoff: (Duration, Duration),
+    retry_timeout: Duration,
+    /// Whole operations repeated after `object_store`'s own retries gave up.
+    pub outer_retries: std::sync::atomic::AtomicU64,
+}
+
+/// Worth trying again later: `Generic` carries 5xx/throttling after the client's retries,
+/// and connection failures; missing objects, permissions and bad requests are final.
+fn transient(e: &::object_store::Error) -> bool {
+    matches!(e, ::object_store::Error::Generic { .. })
+}
+
+/// The S3 client for `url` (bucket and prefix taken from it) with `data.s3`'s endpoint,
+/// region, plain-HTTP permission, timeouts and retry policy; credentials from the
+/// environment. Reusable by anything that reads or writes the dataset's bucket.
+pub fn build_store(url: &S3Url, s3: &S3Section) -> Result<Arc<dyn ObjectStore>, DataError> {
+    static TLS: Once = Once::new();
+    // rustls is built with ring only (aws-lc-rs would add a slow C/cmake build); make it the
+    // process default so reqwest finds it.
+    TLS.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    if let Some(ep) = &s3.endpoint {
+        b = b.with_endpoint(ep);
+    }
+    if let Some(region) = &s3.region {
+        b = b.with_region(region);
+    } else if std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+        if let Ok(r) = std::env::var("AWS_REGION") {
+            b = b.with_region(r);
+        }
+    }
+    if s3.allow_http {
+        b = b.with_allow_http(true);
+    }
+    // Set through config keys, not `with_client_options`, which would replace the client
+    // settings `from_env` read (AWS_ALLOW_HTTP, AWS_PROXY_URL, ...).
+    b = b
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+            format!("{}s", s3.request_timeout_seconds.max(1)),
+        )
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            format!("{}s", s3.request_timeout_seconds.clamp(1, 10)),
+        );
+    let retry = RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(s3.retry_initial_backoff_ms.max(1)),
+            max_backoff: Duration::from_millis(
+                s3.retry_max_backoff_ms.max(s3.retry_initial_backoff_ms),
+            ),
+            base: 2.0,
+        },
+        max_retries: s3.max_retries,
+        retry_timeout: Duration::from_secs(s3.retry_timeout_seconds),
+    };
+    let store = b
+        .with_retry(retry)
+        .build()
+        .map_err(|e| DataError::StoreConfig {
+            url: url.root(),
+            reason: e.to_string(),
+        })?;
+    Ok(Arc::new(store))
+}
+
+impl Remote {
+    pub fn open(url: &str, s3: &S3Section) -> Result<Self, DataError> {
+        let url = S3Url::parse(url)?;
+        let store = build_store(&url, s3)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("object-store")
+            .enable_all()
+            .build()
+            .map_err(|e| DataError::io(url.root(), "starting the object-store runtime", e))?;
+        Ok(Self {
+            rt,
+            store,
+            url,
+            backoff: (
+                Duration::from_millis(s3.retry_initial_backoff_ms.max(1)),
+                Duration::from_millis(s3.retry_max_backoff_ms.max(s3.retry_initial_backoff_ms)),
+            ),
+            retry_timeout: Duration::from_secs(s3.retry_timeout_seconds),
+            outer_retries: Default::default(),
+        })
+    }
+
+    /// Runs `op` again, with exponential backoff, while it fails transiently and
+    /// `retry_timeout_seconds` has not passed. `object_store` retries each request on its own
+    /// (`max_retries`, jittered backoff), but that budget lasts about a second with short
+    /// backoffs; this outer loop is what rides out an endpoint that is down for longer (a
+    /// restarted server, a network blip).
+    fn retrying<T, F, Fut>(&self, op: F) -> Result<T, ::object_store::Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ::object_store::Error>>,
+    {
+        let start = std::time::Instant::now();
+        let (mut delay, max) = self.backoff;
+        loop {
+            match self.rt.block_on(op()) {
+                Err(e) if transient(&e) && start.elapsed() + delay < self.retry_timeout => {
+                    self.outer_retries
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(max);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Runs a future of the caller's own (e.g. a multipart upload) on this client's runtime.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// Every object below the prefix, in the store's order.
+    pub fn list(&self) -> Result<Vec<Listed>, DataError> {
+        let prefix = (!self.url.prefix.is_empty()).then(|| ObjPath::from(self.url.prefix.as_str()));
+        let strip = if self.url.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.url.prefix)
+        };
+        let metas = self
+            .retrying(|| async {
+                let mut out = Vec::new();
+                let mut stream = self.store.list(prefix.as_ref());
+                while let Some(meta) = stream.next().await {
+                    out.push(meta?);
+                }
+                Ok(out)
+            })
+            .map_err(|e| DataError::store(self.url.root(), "listing", e))?;
+        Ok(metas
+            .into_iter()
+            .map(|meta| {
+                let key: &str = meta.location.as_ref();
+                let rel = key.strip_prefix(&strip).unwrap_or(key).to_string();
+                Listed {
+                    rel,
+                    location: meta.location,
+                    size: meta.size,
+                }
+            })
+            .collect())
+    }
+
+    /// The whole object at `location` (retried per `data.s3`); `expected` (from the
+    /// listing) catches a truncated body.
+    pub fn get(&self, location: &ObjPath, expected: Option<u64>) -> Result<Vec<u8>, DataError> {
+        let url = || format!("s3://{}/{}", self.url.bucket, location.as_ref());
+        let bytes = self.retrying(|| async { self.store.get(location).await?.bytes().await });
+        let bytes = bytes.map_err(|e| DataError::store(url(), "reading object", e))?;
+        if let Some(n) = expected {
+            if bytes.len() as u64 != n {
+                return Err(DataError::CorruptObject {
+                    url: url(),
+                    reason: format!("listed with {n} bytes but read {}", bytes.len()),
+                });
+            }
+        }
+        Ok(bytes.to_vec())
+    }
+
+    /// Writes `rel` (relative to the prefix) in one request.
+    pub fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<(), DataError> {
+        let key = self.url.key(rel);
+        self.rt
+            .block_on(self.store.put(&ObjPath::from(key.as_str()), bytes.into()))
+            .map_err(|e| DataError::store(self.url.url_of(rel), "writing object", e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = S3Url::parse("s3://bkt/a/b/").unwrap();
+        assert_eq!((u.bucket.as_str(), u.prefix.as_str()), ("bkt", "a/b"));
+        assert_eq!(u.root(), "s3://bkt/a/b");
+        assert_eq!(u.url_of("C/x.tif"), "s3://bkt/a/b/C/x.tif");
+        let top = S3Url::parse("s3://bkt").unwrap();
+        assert_eq!(
+            (top.root(), top.key("C/x.tif")),
+            ("s3://bkt".into(), "C/x.tif".into())
+        );
+        assert!(S3Url::parse("s3:///x").is_err());
+        assert!(S3Url::parse("/data/x").is_err());
+    }
+}

@@ -1,0 +1,764 @@
+//! Datasets on S3, against a real S3-compatible server: `moto_server` (moto[server] from the
+//! project venv, started here on 127.0.0.1), reached through a small HTTP proxy of ours that
+//! logs every request and can answer 503 SlowDown, so GETs are counted by something other
+//! than the code under test.
+use super::util::{py_dir, python, torch_rng_lock};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+use trainer::config::Config;
+use trainer::data::stream::ObjectStoreSource;
+use trainer::data::{self, ImageSource, LocalSource, SynthOptions};
+use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome};
+
+const BUCKET: &str = "bkt";
+const PREFIX: &str = "pbmc/v1";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Dummy credentials: object_store signs requests, moto accepts any key. Without them the
+/// client would wait for the EC2 metadata service.
+fn fake_credentials() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+    });
+}
+
+/// A moto server holding `src` under `s3://bkt/pbmc/v1/`.
+struct Moto {
+    port: u16,
+    src: PathBuf,
+    child: Option<Child>,
+}
+
+impl Moto {
+    fn start(src: &Path) -> Moto {
+        let mut m = Moto {
+            port: free_port(),
+            src: src.to_path_buf(),
+            child: None,
+        };
+        m.spawn();
+        m
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(python())
+            .arg(py_dir().join("moto_s3.py"))
+            .args([&self.port.to_string(), BUCKET, PREFIX])
+            .arg(&self.src)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start python for moto_s3.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        if !line.starts_with("ready") {
+            let _ = child.kill();
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!(
+                "moto_server did not start (moto[server] is in scripts/requirements.txt; run scripts/setup.sh):\n{err}"
+            );
+        }
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Logged {
+    method: String,
+    target: String,
+    /// 0: the upstream was unreachable and the client's connection was dropped.
+    status: u16,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    upstream: AtomicU16,
+    /// Requests still to be answered with 503 SlowDown.
+    throttle: AtomicUsize,
+    log: Mutex<Vec<Logged>>,
+}
+
+/// A logging HTTP/1.1 proxy in front of moto (one upstream connection per request).
+struct Proxy {
+    port: u16,
+    st: Arc<ProxyState>,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let st = Arc::new(ProxyState::default());
+        st.upstream.store(upstream, Ordering::SeqCst);
+        let st2 = st.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let st = st2.clone();
+                std::thread::spawn(move || {
+                    let _ = handle(conn, &st);
+                });
+            }
+        });
+        Proxy { port, st }
+    }
+
+    fn log(&self) -> Vec<Logged> {
+        self.st.log.lock().unwrap().clone()
+    }
+
+    /// Object GETs (not listings) answered with `status`, per object path.
+    fn object_gets(&self, status: u16) -> HashMap<String, usize> {
+        let mut m = HashMap::new();
+        for r in self.log() {
+            if r.method == "GET" && !r.target.contains('?') && r.status == status {
+                *m.entry(r.target).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+
+    fn clear(&self) {
+        self.st.log.lock().unwrap().clear();
+    }
+}
+
+fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
+    let mut reader = BufReader::new(client.try_clone()?);
+    let mut client = client;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = request_line.split_whitespace();
+        let (method, target) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
+        let mut headers = Vec::new();
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            reader.read_line(&mut h)?;
+            if h == "\r\n" || h.is_empty() {
+                break;
+            }
+            let lower = h.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+            if !lower.starts_with("connection:") {
+                headers.push(h);
+            }
+        }
+        let mut body = vec![0u8; len];
+        reader.read_exact(&mut body)?;
+        let log = |status| {
+            st.log.lock().unwrap().push(Logged {
+                method: method.clone(),
+                target: target.clone(),
+                status,
+            })
+        };
+        let throttled = st
+            .throttle
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if throttled {
+            log(503);
+            let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+            write!(
+                client,
+                "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{xml}",
+                xml.len()
+            )?;
+            continue;
+        }
+        let up = st.upstream.load(Ordering::SeqCst);
+        let Ok(mut upstream) = TcpStream::connect(("127.0.0.1", up)) else {
+            log(0);
+            return Ok(()); // as a dead server: the client's connection just ends
+        };
+        let mut req = request_line.clone().into_bytes();
+        for h in &headers {
+            req.extend_from_slice(h.as_bytes());
+        }
+        req.extend_from_slice(b"Connection: close\r\n\r\n");
+        req.extend_from_slice(&body);
+        upstream.write_all(&req)?;
+        let mut resp = Vec::new();
+        let _ = upstream.read_to_end(&mut resp);
+        let status = std::str::from_utf8(&resp[..resp.len().min(12)])
+            .ok()
+            .and_then(|s| s.get(9..12))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        log(status);
+        client.write_all(&resp)?;
+        return Ok(()); // moto closes after each response; so do we
+    }
+}
+
+/// 16 training images in 2 classes (+ 8 test images in nested donor folders).
+fn dataset(dir: &Path) -> PathBuf {
+    let root = dir.join("data");
+    data::generate_synthetic(&SynthOptions {
+        out: root.clone(),
+        seed: 11,
+        classes: 2,
+        per_class: 8,
+        size: 50,
+        channels: 5,
+        donors: 2,
+    })
+    .unwrap();
+    root
+}
+
+fn s3_yaml(port: u16) -> String {
+    format!(
+        "  s3:\n    endpoint: http://127.0.0.1:{port}\n    region: us-east-1\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
+    )
+}
+
+/// The e2e tests' CPU-sized training config; `data_extra` goes under `data:`.
+fn config(out: &Path, dataset_dir: &str, data_extra: &str, epochs: usize) -> Config {
+    Config::from_yaml(
+        &format!(
+            "run:\n  name: r\n  output_dir: {}\n  seed: 3\ndata:\n  dataset_dir: {dataset_dir}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"02\"]\n  num_workers: 2\n{data_extra}model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\ntrain:\n  precision: fp32\n  num_gpus: 1\n  log_every: 100\n  epochs: {epochs}\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n",
+            out.display()
+        ),
+        "s3-test",
+    )
+    .unwrap()
+}
+
+fn run(cfg: &Config) {
+    let outcome = train(
+        cfg,
+        &TrainOptions {
+            combination: 0,
+            max_steps: None,
+            stop: None,
+        },
+    )
+    .unwrap();
+    assert!(matches!(outcome, TrainOutcome::Finished), "{outcome:?}");
+}
+
+/// Student and teacher weights of the last checkpoint.
+fn weights(cfg: &Config) -> Vec<(String, tch::Tensor)> {
+    let dir = model_dir(cfg, &cfg.channel_sets[0]);
+    let ck = trainer::checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
+    let mut w: Vec<_> = ck
+        .tensors
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("student.") || k.starts_with("teacher."))
+        .collect();
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    w
+}
+
+fn assert_same_weights(a: &Config, b: &Config) {
+    let (wa, wb) = (weights(a), weights(b));
+    assert_eq!(wa.len(), wb.len());
+    assert!(!wa.is_empty());
+    for ((na, ta), (nb, tb)) in wa.iter().zip(&wb) {
+        assert_eq!(na, nb);
+        assert!(
+            ta.equal(tb),
+            "{na} differs between the local and the S3 run"
+        );
+    }
+}
+
+fn rel_paths(index: &trainer::data::DatasetIndex) -> Vec<String> {
+    let root = index.root.to_string_lossy().into_owned();
+    index
+        .path_strings()
+        .iter()
+        .map(|p| p.strip_prefix(&root).unwrap().to_string())
+        .collect()
+}
+
+fn object_path(rel: &str) -> String {
+    format!("/{BUCKET}/{PREFIX}/{rel}")
+}
+
+#[test]
+fn s3_listing_indexes_and_reads_like_the_local_tree() {
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    // The whole tree: classes Test and Training, nested donor folders, labels from depth 1.
+    let cfg = config(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}"),
+        &s3_yaml(proxy.port).replace("  s3:", "  label_folder_depth: 1\n  s3:"),
+        1,
+    );
+    let remote = ObjectStoreSource::open(&cfg.data).unwrap();
+    let local = LocalSource::open(&root, 1).unwrap();
+    let (ri, li) = (remote.index(), local.index());
+    assert_eq!(ri.len(), li.len());
+    let n = li.len();
+    assert!(n > 16, "the tree has training and test images");
+    assert_eq!(ri.classes, li.classes);
+    assert_eq!(rel_paths(ri), rel_paths(li));
+    assert_eq!(ri.labels(), li.labels());
+    assert_eq!(
+        ri.path_strings()[0],
+        format!("s3://{BUCKET}/{PREFIX}{}", rel_paths(li)[0])
+    );
+    let cls = |i: &trainer::data::DatasetIndex| {
+        i.samples.iter().map(|s| s.class_index).collect::<Vec<_>>()
+    };
+    assert_eq!(cls(ri), cls(li));
+    let (rs, ls) = (
+        data::train_heldout_split(ri.len(), 0.8, 3).unwrap(),
+        data::train_heldout_split(li.len(), 0.8, 3).unwrap(),
+    );
+    assert_eq!(rs.train, ls.train);
+    // Bytes, prefetched in a shuffled order, then one random read.
+    let order: Vec<usize> = (0..ri.len()).rev().collect();
+    remote.will_read(&order);
+    for &i in &order {
+        assert_eq!(
+            remote.read_bytes(i).unwrap(),
+            local.read_bytes(i).unwrap(),
+            "sample {i}"
+        );
+    }
+    assert_eq!(remote.read(5).unwrap().data, local.read(5).unwrap().data);
+    let gets = proxy.object_gets(200);
+    assert_eq!(gets.len(), n, "every object fetched");
+    assert_eq!(
+        gets.values().sum::<usize>(),
+        n + 1,
+        "once each, plus the extra read"
+    );
+    let s = remote.stats();
+    assert_eq!((s.gets, s.cache_hits), (n as u64 + 1, 0));
+    assert!(
+        s.prefetched >= n as u64 / 2,
+        "prefetch served only {} reads",
+        s.prefetched
+    );
+    // Only the listing and GETs: no request for anything outside the prefix.
+    assert!(proxy
+        .log()
+        .iter()
+        .all(|r| r.target.starts_with(&format!("/{BUCKET}"))));
+}
+
+#[test]
+fn s3_training_matches_local_and_later_epochs_read_the_cache() {
+    fake_credentials();
+    let _rng = torch_rng_lock();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let local_out = dir.path().join("local");
+    let s3_out = dir.path().join("s3");
+    let cache = dir.path().join("nvme");
+    let s3_extra = format!(
+        "{}  cache:\n    dir: {}\n",
+        s3_yaml(proxy.port),
+        cache.display()
+    );
+    let url = format!("s3://{BUCKET}/{PREFIX}/Training");
+    let local_dir = root.join("Training");
+    // Epoch 0, then a resumed epoch 1 (a second process in real life).
+    for epochs in [1, 2] {
+        run(&config(&local_out, local_dir.to_str().unwrap(), "", epochs));
+        proxy.clear();
+        let cfg = config(&s3_out, &url, &s3_extra, epochs);
+        run(&cfg);
+        let gets = proxy.object_gets(200);
+        if epochs == 1 {
+            // Epoch 0 fetched every image it needed (13 training images + the mean/std
+            // subset), each exactly once, and cached it.
+            let split = data::train_heldout_split(16, 0.8, 3).unwrap();
+            assert!(gets.len() >= split.train.len(), "{gets:?}");
+            assert!(gets.values().all(|&n| n == 1), "{gets:?}");
+            let cached = walk_tifs(&cache.join(BUCKET).join(PREFIX).join("Training"));
+            assert_eq!(cached.len(), gets.len());
+        } else {
+            assert!(
+                gets.is_empty(),
+                "epoch 1 should read only the cache, but GET {gets:?}"
+            );
+            assert!(proxy.log().iter().any(|r| r.target.contains("list-type=2")));
+        }
+        assert_same_weights(
+            &config(&local_out, "x", "", epochs),
+            &config(&s3_out, "x", "", epochs),
+        );
+    }
+    // The cache is a verified copy of the tree, usable as a local dataset_dir.
+    let from_cache = LocalSource::open(&cache.join(BUCKET).join(PREFIX).join("Training"), 0);
+    assert!(from_cache.is_ok());
+}
+
+fn walk_tifs(dir: &Path) -> Vec<PathBuf> {
+    let mut out = walk_files(dir);
+    out.retain(|p| p.extension().is_some_and(|x| x == "tiff" || x == "tif"));
+    out.sort();
+    out
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn s3_server_killed_and_restarted_mid_epoch() {
+    fake_credentials();
+    let _rng = torch_rng_lock();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let local_dir = root.join("Training");
+    let local_out = dir.path().join("local");
+    run(&config(&local_out, local_dir.to_str().unwrap(), "", 1));
+
+    let moto = Arc::new(Mutex::new(Moto::start(&root)));
+    let proxy = Proxy::start(moto.lock().unwrap().port);
+    let s3_out = dir.path().join("s3");
+    // Slow enough fetching that the restart lands mid-epoch: one GET at a time.
+    let extra = format!(
+        "{}    max_concurrency: 1\n    prefetch: 2\n",
+        s3_yaml(proxy.port)
+    );
+    let cfg = config(
+        &s3_out,
+        &format!("s3://{BUCKET}/{PREFIX}/Training"),
+        &extra,
+        1,
+    );
+    // Same statistics as the local run, so the epoch's GETs are exactly the training reads.
+    std::fs::create_dir_all(cfg.run_dir()).unwrap();
+    std::fs::copy(
+        local_out.join("r/mean_and_std_of_dataset.txt"),
+        cfg.run_dir().join("mean_and_std_of_dataset.txt"),
+    )
+    .unwrap();
+    let restarted = Arc::new(AtomicU64::new(0));
+    let killer = {
+        let (moto, st, restarted) = (moto.clone(), proxy.st.clone(), restarted.clone());
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            loop {
+                let gets = st
+                    .log
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|r| r.method == "GET" && !r.target.contains('?') && r.status == 200)
+                    .count();
+                if gets >= 4 || t0.elapsed() > Duration::from_secs(60) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let mut m = moto.lock().unwrap();
+            m.kill();
+            std::thread::sleep(Duration::from_millis(500));
+            m.spawn(); // same port, same objects (moto keeps nothing: they are put again)
+            restarted.store(1, Ordering::SeqCst);
+        })
+    };
+    run(&cfg);
+    killer.join().unwrap();
+    assert_eq!(restarted.load(Ordering::SeqCst), 1);
+    let log = proxy.log();
+    let failed = log.iter().filter(|r| r.status == 0).count();
+    assert!(
+        failed > 0,
+        "no request hit the dead server: the restart was not mid-epoch"
+    );
+    let after = log.iter().rposition(|r| r.status == 0).unwrap();
+    assert!(
+        log[after..].iter().any(|r| r.status == 200),
+        "nothing was read after the restart"
+    );
+    // Every training image delivered exactly once (a failed attempt delivers nothing).
+    let split = data::train_heldout_split(16, 0.8, 3).unwrap();
+    let index = LocalSource::open(&local_dir, 0).unwrap();
+    let expected: HashMap<String, usize> = split
+        .train
+        .iter()
+        .map(|&i| {
+            let p = &index.index().samples[i].path;
+            let rel = p
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (object_path(&rel), 1)
+        })
+        .collect();
+    assert_eq!(proxy.object_gets(200), expected);
+    assert_same_weights(&config(&local_out, "x", "", 1), &cfg);
+}
+
+#[test]
+fn s3_throttling_is_retried_with_backoff() {
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    // The listing and the first GETs are refused with 503 SlowDown, several times in a row.
+    proxy.st.throttle.store(7, Ordering::SeqCst);
+    let cfg = config(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}/Training"),
+        &format!("{}    max_concurrency: 2\n", s3_yaml(proxy.port)),
+        1,
+    );
+    let t = Instant::now();
+    let remote = ObjectStoreSource::open(&cfg.data).unwrap();
+    let local = LocalSource::open(&root.join("Training"), 0).unwrap();
+    let order: Vec<usize> = (0..16).collect();
+    remote.will_read(&order);
+    for &i in &order {
+        assert_eq!(remote.read_bytes(i).unwrap(), local.read_bytes(i).unwrap());
+    }
+    let log = proxy.log();
+    assert_eq!(log.iter().filter(|r| r.status == 503).count(), 7);
+    assert_eq!(log.iter().filter(|r| r.status == 0).count(), 0);
+    assert_eq!(proxy.object_gets(200).len(), 16);
+    assert!(proxy.object_gets(200).values().all(|&n| n == 1));
+    // Backed off: at least the first waits (20 ms, doubling, jittered) were taken.
+    assert!(
+        t.elapsed() >= Duration::from_millis(20),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
+    fake_credentials();
+    let _rng = torch_rng_lock();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let local = LocalSource::open(&root.join("Training"), 0).unwrap();
+    let split = data::train_heldout_split(16, 0.8, 3).unwrap();
+    let bad = split.train[1];
+    let bad_path = local.index().samples[bad].path.clone();
+    let bad_rel = bad_path
+        .strip_prefix(&root)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let mut bytes = std::fs::read(&bad_path).unwrap();
+    bytes.truncate(bytes.len() / 3); // a truncated upload
+    std::fs::write(&bad_path, &bytes).unwrap();
+    let moto = Moto::start(&root);
+    let url = format!("s3://{BUCKET}/{PREFIX}/Training");
+    let bad_url = format!("s3://{BUCKET}/{PREFIX}/{bad_rel}");
+
+    let fail_cfg = config(&dir.path().join("fail"), &url, &s3_yaml(moto.port), 1);
+    let err = train(
+        &fail_cfg,
+        &TrainOptions {
+            combination: 0,
+            max_steps: None,
+            stop: None,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains(&bad_url), "{err}");
+
+    let skip_extra = format!("{}  on_corrupt: skip\n", s3_yaml(moto.port));
+    let skip_cfg = config(&dir.path().join("skip"), &url, &skip_extra, 1);
+    // The sample function drops exactly the bad image and counts it.
+    let source = data::open_source(&skip_cfg.data).unwrap();
+    let counter = Arc::new(AtomicU64::new(0));
+    let aug = trainer::augment::MultiCropAugment::new(trainer::augment::MultiCropConfig {
+        global_crops_scale: skip_cfg.augment.global_crops_scale,
+        local_crops_scale: skip_cfg.augment.local_crops_scale,
+        global_size: 32,
+        local_size: 16,
+        local_crops_number: 1,
+        mean: vec![0.5; 2],
+        std: vec![0.2; 2],
+    })
+    .unwrap();
+    let prep = trainer::data::PreprocessOptions {
+        selected_channels: Some(vec![0, 2]),
+        center_crop: 0,
+    };
+    let sample = trainer::train::run::training_sample_fn_policy(
+        source.clone(),
+        Arc::new(aug),
+        prep,
+        5,
+        3,
+        0,
+        Some(counter.clone()),
+    );
+    for &i in &split.train {
+        let out = sample(i).unwrap();
+        assert_eq!(out.is_none(), i == bad, "sample {i}");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 1);
+    // And training with `skip` finishes.
+    run(&skip_cfg);
+}
+
+#[test]
+fn s3_preload_copies_verified_files_and_resumes() {
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let cfg = config(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}"),
+        &s3_yaml(proxy.port),
+        1,
+    );
+    let to = dir.path().join("fsx");
+    let n = walk_files(&root).len() as u64;
+    assert!(n > 16);
+    let s = trainer::data::preload::preload(&cfg.data, &to, 4, false).unwrap();
+    assert_eq!((s.objects, s.copied, s.skipped), (n, n, 0));
+    for p in walk_tifs(&root) {
+        let rel = p.strip_prefix(&root).unwrap();
+        assert_eq!(
+            std::fs::read(to.join(rel)).unwrap(),
+            std::fs::read(&p).unwrap()
+        );
+    }
+    // The copy is a dataset with the same index.
+    let a = LocalSource::open(&to.join("Training"), 0).unwrap();
+    let b = LocalSource::open(&root.join("Training"), 0).unwrap();
+    assert_eq!(rel_paths(a.index()), rel_paths(b.index()));
+    // Interrupted copy: one file missing, one torn (same size, other bytes), one temp left.
+    let files = walk_tifs(&to);
+    std::fs::remove_file(&files[0]).unwrap();
+    let mut torn = std::fs::read(&files[1]).unwrap();
+    let last = torn.len() - 1;
+    torn[last] ^= 0xff;
+    std::fs::write(&files[1], &torn).unwrap();
+    proxy.clear();
+    let s = trainer::data::preload::preload(&cfg.data, &to, 4, false).unwrap();
+    assert_eq!((s.objects, s.copied, s.skipped), (n, 2, n - 2));
+    assert_eq!(proxy.object_gets(200).len(), 2);
+    for p in walk_tifs(&root) {
+        let rel = p.strip_prefix(&root).unwrap();
+        assert_eq!(
+            std::fs::read(to.join(rel)).unwrap(),
+            std::fs::read(&p).unwrap()
+        );
+    }
+}
+
+#[test]
+fn s3_each_rank_fetches_only_its_own_samples() {
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let cfg = config(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}/Training"),
+        &s3_yaml(proxy.port),
+        1,
+    );
+    let split = data::train_heldout_split(16, 0.8, 3).unwrap();
+    let mut total = 0;
+    for rank in 0..2 {
+        let src = ObjectStoreSource::open(&cfg.data).unwrap();
+        let order = trainer::train::sampler::epoch_order(&split.train, 3, 0, rank, 2);
+        src.will_read(&order);
+        for &i in &order {
+            src.read_bytes(i).unwrap();
+        }
+        // Prefetching fetched this rank's share and nothing else.
+        let mut share = order.clone();
+        share.sort();
+        share.dedup();
+        assert_eq!(src.stats().gets, share.len() as u64, "rank {rank}");
+        total += share.len();
+    }
+    // The two shares cover the training split (r::W of a padded permutation).
+    assert!(total >= split.train.len());
+    let gets = proxy.object_gets(200);
+    assert_eq!(gets.values().sum::<usize>(), total);
+    let heldout: Vec<String> = {
+        let local = LocalSource::open(&root.join("Training"), 0).unwrap();
+        split
+            .held_out
+            .iter()
+            .map(|&i| {
+                let p = &local.index().samples[i].path;
+                object_path(&p.strip_prefix(&root).unwrap().to_string_lossy())
+            })
+            .collect()
+    };
+    assert!(
+        heldout.iter().all(|k| !gets.contains_key(k)),
+        "held-out images were fetched"
+    );
+}
