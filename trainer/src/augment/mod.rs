@@ -1,7 +1,8 @@
 //! scDINO's multi-crop augmentation (`DataAugmentationDINO` for
 //! multi-channel images) on plain `f32` C×H×W buffers.
 //!
-//! No libtorch here: this runs in the loader's worker threads. Everything
+//! No libtorch here except in [`device`]: the rest runs in the loader's worker threads.
+//! Everything
 //! works on [`crate::data::ImageChw`] or on caller-provided slices, with
 //! reusable scratch buffers, so a worker allocates nothing per sample once
 //! warmed up.
@@ -22,13 +23,18 @@
 //!   Python's round-half-to-even and the centred fallback.
 //! * [`multicrop`]: [`MultiCropAugment`], the per-crop pipeline with scDINO's
 //!   probabilities, returning crops `[global1, global2, local1..N]`.
+//! * [`device`]: [`DeviceAugment`], the same augmentation as batched tensor operations on
+//!   the training device (`augment.augment_on: device`), with parameters from the same
+//!   sampler and keys.
 
+pub mod device;
 pub mod multicrop;
 pub mod ops;
 pub mod params;
 pub mod resize;
 pub mod rng;
 
+pub use device::DeviceAugment;
 pub use multicrop::{
     AugmentScratch, CropParams, CropPolicy, MultiCropAugment, MultiCropConfig, BLUR_P,
     BLUR_SIGMA_RANGE, BRIGHTNESS_P, BRIGHTNESS_RANGE, FLIP_P, SOLARIZE_P, SOLARIZE_THRESHOLD,

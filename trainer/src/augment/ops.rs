@@ -177,9 +177,15 @@ pub fn adjust_brightness_buf(data: &mut [f32], d: Dims, factors: &[f32]) {
         return;
     }
     for (plane, &f) in data.chunks_exact_mut(d.plane()).zip(factors) {
-        for v in plane {
-            *v = (f * *v).clamp(0.0, 1.0);
-        }
+        brightness_row(plane, f);
+    }
+}
+
+/// `x ← clamp(f·x, 0, 1)` over a slice (one channel's values).
+#[inline(always)]
+pub fn brightness_row(values: &mut [f32], f: f32) {
+    for v in values {
+        *v = (f * *v).clamp(0.0, 1.0);
     }
 }
 
@@ -238,6 +244,19 @@ pub struct BlurScratch {
 }
 
 pub fn gaussian_blur_buf(data: &mut [f32], d: Dims, sigma: f32, scratch: &mut BlurScratch) {
+    gaussian_blur_with(data, d, sigma, scratch, |_, _| {});
+}
+
+/// [`gaussian_blur_buf`] calling `post(channel, row)` on every output row as soon as it is
+/// computed (the multi-crop pipeline fuses solarisation and normalisation in this way).
+#[inline(always)]
+pub fn gaussian_blur_with(
+    data: &mut [f32],
+    d: Dims,
+    sigma: f32,
+    scratch: &mut BlurScratch,
+    mut post: impl FnMut(usize, &mut [f32]),
+) {
     assert_eq!(data.len(), d.len(), "buffer length");
     if d.is_empty() {
         return;
@@ -252,7 +271,7 @@ pub fn gaussian_blur_buf(data: &mut [f32], d: Dims, sigma: f32, scratch: &mut Bl
     // Source row of every padded row position (reflect), computed once.
     rows.clear();
     rows.extend((0..h + 2 * HALF).map(|p| reflect(p as isize - HALF as isize, h)));
-    for img_plane in data.chunks_exact_mut(d.plane()) {
+    for (c, img_plane) in data.chunks_exact_mut(d.plane()).enumerate() {
         // Horizontal pass into `plane`.
         for (src, dst) in img_plane.chunks_exact(w).zip(plane.chunks_exact_mut(w)) {
             pad[HALF..HALF + w].copy_from_slice(src);
@@ -266,16 +285,19 @@ pub fn gaussian_blur_buf(data: &mut [f32], d: Dims, sigma: f32, scratch: &mut Bl
         for (y, dst) in img_plane.chunks_exact_mut(w).enumerate() {
             let r = |t: usize| &plane[rows[y + t] * w..][..w];
             weighted5(dst, [r(0), r(1), r(2), r(3), r(4)], &k);
+            post(c, dst);
         }
     }
 }
 
 /// `dst[x] = Σ_t k[t]·src[t][x]` (five equally long rows; vectorises).
-#[inline]
+#[inline(always)]
 fn weighted5(dst: &mut [f32], src: [&[f32]; 5], k: &[f32; BLUR_KERNEL]) {
     let [a, b, c, d, e] = src;
-    for (((((o, a), b), c), d), e) in dst.iter_mut().zip(a).zip(b).zip(c).zip(d).zip(e) {
-        *o = k[0] * a + k[1] * b + k[2] * c + k[3] * d + k[4] * e;
+    let n = dst.len();
+    let (a, b, c, d, e) = (&a[..n], &b[..n], &c[..n], &d[..n], &e[..n]);
+    for i in 0..n {
+        dst[i] = k[0] * a[i] + k[1] * b[i] + k[2] * c[i] + k[3] * d[i] + k[4] * e[i];
     }
 }
 
@@ -324,17 +346,23 @@ pub fn normalize_buf(
         return;
     }
     for ((plane, &m), &s) in data.chunks_exact_mut(d.plane()).zip(mean).zip(std) {
-        match solarize_threshold {
-            None => {
-                for v in plane {
-                    *v = (*v - m) / s;
-                }
+        normalize_row(plane, m, s, solarize_threshold);
+    }
+}
+
+/// `x ← (x − m)/s` over a slice, solarising first if a threshold is given.
+#[inline(always)]
+pub fn normalize_row(values: &mut [f32], m: f32, s: f32, solarize_threshold: Option<f32>) {
+    match solarize_threshold {
+        None => {
+            for v in values {
+                *v = (*v - m) / s;
             }
-            Some(t) => {
-                for v in plane {
-                    let x = if *v > t { 1.0 - *v } else { *v };
-                    *v = (x - m) / s;
-                }
+        }
+        Some(t) => {
+            for v in values {
+                let x = if *v > t { 1.0 - *v } else { *v };
+                *v = (x - m) / s;
             }
         }
     }

@@ -15,8 +15,9 @@
 //!
 //! PyTorch evaluates `Σ_y w_y · (Σ_x w_x · src[y, x])`, i.e. the width pass
 //! inside the height pass. We do the same two passes separably (width pass
-//! over the crop's rows into a scratch buffer, then the height pass over
-//! whole rows, which vectorises), with the same order of summation.
+//! over the crop's columns, transposed so that it vectorises over rows, into a
+//! scratch buffer, then the height pass over whole rows, which vectorises),
+//! with the same order of summation.
 //!
 //! Flips are folded into the weight tables: reversing the output order of a
 //! table gives exactly `flip(resize(x))`.
@@ -132,7 +133,14 @@ pub struct ResizeScratch {
     pub(crate) x: CubicAxis,
     pub(crate) y: CubicAxis,
     pub(crate) rows: Vec<f32>,
+    /// The crop of one channel, transposed (column-major, rows padded to [`LANES`]).
+    pub(crate) cols: Vec<f32>,
+    /// Width-pass output of one channel, transposed likewise.
+    pub(crate) colsout: Vec<f32>,
 }
+
+/// Vector block of the width pass (16 `f32` = one AVX-512 register, two AVX2 ones).
+const LANES: usize = 16;
 
 /// Crop `rect` out of the C×H×W image `src` (`height × width` planes) and
 /// resize it bicubically to `out_h × out_w`, optionally mirrored, writing
@@ -155,31 +163,95 @@ pub fn resized_crop_into(
     out: &mut [f32],
     scratch: &mut ResizeScratch,
 ) {
+    resized_crop_into_with(
+        src,
+        channels,
+        height,
+        width,
+        rect,
+        (out_h, out_w),
+        (hflip, vflip),
+        out,
+        scratch,
+        |_, _| {},
+    );
+}
+
+/// [`resized_crop_into`] calling `post(channel, row)` on every output row right after it
+/// is computed, while it is still in L1: the multi-crop pipeline fuses its element-wise
+/// steps (brightness, normalisation) into the resize this way instead of making further
+/// passes over a crop (1 MB for a 5×224² crop). The row values `post` sees are exactly
+/// what [`resized_crop_into`] would have written.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn resized_crop_into_with(
+    src: &[f32],
+    channels: usize,
+    height: usize,
+    width: usize,
+    rect: CropRect,
+    (out_h, out_w): (usize, usize),
+    (hflip, vflip): (bool, bool),
+    out: &mut [f32],
+    scratch: &mut ResizeScratch,
+    mut post: impl FnMut(usize, &mut [f32]),
+) {
     assert!(
         rect.fits(height, width),
         "crop {rect:?} outside {height}×{width}"
     );
     assert_eq!(src.len(), channels * height * width, "source length");
     assert_eq!(out.len(), channels * out_h * out_w, "output length");
-    let ResizeScratch { x, y, rows } = scratch;
+    let ResizeScratch {
+        x,
+        y,
+        rows,
+        cols,
+        colsout,
+    } = scratch;
     x.rebuild(rect.width, out_w, hflip);
     y.rebuild(rect.height, out_h, vflip);
 
-    // Width pass: every row of the crop, resized to out_w.
+    // Width pass, vectorised over the crop's rows: with the crop transposed (columns
+    // contiguous, padded to a multiple of LANES rows), each output column is a weighted sum
+    // of four source columns; the result is transposed back into rows of out_w. Each value
+    // is the same expression, in the same order, as the row-wise loop
+    // `Σ_t row[idx_t]·w_t` (PyTorch's inner loop).
+    let hp = rect.height.div_ceil(LANES) * LANES;
     rows.clear();
     rows.resize(channels * rect.height * out_w, 0.0);
+    cols.clear();
+    cols.resize(rect.width * hp, 0.0);
+    colsout.clear();
+    colsout.resize(out_w * hp, 0.0);
     let plane = height * width;
     for c in 0..channels {
         let src_plane = &src[c * plane..(c + 1) * plane];
+        for r in 0..rect.height {
+            let start = (rect.top + r) * width + rect.left;
+            for (x, &v) in src_plane[start..start + rect.width].iter().enumerate() {
+                cols[x * hp + r] = v;
+            }
+        }
+        for ((dst, idx), w) in colsout.chunks_exact_mut(hp).zip(&x.idx).zip(&x.w) {
+            let col = |t: usize| &cols[idx[t] as usize * hp..][..hp];
+            let (a, b, cc, e) = (col(0), col(1), col(2), col(3));
+            for ((((d, a), b), cc), e) in dst
+                .chunks_exact_mut(LANES)
+                .zip(a.chunks_exact(LANES))
+                .zip(b.chunks_exact(LANES))
+                .zip(cc.chunks_exact(LANES))
+                .zip(e.chunks_exact(LANES))
+            {
+                for l in 0..LANES {
+                    d[l] = a[l] * w[0] + b[l] * w[1] + cc[l] * w[2] + e[l] * w[3];
+                }
+            }
+        }
         let dst_rows = &mut rows[c * rect.height * out_w..(c + 1) * rect.height * out_w];
         for (r, dst) in dst_rows.chunks_exact_mut(out_w).enumerate() {
-            let start = (rect.top + r) * width + rect.left;
-            let row = &src_plane[start..start + rect.width];
-            for ((d, idx), w) in dst.iter_mut().zip(&x.idx).zip(&x.w) {
-                *d = row[idx[0] as usize] * w[0]
-                    + row[idx[1] as usize] * w[1]
-                    + row[idx[2] as usize] * w[2]
-                    + row[idx[3] as usize] * w[3];
+            for (o, d) in dst.iter_mut().enumerate() {
+                *d = colsout[o * hp + r];
             }
         }
     }
@@ -196,6 +268,7 @@ pub fn resized_crop_into(
             for ((((d, a), b), cc), e) in dst.iter_mut().zip(r0).zip(r1).zip(r2).zip(r3) {
                 *d = a * w[0] + b * w[1] + cc * w[2] + e * w[3];
             }
+            post(c, dst);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Timings for bench/: `model` (student forward+backward of one multi-crop batch, peer
 //! bench/model_fwd_bwd.py), `step` (one full DINO iteration, optionally fed by the real
-//! loader, peer bench/train_step.py) and `matmul` (fp32 matmul peak). The scripts run the
+//! loader, peer bench/train_step.py), `loader` (input pipeline throughput per core, peer
+//! bench/loader_peer.py) and `matmul` (fp32 matmul peak). The scripts run the
 //! PyTorch peers with the same shapes and threads in the same invocation and report ratios.
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
@@ -10,13 +11,14 @@ use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use trainer::analysis::mean_std;
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
-use trainer::config::{Arch, Config, Precision};
+use trainer::config::{Arch, AugmentOn, Config, Precision};
 use trainer::data::{LocalSource, PreprocessOptions, SharedSource};
 use trainer::dist::Single;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
+use trainer::train::input::TrainInput;
 use trainer::train::loader::EpochLoader;
 use trainer::train::loss::DinoLoss;
-use trainer::train::run::training_sample_fn;
+use trainer::train::run::training_image_fn;
 use trainer::train::sampler::epoch_order;
 use trainer::train::schedule::scaled_lr;
 use trainer::train::step::{Learner, Networks, StepParams};
@@ -30,6 +32,9 @@ pub enum BenchCommand {
     Step(StepBench),
     /// fp32 matmul throughput (n×n · n×n), best of `reps`; prints one JSON line.
     Matmul(MatmulBench),
+    /// Input pipeline throughput (TIFF → min–max → multi-crop → batch tensors) without a
+    /// model: wall-clock images/s and images per CPU-second; prints one JSON line.
+    Loader(LoaderBench),
 }
 
 #[derive(Debug, Args)]
@@ -72,6 +77,7 @@ impl BenchCommand {
             BenchCommand::Model(b) => b.run(),
             BenchCommand::Step(b) => b.run(),
             BenchCommand::Matmul(b) => b.run(),
+            BenchCommand::Loader(b) => b.run(),
         }
     }
 }
@@ -355,8 +361,12 @@ impl StepBench {
             center_crop: 0,
         };
         let (seed, epoch, file_channels) = (self.seed, 0u64, self.channels);
-        let sample = training_sample_fn(source.clone(), augment, prep, file_channels, seed, epoch);
+        let images = training_image_fn(source.clone(), prep, file_channels, None);
         let order = epoch_order(&(0..index.len()).collect::<Vec<_>>(), seed, epoch, 0, 1);
+        let input = TrainInput::new(augment, AugmentOn::Cpu, seed);
+        let sample = input
+            .samples(images, epoch, &order)
+            .map_err(anyhow::Error::msg)?;
         let workers = self.workers.max(1);
         Ok(EpochLoader::new(
             order,
@@ -412,6 +422,231 @@ impl MatmulBench {
                 "threads": self.threads,
                 "best_s": best,
                 "gflops": flops / best / 1e9,
+            })
+        );
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LoaderPath {
+    /// Workers decode, min–max scale and run the full multi-crop augmentation.
+    Cpu,
+    /// Workers decode and min–max scale; the batched tensor augmentation runs on the
+    /// consumer thread (on the CPU here, with `--threads` libtorch threads).
+    Device,
+    /// Workers decode and min–max scale only: the CPU cost of the device path when the
+    /// augmentation runs on a GPU.
+    Read,
+    /// The CPU augmentation kernels alone, on this thread: `--batch` decoded images
+    /// augmented over and over into reused buffers (no I/O, no allocation, no batching).
+    Kernels,
+}
+
+#[derive(Debug, Args)]
+pub struct LoaderBench {
+    /// ImageFolder root of TIFFs (e.g. the `Training/` folder `trainer synth` writes).
+    #[arg(long)]
+    data: PathBuf,
+    #[arg(long, value_enum, default_value = "cpu")]
+    path: LoaderPath,
+    /// Loader worker threads (and libtorch threads for `--path device`).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Batches timed after the warm-up ones (at most the dataset's batches minus warm-up).
+    #[arg(long, default_value_t = 16)]
+    batches: usize,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    #[arg(long, default_value_t = 8)]
+    local_crops: usize,
+    #[arg(long, default_value_t = 224)]
+    global_size: usize,
+    #[arg(long, default_value_t = 96)]
+    local_size: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// User + system CPU seconds of this process (all threads), from /proc/self/stat.
+fn process_cpu_seconds() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat
+        .rsplit_once(')')
+        .context("malformed /proc/self/stat")?
+        .1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<f64> {
+        Ok(f.get(i).context("short /proc/self/stat")?.parse::<f64>()?)
+    };
+    // Fields 14/15 are at 11/12 counting from field 3 (the state) at 0; USER_HZ is 100 on
+    // Linux everywhere we run.
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+impl LoaderBench {
+    fn run(self) -> Result<()> {
+        if self.batches == 0 || self.threads == 0 {
+            bail!("--batches and --threads must be at least 1");
+        }
+        tch::set_num_threads(if self.path == LoaderPath::Device {
+            self.threads as i32
+        } else {
+            1
+        });
+        let source: SharedSource = Arc::new(LocalSource::open(&self.data, 0)?);
+        let index = source.index();
+        let need = (self.warmup + self.batches) * self.batch;
+        if index.len() < need && self.path != LoaderPath::Kernels {
+            bail!(
+                "{} holds {} images; {} batches of {} need {need} (make more with `trainer synth --per-class N`)",
+                self.data.display(),
+                index.len(),
+                self.warmup + self.batches,
+                self.batch
+            );
+        }
+        let ms = mean_std::compute(source.as_ref(), 0.1, 0, self.threads)?;
+        let channels = ms.mean.len();
+        let all: Vec<usize> = (0..channels).collect();
+        let (mean, std) = ms.select(&all);
+        let augment = Arc::new(MultiCropAugment::new(MultiCropConfig {
+            global_crops_scale: (0.4, 1.0),
+            local_crops_scale: (0.05, 0.4),
+            global_size: self.global_size,
+            local_size: self.local_size,
+            local_crops_number: self.local_crops,
+            mean,
+            std,
+        })?);
+        let prep = PreprocessOptions {
+            selected_channels: Some(all),
+            center_crop: 0,
+        };
+        let epoch = 0u64;
+        let on = match self.path {
+            LoaderPath::Cpu => AugmentOn::Cpu,
+            LoaderPath::Device | LoaderPath::Read | LoaderPath::Kernels => AugmentOn::Device,
+        };
+        if self.path == LoaderPath::Kernels {
+            return self.kernels(&source, &prep, &augment);
+        }
+        let input = TrainInput::new(augment, on, self.seed);
+        let mut order = epoch_order(
+            &(0..index.len()).collect::<Vec<_>>(),
+            self.seed,
+            epoch,
+            0,
+            1,
+        );
+        order.truncate(need);
+        let images = training_image_fn(source.clone(), prep, channels, None);
+        let samples = input
+            .samples(images, epoch, &order)
+            .map_err(anyhow::Error::msg)?;
+        let loader = EpochLoader::new(
+            order,
+            self.batch,
+            self.threads,
+            2 * self.threads,
+            0,
+            samples,
+        );
+        let (mut t0, mut cpu0, mut images_timed, mut checksum) =
+            (Instant::now(), process_cpu_seconds()?, 0usize, 0.0f64);
+        for (n, loaded) in loader.enumerate() {
+            let b = loaded.map_err(anyhow::Error::msg)?;
+            let crops = if self.path == LoaderPath::Device {
+                input.crops(&b, epoch, Device::Cpu)?
+            } else {
+                b.crops
+            };
+            // One value per batch keeps the work observable without costing a pass.
+            checksum += crops[crops.len() - 1].double_value(&[0, 0, 0, 0]);
+            if n + 1 == self.warmup {
+                (t0, cpu0) = (Instant::now(), process_cpu_seconds()?);
+            } else if n >= self.warmup {
+                images_timed += b.indices.len();
+            }
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = process_cpu_seconds()? - cpu0;
+        println!(
+            "{}",
+            serde_json::json!({
+                "impl": "rust",
+                "bench": "loader",
+                "path": format!("{:?}", self.path).to_lowercase(),
+                "threads": self.threads,
+                "batch": self.batch,
+                "batches": self.batches,
+                "images": images_timed,
+                "crops": [self.global_size, self.local_size, self.local_crops],
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "imgs_per_s": images_timed as f64 / wall,
+                "imgs_per_cpu_s": images_timed as f64 / cpu.max(1e-9),
+                "checksum": checksum,
+            })
+        );
+        Ok(())
+    }
+}
+
+impl LoaderBench {
+    fn kernels(
+        &self,
+        source: &SharedSource,
+        prep: &PreprocessOptions,
+        augment: &MultiCropAugment,
+    ) -> Result<()> {
+        let images = training_image_fn(source.clone(), prep.clone(), augment.channels(), None);
+        let imgs: Vec<_> = (0..self.batch)
+            .filter_map(|i| images(i).transpose())
+            .collect::<Result<_, String>>()
+            .map_err(anyhow::Error::msg)?;
+        let mut bufs: Vec<Vec<f32>> = (0..augment.num_crops())
+            .map(|k| vec![0.0; augment.crop_len(k)])
+            .collect();
+        let mut run = |n: usize, epoch: u64| -> Result<usize> {
+            let mut done = 0;
+            for it in 0..n {
+                for (i, img) in imgs.iter().enumerate() {
+                    let mut out: Vec<&mut [f32]> =
+                        bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                    let key = trainer::augment::SampleKey::new(
+                        self.seed,
+                        epoch,
+                        (it * imgs.len() + i) as u64,
+                    );
+                    augment.apply_into(img, key, &mut out)?;
+                    done += 1;
+                }
+            }
+            Ok(done)
+        };
+        run(self.warmup, 1)?;
+        let (t0, cpu0) = (Instant::now(), process_cpu_seconds()?);
+        let images_timed = run(self.batches, 0)?;
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = process_cpu_seconds()? - cpu0;
+        println!(
+            "{}",
+            serde_json::json!({
+                "impl": "rust",
+                "bench": "loader",
+                "path": "kernels",
+                "threads": 1,
+                "images": images_timed,
+                "crops": [self.global_size, self.local_size, self.local_crops],
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "imgs_per_s": images_timed as f64 / wall,
+                "imgs_per_cpu_s": images_timed as f64 / cpu.max(1e-9),
+                "checksum": bufs[0][0],
             })
         );
         Ok(())

@@ -393,6 +393,22 @@ pub struct AugmentSection {
     pub local_crops_scale: (f64, f64),
     /// Side of the local crops (96 in scDINO).
     pub local_crop_size: usize,
+    /// Where the crops are made (ours; scDINO always augmented in its DataLoader workers).
+    /// `cpu`: the loader's worker threads decode and augment (exact torchvision parity).
+    /// `device`: workers only decode and min–max scale, and the crops are batched tensor
+    /// operations on the training device, which frees CPU cores for fast GPUs; same random
+    /// parameters, bicubic `grid_sample` instead of crop + `interpolate` (differs only at
+    /// crop edges). Needs equally sized images (use `data.center_crop` otherwise).
+    pub augment_on: AugmentOn,
+}
+
+/// `augment.augment_on`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AugmentOn {
+    #[default]
+    Cpu,
+    Device,
 }
 
 impl Default for AugmentSection {
@@ -403,6 +419,7 @@ impl Default for AugmentSection {
             local_crops_number: 8,
             local_crops_scale: (0.05, 0.14),
             local_crop_size: 96,
+            augment_on: AugmentOn::Cpu,
         }
     }
 }

@@ -6,13 +6,14 @@
 //! (seed, iteration) before every step. A checkpoint therefore only needs weights, optimizer
 //! state, loss centre and the position (epoch, batch, iteration) for a resumed run to
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
-use super::loader::{EpochLoader, SampleFn};
+use super::input::{ImageFn, TrainInput};
+use super::loader::EpochLoader;
 use super::loss::DinoLoss;
 use super::sampler::{configured_epoch_order, iters_per_epoch, SplitMix64};
 use super::schedule::{scale_lr, teacher_temp_schedule, Schedules};
 use super::step::{Learner, Networks, StepParams};
 use crate::analysis::mean_std::{self, MeanStd};
-use crate::augment::{MultiCropAugment, MultiCropConfig, SampleKey};
+use crate::augment::{MultiCropAugment, MultiCropConfig};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
 use crate::config::{Config, OnCorrupt, Strategy};
 use crate::data::preprocess::preprocess;
@@ -350,7 +351,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         std: std.clone(),
     })
     .map_err(|e| TrainError::Setup(e.to_string()))?;
-    let augment = Arc::new(augment);
+    let input = TrainInput::new(Arc::new(augment), cfg.augment.augment_on, cfg.run.seed);
     let prep = PreprocessOptions {
         selected_channels: Some(channels.clone()),
         center_crop: cfg.data.center_crop,
@@ -440,15 +441,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         source.will_read(&order[(start_batch * batch).min(order.len())..]);
         let skip_corrupt =
             (cfg.data.on_corrupt == OnCorrupt::Skip).then(|| corrupt_skipped.clone());
-        let sample = training_sample_fn_policy(
-            source.clone(),
-            augment.clone(),
-            prep.clone(),
-            file_channels,
-            cfg.run.seed,
-            epoch as u64,
-            skip_corrupt,
-        );
+        let images = training_image_fn(source.clone(), prep.clone(), file_channels, skip_corrupt);
+        let sample = input
+            .samples(images, epoch as u64, &order)
+            .map_err(TrainError::Setup)?;
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
         let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)
@@ -473,7 +469,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 clip_grad: cfg.train.clip_grad,
                 rng_seed: step_seed(cfg.run.seed, iteration),
             };
-            let crops: Vec<tch::Tensor> = b.crops.iter().map(|c| c.to_device(device)).collect();
+            let crops = input
+                .crops(&b, epoch as u64, device)
+                .map_err(|e| TrainError::Setup(e.to_string()))?;
             let out = match (&mut fsdp, ddp.as_mut()) {
                 (Some(f), Some(d)) => f.step(&mut learner, &crops, params, iteration, d)?,
                 _ => learner.step(&crops, params, iteration, collective(&mut ddp, &mut single))?,
@@ -682,31 +680,16 @@ fn agree(group: &mut dyn Collective, flag: bool) -> Result<bool, TrainError> {
     Ok(t.double_value(&[0]) > 0.0)
 }
 
-/// What a loader worker does with one dataset index during training: read the TIFF, check
-/// its channel count, select channels / crop / min–max, drop it if that gave NaN (scDINO's
-/// training rule), and augment it with randomness keyed by (seed, epoch, index).
-pub fn training_sample_fn(
+/// What a loader worker reads for one dataset index during training: the TIFF, its channel
+/// count checked, channels selected / cropped / min–max scaled, or `None` if that gave NaN
+/// (scDINO's training rule: the image is dropped). [`TrainInput`] augments it. With
+/// `data.on_corrupt: skip` (a counter given), an undecodable image is dropped and counted too.
+pub fn training_image_fn(
     source: SharedSource,
-    augment: Arc<MultiCropAugment>,
     prep: PreprocessOptions,
     file_channels: usize,
-    seed: u64,
-    epoch: u64,
-) -> Arc<SampleFn> {
-    training_sample_fn_policy(source, augment, prep, file_channels, seed, epoch, None)
-}
-
-/// [`training_sample_fn`] with `data.on_corrupt: skip`: given a counter, an undecodable
-/// image is dropped from its batch (like a NaN image) and counted instead of failing.
-pub fn training_sample_fn_policy(
-    source: SharedSource,
-    augment: Arc<MultiCropAugment>,
-    prep: PreprocessOptions,
-    file_channels: usize,
-    seed: u64,
-    epoch: u64,
     skip_corrupt: Option<Arc<AtomicU64>>,
-) -> Arc<SampleFn> {
+) -> Arc<ImageFn> {
     Arc::new(move |i: usize| {
         let path = &source.index().samples[i].path;
         let raw = match source.read(i) {
@@ -731,10 +714,7 @@ pub fn training_sample_fn_policy(
         if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
             return Ok(None);
         }
-        augment
-            .apply(&img, SampleKey::new(seed, epoch, i as u64))
-            .map(Some)
-            .map_err(|e| format!("{}: {e}", path.display()))
+        Ok(Some(img))
     })
 }
 

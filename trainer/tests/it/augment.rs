@@ -10,6 +10,8 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
+use trainer::augment::resize::CubicAxis;
+use trainer::augment::DeviceAugment;
 use trainer::augment::{
     adjust_brightness, crop_size_for_attempt, fallback_crop, gaussian_blur, hflip, normalize,
     random_resized_crop_params, resized_crop, resized_crop_hw, resized_crop_into, solarize, vflip,
@@ -876,4 +878,343 @@ fn pipeline_output_statistics_are_sane() {
         m.abs() < 0.3 && (0.6..1.4).contains(&sd),
         "mean {m}, sd {sd}"
     );
+}
+
+// ------------------------------------------- fast CPU path vs. reference
+
+/// Crop + resize written the plain way (PyTorch's loop order: for each output
+/// row, `Σ_y w_y·(Σ_x w_x·src)` with the width sum innermost), no flips.
+fn reference_resize(img: &ImageChw, r: CropRect, s: usize) -> ImageChw {
+    let (ax, ay) = (
+        CubicAxis::new(r.width, s, false),
+        CubicAxis::new(r.height, s, false),
+    );
+    let mut data = Vec::with_capacity(img.channels * s * s);
+    for c in 0..img.channels {
+        let plane = img.channel(c);
+        let at = |y: u32, x: u32| plane[(r.top + y as usize) * img.width + r.left + x as usize];
+        for oy in 0..s {
+            let row = |t: usize| {
+                let y = ay.idx[oy][t];
+                let (ix, wx) = (&ax.idx, &ax.w);
+                move |ox: usize| {
+                    at(y, ix[ox][0]) * wx[ox][0]
+                        + at(y, ix[ox][1]) * wx[ox][1]
+                        + at(y, ix[ox][2]) * wx[ox][2]
+                        + at(y, ix[ox][3]) * wx[ox][3]
+                }
+            };
+            let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
+            let w = ay.w[oy];
+            for ox in 0..s {
+                data.push(r0(ox) * w[0] + r1(ox) * w[1] + r2(ox) * w[2] + r3(ox) * w[3]);
+            }
+        }
+    }
+    ImageChw::new(img.channels, s, s, data).unwrap()
+}
+
+#[test]
+fn fast_pipeline_equals_separate_reference_ops_bit_for_bit() {
+    // The fused, transposed, SIMD-dispatched crop pipeline must compute exactly
+    // (bit for bit) what the plain composition of the individual ops computes.
+    let aug = pbmc_augment();
+    let img = noise_image(5, 50, 50, 77);
+    let mut checked = [0usize; 4]; // brightness, blur, solarize, flips
+    for i in 0..40 {
+        let key = SampleKey::new(12, 3, i);
+        let fast = aug.apply(&img, key).unwrap();
+        for (k, p) in aug.plan(50, 50, key).iter().enumerate() {
+            let mut x = reference_resize(&img, p.rect, p.out_size);
+            if p.hflip {
+                hflip(&mut x);
+            }
+            if p.vflip {
+                vflip(&mut x);
+            }
+            if !p.brightness.is_empty() {
+                adjust_brightness(&mut x, &p.brightness).unwrap();
+                checked[0] += 1;
+            }
+            if let Some(sigma) = p.blur_sigma {
+                gaussian_blur(&mut x, sigma).unwrap();
+                checked[1] += 1;
+            }
+            if p.solarize {
+                solarize(&mut x, 0.5);
+                checked[2] += 1;
+            }
+            checked[3] += usize::from(p.hflip || p.vflip);
+            normalize(&mut x, &PBMC_MEAN, &PBMC_STD).unwrap();
+            let same = x
+                .data
+                .iter()
+                .zip(&fast[k].data)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "sample {i} crop {k} differs: {p:?}");
+        }
+    }
+    assert!(
+        checked.iter().all(|&n| n > 0),
+        "branches not all exercised: {checked:?}"
+    );
+}
+
+// ------------------------------------------------- device path
+
+fn batch_tensor(imgs: &[&ImageChw]) -> tch::Tensor {
+    let (c, h, w) = (imgs[0].channels, imgs[0].height, imgs[0].width);
+    let data: Vec<f32> = imgs.iter().flat_map(|i| i.data.iter().copied()).collect();
+    tch::Tensor::from_slice(&data).view([imgs.len() as i64, c as i64, h as i64, w as i64])
+}
+
+fn tensor_values(t: &tch::Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(t.contiguous().view([-1])).unwrap()
+}
+
+/// Output positions along one axis whose four bicubic taps all lie strictly inside the
+/// crop (no index clamped), eroded by the blur's reach if the crop blurs.
+fn interior(n: usize, s: usize, flip: bool, blur: bool) -> Vec<bool> {
+    let ax = CubicAxis::new(n, s, flip);
+    let inside: Vec<bool> = ax
+        .idx
+        .iter()
+        .map(|t| t[0] + 1 == t[1] && t[1] + 1 == t[2] && t[2] + 1 == t[3])
+        .collect();
+    if !blur {
+        return inside;
+    }
+    (0..s)
+        .map(|o| {
+            (o as isize - 2..=o as isize + 2)
+                .all(|q| q >= 0 && (q as usize) < s && inside[q as usize])
+        })
+        .collect()
+}
+
+#[test]
+fn device_path_equals_cpu_path_inside_crops() {
+    // Same keys → same parameters; inside the crop rectangle grid_sample and
+    // crop + interpolate use the same taps and weights, so only rounding of the
+    // sampling coordinates may differ. At the crop edges the device path reads
+    // real neighbours instead of repeating the edge: small, bounded differences.
+    let aug = std::sync::Arc::new(pbmc_augment());
+    let dev = DeviceAugment::new(aug.clone());
+    let imgs: Vec<ImageChw> = (0..12).map(|i| noise_image(5, 50, 50, 100 + i)).collect();
+    let smooth = smooth_image(5, 50, 50);
+    let mut all: Vec<&ImageChw> = imgs.iter().collect();
+    all.push(&smooth);
+    let keys: Vec<SampleKey> = (0..all.len() as u64)
+        .map(|i| SampleKey::new(4, 1, i))
+        .collect();
+    let crops = dev.apply(&batch_tensor(&all), &keys).unwrap();
+    assert_eq!(crops.len(), aug.num_crops());
+    let (mut inner_n, mut inner_max, mut solar_straddles) = (0usize, 0.0f32, 0usize);
+    let (mut edge_sum, mut edge_n) = (0.0f64, 0usize);
+    for (b, (img, key)) in all.iter().zip(&keys).enumerate() {
+        let cpu = aug.apply(img, *key).unwrap();
+        for (k, p) in aug.plan(50, 50, *key).iter().enumerate() {
+            let s = p.out_size;
+            let size = crops[k].size();
+            assert_eq!(size, vec![all.len() as i64, 5, s as i64, s as i64]);
+            let ours = tensor_values(&crops[k].get(b as i64));
+            let blur = p.blur_sigma.is_some();
+            let ix = interior(p.rect.width, s, p.hflip, blur);
+            let iy = interior(p.rect.height, s, p.vflip, blur);
+            for c in 0..5 {
+                for (y, &in_y) in iy.iter().enumerate() {
+                    for (x, &in_x) in ix.iter().enumerate() {
+                        let at = (c * s + y) * s + x;
+                        let d = (ours[at] - cpu[k].data[at]).abs();
+                        if in_x && in_y {
+                            inner_n += 1;
+                            if d > 1e-4 && p.solarize {
+                                // A value within rounding of the 0.5 threshold may
+                                // solarise on one path only.
+                                solar_straddles += 1;
+                            } else {
+                                inner_max = inner_max.max(d);
+                            }
+                        } else {
+                            edge_sum += d as f64;
+                            edge_n += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "device vs cpu: {inner_n} interior pixels, max diff {inner_max:e}, {solar_straddles} \
+         solarisation straddles; mean edge diff {:.4}",
+        edge_sum / edge_n as f64
+    );
+    assert!(inner_n > 1_000_000, "too few interior pixels: {inner_n}");
+    assert!(
+        inner_max <= 1e-4,
+        "interior max |device − cpu| = {inner_max:e}"
+    );
+    assert!(
+        solar_straddles * 100_000 <= inner_n,
+        "{solar_straddles} straddles"
+    );
+    let edge_mean = edge_sum / edge_n as f64;
+    // Noise images make crop edges differ the most (independent neighbours).
+    assert!(
+        edge_mean < 0.25,
+        "mean |device − cpu| at crop edges = {edge_mean}"
+    );
+}
+
+/// (brightness fired, hflip, vflip, crop width, crop height) as read off a crop.
+type RampObs = (bool, bool, bool, f64, f64);
+
+/// Per crop (global 1 and locals; identity normalisation) what can be read off the image
+/// of a ramp image: (brightness fired, hflip, vflip, crop width, crop height in pixels).
+fn measure_ramp_crop(v: &[f32], s: usize, w: usize, h: usize) -> RampObs {
+    let ch = |c: usize| &v[c * s * s..(c + 1) * s * s];
+    // Resize and blur keep a constant within ~1e-7; a factor within 1e-6 of 1 (missed)
+    // has probability ~1e-6 per crop.
+    let bright = ch(2).iter().any(|x| (x - 0.5).abs() > 1e-6);
+    let (mid, q) = (s / 2, s / 4);
+    let xs = ch(0);
+    let slope_x = (xs[mid * s + mid + q] - xs[mid * s + mid - q]) as f64 / (2 * q) as f64;
+    let ys = ch(1);
+    let slope_y = (ys[(mid + q) * s + mid] - ys[(mid - q) * s + mid]) as f64 / (2 * q) as f64;
+    // Ramp value = coordinate / side, so one output pixel spans crop/S source pixels.
+    let cw = slope_x.abs() * s as f64 * w as f64;
+    let chh = slope_y.abs() * s as f64 * h as f64;
+    (bright, slope_x < 0.0, slope_y < 0.0, cw, chh)
+}
+
+#[test]
+fn device_path_distribution_matches_cpu_path() {
+    // Channel 0 = x/50, channel 1 = y/50 (ramps), channel 2 = 0.5, channels 3–4 a cell.
+    let (w, h) = (50usize, 50usize);
+    let cell = smooth_image(5, h, w);
+    let mut data = Vec::new();
+    for c in 0..5 {
+        for y in 0..h {
+            for x in 0..w {
+                data.push(match c {
+                    0 => x as f32 / w as f32,
+                    1 => y as f32 / h as f32,
+                    2 => 0.5,
+                    _ => cell.get(c, y, x),
+                });
+            }
+        }
+    }
+    let img = ImageChw::new(5, h, w, data).unwrap();
+    let aug = std::sync::Arc::new(
+        MultiCropAugment::new(MultiCropConfig::scdino(vec![0.0; 5], vec![1.0; 5])).unwrap(),
+    );
+    let dev = DeviceAugment::new(aug.clone());
+    let n = 240usize;
+    let keys: Vec<SampleKey> = (0..n as u64).map(|i| SampleKey::new(8, 0, i)).collect();
+    // Measurements per path: rows (bright, hflip, vflip, width, height) of unbrightened and
+    // all crops, plus per-channel pixel sums over every crop.
+    type Obs = (Vec<RampObs>, [(f64, f64, f64); 5]);
+    let mut obs: [Obs; 2] = Default::default();
+    let mut truth = Vec::new();
+    let record = |o: &mut Obs, k: usize, v: &[f32]| {
+        let s = aug.policy(k).size;
+        o.0.push(measure_ramp_crop(v, s, w, h));
+        for c in 3..5 {
+            for &x in &v[c * s * s..(c + 1) * s * s] {
+                let t = &mut o.1[c];
+                t.0 += x as f64;
+                t.1 += (x as f64).powi(2);
+                t.2 += 1.0;
+            }
+        }
+    };
+    for chunk in keys.chunks(60) {
+        let imgs: Vec<&ImageChw> = chunk.iter().map(|_| &img).collect();
+        let crops = dev.apply(&batch_tensor(&imgs), chunk).unwrap();
+        for (b, key) in chunk.iter().enumerate() {
+            let cpu = aug.apply(&img, *key).unwrap();
+            for k in (0..aug.num_crops()).filter(|&k| k != 1) {
+                record(&mut obs[0], k, &cpu[k].data);
+                record(&mut obs[1], k, &tensor_values(&crops[k].get(b as i64)));
+                let p = aug.sample_params(k, h, w, *key);
+                truth.push((p.rect.width as f64, p.rect.height as f64));
+            }
+        }
+    }
+    let m = truth.len() as f64;
+    for (name, o) in ["cpu", "device"].iter().zip(&obs) {
+        let rate = |f: &dyn Fn(&RampObs) -> bool| o.0.iter().filter(|r| f(r)).count() as f64 / m;
+        // Binomial sd at n = 2160: 0.0108 for p = 0.5, 0.0086 for p = 0.8; 4 sd.
+        let (pb, ph, pv) = (rate(&|r| r.0), rate(&|r| r.1), rate(&|r| r.2));
+        assert!((pb - 0.8).abs() < 0.035, "{name}: brightness rate {pb}");
+        assert!((ph - 0.5).abs() < 0.044, "{name}: hflip rate {ph}");
+        assert!((pv - 0.5).abs() < 0.044, "{name}: vflip rate {pv}");
+    }
+    // Crop geometry read off the images (crops without the brightness factor, which would
+    // scale the ramps): each path within 0.35 px of the sampled rectangle, so their scale and
+    // ratio histograms agree.
+    let (mut scales, mut ratios): ([Vec<f64>; 2], [Vec<f64>; 2]) = Default::default();
+    for (p, o) in obs.iter().enumerate() {
+        for (r, &(tw, th)) in o.0.iter().zip(&truth) {
+            if r.0 {
+                continue;
+            }
+            assert!(
+                (r.3 - tw).abs() < 0.35 && (r.4 - th).abs() < 0.35,
+                "path {p}: measured {}×{} for a {tw}×{th} crop",
+                r.3,
+                r.4
+            );
+            scales[p].push(r.3 * r.4 / (w * h) as f64);
+            ratios[p].push(r.3 / r.4);
+        }
+    }
+    assert!(
+        scales[0].len() > 300,
+        "{} unbrightened crops",
+        scales[0].len()
+    );
+    let (ks_scale, ks_ratio) = (
+        ks(scales[0].clone(), scales[1].clone()),
+        ks(ratios[0].clone(), ratios[1].clone()),
+    );
+    eprintln!("KS cpu vs device: scale {ks_scale:.4}, ratio {ks_ratio:.4}");
+    assert!(
+        ks_scale < 0.03 && ks_ratio < 0.03,
+        "KS scale {ks_scale}, ratio {ks_ratio}"
+    );
+    // Pixel statistics of the cell channels over every crop.
+    for c in 3..5 {
+        let st = |t: (f64, f64, f64)| {
+            let mean = t.0 / t.2;
+            (mean, (t.1 / t.2 - mean * mean).sqrt())
+        };
+        let (mc, sc) = st(obs[0].1[c]);
+        let (md, sd) = st(obs[1].1[c]);
+        eprintln!("channel {c}: cpu mean/std {mc:.5}/{sc:.5}, device {md:.5}/{sd:.5}");
+        assert!(
+            (mc - md).abs() < 0.005 && (sc - sd).abs() < 0.01 * sc,
+            "channel {c}: cpu mean/std {mc}/{sc}, device {md}/{sd}"
+        );
+    }
+}
+
+#[test]
+fn device_path_rejects_bad_batches() {
+    let aug = std::sync::Arc::new(pbmc_augment());
+    let dev = DeviceAugment::new(aug);
+    let img = noise_image(5, 50, 50, 1);
+    let key = SampleKey::new(0, 0, 0);
+    assert!(
+        dev.apply(&batch_tensor(&[&img]), &[key, key]).is_err(),
+        "row count"
+    );
+    let three = noise_image(3, 50, 50, 1);
+    assert!(
+        dev.apply(&batch_tensor(&[&three]), &[key]).is_err(),
+        "channels"
+    );
+    let flat = tch::Tensor::zeros([5, 50, 50], (tch::Kind::Float, tch::Device::Cpu));
+    assert!(dev.apply(&flat, &[key]).is_err(), "rank");
 }

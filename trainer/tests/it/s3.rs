@@ -632,29 +632,12 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
     // The sample function drops exactly the bad image and counts it.
     let source = data::open_source(&skip_cfg.data).unwrap();
     let counter = Arc::new(AtomicU64::new(0));
-    let aug = trainer::augment::MultiCropAugment::new(trainer::augment::MultiCropConfig {
-        global_crops_scale: skip_cfg.augment.global_crops_scale,
-        local_crops_scale: skip_cfg.augment.local_crops_scale,
-        global_size: 32,
-        local_size: 16,
-        local_crops_number: 1,
-        mean: vec![0.5; 2],
-        std: vec![0.2; 2],
-    })
-    .unwrap();
     let prep = trainer::data::PreprocessOptions {
         selected_channels: Some(vec![0, 2]),
         center_crop: 0,
     };
-    let sample = trainer::train::run::training_sample_fn_policy(
-        source.clone(),
-        Arc::new(aug),
-        prep,
-        5,
-        3,
-        0,
-        Some(counter.clone()),
-    );
+    let sample =
+        trainer::train::run::training_image_fn(source.clone(), prep, 5, Some(counter.clone()));
     for &i in &split.train {
         let out = sample(i).unwrap();
         assert_eq!(out.is_none(), i == bad, "sample {i}");

@@ -292,3 +292,64 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         "{losses:?}"
     );
 }
+
+/// `augment.augment_on: device` trains through `trainer train` (workers only read and
+/// min–max scale, crops are tensor ops), deterministically: two runs of the same config
+/// write identical weights, different from the CPU path's (which renders crop edges
+/// differently). Each run is its own `trainer train` process, as in production. An
+/// unknown value is a config error.
+#[test]
+fn training_with_device_augmentation_runs_and_is_deterministic() {
+    use trainer::data::{generate_synthetic, SynthOptions};
+    use trainer::train::run::model_dir;
+    let dir = tempfile::tempdir().unwrap();
+    generate_synthetic(&SynthOptions {
+        out: dir.path().join("data"),
+        seed: 4,
+        classes: 2,
+        per_class: 8,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    let yaml = |on: &str| {
+        format!(
+            "run:\n  name: dev\n  output_dir: {out}\n  seed: 5\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"24\"]\n  num_workers: 2\nmodel:\n  arch: vit_tiny\n  out_dim: 64\ntrain:\n  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n  precision: fp32\n  lr: 0.05\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n  augment_on: {on}\n",
+            out = dir.path().join("out").display(),
+            data = dir.path().join("data/Training").display()
+        )
+    };
+    let err = Config::from_yaml(&yaml("gpu"), "test")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("augment_on"), "{err}");
+    let ckpt = model_dir(&Config::from_yaml(&yaml("cpu"), "test").unwrap(), &[2, 4])
+        .join("checkpoint.safetensors");
+    let run = |on: &str| {
+        let _ = std::fs::remove_dir_all(dir.path().join("out"));
+        let cfg = dir.path().join(format!("{on}.yaml"));
+        std::fs::write(&cfg, yaml(on)).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["train", "--config", cfg.to_str().unwrap()])
+            .args(["--threads", "1", "--max-steps", "2"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{on}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut t = Tensor::read_safetensors(&ckpt).unwrap();
+        t.sort_by(|a, b| a.0.cmp(&b.0));
+        t
+    };
+    let same = |a: &[(String, Tensor)], b: &[(String, Tensor)]| {
+        a.len() == b.len() && a.iter().zip(b).all(|((n, x), (m, y))| n == m && x.equal(y))
+    };
+    let (d1, d2, c) = (run("device"), run("device"), run("cpu"));
+    assert!(d1.len() > 100, "{} tensors", d1.len());
+    assert!(same(&d1, &d2), "device-augmented runs differ");
+    assert!(
+        !same(&c, &d1),
+        "cpu and device paths gave identical weights"
+    );
+}
