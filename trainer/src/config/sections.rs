@@ -313,6 +313,13 @@ pub struct TrainSection {
     /// gradients exist, so communication overlaps compute (PyTorch DDP's behaviour). `false`
     /// reduces all buckets after backward (simpler; for comparison and debugging).
     pub ddp_overlap: bool,
+    /// FSDP (PyTorch's `reshard_after_forward`): `true` frees each transformer block's
+    /// gathered parameters right after its forward and all-gathers them again just before its
+    /// backward, so only about one block is gathered at a time (more communication, least
+    /// memory). `false` keeps a block gathered from its first forward until its gradients are
+    /// accumulated, so the whole student is gathered between forward and backward (fewer
+    /// all-gathers, one full student of extra memory).
+    pub fsdp_reshard_after_forward: bool,
     /// How `lr` follows the global batch B (all ranks): `linear` = lr·B/256 (scDINO, Goyal et
     /// al.), `sqrt` = lr·sqrt(B/256) (often better for Adam at large B). Reported at start.
     pub lr_scaling: LrScaling,
@@ -344,6 +351,7 @@ impl Default for TrainSection {
             device: crate::device::DeviceChoice::Auto,
             strategy: Strategy::Ddp,
             ddp_overlap: true,
+            fsdp_reshard_after_forward: true,
             lr_scaling: LrScaling::Linear,
         }
     }

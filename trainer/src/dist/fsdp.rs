@@ -15,29 +15,40 @@
 //! PyTorch's FSDP uses. Tensor shapes never change, so the modules and the autograd graph are
 //! untouched; only the memory comes and goes.
 //!
-//! One step:
+//! One step (with `reshard_after_forward`, the default):
 //! 1. teacher: all-gather every teacher unit, forward (no grad), free them all;
-//! 2. student: all-gather every unit, forward. The units stay gathered until their backward
-//!    is done (the backbone runs twice per step, on global and local crops, so a block's
-//!    parameters are needed again long after its forward);
-//! 3. backward: a post-accumulate hook on each parameter counts the unit's gradients; when a
-//!    unit's last gradient has been accumulated, its full gradients are flattened, a
-//!    reduce-scatter starts asynchronously, and the unit's full gradients *and* full parameters
-//!    are freed at once, while backward continues with earlier units;
+//! 2. student forward: the non-block unit ("rest") is all-gathered first and stays gathered
+//!    until its gradients are accumulated (it is used at both ends of every backbone pass).
+//!    Block hooks ([`BlockHooks`]) all-gather each block right before its forward and free it
+//!    right after; the backbone runs twice (global, then local crops), so twice per block.
+//!    Each block forward registers gradient hooks on its output (and block 0 on its input);
+//! 3. backward: the hook on the tensor between blocks b-1 and b fires once its gradient is
+//!    complete: block b's backward for that use is done, so block b is freed (unless another
+//!    use is in backward), and block b-1's is about to start, so block b-1 is reallocated and
+//!    all-gathered into the same storage, which autograd's saved tensors view. A
+//!    post-accumulate hook on each parameter counts the unit's gradients; when a unit's last
+//!    gradient has been accumulated (after its last use's backward), its full gradients are
+//!    flattened, a reduce-scatter starts asynchronously, and the unit's full gradients *and*
+//!    full parameters are freed, while backward continues with earlier units;
 //! 4. after backward: units some parameter of which got no gradient are flushed (zeros),
 //!    every reduce-scatter is waited on and divided by the world size, per-parameter clipping
 //!    uses norms all-reduced from the shards' partial sums, and AdamW and the teacher EMA run
 //!    on the local shard segments only.
 //!
-//! So between steps a rank holds 1/N of parameters, gradients, optimizer state and teacher;
-//! during a step the peak adds one full copy of the student's parameters (forward to
-//! backward) or of the teacher's (its forward), plus full gradients of the units whose
-//! backward is in progress.
+//! Every rank runs the same graph, so hooks fire, and collectives are issued, in the same order
+//! everywhere. Between steps a rank holds 1/N of parameters, gradients, optimizer state and
+//! teacher; during a step the student parameters gathered at once are the rest unit and one
+//! block (forward and backward; [`Fsdp::peak`] measures it), plus the full teacher during its
+//! forward and full gradients of the units whose backward is in progress. Without
+//! `reshard_after_forward` a block stays gathered from its first forward until its gradients
+//! are accumulated: one full student from forward to backward, 1 all-gather per block instead
+//! of 4.
 use super::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
 use super::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
 use super::Collective;
 use crate::checkpoint::Checkpoint;
 use crate::config::Precision;
+use crate::model::BlockHooks;
 use crate::precision::autocast;
 use crate::train::optim::adamw_update;
 use crate::train::step::{Learner, NonFiniteLoss, StepError, StepOutput, StepParams};
@@ -84,6 +95,11 @@ struct Unit {
     /// Gradients still to be accumulated in the current backward.
     pending: usize,
     reduce: Option<Work>,
+    /// Whether `student_full` currently holds the gathered parameters.
+    gathered: bool,
+    /// Backward passes through this unit (one per forward use) between their pre-backward
+    /// re-gather and their post-backward free.
+    in_backward: usize,
 }
 
 impl Unit {
@@ -103,6 +119,26 @@ struct Inner {
     used: Vec<bool>,
     armed: bool,
     error: Option<DistError>,
+    /// Unit of each backbone block (`None` if the block has no trainable parameter).
+    blocks: Vec<Option<usize>>,
+    /// `train.fsdp_reshard_after_forward`: free a block's parameters after each forward and
+    /// re-gather them before its backward (otherwise they stay gathered until its gradients
+    /// are accumulated).
+    reshard_after_forward: bool,
+    /// The current step's pre-/post-backward hooks on block inputs and outputs.
+    step_hooks: Option<HookSet>,
+    in_backward: bool,
+    peak: Peak,
+}
+
+/// The most student parameters held gathered at once during the last step, in forward (and
+/// the loss) and in backward: units gathered and their full buffers' allocated bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Peak {
+    pub forward_units: usize,
+    pub forward_bytes: usize,
+    pub backward_units: usize,
+    pub backward_bytes: usize,
 }
 
 impl Inner {
@@ -120,6 +156,105 @@ impl Inner {
         resize_storage(full, self.full_bytes(u)).map_err(|e| err("gather", e))?;
         self.group.all_gather(full, shard)?.wait()?;
         Ok(())
+    }
+
+    /// Gathers student unit `u` unless it is gathered. After a collective failed, only
+    /// reallocates (so the running forward or backward finishes on garbage instead of freed
+    /// memory); the recorded error fails the step.
+    fn gather_student(&mut self, u: usize) {
+        if self.units[u].gathered {
+            return;
+        }
+        self.units[u].gathered = true;
+        let r = if self.error.is_some() {
+            resize_storage(&self.units[u].student_full, self.full_bytes(u))
+                .map_err(|e| err("gather", e))
+        } else {
+            self.gather(u, false)
+        };
+        if let Err(e) = r {
+            let _ = resize_storage(&self.units[u].student_full, self.full_bytes(u));
+            self.error.get_or_insert(e);
+        }
+        let units = self.units.iter().filter(|u| u.gathered).count();
+        let bytes = self
+            .units
+            .iter()
+            .map(|u| storage_bytes(&u.student_full))
+            .sum();
+        let (pu, pb) = if self.in_backward {
+            (&mut self.peak.backward_units, &mut self.peak.backward_bytes)
+        } else {
+            (&mut self.peak.forward_units, &mut self.peak.forward_bytes)
+        };
+        *pu = (*pu).max(units);
+        *pb = (*pb).max(bytes);
+    }
+
+    fn free_student(&mut self, u: usize) -> Result<(), DistError> {
+        self.units[u].gathered = false;
+        self.free(u, false)
+    }
+
+    /// Block hook: before block `b`'s forward, its parameters are gathered.
+    fn before_block(&mut self, b: usize) {
+        if let (true, Some(&Some(u))) = (self.armed, self.blocks.get(b)) {
+            self.gather_student(u);
+        }
+    }
+
+    /// Block hook: after block `b`'s forward on `input` giving `output`. Frees its parameters
+    /// (resharding) and registers the backward hooks of this use: on `output` (boundary b+1,
+    /// "block b's backward starts") and, for the first block, on `input` (boundary 0).
+    fn after_block(&mut self, b: usize, input: &Tensor, output: &Tensor) {
+        let Some(&Some(u)) = self.blocks.get(b) else {
+            return;
+        };
+        if !self.armed {
+            return;
+        }
+        if self.reshard_after_forward {
+            if let Err(e) = self.free_student(u) {
+                self.error.get_or_insert(e);
+            }
+        }
+        let Some(hooks) = self.step_hooks.as_mut() else {
+            return;
+        };
+        let mut r = Ok(());
+        if output.requires_grad() {
+            r = hooks.on_grad(output, b + 1);
+        }
+        if b == 0 && input.requires_grad() && r.is_ok() {
+            r = hooks.on_grad(input, 0);
+        }
+        if let Err(e) = r {
+            self.error.get_or_insert(err("block hooks", e));
+        }
+    }
+
+    /// Gradient hook on the tensor between blocks `b - 1` and `b` (input of block b, output
+    /// of block b-1) of one forward use: its gradient is complete, so block b's backward for
+    /// this use is done (its parameters are freed once no other use is in backward) and block
+    /// b-1's backward is about to start (its parameters are gathered). Free before gather:
+    /// at most one block is gathered at a time in backward.
+    fn on_boundary(&mut self, b: usize) {
+        if !self.armed {
+            return;
+        }
+        if let Some(&Some(u)) = self.blocks.get(b) {
+            let unit = &mut self.units[u];
+            unit.in_backward = unit.in_backward.saturating_sub(1);
+            if unit.in_backward == 0 && self.reshard_after_forward {
+                if let Err(e) = self.free_student(u) {
+                    self.error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(&Some(u)) = b.checked_sub(1).and_then(|p| self.blocks.get(p)) {
+            self.gather_student(u);
+            self.units[u].in_backward += 1;
+        }
     }
 
     fn free(&self, u: usize, teacher: bool) -> Result<(), DistError> {
@@ -155,7 +290,7 @@ impl Inner {
             .group
             .reduce_scatter(&unit.grad, &flat, ReduceOp::Sum)?;
         self.units[u].reduce = Some(work);
-        self.free(u, false)
+        self.free_student(u)
     }
 
     fn on_accumulated(&mut self, i: usize) {
@@ -341,11 +476,20 @@ impl Fsdp {
                     student_full,
                     teacher_full,
                     reduce: None,
+                    gathered: false,
+                    in_backward: 0,
                 });
             }
             Ok::<(), DistError>(())
         })?;
         learner.optimizer.params.clear();
+        let depth = learner.nets.student.backbone.depth();
+        let blocks = (0..depth)
+            .map(|b| {
+                let name = format!("backbone.blocks.{b}");
+                units.iter().position(|u| u.name == name)
+            })
+            .collect();
         let inner = Inner {
             rank,
             world,
@@ -355,6 +499,11 @@ impl Fsdp {
             params,
             armed: false,
             error: None,
+            blocks,
+            reshard_after_forward: true,
+            step_hooks: None,
+            in_backward: false,
+            peak: Peak::default(),
         };
         for u in 0..inner.units.len() {
             inner.free(u, false)?;
@@ -376,6 +525,11 @@ impl Fsdp {
         for (i, t) in students.iter().enumerate() {
             hooks.on_accumulated(t, i).map_err(|e| err("hooks", e))?;
         }
+        learner
+            .nets
+            .student
+            .backbone
+            .set_block_hooks(Some(Arc::new(StudentBlocks(inner.clone()))));
         Ok(Self {
             inner,
             replicated,
@@ -385,6 +539,16 @@ impl Fsdp {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `train.fsdp_reshard_after_forward` (default `true`): see [`Inner::reshard_after_forward`].
+    pub fn set_reshard_after_forward(&mut self, on: bool) {
+        self.lock().reshard_after_forward = on;
+    }
+
+    /// The most student parameters gathered at once during the last step.
+    pub fn peak(&self) -> Peak {
+        self.lock().peak
     }
 
     /// Unit names and their sizes (elements before padding), in unit order.
@@ -448,11 +612,36 @@ impl Fsdp {
             let mut g = self.lock();
             for u in 0..n_units {
                 g.free(u, true)?;
-                g.gather(u, false)?;
                 g.units[u].pending = g.units[u].params.len();
+                g.units[u].in_backward = 0;
             }
             g.used.iter_mut().for_each(|x| *x = false);
             g.error = None;
+            g.peak = Peak::default();
+            g.in_backward = false;
+            // The non-block unit (embeddings, final norm, head) is needed at both ends of
+            // every backbone pass: gathered now, freed when its gradients are accumulated.
+            // Blocks are gathered by the block hooks, one at a time.
+            let blocks: Vec<usize> = g.blocks.iter().flatten().copied().collect();
+            for u in 0..n_units {
+                if !blocks.contains(&u) {
+                    g.gather_student(u);
+                }
+            }
+            if let Some(e) = g.error.take() {
+                g.armed = false;
+                for u in 0..n_units {
+                    g.free_student(u)?;
+                }
+                return Err(e.into());
+            }
+            let hook_inner = self.inner.clone();
+            g.step_hooks = Some(HookSet::new(Box::new(move |b, _| {
+                hook_inner
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .on_boundary(b);
+            })));
             g.armed = true;
         }
         let loss_fn = &learner.loss;
@@ -460,12 +649,21 @@ impl Fsdp {
             let s = nets.student.forward_t(crops, true);
             loss_fn.forward(&s, &teacher_out, p.epoch)
         });
-        let result = self.after_forward(learner, &teacher_out, &loss, p, iteration, coll);
-        // Whatever happened, no full buffer outlives the step.
+        let forward_error = self.lock().error.take();
+        let result = match forward_error {
+            Some(e) => Err(e.into()),
+            None => self.after_forward(learner, &teacher_out, &loss, p, iteration, coll),
+        };
+        // Whatever happened, no full buffer outlives the step (and the step's hooks, holding
+        // its activations, go).
         let mut g = self.lock();
         g.armed = false;
+        let step_hooks = g.step_hooks.take();
+        drop(g);
+        drop(step_hooks);
+        let mut g = self.lock();
         for u in 0..n_units {
-            g.free(u, false)?;
+            g.free_student(u)?;
             if let Some(w) = g.units[u].reduce.take() {
                 let _ = w.wait();
             }
@@ -499,6 +697,7 @@ impl Fsdp {
             }
             .into());
         }
+        self.lock().in_backward = true;
         loss.backward();
         let mut g = self.lock();
         g.armed = false;
@@ -794,4 +993,23 @@ fn clip(
         .collect();
     named.sort_by(|a, b| a.0.cmp(b.0));
     Ok(named.into_iter().map(|(_, n)| n).collect())
+}
+
+/// The student backbone's [`BlockHooks`]: forwards to the FSDP state.
+struct StudentBlocks(Arc<Mutex<Inner>>);
+
+impl StudentBlocks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl BlockHooks for StudentBlocks {
+    fn before(&self, block: usize) {
+        self.lock().before_block(block);
+    }
+
+    fn after(&self, block: usize, input: &Tensor, output: &Tensor) {
+        self.lock().after_block(block, input, output);
+    }
 }

@@ -7,7 +7,7 @@ mod vit;
 
 pub use head::{DinoHead, HeadConfig};
 pub use multicrop::MultiCropNet;
-pub use vit::{VisionTransformer, VitConfig};
+pub use vit::{BlockHooks, VisionTransformer, VitConfig};
 
 use crate::config::Config;
 use std::collections::BTreeSet;

@@ -3,6 +3,7 @@
 //! Variable names mirror the PyTorch state dict so checkpoints load by name.
 use super::init::{pytorch_default_uniform, trunc_normal_};
 use crate::config::Arch;
+use std::sync::Arc;
 use tch::{nn, nn::Module, Kind, Tensor};
 
 /// Sizes of a ViT; `Arch` picks the width/depth presets.
@@ -223,6 +224,26 @@ fn drop_path(x: &Tensor, rate: f64, train: bool) -> Tensor {
     x / keep * mask
 }
 
+/// Callbacks around each transformer block of a training forward, for FSDP: it all-gathers a
+/// block's parameters in [`BlockHooks::before`] and frees them again (registering pre- and
+/// post-backward gradient hooks on the block's input and output) in [`BlockHooks::after`].
+pub trait BlockHooks: Send + Sync {
+    /// Block `block` is about to run.
+    fn before(&self, block: usize);
+    /// Block `block` ran on `input` and produced `output`.
+    fn after(&self, block: usize, input: &Tensor, output: &Tensor);
+}
+
+/// An optional [`BlockHooks`] (a wrapper so the backbone can keep deriving `Debug`).
+#[derive(Default, Clone)]
+struct HookSlot(Option<Arc<dyn BlockHooks>>);
+
+impl std::fmt::Debug for HookSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Some(..)" } else { "None" })
+    }
+}
+
 /// The ViT backbone; its output is the CLS token after the final LayerNorm.
 #[derive(Debug)]
 pub struct VisionTransformer {
@@ -232,6 +253,7 @@ pub struct VisionTransformer {
     blocks: Vec<Block>,
     norm: nn::LayerNorm,
     cfg: VitConfig,
+    hooks: HookSlot,
 }
 
 impl VisionTransformer {
@@ -264,7 +286,18 @@ impl VisionTransformer {
             blocks,
             norm,
             cfg,
+            hooks: HookSlot::default(),
         }
+    }
+
+    /// Installs (or with `None` removes) the callbacks [`VisionTransformer::forward_t`] makes
+    /// around every block.
+    pub fn set_block_hooks(&mut self, hooks: Option<Arc<dyn BlockHooks>>) {
+        self.hooks = HookSlot(hooks);
+    }
+
+    pub fn depth(&self) -> usize {
+        self.blocks.len()
     }
 
     pub fn config(&self) -> &VitConfig {
@@ -312,8 +345,16 @@ impl VisionTransformer {
     /// `[B, C, H, W]` → CLS features `[B, D]`.
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
         let mut t = self.prepare_tokens(x);
-        for block in &self.blocks {
-            t = block.forward_t(&t, train);
+        for (i, block) in self.blocks.iter().enumerate() {
+            match &self.hooks.0 {
+                Some(h) => {
+                    h.before(i);
+                    let out = block.forward_t(&t, train);
+                    h.after(i, &t, &out);
+                    t = out;
+                }
+                None => t = block.forward_t(&t, train),
+            }
         }
         self.norm.forward(&t).select(1, 0)
     }

@@ -280,6 +280,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             Strategy::Ddp => {}
             Strategy::Fsdp => {
                 let mut f = Fsdp::new(&d.group, &mut learner)?;
+                f.set_reshard_after_forward(cfg.train.fsdp_reshard_after_forward);
                 // The shards win over the consolidated checkpoint when every rank has the
                 // same, at least as new, iteration (a crash between the two writes, or a new
                 // world size, falls back to the consolidated one, re-sharded above).
@@ -648,7 +649,10 @@ fn report_checksum(
             Some(f) => f.checksum(learner)?,
             None => parameter_checksum(&learner.nets.student_vs),
         };
-        eprintln!("rank {rank}: student parameter checksum {sum:.12e}");
+        // One write: `eprintln!` writes each piece separately, and the ranks share stderr, so
+        // another rank's output could land inside the number the tests compare.
+        let line = format!("rank {rank}: student parameter checksum {sum:.12e}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
     }
     Ok(())
 }
