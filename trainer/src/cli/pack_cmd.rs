@@ -1,20 +1,29 @@
 //! `trainer data pack`: the dataset as WebDataset-style tar shards plus an index.
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::time::Instant;
 use trainer::config::Config;
+use trainer::data::object_store::{Remote, S3Url};
 use trainer::data::open_source;
-use trainer::data::shards::{pack, PackEvent, PackOptions};
+use trainer::data::shards::{pack, upload, PackEvent, PackOptions, UploadEvent};
 
 #[derive(Debug, Args)]
 pub struct PackArgs {
     /// The config whose `data.dataset_dir` (and `data.label_folder_depth`) to pack.
     #[arg(long)]
     config: PathBuf,
-    /// Output directory (created; point `data.dataset_dir` at it to train from the shards).
+    /// Output directory (created; point `data.dataset_dir` at it to train from the shards),
+    /// or `s3://bucket/prefix`: packed into `--staging` first, then uploaded (shards, then the
+    /// index last; shards already there with the same size and sha256 are skipped).
     #[arg(long)]
-    out: PathBuf,
+    out: String,
+    /// With an s3:// `--out`: the local directory to pack into before uploading (kept, so a
+    /// rerun resumes both the pack and the upload). Default: `trainer-pack-<hash of --out>`
+    /// under the system temp dir.
+    #[arg(long)]
+    staging: Option<PathBuf>,
     /// Close a shard before it exceeds this size: bytes, or with a K/M/G suffix (powers of
     /// 1024). WebDataset recommends 100 MB–1 GB.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
@@ -57,7 +66,25 @@ fn parse_size(s: &str) -> Result<u64, String> {
 impl PackArgs {
     pub fn run(self) -> Result<()> {
         let cfg = Config::load(&self.config)?;
-        let out_abs = std::path::absolute(&self.out).unwrap_or(self.out.clone());
+        let remote_out = S3Url::is_s3(&self.out);
+        let local_out: PathBuf = if remote_out {
+            if cfg.data.dataset_dir.to_string_lossy().trim_end_matches('/')
+                == self.out.trim_end_matches('/')
+            {
+                bail!("--out must differ from data.dataset_dir");
+            }
+            match &self.staging {
+                Some(d) => d.clone(),
+                None => {
+                    let h = Sha256::digest(S3Url::parse(&self.out)?.root().as_bytes());
+                    let h: String = h[..8].iter().map(|b| format!("{b:02x}")).collect();
+                    std::env::temp_dir().join(format!("trainer-pack-{h}"))
+                }
+            }
+        } else {
+            PathBuf::from(&self.out)
+        };
+        let out_abs = std::path::absolute(&local_out).unwrap_or(local_out.clone());
         let src_abs =
             std::path::absolute(&cfg.data.dataset_dir).unwrap_or(cfg.data.dataset_dir.clone());
         if out_abs == src_abs {
@@ -69,7 +96,7 @@ impl PackArgs {
         eprintln!(
             "packing {} into {} (shards of at most {} bytes{})",
             source.describe(),
-            self.out.display(),
+            local_out.display(),
             self.shard_size,
             if self.shard_samples > 0 {
                 format!(" / {} samples", self.shard_samples)
@@ -78,7 +105,7 @@ impl PackArgs {
             }
         );
         let opts = PackOptions {
-            out: self.out.clone(),
+            out: local_out.clone(),
             max_shard_bytes: self.shard_size,
             max_shard_samples: self.shard_samples,
             shuffle: !self.no_shuffle,
@@ -114,18 +141,42 @@ impl PackArgs {
             &opts,
             &mut report,
         )
-        .with_context(|| format!("packing into {}", self.out.display()))?;
+        .with_context(|| format!("packing into {}", local_out.display()))?;
         println!(
             "packed {} images into {} shards ({:.1} MB) in {}: {} shards written, {} verified and kept; {:.1} s, {:.0} images/s",
             s.samples,
             s.shards,
             s.bytes as f64 / 1e6,
-            self.out.display(),
+            local_out.display(),
             s.written_shards,
             s.verified_shards,
             s.seconds,
             s.written_samples as f64 / s.seconds.max(1e-9)
         );
+        if remote_out {
+            let t1 = Instant::now();
+            let remote = Remote::open(&self.out, &cfg.data.s3)
+                .with_context(|| format!("opening {}", self.out))?;
+            let mut report = |e: UploadEvent| match e {
+                UploadEvent::Skipped { shard, bytes } => {
+                    eprintln!("shard {shard:6}: already in the bucket ({bytes} bytes, same sha256), skipped")
+                }
+                UploadEvent::Uploaded { shard, bytes } => {
+                    eprintln!("shard {shard:6}: uploaded ({:.1} MB)", bytes as f64 / 1e6)
+                }
+            };
+            let u = upload(&local_out, &remote, &mut report)
+                .with_context(|| format!("uploading {} to {}", local_out.display(), self.out))?;
+            println!(
+                "uploaded to {}: {} shards uploaded ({:.1} MB), {} already there; index {}; {:.1} s",
+                remote.url.root(),
+                u.uploaded_shards,
+                u.uploaded_bytes as f64 / 1e6,
+                u.skipped_shards,
+                if u.index_uploaded { "uploaded" } else { "unchanged" },
+                t1.elapsed().as_secs_f64()
+            );
+        }
         Ok(())
     }
 }

@@ -265,6 +265,37 @@ impl Remote {
         Ok(bytes.to_vec())
     }
 
+    /// The size of `rel` (relative to the prefix), or `None` if there is no such object
+    /// (one HEAD, retried per `data.s3`).
+    pub fn head(&self, rel: &str) -> Result<Option<u64>, DataError> {
+        let key = ObjPath::from(self.url.key(rel).as_str());
+        match self.retrying(|| async { self.store.head(&key).await }) {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(::object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(DataError::store(self.url.url_of(rel), "checking object", e)),
+        }
+    }
+
+    /// `len` bytes of `rel` (relative to the prefix) from `offset`, in one ranged GET
+    /// (retried per `data.s3`); a short body is an error.
+    pub fn get_range(&self, rel: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
+        let key = ObjPath::from(self.url.key(rel).as_str());
+        let range = offset..offset + len as u64;
+        let bytes = self
+            .retrying(|| async { self.store.get_range(&key, range.clone()).await })
+            .map_err(|e| DataError::store(self.url.url_of(rel), "reading byte range", e))?;
+        if bytes.len() != len {
+            return Err(DataError::CorruptObject {
+                url: self.url.url_of(rel),
+                reason: format!(
+                    "asked for {len} bytes at offset {offset} but read {}",
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(bytes.to_vec())
+    }
+
     /// Writes `rel` (relative to the prefix) in one request.
     pub fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<(), DataError> {
         let key = self.url.key(rel);

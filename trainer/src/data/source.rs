@@ -93,19 +93,30 @@ impl ImageSource for LocalSource {
     }
 }
 
-/// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` streams through
-/// [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
+/// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` holding packed shards
+/// (`data.format: shards`, or `auto` and a `shard-index.json` object under the prefix, one
+/// HEAD) is read by ranged GETs through [`S3ShardStore`]; any other `s3://` prefix streams
+/// through [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
 /// [`super::shards`]) when `data.format` says so or, with `auto`, when it holds a shard index;
 /// otherwise the `ImageFolder` tree on a local or shared (FSx) file system.
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
-    use super::shards::{is_packed_dir, LocalShardStore, ShardSource};
+    use super::shards::{is_packed_dir, LocalShardStore, S3ShardStore, ShardSource};
     use crate::config::DataFormat;
-    if super::object_store::S3Url::is_s3(&data.dataset_dir.to_string_lossy()) {
-        if data.format == DataFormat::Shards {
-            return Err(DataError::StoreConfig {
-                url: data.dataset_dir.display().to_string(),
-                reason: "packed shards are read from local or FSx directories only (copy them with `trainer data preload` first)".into(),
-            });
+    let location = data.dataset_dir.to_string_lossy().to_string();
+    if super::object_store::S3Url::is_s3(&location) {
+        let packed = match data.format {
+            DataFormat::Folder => None,
+            DataFormat::Shards => Some(S3ShardStore::open(&location, &data.s3)?),
+            DataFormat::Auto => {
+                let store = S3ShardStore::open(&location, &data.s3)?;
+                store.is_packed()?.then_some(store)
+            }
+        };
+        if let Some(store) = packed {
+            return Ok(Arc::new(ShardSource::open(
+                Arc::new(store),
+                data.label_folder_depth,
+            )?));
         }
         return Ok(Arc::new(super::stream::ObjectStoreSource::open(data)?));
     }

@@ -258,13 +258,18 @@ fn s3_yaml(port: u16) -> String {
     )
 }
 
-/// The e2e tests' CPU-sized training config; `data_extra` goes under `data:`.
+/// The e2e tests' CPU-sized training config as YAML; `data_extra` goes under `data:`.
+fn config_yaml(out: &Path, dataset_dir: &str, data_extra: &str, epochs: usize) -> String {
+    format!(
+        "run:\n  name: r\n  output_dir: {}\n  seed: 3\ndata:\n  dataset_dir: {dataset_dir}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"02\"]\n  num_workers: 2\n{data_extra}model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\ntrain:\n  precision: fp32\n  num_gpus: 1\n  log_every: 100\n  epochs: {epochs}\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n",
+        out.display()
+    )
+}
+
+/// [`config_yaml`], parsed.
 fn config(out: &Path, dataset_dir: &str, data_extra: &str, epochs: usize) -> Config {
     Config::from_yaml(
-        &format!(
-            "run:\n  name: r\n  output_dir: {}\n  seed: 3\ndata:\n  dataset_dir: {dataset_dir}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"02\"]\n  num_workers: 2\n{data_extra}model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\ntrain:\n  precision: fp32\n  num_gpus: 1\n  log_every: 100\n  epochs: {epochs}\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n",
-            out.display()
-        ),
+        &config_yaml(out, dataset_dir, data_extra, epochs),
         "s3-test",
     )
     .unwrap()
@@ -744,4 +749,208 @@ fn s3_each_rank_fetches_only_its_own_samples() {
         heldout.iter().all(|k| !gets.contains_key(k)),
         "held-out images were fetched"
     );
+}
+
+/// `trainer data pack --config <local tree config> --out s3://bkt/packed/v1 --staging ...`.
+fn pack_to_s3(dir: &Path, tree: &Path, port: u16, out: &str, staging: &Path) -> String {
+    let cfg = dir.join("pack.yaml");
+    std::fs::write(
+        &cfg,
+        config_yaml(
+            &dir.join("unused"),
+            tree.to_str().unwrap(),
+            &s3_yaml(port),
+            1,
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["data", "pack", "--config"])
+        .arg(&cfg)
+        .args(["--out", out, "--shard-size", "40K", "--staging"])
+        .arg(staging)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "pack failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+/// Requests that write (PUT, POST of multipart uploads, DELETE).
+fn writes(proxy: &Proxy) -> Vec<Logged> {
+    proxy
+        .log()
+        .into_iter()
+        .filter(|r| r.method != "GET" && r.method != "HEAD")
+        .collect()
+}
+
+#[test]
+fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
+    use trainer::config::DataFormat;
+    use trainer::data::shards::{LocalShardStore, ShardIndexFile, ShardSource, INDEX_FILE};
+    fake_credentials();
+    let _rng = torch_rng_lock();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let tree = root.join("Training");
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let url = format!("s3://{BUCKET}/packed/v1");
+    let staging = dir.path().join("staging");
+    let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
+    assert!(out.contains("uploaded to"), "{out}");
+    let index: ShardIndexFile =
+        serde_json::from_slice(&std::fs::read(staging.join(INDEX_FILE)).unwrap()).unwrap();
+    assert!(index.shards.len() > 1, "{} shards", index.shards.len());
+    // One PUT per shard, then the index, last.
+    let puts: Vec<String> = writes(&proxy)
+        .into_iter()
+        .filter(|r| r.method == "PUT" && r.status == 200)
+        .map(|r| r.target)
+        .collect();
+    let mut want: Vec<String> = index
+        .shards
+        .iter()
+        .map(|s| format!("/{BUCKET}/packed/v1/{}", s.file))
+        .collect();
+    want.push(format!("/{BUCKET}/packed/v1/{INDEX_FILE}"));
+    assert_eq!(puts, want);
+
+    // Read back: `auto` finds the index under the prefix; same index, labels, split, bytes as
+    // the folder and as the staged shards.
+    let local = LocalSource::open(&tree, 0).unwrap();
+    let staged = ShardSource::open(Arc::new(LocalShardStore::new(&staging)), 0).unwrap();
+    for format in ["auto", "shards"] {
+        let extra = format!("  format: {format}\n{}", s3_yaml(proxy.port));
+        let cfg = config(dir.path(), &url, &extra, 1);
+        assert!(matches!(
+            cfg.data.format,
+            DataFormat::Auto | DataFormat::Shards
+        ));
+        let src = data::open_source(&cfg.data).unwrap();
+        assert!(
+            src.describe().contains("shards") && src.describe().contains(&url),
+            "{}",
+            src.describe()
+        );
+        assert_eq!(src.index(), local.index());
+        assert_eq!(src.index(), staged.index());
+        assert_eq!(src.index().labels(), local.index().labels());
+        assert_eq!(
+            data::train_heldout_split(src.index().len(), 0.8, 3).unwrap(),
+            data::train_heldout_split(local.index().len(), 0.8, 3).unwrap()
+        );
+        assert_eq!(src.shard_layout(), staged.shard_layout());
+        proxy.clear();
+        for i in 0..src.index().len() {
+            assert_eq!(
+                src.read_bytes(i).unwrap(),
+                local.read_bytes(i).unwrap(),
+                "{i}"
+            );
+        }
+        // Ranged GETs of the shards only: no listing, no whole-object download per sample.
+        let log = proxy.log();
+        assert!(log.iter().all(|r| r.target.contains("/shard-0")), "{log:?}");
+    }
+    // The plain-objects prefix is still read as loose objects.
+    let loose = config(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}/Training"),
+        &s3_yaml(proxy.port),
+        1,
+    );
+    assert!(data::open_source(&loose.data)
+        .unwrap()
+        .shard_layout()
+        .is_none());
+
+    // Training from the S3 shards equals training from the folder, bit for bit.
+    let local_out = dir.path().join("local");
+    let s3_out = dir.path().join("s3");
+    run(&config(&local_out, tree.to_str().unwrap(), "", 1));
+    run(&config(&s3_out, &url, &s3_yaml(proxy.port), 1));
+    assert_same_weights(
+        &config(&local_out, "x", "", 1),
+        &config(&s3_out, "x", "", 1),
+    );
+
+    // A rerun verifies the staged shards and uploads nothing.
+    proxy.clear();
+    let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
+    assert!(out.contains("0 shards uploaded"), "{out}");
+    assert!(out.contains("index unchanged"), "{out}");
+    assert_eq!(writes(&proxy).len(), 0, "{:?}", writes(&proxy));
+
+    // A shard replaced in the bucket (same size, other bytes) is uploaded again on rerun.
+    let remote = trainer::data::object_store::Remote::open(
+        &url,
+        &config(dir.path(), &url, &s3_yaml(proxy.port), 1).data.s3,
+    )
+    .unwrap();
+    let victim = &index.shards[index.shards.len() - 1];
+    let mut bytes = std::fs::read(staging.join(&victim.file)).unwrap();
+    bytes[600] ^= 0x55;
+    remote.put(&victim.file, bytes).unwrap();
+    proxy.clear();
+    let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
+    assert!(out.contains("1 shards uploaded"), "{out}");
+    let puts: Vec<String> = writes(&proxy).into_iter().map(|r| r.target).collect();
+    assert_eq!(puts, vec![format!("/{BUCKET}/packed/v1/{}", victim.file)]);
+}
+
+#[test]
+fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
+    use trainer::data::shards::{ShardIndexFile, INDEX_FILE};
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let tree = root.join("Training");
+    let moto = Moto::start(&root);
+    let url = format!("s3://{BUCKET}/packed");
+    let staging = dir.path().join("staging");
+    pack_to_s3(dir.path(), &tree, moto.port, &url, &staging);
+    let index: ShardIndexFile =
+        serde_json::from_slice(&std::fs::read(staging.join(INDEX_FILE)).unwrap()).unwrap();
+    let cfg = config(dir.path(), &url, &s3_yaml(moto.port), 1);
+    let remote = trainer::data::object_store::Remote::open(&url, &cfg.data.s3).unwrap();
+    // A sample training reads (as in the loose-objects corrupt test).
+    let bad = data::train_heldout_split(16, 0.8, 3).unwrap().train[1];
+    let s = &index.samples[bad];
+    let shard = &index.shards[s.shard].file;
+    let mut bytes = std::fs::read(staging.join(shard)).unwrap();
+    bytes[(s.offset + s.length / 2) as usize] ^= 0x55;
+    remote.put(shard, bytes).unwrap();
+    let src = data::open_source(&cfg.data).unwrap();
+    let err = src.read(bad).unwrap_err().to_string();
+    let shard_url = format!("{url}/{shard}");
+    assert!(err.contains(&shard_url) && err.contains(&s.key), "{err}");
+    assert!(err.contains("CRC-32"), "{err}");
+    // Other samples still read.
+    let local = LocalSource::open(&tree, 0).unwrap();
+    let other = (0..index.samples.len())
+        .find(|&i| index.samples[i].shard != s.shard)
+        .unwrap();
+    assert_eq!(
+        src.read_bytes(other).unwrap(),
+        local.read_bytes(other).unwrap()
+    );
+    // Training fails naming the shard.
+    let err = train(
+        &config(&dir.path().join("fail"), &url, &s3_yaml(moto.port), 1),
+        &TrainOptions {
+            combination: 0,
+            max_steps: None,
+            stop: None,
+        },
+    )
+    .unwrap_err();
+    let err = format!("{err:#}");
+    assert!(err.contains(&shard_url), "{err}");
 }

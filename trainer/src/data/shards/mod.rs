@@ -20,11 +20,13 @@ pub mod pack;
 pub mod source;
 pub mod store;
 pub mod tar;
+pub mod upload;
 
 pub use order::shard_sequential_order;
 pub use pack::{pack, PackEvent, PackOptions, PackSummary};
 pub use source::ShardSource;
-pub use store::{LocalShardStore, ShardStore};
+pub use store::{LocalShardStore, S3ShardStore, ShardStore};
+pub use upload::{upload, UploadEvent, UploadSummary};
 
 use serde::{Deserialize, Serialize};
 

@@ -68,3 +68,49 @@ impl ShardStore for LocalShardStore {
         self.dir.display().to_string()
     }
 }
+
+/// Shards under an `s3://bucket/prefix`: the index by one GET, sample bytes by ranged GETs
+/// (retried like every other S3 request, per `data.s3`), so no shard is ever downloaded
+/// whole and any sample can be read from any loader thread.
+pub struct S3ShardStore {
+    remote: crate::data::object_store::Remote,
+}
+
+impl S3ShardStore {
+    pub fn new(remote: crate::data::object_store::Remote) -> Self {
+        Self { remote }
+    }
+
+    /// Opens `url` with the `data.s3` client settings.
+    pub fn open(url: &str, s3: &crate::config::S3Section) -> Result<Self, DataError> {
+        Ok(Self::new(crate::data::object_store::Remote::open(url, s3)?))
+    }
+
+    /// True if the prefix holds a shard index (one HEAD).
+    pub fn is_packed(&self) -> Result<bool, DataError> {
+        Ok(self.remote.head(super::INDEX_FILE)?.is_some())
+    }
+
+    pub fn remote(&self) -> &crate::data::object_store::Remote {
+        &self.remote
+    }
+}
+
+impl ShardStore for S3ShardStore {
+    fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError> {
+        let key = ::object_store::path::Path::from(self.remote.url.key(name).as_str());
+        self.remote.get(&key, None)
+    }
+
+    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
+        self.remote.get_range(name, offset, len)
+    }
+
+    fn locate(&self, name: &str) -> PathBuf {
+        PathBuf::from(self.remote.url.url_of(name))
+    }
+
+    fn describe(&self) -> String {
+        self.remote.url.root()
+    }
+}
