@@ -43,7 +43,7 @@ TRAINER=$ROOT/target/release/trainer
 read -r -a THREADS_LIST <<<"${1:-2}"
 ROUNDS=${2:-2}
 BATCH=32 WARMUP=2
-RUST_BATCHES=${RUST_BATCHES:-60} DEVICE_BATCHES=${DEVICE_BATCHES:-6} PEER_BATCHES=${PEER_BATCHES:-6}
+RUST_BATCHES=${RUST_BATCHES:-$([[ $SOURCE == all ]] && echo 90 || echo 36)} DEVICE_BATCHES=${DEVICE_BATCHES:-6} PEER_BATCHES=${PEER_BATCHES:-6}
 WORK=$(mktemp -d)
 MOTO=
 trap '[[ -n $MOTO ]] && kill $MOTO 2>/dev/null; rm -rf "$WORK"' EXIT

@@ -698,3 +698,26 @@ impl LoaderBench {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        b: LoaderBench,
+    }
+
+    #[test]
+    fn loader_bench_takes_data_or_config() {
+        let w = Wrap::try_parse_from(["t", "--config", "c.yaml", "--warm"]).unwrap();
+        assert_eq!(w.b.config, Some(PathBuf::from("c.yaml")));
+        assert!(w.b.warm && w.b.data.is_none());
+        let w = Wrap::try_parse_from(["t", "--data", "d"]).unwrap();
+        assert_eq!(w.b.data, Some(PathBuf::from("d")));
+        assert!(Wrap::try_parse_from(["t"]).is_err());
+        assert!(Wrap::try_parse_from(["t", "--data", "d", "--config", "c"]).is_err());
+    }
+}
