@@ -12,7 +12,7 @@ use tch::{nn, Device, Kind, Tensor};
 use trainer::analysis::mean_std;
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
 use trainer::config::{Arch, AugmentOn, Config, Precision};
-use trainer::data::{LocalSource, PreprocessOptions, SharedSource};
+use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
 use trainer::dist::Single;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::input::TrainInput;
@@ -446,8 +446,17 @@ enum LoaderPath {
 #[derive(Debug, Args)]
 pub struct LoaderBench {
     /// ImageFolder root of TIFFs (e.g. the `Training/` folder `trainer synth` writes).
+    #[arg(long, conflicts_with = "config", required_unless_present = "config")]
+    data: Option<PathBuf>,
+    /// Read through the data source of this config instead (`data.dataset_dir`: folder,
+    /// packed shards, s3:// with or without `data.cache.dir`, S3 settings from `data.s3`),
+    /// opened with `trainer::data::open_source`.
     #[arg(long)]
-    data: PathBuf,
+    config: Option<PathBuf>,
+    /// Read every image of the timed order once (with `--threads` readers) before the
+    /// loader starts: a warm node-local cache, i.e. the second epoch of an s3:// + cache run.
+    #[arg(long)]
+    warm: bool,
     #[arg(long, value_enum, default_value = "cpu")]
     path: LoaderPath,
     /// Loader worker threads (and libtorch threads for `--path device`).
@@ -497,13 +506,22 @@ impl LoaderBench {
         } else {
             1
         });
-        let source: SharedSource = Arc::new(LocalSource::open(&self.data, 0)?);
+        let (source, name): (SharedSource, String) = match (&self.config, &self.data) {
+            (Some(c), _) => {
+                let cfg = Config::load(c)?;
+                (
+                    open_source(&cfg.data)?,
+                    cfg.data.dataset_dir.display().to_string(),
+                )
+            }
+            (None, Some(d)) => (Arc::new(LocalSource::open(d, 0)?), d.display().to_string()),
+            (None, None) => bail!("give --data DIR or --config FILE"),
+        };
         let index = source.index();
         let need = (self.warmup + self.batches) * self.batch;
         if index.len() < need && self.path != LoaderPath::Kernels {
             bail!(
-                "{} holds {} images; {} batches of {} need {need} (make more with `trainer synth --per-class N`)",
-                self.data.display(),
+                "{name} holds {} images; {} batches of {} need {need} (make more with `trainer synth --per-class N`)",
                 index.len(),
                 self.warmup + self.batches,
                 self.batch
@@ -543,6 +561,10 @@ impl LoaderBench {
             1,
         );
         order.truncate(need);
+        if self.warm {
+            warm_read(&source, &order, self.threads)?;
+        }
+        source.will_read(&order);
         let images = training_image_fn(source.clone(), prep, channels, None);
         let samples = input
             .samples(images, epoch, &order)
@@ -594,6 +616,30 @@ impl LoaderBench {
         );
         Ok(())
     }
+}
+
+/// Reads (and decodes) `order` once with `threads` readers: fills a node-local cache.
+fn warm_read(source: &SharedSource, order: &[usize], threads: usize) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    source.will_read(order);
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        source.read(i)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("warm-up reader panicked"))??;
+        }
+        Ok(())
+    })
 }
 
 impl LoaderBench {
@@ -650,5 +696,28 @@ impl LoaderBench {
             })
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        b: LoaderBench,
+    }
+
+    #[test]
+    fn loader_bench_takes_data_or_config() {
+        let w = Wrap::try_parse_from(["t", "--config", "c.yaml", "--warm"]).unwrap();
+        assert_eq!(w.b.config, Some(PathBuf::from("c.yaml")));
+        assert!(w.b.warm && w.b.data.is_none());
+        let w = Wrap::try_parse_from(["t", "--data", "d"]).unwrap();
+        assert_eq!(w.b.data, Some(PathBuf::from("d")));
+        assert!(Wrap::try_parse_from(["t"]).is_err());
+        assert!(Wrap::try_parse_from(["t", "--data", "d", "--config", "c"]).is_err());
     }
 }
