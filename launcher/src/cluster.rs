@@ -2,10 +2,10 @@
 //! unknown keys are errors, and values that parse but make no sense are reported with the key
 //! and its line. Secrets are never values of this file: `secrets:` lists environment variable
 //! *names* that the job inherits from the submitting shell.
-use crate::locate::KeyLines;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use yaml_locate::KeyLines;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

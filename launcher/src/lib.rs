@@ -7,7 +7,6 @@
 //! - [`nccl_test`]: a collectives benchmark job across the nodes, and its verdict;
 //! - [`shell`]: the one place that quotes values for scripts.
 pub mod cluster;
-mod locate;
 pub mod nccl_test;
 pub mod render;
 pub mod shell;

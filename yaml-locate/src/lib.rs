@@ -1,6 +1,7 @@
-//! Finds the line of a dotted key (`slurm.nodes`) in YAML source, so that a value that parses but
-//! fails validation is reported where the user wrote it. (Same as the trainer's `config::locate`;
-//! copied because the launcher must not link the trainer crate, which links libtorch.)
+//! Finds the line of a dotted key (`train.lr`, `slurm.nodes`) in YAML source, so that a value
+//! that parses but fails validation is reported where the user wrote it. Its own crate because
+//! both the trainer and the launcher need it and the launcher must not link the trainer
+//! (libtorch).
 use serde_saphyr::granit_parser::{Event, Parser};
 use std::collections::HashMap;
 
