@@ -1,4 +1,6 @@
 //! scDINO on libtorch: configuration, multi-channel TIFF data and ViT-DINO models.
+#[cfg(test)]
+mod alloc_count;
 pub mod analysis;
 pub mod augment;
 pub mod checkpoint;

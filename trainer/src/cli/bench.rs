@@ -650,10 +650,13 @@ impl LoaderBench {
         augment: &MultiCropAugment,
     ) -> Result<()> {
         let images = training_image_fn(source.clone(), prep.clone(), augment.channels(), None);
-        let imgs: Vec<_> = (0..self.batch)
-            .filter_map(|i| images(i).transpose())
-            .collect::<Result<_, String>>()
-            .map_err(anyhow::Error::msg)?;
+        let mut imgs = Vec::new();
+        for i in 0..self.batch {
+            let mut img = trainer::data::ImageChw::default();
+            if images(i, &mut img).map_err(anyhow::Error::msg)? {
+                imgs.push(img);
+            }
+        }
         let mut bufs: Vec<Vec<f32>> = (0..augment.num_crops())
             .map(|k| vec![0.0; augment.crop_len(k)])
             .collect();

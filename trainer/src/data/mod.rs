@@ -31,6 +31,7 @@ pub mod source;
 pub mod split;
 pub mod stream;
 pub mod synth;
+pub mod tiff_fast;
 pub mod tiff_reader;
 
 pub use error::DataError;
@@ -39,4 +40,6 @@ pub use preprocess::{MinMaxOutcome, NanAction, NanPolicy, PreprocessOptions};
 pub use source::{open_source, ImageSource, LocalSource, SharedSource};
 pub use split::{mean_std_subset, numpy_shuffled_indices, train_heldout_split, Split};
 pub use synth::{generate as generate_synthetic, SynthOptions, SynthSummary};
-pub use tiff_reader::{read_tiff, write_tiff_u16_chunky, Chw, ImageChw, ImageChwU16};
+pub use tiff_reader::{
+    decode_tiff_into, read_tiff, write_tiff_u16_chunky, Chw, ImageChw, ImageChwU16,
+};

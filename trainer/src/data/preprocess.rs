@@ -40,31 +40,38 @@ pub fn center_crop_hw(img: &ImageChw, crop_h: usize, crop_w: usize) -> Result<Im
             "center crop size must be positive, got {crop_h}×{crop_w}"
         )));
     }
-    // Padding before the crop (only in a dimension where crop > size).
-    let pad_top = crop_h.saturating_sub(img.height) / 2;
-    let pad_left = crop_w.saturating_sub(img.width) / 2;
-    let padded_h = img.height.max(crop_h);
-    let padded_w = img.width.max(crop_w);
-    let top = python_round_half(padded_h - crop_h);
-    let left = python_round_half(padded_w - crop_w);
-    let mut data = Vec::with_capacity(img.channels * crop_h * crop_w);
-    for c in 0..img.channels {
-        let plane = img.channel(c);
-        for y in 0..crop_h {
-            // Row in the padded image, then in the original one.
-            let py = y + top;
-            let src_y = py.checked_sub(pad_top).filter(|&v| v < img.height);
-            for x in 0..crop_w {
-                let px = x + left;
-                let src_x = px.checked_sub(pad_left).filter(|&v| v < img.width);
-                data.push(match (src_y, src_x) {
-                    (Some(sy), Some(sx)) => plane[sy * img.width + sx],
-                    _ => 0.0,
-                });
-            }
-        }
+    let mut data = vec![0.0; img.channels * crop_h * crop_w];
+    for (c, dst) in data.chunks_exact_mut(crop_h * crop_w).enumerate() {
+        crop_plane_into(img.channel(c), img.height, img.width, crop_h, crop_w, dst);
     }
     Chw::new(img.channels, crop_h, crop_w, data)
+}
+
+/// One plane of [`center_crop_hw`], written into `dst` (`crop_h·crop_w` values).
+fn crop_plane_into(
+    plane: &[f32],
+    height: usize,
+    width: usize,
+    crop_h: usize,
+    crop_w: usize,
+    dst: &mut [f32],
+) {
+    // Padding before the crop (only in a dimension where crop > size).
+    let pad_top = crop_h.saturating_sub(height) / 2;
+    let pad_left = crop_w.saturating_sub(width) / 2;
+    let top = python_round_half(height.max(crop_h) - crop_h);
+    let left = python_round_half(width.max(crop_w) - crop_w);
+    for (y, row) in dst.chunks_exact_mut(crop_w).enumerate() {
+        // Row in the padded image, then in the original one.
+        let src_y = (y + top).checked_sub(pad_top).filter(|&v| v < height);
+        for (x, v) in row.iter_mut().enumerate() {
+            let src_x = (x + left).checked_sub(pad_left).filter(|&v| v < width);
+            *v = match (src_y, src_x) {
+                (Some(sy), Some(sx)) => plane[sy * width + sx],
+                _ => 0.0,
+            };
+        }
+    }
 }
 
 /// `int(round(diff / 2.0))` with Python's round-half-to-even.
@@ -253,6 +260,76 @@ pub fn preprocess(
     Ok((out, outcome))
 }
 
+/// [`preprocess`] for the training loader, which only needs to know whether the image has a
+/// NaN: channel selection and centre crop in one pass into `out` (reusing its allocation),
+/// then min–max scaling in place without allocating. Values are bit-identical to
+/// [`preprocess`]'s. Returns `true` if the scaled image has a NaN.
+pub fn preprocess_into(
+    img: &ImageChw,
+    opts: &PreprocessOptions,
+    out: &mut ImageChw,
+) -> Result<bool, DataError> {
+    let channels = opts
+        .selected_channels
+        .as_ref()
+        .map_or(img.channels, |sel| sel.len());
+    let (h, w) = match opts.center_crop {
+        0 => (img.height, img.width),
+        n => (n, n),
+    };
+    let plane = checked_len(1, h, w)?;
+    out.channels = channels;
+    out.height = h;
+    out.width = w;
+    out.data.clear();
+    out.data.resize(checked_len(channels, h, w)?, 0.0);
+    for (k, dst) in out.data.chunks_exact_mut(plane.max(1)).enumerate() {
+        let src = match &opts.selected_channels {
+            Some(sel) => img.try_channel(sel[k])?,
+            None => img.channel(k),
+        };
+        if opts.center_crop == 0 {
+            dst.copy_from_slice(src);
+        } else {
+            crop_plane_into(src, img.height, img.width, h, w, dst);
+        }
+    }
+    Ok(minmax_scale_in_place(out))
+}
+
+fn checked_len(c: usize, h: usize, w: usize) -> Result<usize, DataError> {
+    c.checked_mul(h)
+        .and_then(|n| n.checked_mul(w))
+        .ok_or_else(|| DataError::InvalidArgument(format!("image size {c}×{h}×{w} overflows")))
+}
+
+/// [`minmax_scale`] without the outcome (and without allocating): the same arithmetic,
+/// returning whether any value became NaN. The zero-range rule needs every channel's range
+/// before any is scaled, so the min/max pass runs twice rather than storing them.
+fn minmax_scale_in_place(img: &mut ImageChw) -> bool {
+    if img.plane_len() == 0 {
+        return false;
+    }
+    let any_zero_range = (0..img.channels).any(|c| {
+        let (lo, hi) = channel_min_max(img.channel(c));
+        hi - lo == 0.0
+    });
+    let mut has_nan = false;
+    for c in 0..img.channels {
+        let (lo, mut hi) = channel_min_max(img.channel(c));
+        if any_zero_range && hi == 0.0 {
+            hi = 1.0;
+        }
+        let range = hi - lo;
+        for v in img.channel_mut(c) {
+            let scaled = (f64::from(*v) - lo) / range;
+            has_nan |= scaled.is_nan();
+            *v = scaled as f32;
+        }
+    }
+    has_nan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,5 +465,58 @@ mod tests {
         // Crop keeps rows/cols 1..3: values 205,206,209,210 → 0, 1/5, 4/5, 1.
         assert_eq!(out.data, vec![0.0, 0.2, 0.8, 1.0]);
         assert_eq!(outcome.min, vec![205.0]);
+    }
+
+    #[test]
+    fn preprocess_into_is_bit_identical_to_preprocess() {
+        // Channel kinds: varied, all zero, constant non-zero (→ NaN), with a NaN, max 0.
+        let kinds = |c: usize, y: usize, x: usize| -> f32 {
+            match c % 5 {
+                0 => ((y * 31 + x * 17) % 97) as f32 * 1.37 + 3.0,
+                1 => 0.0,
+                2 => 7.0,
+                3 if y == 1 && x == 2 => f32::NAN,
+                3 => (y + x) as f32,
+                _ => -((y * 5 + x) as f32),
+            }
+        };
+        let mut out = ImageChw::default();
+        for (c, h, w) in [(5, 9, 7), (3, 4, 4), (1, 1, 1)] {
+            // Images without the NaN-producing channels too, so both outcomes occur.
+            for mask in [None, Some(vec![0usize, 4])] {
+                let im = img(c, h, w, kinds);
+                for sel in [None, Some(vec![0usize]), Some(vec![0, 0])] {
+                    for crop in [0, 3, 12] {
+                        let mut opts = PreprocessOptions {
+                            selected_channels: sel.clone().or(mask.clone()),
+                            center_crop: crop,
+                        };
+                        if opts
+                            .selected_channels
+                            .as_ref()
+                            .is_some_and(|s| s.iter().any(|&k| k >= c))
+                        {
+                            opts.selected_channels = Some(vec![0]);
+                        }
+                        let (want, outcome) = preprocess(&im, &opts).unwrap();
+                        let nan = preprocess_into(&im, &opts, &mut out).unwrap();
+                        let case = format!("{c}×{h}×{w} {opts:?}");
+                        assert_eq!(nan, outcome.has_nan(), "{case}");
+                        assert_eq!(
+                            (out.channels, out.height, out.width),
+                            (want.channels, want.height, want.width),
+                            "{case}"
+                        );
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&out.data), bits(&want.data), "{case}");
+                    }
+                }
+            }
+        }
+        let bad = PreprocessOptions {
+            selected_channels: Some(vec![9]),
+            center_crop: 0,
+        };
+        assert!(preprocess_into(&img(2, 2, 2, kinds), &bad, &mut out).is_err());
     }
 }

@@ -7,8 +7,7 @@
 //! same images from every source.
 use super::error::DataError;
 use super::index::{build_index, DatasetIndex};
-use super::tiff_reader::{decode_tiff, read_tiff, ImageChw};
-use std::io::Cursor;
+use super::tiff_reader::{decode_tiff_into, ImageChw};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,10 +20,38 @@ pub trait ImageSource: Send + Sync {
     /// The encoded bytes (a TIFF file) of sample `i`.
     fn read_bytes(&self, i: usize) -> Result<Vec<u8>, DataError>;
 
+    /// [`Self::read_bytes`] into `buf`, reusing its allocation where the source can (local
+    /// files and shards); streamed objects arrive in buffers of their own.
+    fn read_bytes_into(&self, i: usize, buf: &mut Vec<u8>) -> Result<(), DataError> {
+        *buf = self.read_bytes(i)?;
+        Ok(())
+    }
+
+    /// Sample `i` decoded into `out`, with `bytes` as the read buffer; both keep their
+    /// allocations, so a loader thread that reuses them allocates nothing per sample (for
+    /// uncompressed TIFFs from local files or shards).
+    fn read_into(
+        &self,
+        i: usize,
+        bytes: &mut Vec<u8>,
+        out: &mut ImageChw,
+    ) -> Result<(), DataError> {
+        self.read_bytes_into(i, bytes)?;
+        decode_tiff_into(bytes, &self.index().samples[i].path, out)
+            .map_err(|e| self.locate_error(i, e))
+    }
+
+    /// Adds where sample `i` is stored to a decoding error (e.g. its shard), for sources
+    /// whose sample paths alone do not say it.
+    fn locate_error(&self, _i: usize, e: DataError) -> DataError {
+        e
+    }
+
     /// Sample `i`, decoded to C×H×W `f32`.
     fn read(&self, i: usize) -> Result<ImageChw, DataError> {
-        let bytes = self.read_bytes(i)?;
-        decode_tiff(Cursor::new(bytes), &self.index().samples[i].path)
+        let mut out = ImageChw::default();
+        self.read_into(i, &mut Vec::new(), &mut out)?;
+        Ok(out)
     }
 
     /// Announces that these samples will be read next, in this order. Streaming sources
@@ -74,13 +101,19 @@ impl ImageSource for LocalSource {
     }
 
     fn read_bytes(&self, i: usize) -> Result<Vec<u8>, DataError> {
-        let path = &self.index.samples[i].path;
-        std::fs::read(path).map_err(|e| DataError::io(path, "reading image", e))
+        let mut buf = Vec::new();
+        self.read_bytes_into(i, &mut buf)?;
+        Ok(buf)
     }
 
-    /// Decodes straight from the file, without holding the whole file in memory first.
-    fn read(&self, i: usize) -> Result<ImageChw, DataError> {
-        read_tiff(&self.index.samples[i].path)
+    fn read_bytes_into(&self, i: usize, buf: &mut Vec<u8>) -> Result<(), DataError> {
+        use std::io::Read;
+        let path = &self.index.samples[i].path;
+        buf.clear();
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_end(buf))
+            .map_err(|e| DataError::io(path, "reading image", e))?;
+        Ok(())
     }
 
     fn describe(&self) -> String {
@@ -139,6 +172,8 @@ pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, Da
 mod tests {
     use super::*;
     use crate::data::synth::{generate, SynthOptions};
+    use crate::data::tiff_reader::{decode_tiff, read_tiff};
+    use std::io::Cursor;
 
     #[test]
     fn local_source_reads_what_the_index_lists() {

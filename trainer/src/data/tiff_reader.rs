@@ -158,6 +158,29 @@ pub fn read_tiff(path: &Path) -> Result<ImageChw, DataError> {
     decode_tiff(BufReader::new(file), path)
 }
 
+/// An empty image, for callers that decode into reused buffers.
+impl<T> Default for Chw<T> {
+    fn default() -> Self {
+        Self {
+            channels: 0,
+            height: 0,
+            width: 0,
+            data: Vec::new(),
+        }
+    }
+}
+
+/// Decodes the TIFF `bytes` into `out`, reusing its allocation: uncompressed single-page
+/// files (what training reads every epoch) through [`super::tiff_fast`] without allocating,
+/// anything else through [`decode_tiff`]. `path` is only used in errors.
+pub fn decode_tiff_into(bytes: &[u8], path: &Path, out: &mut ImageChw) -> Result<(), DataError> {
+    if super::tiff_fast::decode_uncompressed(bytes, out) {
+        return Ok(());
+    }
+    *out = decode_tiff(Cursor::new(bytes), path)?;
+    Ok(())
+}
+
 /// Decode a TIFF from any seekable reader; `path` is only used in errors.
 /// Useful for in-memory data (tests, object storage).
 pub fn decode_tiff<R: Read + Seek>(reader: R, path: &Path) -> Result<ImageChw, DataError> {

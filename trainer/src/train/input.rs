@@ -5,18 +5,30 @@
 //!   slots of the batch's crop tensors; [`TrainInput::crops`] only moves them to the device.
 //! * `device`: workers read and min–max scale into one `[B, C, H, W]` tensor;
 //!   [`TrainInput::crops`] moves it to the device and runs [`DeviceAugment`] there, with the
-//!   same `(seed, epoch, index)` keys, on the training thread right before the step. On a
-//!   GPU its kernels queue on the step's stream (so they do not overlap the previous step's
-//!   kernels, but the CPU is free while they run); on the CPU it is simply sequential.
+//!   same `(seed, epoch, index)` keys. The training loop calls it through
+//!   [`super::ahead`], on a thread of its own one batch ahead, so the augmentation of batch
+//!   k+1 overlaps step k: on the CPU both run at once; on a GPU the augmentation kernels are
+//!   launched while the step's are still queued (both on the default stream, so the GPU runs
+//!   them in turn, but the launch work and host-side parameter sampling overlap).
+//!
+//! Workers reuse per-thread buffers for the file bytes, the decoded and the preprocessed
+//! image, and write crops straight into the batch tensors: no allocation per sample.
 use super::loader::{LoadedBatch, Samples};
 use crate::augment::{AugmentError, DeviceAugment, MultiCropAugment, SampleKey};
 use crate::config::AugmentOn;
 use crate::data::ImageChw;
+use std::cell::RefCell;
 use std::sync::Arc;
 use tch::{Device, Tensor};
 
-/// Reads and preprocesses one dataset index (`None`: dropped, e.g. NaN after min–max).
-pub type ImageFn = dyn Fn(usize) -> Result<Option<ImageChw>, String> + Send + Sync;
+/// Reads and preprocesses one dataset index into the given buffer, reusing its allocation
+/// (`Ok(false)`: dropped, e.g. NaN after min–max).
+pub type ImageFn = dyn Fn(usize, &mut ImageChw) -> Result<bool, String> + Send + Sync;
+
+thread_local! {
+    /// A loader thread's preprocessed image, reused for every sample it handles.
+    static IMAGE: RefCell<ImageChw> = RefCell::new(ImageChw::default());
+}
 
 /// CPU path: the full multi-crop augmentation on the worker.
 pub struct AugmentedSamples {
@@ -52,13 +64,16 @@ impl Samples for AugmentedSamples {
     }
 
     fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
-        let Some(img) = (self.image)(i)? else {
-            return Ok(false);
-        };
-        self.augment
-            .apply_into(&img, SampleKey::new(self.seed, self.epoch, i as u64), out)
-            .map_err(|e| format!("sample {i}: {e}"))?;
-        Ok(true)
+        IMAGE.with(|img| {
+            let img = &mut *img.borrow_mut();
+            if !(self.image)(i, img)? {
+                return Ok(false);
+            }
+            self.augment
+                .apply_into(img, SampleKey::new(self.seed, self.epoch, i as u64), out)
+                .map_err(|e| format!("sample {i}: {e}"))?;
+            Ok(true)
+        })
     }
 }
 
@@ -83,9 +98,23 @@ impl Samples for ScaledSamples {
     }
 
     fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
-        let Some(img) = (self.image)(i)? else {
-            return Ok(false);
-        };
+        IMAGE.with(|img| {
+            let img = &mut *img.borrow_mut();
+            if !(self.image)(i, img)? {
+                return Ok(false);
+            }
+            self.copy_checked(i, img, out)
+        })
+    }
+}
+
+impl ScaledSamples {
+    fn copy_checked(
+        &self,
+        i: usize,
+        img: &ImageChw,
+        out: &mut [&mut [f32]],
+    ) -> Result<bool, String> {
         let got = [img.channels, img.height, img.width];
         if got != self.shape[0] {
             return Err(format!(
@@ -142,8 +171,9 @@ impl TrainInput {
             )));
         }
         let mut shape = None;
+        let mut img = ImageChw::default();
         for &i in order {
-            if let Some(img) = image(i)? {
+            if image(i, &mut img)? {
                 shape = Some([img.channels, img.height, img.width]);
                 break;
             }
@@ -170,5 +200,102 @@ impl TrainInput {
                 aug.apply(&batch.crops[0].to_device(device), &keys)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc_count::allocations_in;
+    use crate::augment::MultiCropConfig;
+    use crate::data::shards::{pack, LocalShardStore, PackOptions, ShardSource};
+    use crate::data::synth::{generate, SynthOptions};
+    use crate::data::{ImageSource, LocalSource, PreprocessOptions, SharedSource};
+    use crate::train::run::training_image_fn;
+    use std::path::Path;
+
+    fn dataset(dir: &Path) -> SharedSource {
+        generate(&SynthOptions {
+            out: dir.to_path_buf(),
+            seed: 5,
+            classes: 2,
+            per_class: 4,
+            size: 50,
+            channels: 5,
+            donors: 1,
+        })
+        .unwrap();
+        Arc::new(LocalSource::open(&dir.join("Training"), 0).unwrap())
+    }
+
+    /// After one pass has grown the thread's buffers, reading, decoding, preprocessing and
+    /// augmenting every sample again allocates nothing.
+    fn assert_no_allocation_per_sample(source: SharedSource) {
+        let augment = Arc::new(
+            MultiCropAugment::new(MultiCropConfig {
+                global_crops_scale: (0.4, 1.0),
+                local_crops_scale: (0.05, 0.4),
+                global_size: 32,
+                local_size: 16,
+                local_crops_number: 4,
+                mean: vec![0.5; 3],
+                std: vec![0.25; 3],
+            })
+            .unwrap(),
+        );
+        let prep = PreprocessOptions {
+            selected_channels: Some(vec![0, 2, 4]),
+            center_crop: 40,
+        };
+        let images = training_image_fn(source.clone(), prep, 5, None);
+        let samples = AugmentedSamples::new(images, augment.clone(), 7, 1);
+        let mut bufs: Vec<Vec<f32>> = (0..augment.num_crops())
+            .map(|k| vec![0.0; augment.crop_len(k)])
+            .collect();
+        let mut out: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let n = source.index().len();
+        for i in 0..n {
+            assert!(samples.write(i, &mut out).unwrap());
+        }
+        let (kept, allocations) = allocations_in(|| {
+            (0..n)
+                .filter(|&i| samples.write(i, &mut out).unwrap())
+                .count()
+        });
+        assert_eq!(kept, n);
+        assert_eq!(allocations, 0, "{}", source.describe());
+        // The counter does count: the one-off read path allocates.
+        let (_, one_off) = allocations_in(|| source.read(0).unwrap());
+        assert!(one_off > 0);
+    }
+
+    #[test]
+    fn training_samples_from_files_allocate_nothing_per_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_no_allocation_per_sample(dataset(dir.path()));
+    }
+
+    #[test]
+    fn training_samples_from_packed_shards_allocate_nothing_per_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = dataset(dir.path());
+        let packed = dir.path().join("packed");
+        pack(
+            files.as_ref(),
+            0,
+            &PackOptions {
+                out: packed.clone(),
+                max_shard_bytes: 64 << 10,
+                max_shard_samples: 0,
+                shuffle: true,
+                seed: 1,
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        let store = Arc::new(LocalShardStore::new(&packed));
+        let shards = ShardSource::open(store, 0).unwrap();
+        assert!(shards.describe().contains("shards"));
+        assert_no_allocation_per_sample(Arc::new(shards));
     }
 }

@@ -201,15 +201,27 @@ fn collate(indices: &[usize], samples: &dyn Samples) -> Result<RawBatch, String>
     let mut kept = Vec::with_capacity(indices.len());
     let mut dropped = 0;
     {
-        let mut bufs: Vec<&mut [f32]> = crops.iter_mut().map(values_mut).collect();
+        // Every sample slot's output slices, slot-major, built once per batch (not per
+        // sample): slot s's outputs are `slots[s*k..(s+1)*k]`.
+        let k = shapes.len();
+        let mut per_output: Vec<std::slice::ChunksExactMut<'_, f32>> = crops
+            .iter_mut()
+            .zip(&lens)
+            .map(|(t, &l)| values_mut(t).chunks_exact_mut(l.max(1)))
+            .collect();
+        let mut slots: Vec<&mut [f32]> = Vec::with_capacity(indices.len() * k);
+        for _ in indices {
+            for (chunks, &l) in per_output.iter_mut().zip(&lens) {
+                slots.push(if l == 0 {
+                    &mut []
+                } else {
+                    chunks.next().expect("one chunk per slot")
+                });
+            }
+        }
         for &i in indices {
             let slot = kept.len();
-            let mut out: Vec<&mut [f32]> = bufs
-                .iter_mut()
-                .zip(&lens)
-                .map(|(b, &l)| &mut b[slot * l..(slot + 1) * l])
-                .collect();
-            if samples.write(i, &mut out)? {
+            if samples.write(i, &mut slots[slot * k..(slot + 1) * k])? {
                 kept.push(i);
             } else {
                 dropped += 1;
@@ -338,5 +350,37 @@ mod tests {
             .as_ref()
             .err()
             .is_some_and(|e| e.contains("bad.tiff")));
+    }
+
+    /// Writes its index into every value; drops multiples of 5. Allocates nothing.
+    struct Constant;
+
+    impl Samples for Constant {
+        fn shapes(&self) -> &[[usize; 3]] {
+            &[[2, 8, 8], [2, 8, 8], [2, 4, 4], [2, 4, 4]]
+        }
+
+        fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
+            for o in out.iter_mut() {
+                o.fill(i as f32);
+            }
+            Ok(!i.is_multiple_of(5))
+        }
+    }
+
+    #[test]
+    fn collating_allocates_per_batch_not_per_sample() {
+        let count = |n: usize| {
+            let indices: Vec<usize> = (1..=n).collect();
+            let (b, allocations) =
+                crate::alloc_count::allocations_in(|| collate(&indices, &Constant).unwrap());
+            assert_eq!(b.indices.len() + b.dropped, n);
+            let first: Vec<f32> = Vec::try_from(b.crops[2].get(0).flatten(0, -1)).unwrap();
+            assert!(first.iter().all(|&v| v == 1.0));
+            allocations
+        };
+        // Both batches drop some samples (multiples of 5), so both take the same branches.
+        let (small, large) = (count(5), count(64));
+        assert_eq!(small, large, "allocations grow with the batch size");
     }
 }

@@ -1,4 +1,5 @@
 //! DINO training: schedules, loss, optimiser, the iteration, and (in `run`) the epoch loop.
+pub mod ahead;
 pub mod input;
 pub mod loader;
 pub mod loss;

@@ -6,6 +6,7 @@
 //! (seed, iteration) before every step. A checkpoint therefore only needs weights, optimizer
 //! state, loss centre and the position (epoch, batch, iteration) for a resumed run to
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
+use super::ahead::ahead;
 use super::input::{ImageFn, TrainInput};
 use super::loader::EpochLoader;
 use super::loss::DinoLoss;
@@ -16,8 +17,8 @@ use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{MultiCropAugment, MultiCropConfig};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
 use crate::config::{Config, OnCorrupt, Strategy};
-use crate::data::preprocess::preprocess;
-use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions, SharedSource};
+use crate::data::preprocess::preprocess_into;
+use crate::data::{self, ImageChw, ImageSource, PreprocessOptions, SharedSource};
 use crate::device::CudaFacts;
 use crate::dist::ddp::Ddp;
 use crate::dist::env::DistEnv;
@@ -448,11 +449,25 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             .map_err(TrainError::Setup)?;
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
+        // Crops (and with `augment_on: device`, the augmentation) of the next batch are made
+        // on their own thread while this one runs the current step.
+        let (crop_input, crop_epoch) = (input.clone(), epoch as u64);
+        let batches = ahead(loader, move |loaded| {
+            let b = loaded?;
+            if b.indices.is_empty() {
+                return Ok((b, Vec::new()));
+            }
+            let crops = crop_input
+                .crops(&b, crop_epoch, device)
+                .map_err(|e| e.to_string())?;
+            Ok((b, crops))
+        });
         let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)
         let progress = Progress::new(epoch, cfg.train.epochs, niter, start_batch, rank == 0);
         let epoch_start = Instant::now();
-        for loaded in loader {
-            let b = loaded.map_err(TrainError::Setup)?;
+        for prepared in batches {
+            let ((mut b, crops), wait) = prepared.map_err(TrainError::Setup)?;
+            b.wait = wait;
             if b.indices.is_empty() {
                 eprintln!(
                     "warning: batch {} of epoch {epoch} has no usable image; skipped",
@@ -470,9 +485,6 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 clip_grad: cfg.train.clip_grad,
                 rng_seed: step_seed(cfg.run.seed, iteration),
             };
-            let crops = input
-                .crops(&b, epoch as u64, device)
-                .map_err(|e| TrainError::Setup(e.to_string()))?;
             let out = match (&mut fsdp, ddp.as_mut()) {
                 (Some(f), Some(d)) => f.step(&mut learner, &crops, params, iteration, d)?,
                 _ => learner.step(&crops, params, iteration, collective(&mut ddp, &mut single))?,
@@ -685,40 +697,45 @@ fn agree(group: &mut dyn Collective, flag: bool) -> Result<bool, TrainError> {
 }
 
 /// What a loader worker reads for one dataset index during training: the TIFF, its channel
-/// count checked, channels selected / cropped / min–max scaled, or `None` if that gave NaN
-/// (scDINO's training rule: the image is dropped). [`TrainInput`] augments it. With
-/// `data.on_corrupt: skip` (a counter given), an undecodable image is dropped and counted too.
+/// count checked, channels selected / cropped / min–max scaled into the caller's buffer, or
+/// `false` if that gave NaN (scDINO's training rule: the image is dropped). [`TrainInput`]
+/// augments it. With `data.on_corrupt: skip` (a counter given), an undecodable image is
+/// dropped and counted too. The file bytes and the decoded image live in per-thread buffers,
+/// so a worker allocates nothing per sample (for uncompressed TIFFs from files or shards).
 pub fn training_image_fn(
     source: SharedSource,
     prep: PreprocessOptions,
     file_channels: usize,
     skip_corrupt: Option<Arc<AtomicU64>>,
 ) -> Arc<ImageFn> {
-    Arc::new(move |i: usize| {
-        let path = &source.index().samples[i].path;
-        let raw = match source.read(i) {
-            Ok(raw) => raw,
-            Err(e) if e.is_corrupt_image() && skip_corrupt.is_some() => {
-                if let Some(n) = &skip_corrupt {
-                    n.fetch_add(1, Ordering::Relaxed);
+    thread_local! {
+        static READ: std::cell::RefCell<(Vec<u8>, ImageChw)> = Default::default();
+    }
+    Arc::new(move |i: usize, out: &mut ImageChw| {
+        READ.with(|buffers| {
+            let (bytes, raw) = &mut *buffers.borrow_mut();
+            match source.read_into(i, bytes, raw) {
+                Ok(()) => {}
+                Err(e) if e.is_corrupt_image() && skip_corrupt.is_some() => {
+                    if let Some(n) = &skip_corrupt {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                    eprintln!("warning: skipping corrupt image (data.on_corrupt: skip): {e}");
+                    return Ok(false);
                 }
-                eprintln!("warning: skipping corrupt image (data.on_corrupt: skip): {e}");
-                return Ok(None);
+                Err(e) => return Err(e.to_string()),
             }
-            Err(e) => return Err(e.to_string()),
-        };
-        if raw.channels != file_channels {
-            return Err(format!(
-                "{} has {} channels but data.channel_names lists {file_channels}",
-                path.display(),
-                raw.channels
-            ));
-        }
-        let (img, outcome) = preprocess(&raw, &prep).map_err(|e| e.to_string())?;
-        if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
-            return Ok(None);
-        }
-        Ok(Some(img))
+            if raw.channels != file_channels {
+                let path = &source.index().samples[i].path;
+                return Err(format!(
+                    "{} has {} channels but data.channel_names lists {file_channels}",
+                    path.display(),
+                    raw.channels
+                ));
+            }
+            let has_nan = preprocess_into(raw, &prep, out).map_err(|e| e.to_string())?;
+            Ok(!has_nan)
+        })
     })
 }
 

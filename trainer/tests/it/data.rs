@@ -8,8 +8,8 @@ use std::path::Path;
 
 use serde_json::Value;
 use trainer::data::{
-    build_index, generate_synthetic, mean_std_subset, numpy_shuffled_indices, preprocess,
-    read_tiff, train_heldout_split, Chw, DataError, ImageChw, SynthOptions,
+    build_index, decode_tiff_into, generate_synthetic, mean_std_subset, numpy_shuffled_indices,
+    preprocess, read_tiff, train_heldout_split, Chw, DataError, ImageChw, SynthOptions,
 };
 
 use super::util::run_python;
@@ -65,6 +65,13 @@ for dt in ['uint8', 'uint16', 'float32', 'int16', 'uint32', 'float64']:
         hwc = rng.integers(info.min, min(info.max, 2**24), (H, W, C), endpoint=True).astype(dt)
     put(f'contig_{dt}', hwc.transpose(2, 0, 1), data=hwc,
         photometric='minisblack', planarconfig='contig')
+for dt in ['uint16', 'float32']:
+    hwc = (rng.integers(0, 65535, (H, W, C))).astype(dt)
+    put(f'contig_{dt}_bigendian', hwc.transpose(2, 0, 1), data=hwc,
+        photometric='minisblack', planarconfig='contig', byteorder='>')
+chw = rng.integers(0, 65535, (C, 40, W)).astype('uint16')
+put('planar_strips', chw, data=chw, photometric='minisblack', planarconfig='separate',
+    rowsperstrip=3)
 hwc = rng.integers(0, 65535, (H, W, C)).astype('uint16')
 put('contig_zlib', hwc.transpose(2, 0, 1), data=hwc, photometric='minisblack',
     planarconfig='contig', compression='zlib')
@@ -88,7 +95,7 @@ fn reader_matches_tifffile_for_every_layout() {
     let d = dir.path().to_str().unwrap();
     let expected = json(&run_python(WRITE_LAYOUTS, &[d]));
     let cases = expected.as_object().unwrap();
-    assert!(cases.len() >= 11);
+    assert!(cases.len() >= 14);
     for (name, case) in cases {
         let path = dir.path().join(format!("{name}.tif"));
         let img = read_tiff(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -99,6 +106,16 @@ fn reader_matches_tifffile_for_every_layout() {
             "{name}: shape"
         );
         assert_same_f32(&img.data, &f32s(&case["chw"]), name);
+        // The loader's allocation-free path: same values, and taken exactly for the
+        // uncompressed, striped, single-page files.
+        let bytes = std::fs::read(&path).unwrap();
+        let mut fast = ImageChw::default();
+        let took_fast = trainer::data::tiff_fast::decode_uncompressed(&bytes, &mut fast);
+        let expect_fast = !matches!(name.as_str(), "contig_zlib" | "contig_tiled" | "page_stack");
+        assert_eq!(took_fast, expect_fast, "{name}: fast path taken");
+        let mut via = ImageChw::default();
+        decode_tiff_into(&bytes, &path, &mut via).unwrap();
+        assert_eq!(via, img, "{name}: decode_tiff_into");
     }
     let err = read_tiff(&dir.path().join("mismatch.tif")).unwrap_err();
     let msg = err.to_string();

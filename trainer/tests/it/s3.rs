@@ -643,9 +643,10 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
     };
     let sample =
         trainer::train::run::training_image_fn(source.clone(), prep, 5, Some(counter.clone()));
+    let mut img = trainer::data::ImageChw::default();
     for &i in &split.train {
-        let out = sample(i).unwrap();
-        assert_eq!(out.is_none(), i == bad, "sample {i}");
+        let kept = sample(i, &mut img).unwrap();
+        assert_eq!(!kept, i == bad, "sample {i}");
     }
     assert_eq!(counter.load(Ordering::SeqCst), 1);
     // And training with `skip` finishes.

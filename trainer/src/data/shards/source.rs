@@ -4,8 +4,6 @@ use super::{join_root, ShardIndexFile, FORMAT, INDEX_FILE};
 use crate::data::error::DataError;
 use crate::data::index::{label_for, DatasetIndex, Sample};
 use crate::data::source::ImageSource;
-use crate::data::tiff_reader::{decode_tiff, ImageChw};
-use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -137,13 +135,20 @@ impl ImageSource for ShardSource {
     }
 
     fn read_bytes(&self, i: usize) -> Result<Vec<u8>, DataError> {
+        let mut buf = Vec::new();
+        self.read_bytes_into(i, &mut buf)?;
+        Ok(buf)
+    }
+
+    fn read_bytes_into(&self, i: usize, buf: &mut Vec<u8>) -> Result<(), DataError> {
         let loc = &self.locations[i];
-        let bytes = self.store.read_range(
+        self.store.read_range_into(
             &self.shard_files[loc.shard],
             loc.offset,
             loc.length as usize,
+            buf,
         )?;
-        let crc = crc32fast::hash(&bytes);
+        let crc = crc32fast::hash(buf);
         if crc != loc.crc32 {
             return Err(self.member_error(
                 i,
@@ -153,13 +158,11 @@ impl ImageSource for ShardSource {
                 ),
             ));
         }
-        Ok(bytes)
+        Ok(())
     }
 
-    fn read(&self, i: usize) -> Result<ImageChw, DataError> {
-        let bytes = self.read_bytes(i)?;
-        decode_tiff(Cursor::new(bytes), &self.index.samples[i].path)
-            .map_err(|e| self.member_error(i, e.to_string()))
+    fn locate_error(&self, i: usize, e: DataError) -> DataError {
+        self.member_error(i, e.to_string())
     }
 
     fn shard_layout(&self) -> Option<&[Vec<usize>]> {

@@ -13,6 +13,17 @@ pub trait ShardStore: Send + Sync {
     fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError>;
     /// `len` bytes of object `name` from `offset`; fewer bytes than asked is an error.
     fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError>;
+    /// [`Self::read_range`] into `buf`, reusing its allocation where the store can.
+    fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), DataError> {
+        *buf = self.read_range(name, offset, len)?;
+        Ok(())
+    }
     /// Where object `name` is, for messages (a path or URL).
     fn locate(&self, name: &str) -> PathBuf;
     fn describe(&self) -> String;
@@ -53,11 +64,23 @@ impl ShardStore for LocalShardStore {
     }
 
     fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
-        let f = self.file(name)?;
-        let mut buf = vec![0u8; len];
-        f.read_exact_at(&mut buf, offset)
-            .map_err(|e| DataError::io(self.dir.join(name), "reading shard member", e))?;
+        let mut buf = Vec::new();
+        self.read_range_into(name, offset, len, &mut buf)?;
         Ok(buf)
+    }
+
+    fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), DataError> {
+        let f = self.file(name)?;
+        buf.clear();
+        buf.resize(len, 0);
+        f.read_exact_at(buf, offset)
+            .map_err(|e| DataError::io(self.dir.join(name), "reading shard member", e))
     }
 
     fn locate(&self, name: &str) -> PathBuf {
