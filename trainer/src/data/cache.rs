@@ -98,6 +98,20 @@ pub fn read_verified(path: &Path, expected: Option<u64>) -> Option<Vec<u8>> {
     (bytes.len() as u64 == size && hex(&Sha256::digest(&bytes)) == digest).then_some(bytes)
 }
 
+/// Size and hex SHA-256 recorded for the entry at `path`, if its sidecar is intact and the
+/// data file has that size. Cheap (the data is not re-hashed): for large entries whose
+/// contents are checked piecewise anyway (shards, by each sample's CRC-32).
+pub fn entry_digest(path: &Path) -> Option<(u64, String)> {
+    let sum = fs::read_to_string(sidecar(path)).ok()?;
+    let mut parts = sum.split_whitespace();
+    if parts.next()? != MAGIC {
+        return None;
+    }
+    let size: u64 = parts.next()?.parse().ok()?;
+    let digest = parts.next()?.to_string();
+    (fs::metadata(path).ok()?.len() == size).then_some((size, digest))
+}
+
 /// Whether a verified entry exists without keeping its bytes (for resumable copies).
 pub fn is_verified(path: &Path, expected: Option<u64>) -> bool {
     read_verified(path, expected).is_some()
@@ -146,6 +160,20 @@ impl NodeCache {
 
     fn path(&self, rel: &str) -> PathBuf {
         self.dir.join(rel)
+    }
+
+    /// Deletes the entry `rel` (data and sidecar), e.g. an outdated version of it; its
+    /// bytes return to this process's budget.
+    pub fn remove(&self, rel: &str) {
+        if !safe_rel(rel) {
+            return;
+        }
+        let path = self.path(rel);
+        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let _ = fs::remove_file(sidecar(&path));
+        if fs::remove_file(&path).is_ok() {
+            self.budget.fetch_add(size, Ordering::Relaxed);
+        }
     }
 
     /// The cached bytes of `rel`, or `fetch()`'s, which are then cached (if the cap allows).

@@ -128,12 +128,15 @@ impl ImageSource for LocalSource {
 
 /// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` holding packed shards
 /// (`data.format: shards`, or `auto` and a `shard-index.json` object under the prefix, one
-/// HEAD) is read by ranged GETs through [`S3ShardStore`]; any other `s3://` prefix streams
+/// HEAD) is read by ranged GETs through [`S3ShardStore`] (with `data.cache.dir`, through a
+/// [`CachedShardStore`] that caches whole shards); any other `s3://` prefix streams
 /// through [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
 /// [`super::shards`]) when `data.format` says so or, with `auto`, when it holds a shard index;
 /// otherwise the `ImageFolder` tree on a local or shared (FSx) file system.
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
-    use super::shards::{is_packed_dir, LocalShardStore, S3ShardStore, ShardSource};
+    use super::shards::{
+        is_packed_dir, CachedShardStore, LocalShardStore, S3ShardStore, ShardSource,
+    };
     use crate::config::DataFormat;
     let location = data.dataset_dir.to_string_lossy().to_string();
     if super::object_store::S3Url::is_s3(&location) {
@@ -146,10 +149,20 @@ pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, Da
             }
         };
         if let Some(store) = packed {
-            return Ok(Arc::new(ShardSource::open(
-                Arc::new(store),
-                data.label_folder_depth,
-            )?));
+            let store: Arc<dyn super::shards::ShardStore> = match &data.cache.dir {
+                Some(dir) => {
+                    let url = &store.remote().url;
+                    let cache = super::cache::NodeCache::open(
+                        dir,
+                        &dir.join(&url.bucket).join(&url.prefix),
+                        data.cache.max_bytes,
+                        super::stream::processes_per_node(),
+                    )?;
+                    Arc::new(CachedShardStore::open(Arc::new(store), cache)?)
+                }
+                None => Arc::new(store),
+            };
+            return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
         }
         return Ok(Arc::new(super::stream::ObjectStoreSource::open(data)?));
     }

@@ -165,7 +165,7 @@ impl ObjectStoreSource {
 
 /// Processes of this job on this node, which share the cache's cap: torchrun's and `trainer
 /// launch`'s `LOCAL_WORLD_SIZE`, else Slurm's tasks per node (`"4"` or `"4(x2)"`), else 1.
-fn processes_per_node() -> u64 {
+pub(crate) fn processes_per_node() -> u64 {
     let leading = |v: String| -> Option<u64> {
         let digits: String = v.chars().take_while(|c| c.is_ascii_digit()).collect();
         digits.parse().ok()

@@ -955,3 +955,148 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
     let err = format!("{err:#}");
     assert!(err.contains(&shard_url), "{err}");
 }
+
+#[test]
+fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
+    use trainer::data::cache::NodeCache;
+    use trainer::data::shards::{
+        CachedShardStore, S3ShardStore, ShardIndexFile, ShardSource, INDEX_FILE,
+    };
+    fake_credentials();
+    let _rng = torch_rng_lock();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let tree = root.join("Training");
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let url = format!("s3://{BUCKET}/packed/v1");
+    let staging = dir.path().join("staging");
+    pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
+    let index: ShardIndexFile =
+        serde_json::from_slice(&std::fs::read(staging.join(INDEX_FILE)).unwrap()).unwrap();
+    assert!(index.shards.len() > 2, "{} shards", index.shards.len());
+    let local = LocalSource::open(&tree, 0).unwrap();
+    let nvme = dir.path().join("nvme");
+    let cache_dir = nvme.join(BUCKET).join("packed/v1");
+    let cfg = config(dir.path(), &url, &s3_yaml(proxy.port), 1);
+
+    // Pass 1 streams by ranged GETs while whole-shard downloads fill the cache.
+    let open = || {
+        let remote = Arc::new(S3ShardStore::open(&url, &cfg.data.s3).unwrap());
+        let cache = NodeCache::open(&nvme, &cache_dir, 1 << 30, 1).unwrap();
+        Arc::new(CachedShardStore::open(remote, cache).unwrap())
+    };
+    proxy.clear();
+    let store = open();
+    let src = ShardSource::open(store.clone(), 0).unwrap();
+    assert_eq!(src.index(), local.index());
+    let n = src.index().len();
+    for i in (0..n).rev() {
+        assert_eq!(
+            src.read_bytes(i).unwrap(),
+            local.read_bytes(i).unwrap(),
+            "{i}"
+        );
+    }
+    store.wait_for_downloads();
+    // One GET of the index, one whole GET per shard, the rest ranged GETs.
+    // (Ranged GETs are answered 206, whole ones 200.)
+    let whole: HashMap<String, usize> = proxy
+        .object_gets(200)
+        .into_iter()
+        .filter(|(k, _)| k.contains("/shard-0"))
+        .collect();
+    assert_eq!(whole.len(), index.shards.len(), "{whole:?}");
+    assert!(whole.values().all(|&n| n == 1), "{whole:?}");
+    for s in &index.shards {
+        let cached = std::fs::read(cache_dir.join(&s.file)).unwrap();
+        assert_eq!(
+            cached,
+            std::fs::read(staging.join(&s.file)).unwrap(),
+            "{}",
+            s.file
+        );
+    }
+    let (_, remote_reads) = store.reads();
+    assert!(remote_reads > 0);
+
+    // Pass 2: every sample from the cache, not one request.
+    proxy.clear();
+    for i in 0..n {
+        assert_eq!(
+            src.read_bytes(i).unwrap(),
+            local.read_bytes(i).unwrap(),
+            "{i}"
+        );
+    }
+    assert_eq!(proxy.log().len(), 0, "{:?}", proxy.log());
+    assert_eq!(store.reads().0, n as u64);
+    assert!(src.report().unwrap().contains("from cached shards"));
+
+    // A new process on the node finds the cache: only the index is fetched.
+    proxy.clear();
+    let store2 = open();
+    let src2 = ShardSource::open(store2.clone(), 0).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            src2.read_bytes(i).unwrap(),
+            local.read_bytes(i).unwrap(),
+            "{i}"
+        );
+    }
+    store2.wait_for_downloads();
+    let targets: Vec<String> = proxy.log().into_iter().map(|r| r.target).collect();
+    assert!(
+        targets.iter().all(|t| t.ends_with(INDEX_FILE)),
+        "{targets:?}"
+    );
+
+    // A cached shard of another version (re-packed with other bytes) is replaced, not used.
+    let victim = &index.shards[0].file;
+    let mut stale = std::fs::read(cache_dir.join(victim)).unwrap();
+    stale[700] ^= 0x55;
+    trainer::data::cache::write_verified(&cache_dir.join(victim), &stale).unwrap();
+    let store3 = open();
+    let src3 = ShardSource::open(store3.clone(), 0).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            src3.read_bytes(i).unwrap(),
+            local.read_bytes(i).unwrap(),
+            "{i}"
+        );
+    }
+    store3.wait_for_downloads();
+    assert_eq!(
+        std::fs::read(cache_dir.join(victim)).unwrap(),
+        std::fs::read(staging.join(victim)).unwrap()
+    );
+
+    // Through the config (`data.cache` with shards on S3): training reads the cache and
+    // equals training from the folder, bit for bit.
+    let extra = format!(
+        "  cache:\n    dir: {}\n{}",
+        nvme.display(),
+        s3_yaml(proxy.port)
+    );
+    let cached_cfg = config(&dir.path().join("s3"), &url, &extra, 1);
+    let via_config = data::open_source(&cached_cfg.data).unwrap();
+    assert!(
+        via_config.describe().contains("cached whole"),
+        "{}",
+        via_config.describe()
+    );
+    proxy.clear();
+    run(&cached_cfg);
+    let targets: Vec<String> = proxy.log().into_iter().map(|r| r.target).collect();
+    assert!(
+        targets.iter().all(|t| t.ends_with(INDEX_FILE)),
+        "a warm shard cache should leave only index reads: {targets:?}"
+    );
+    let local_out = dir.path().join("local");
+    run(&config(&local_out, tree.to_str().unwrap(), "", 1));
+    assert_same_weights(
+        &config(&local_out, "x", "", 1),
+        &config(&dir.path().join("s3"), "x", "", 1),
+    );
+}

@@ -15,6 +15,7 @@
 //!   Python's `tarfile` read them without our index;
 //! * [`INDEX_FILE`]: see [`ShardIndexFile`];
 //! * [`JOURNAL_FILE`] only while `pack` runs: the shards finished so far (resume point).
+pub mod cached;
 pub mod order;
 pub mod pack;
 pub mod source;
@@ -22,6 +23,7 @@ pub mod store;
 pub mod tar;
 pub mod upload;
 
+pub use cached::CachedShardStore;
 pub use order::shard_sequential_order;
 pub use pack::{pack, PackEvent, PackOptions, PackSummary};
 pub use source::ShardSource;

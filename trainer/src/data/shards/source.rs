@@ -169,6 +169,10 @@ impl ImageSource for ShardSource {
         Some(&self.layout)
     }
 
+    fn report(&self) -> Option<String> {
+        self.store.report()
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} images in {} classes from {} shards ({:.1} MB) in {} (packed from {})",

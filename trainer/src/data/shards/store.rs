@@ -27,6 +27,10 @@ pub trait ShardStore: Send + Sync {
     /// Where object `name` is, for messages (a path or URL).
     fn locate(&self, name: &str) -> PathBuf;
     fn describe(&self) -> String;
+    /// Transfer counters for the log, for stores that have any.
+    fn report(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Shards in a local or shared (FSx, NFS) directory. Files are opened once and read with
