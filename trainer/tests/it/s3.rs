@@ -1100,3 +1100,51 @@ fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
         &config(&dir.path().join("s3"), "x", "", 1),
     );
 }
+
+#[test]
+fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
+    use sha2::{Digest, Sha256};
+    use trainer::data::shards::upload::{remote_state, upload_file_with};
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let url = format!("s3://{BUCKET}/big");
+    let cfg = config(dir.path(), &url, &s3_yaml(proxy.port), 1);
+    let remote = trainer::data::object_store::Remote::open(&url, &cfg.data.s3).unwrap();
+    // 13 MiB of pseudo-random bytes: three parts of 5 + 5 + 3 MiB (S3's minimum part is 5 MiB).
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let bytes: Vec<u8> = (0..13 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let path = dir.path().join("shard-000000.tar");
+    std::fs::write(&path, &bytes).unwrap();
+    let sha: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    proxy.clear();
+    upload_file_with(&remote, &path, "shard-000000.tar", &sha, 1 << 20, 5 << 20).unwrap();
+    let log = proxy.log();
+    let parts = log
+        .iter()
+        .filter(|r| r.method == "PUT" && r.target.contains("partNumber="))
+        .count();
+    assert_eq!(parts, 3, "{log:?}");
+    assert!(
+        log.iter()
+            .any(|r| r.method == "POST" && r.target.contains("uploads")),
+        "{log:?}"
+    );
+    let (size, meta) = remote_state(&remote, "shard-000000.tar").unwrap().unwrap();
+    assert_eq!(size, bytes.len() as u64);
+    assert_eq!(meta.as_deref(), Some(sha.as_str()));
+    let key = ::object_store::path::Path::from("big/shard-000000.tar");
+    assert!(remote.get(&key, Some(size)).unwrap() == bytes);
+}

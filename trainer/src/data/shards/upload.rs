@@ -46,7 +46,10 @@ pub struct UploadSummary {
 }
 
 /// The size and `sha256` metadata of `rel`, or `None` if absent.
-fn remote_state(remote: &Remote, rel: &str) -> Result<Option<(u64, Option<String>)>, DataError> {
+pub fn remote_state(
+    remote: &Remote,
+    rel: &str,
+) -> Result<Option<(u64, Option<String>)>, DataError> {
     let key = ObjPath::from(remote.url.key(rel).as_str());
     let opts = GetOptions {
         head: true,
@@ -70,6 +73,20 @@ fn remote_state(remote: &Remote, rel: &str) -> Result<Option<(u64, Option<String
 }
 
 fn upload_file(remote: &Remote, path: &Path, rel: &str, sha256: &str) -> Result<(), DataError> {
+    upload_file_with(remote, path, rel, sha256, MULTIPART_THRESHOLD, PART_SIZE)
+}
+
+/// Uploads `path` as `rel` with its sha256 as metadata: one PUT up to `multipart_threshold`
+/// bytes, else a multipart upload in parts of `part_size` (S3: at least 5 MiB but the last).
+/// Public so tests can drive the multipart path with a small file.
+pub fn upload_file_with(
+    remote: &Remote,
+    path: &Path,
+    rel: &str,
+    sha256: &str,
+    multipart_threshold: u64,
+    part_size: usize,
+) -> Result<(), DataError> {
     let key = ObjPath::from(remote.url.key(rel).as_str());
     let url = remote.url.url_of(rel);
     let mut attributes = Attributes::new();
@@ -80,7 +97,7 @@ fn upload_file(remote: &Remote, path: &Path, rel: &str, sha256: &str) -> Result<
     let size = std::fs::metadata(path)
         .map_err(|e| DataError::io(path, "reading shard", e))?
         .len();
-    if size <= MULTIPART_THRESHOLD {
+    if size <= multipart_threshold {
         let bytes = std::fs::read(path).map_err(|e| DataError::io(path, "reading shard", e))?;
         let opts = PutOptions {
             attributes,
@@ -95,29 +112,36 @@ fn upload_file(remote: &Remote, path: &Path, rel: &str, sha256: &str) -> Result<
         attributes,
         ..Default::default()
     };
-    let upload = remote
-        .block_on(remote.store().put_multipart_opts(&key, opts))
-        .map_err(|e| DataError::store(url.clone(), "starting multipart upload", e))?;
-    let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
-    let mut file =
-        std::fs::File::open(path).map_err(|e| DataError::io(path, "reading shard", e))?;
-    let mut buf = vec![0u8; PART_SIZE];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| DataError::io(path, "reading shard", e))?;
-        if n == 0 {
-            break;
+    // All of it inside the runtime: `WriteMultipart::write` spawns the part uploads as tasks.
+    remote.block_on(async {
+        let upload = remote
+            .store()
+            .put_multipart_opts(&key, opts)
+            .await
+            .map_err(|e| DataError::store(url.clone(), "starting multipart upload", e))?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
+        let mut file =
+            std::fs::File::open(path).map_err(|e| DataError::io(path, "reading shard", e))?;
+        let mut buf = vec![0u8; part_size];
+        loop {
+            let n = file
+                .read(&mut buf)
+                .map_err(|e| DataError::io(path, "reading shard", e))?;
+            if n == 0 {
+                break;
+            }
+            writer
+                .wait_for_capacity(4)
+                .await
+                .map_err(|e| DataError::store(url.clone(), "uploading shard part", e))?;
+            writer.write(&buf[..n]);
         }
-        remote
-            .block_on(writer.wait_for_capacity(4))
-            .map_err(|e| DataError::store(url.clone(), "uploading shard part", e))?;
-        writer.write(&buf[..n]);
-    }
-    remote
-        .block_on(writer.finish())
-        .map_err(|e| DataError::store(url, "finishing multipart upload", e))?;
-    Ok(())
+        writer
+            .finish()
+            .await
+            .map_err(|e| DataError::store(url.clone(), "finishing multipart upload", e))?;
+        Ok(())
+    })
 }
 
 /// Uploads the finished packed directory `dir` (it must hold its index, i.e. `pack` has
