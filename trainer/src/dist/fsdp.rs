@@ -16,7 +16,8 @@
 //! untouched; only the memory comes and goes.
 //!
 //! One step (with `reshard_after_forward`, the default):
-//! 1. teacher: all-gather every teacher unit, forward (no grad), free them all;
+//! 1. teacher (no grad): the non-block unit is all-gathered for the whole forward, each
+//!    block by the teacher's block hooks right before its forward and freed right after;
 //! 2. student forward: the non-block unit ("rest") is all-gathered first and stays gathered
 //!    until its gradients are accumulated (it is used at both ends of every backbone pass).
 //!    Block hooks ([`BlockHooks`]) all-gather each block right before its forward and free it
@@ -38,8 +39,8 @@
 //! Every rank runs the same graph, so hooks fire, and collectives are issued, in the same order
 //! everywhere. Between steps a rank holds 1/N of parameters, gradients, optimizer state and
 //! teacher; during a step the student parameters gathered at once are the rest unit and one
-//! block (forward and backward; [`Fsdp::peak`] measures it), plus the full teacher during its
-//! forward and full gradients of the units whose backward is in progress. Without
+//! block (forward and backward; [`Fsdp::peak`] measures it), the teacher's rest unit and one
+//! block during its forward, and full gradients of the units whose backward is in progress. Without
 //! `reshard_after_forward` a block stays gathered from its first forward until its gradients
 //! are accumulated: one full student from forward to backward, 1 all-gather per block instead
 //! of 4.
@@ -128,17 +129,23 @@ struct Inner {
     /// The current step's pre-/post-backward hooks on block inputs and outputs.
     step_hooks: Option<HookSet>,
     in_backward: bool,
+    /// During the teacher's forward: its block hooks gather and free teacher blocks.
+    teacher_armed: bool,
     peak: Peak,
 }
 
-/// The most student parameters held gathered at once during the last step, in forward (and
-/// the loss) and in backward: units gathered and their full buffers' allocated bytes.
+/// The most parameters held gathered at once during the last step: the student's in forward
+/// (and the loss) and in backward, the teacher's in its forward; units gathered and their
+/// full buffers' allocated bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Peak {
     pub forward_units: usize,
     pub forward_bytes: usize,
     pub backward_units: usize,
     pub backward_bytes: usize,
+    /// Teacher units gathered at once during its forward, and their bytes.
+    pub teacher_units: usize,
+    pub teacher_bytes: usize,
 }
 
 impl Inner {
@@ -189,6 +196,44 @@ impl Inner {
         };
         *pu = (*pu).max(units);
         *pb = (*pb).max(bytes);
+    }
+
+    /// Gathers teacher unit `u` (after a failed collective: only reallocates, as
+    /// [`Self::gather_student`]).
+    fn gather_teacher(&mut self, u: usize) {
+        let r = if self.error.is_some() {
+            resize_storage(&self.units[u].teacher_full, self.full_bytes(u))
+                .map_err(|e| err("gather", e))
+        } else {
+            self.gather(u, true)
+        };
+        if let Err(e) = r {
+            let _ = resize_storage(&self.units[u].teacher_full, self.full_bytes(u));
+            self.error.get_or_insert(e);
+        }
+        let held: Vec<usize> = self
+            .units
+            .iter()
+            .map(|u| storage_bytes(&u.teacher_full))
+            .filter(|&b| b > 0)
+            .collect();
+        self.peak.teacher_units = self.peak.teacher_units.max(held.len());
+        self.peak.teacher_bytes = self.peak.teacher_bytes.max(held.iter().sum());
+    }
+
+    /// Teacher block hook: block `b`'s teacher parameters, gathered for its forward only.
+    fn before_teacher_block(&mut self, b: usize) {
+        if let (true, Some(&Some(u))) = (self.teacher_armed, self.blocks.get(b)) {
+            self.gather_teacher(u);
+        }
+    }
+
+    fn after_teacher_block(&mut self, b: usize) {
+        if let (true, Some(&Some(u))) = (self.teacher_armed, self.blocks.get(b)) {
+            if let Err(e) = self.free(u, true) {
+                self.error.get_or_insert(e);
+            }
+        }
     }
 
     fn free_student(&mut self, u: usize) -> Result<(), DistError> {
@@ -503,6 +548,7 @@ impl Fsdp {
             reshard_after_forward: true,
             step_hooks: None,
             in_backward: false,
+            teacher_armed: false,
             peak: Peak::default(),
         };
         for u in 0..inner.units.len() {
@@ -530,6 +576,11 @@ impl Fsdp {
             .student
             .backbone
             .set_block_hooks(Some(Arc::new(StudentBlocks(inner.clone()))));
+        learner
+            .nets
+            .teacher
+            .backbone
+            .set_block_hooks(Some(Arc::new(TeacherBlocks(inner.clone()))));
         Ok(Self {
             inner,
             replicated,
@@ -598,11 +649,19 @@ impl Fsdp {
     ) -> Result<StepOutput, StepError> {
         tch::manual_seed(p.rng_seed);
         let n_units = self.lock().units.len();
+        let blocks: Vec<usize> = self.lock().blocks.iter().flatten().copied().collect();
+        // Teacher: the non-block unit gathered for the whole forward, each block by the
+        // teacher's block hooks for its own forward only.
         {
-            let g = self.lock();
+            let mut g = self.lock();
+            g.error = None;
+            g.peak = Peak::default();
             for u in 0..n_units {
-                g.gather(u, true)?;
+                if !blocks.contains(&u) {
+                    g.gather_teacher(u);
+                }
             }
+            g.teacher_armed = true;
         }
         let nets = &learner.nets;
         let teacher_out = autocast(learner.precision, learner.device, || {
@@ -610,19 +669,20 @@ impl Fsdp {
         });
         {
             let mut g = self.lock();
+            g.teacher_armed = false;
             for u in 0..n_units {
                 g.free(u, true)?;
                 g.units[u].pending = g.units[u].params.len();
                 g.units[u].in_backward = 0;
             }
+            if let Some(e) = g.error.take() {
+                return Err(e.into());
+            }
             g.used.iter_mut().for_each(|x| *x = false);
-            g.error = None;
-            g.peak = Peak::default();
             g.in_backward = false;
             // The non-block unit (embeddings, final norm, head) is needed at both ends of
             // every backbone pass: gathered now, freed when its gradients are accumulated.
             // Blocks are gathered by the block hooks, one at a time.
-            let blocks: Vec<usize> = g.blocks.iter().flatten().copied().collect();
             for u in 0..n_units {
                 if !blocks.contains(&u) {
                     g.gather_student(u);
@@ -993,6 +1053,25 @@ fn clip(
         .collect();
     named.sort_by(|a, b| a.0.cmp(b.0));
     Ok(named.into_iter().map(|(_, n)| n).collect())
+}
+
+/// The teacher backbone's [`BlockHooks`]: forwards to the FSDP state.
+struct TeacherBlocks(Arc<Mutex<Inner>>);
+
+impl BlockHooks for TeacherBlocks {
+    fn before(&self, block: usize) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .before_teacher_block(block);
+    }
+
+    fn after(&self, block: usize, _input: &Tensor, _output: &Tensor) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .after_teacher_block(block);
+    }
 }
 
 /// The student backbone's [`BlockHooks`]: forwards to the FSDP state.

@@ -438,7 +438,7 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
 /// Measured from inside the hooks on 2 ranks (vit_tiny: 12 blocks + 1 unit). With
 /// `reshard_after_forward` off, the old timeline, the whole student is gathered at once.
 #[test]
-fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward() {
+fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher() {
     use trainer::dist::fsdp::{Fsdp, Peak};
     use trainer::train::loss::DinoLoss;
     use trainer::train::step::{Learner, Networks, StepParams};
@@ -524,6 +524,9 @@ fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward() {
                 .max()
                 .unwrap();
             for peak in peaks {
+                // The teacher (no backward): its rest unit and one block, in both modes.
+                assert_eq!(peak.teacher_units, 2, "{peak:?}");
+                assert_eq!(peak.teacher_bytes, rest + block, "{peak:?}");
                 if reshard {
                     // The non-block unit and one block, never more.
                     assert_eq!(peak.forward_units, 2, "{peak:?}");
