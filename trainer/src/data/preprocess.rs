@@ -305,18 +305,29 @@ fn checked_len(c: usize, h: usize, w: usize) -> Result<usize, DataError> {
 
 /// [`minmax_scale`] without the outcome (and without allocating): the same arithmetic,
 /// returning whether any value became NaN. The zero-range rule needs every channel's range
-/// before any is scaled, so the min/max pass runs twice rather than storing them.
+/// before any is scaled.
 fn minmax_scale_in_place(img: &mut ImageChw) -> bool {
     if img.plane_len() == 0 {
         return false;
     }
-    let any_zero_range = (0..img.channels).any(|c| {
+    // Ranges of the first STASH channels are kept on the stack; more channels (rare) are
+    // scanned again rather than allocated for.
+    const STASH: usize = 64;
+    let mut stash = [(0.0f64, 0.0f64); STASH];
+    let mut any_zero_range = false;
+    for c in 0..img.channels {
         let (lo, hi) = channel_min_max(img.channel(c));
-        hi - lo == 0.0
-    });
+        any_zero_range |= hi - lo == 0.0;
+        if let Some(slot) = stash.get_mut(c) {
+            *slot = (lo, hi);
+        }
+    }
     let mut has_nan = false;
     for c in 0..img.channels {
-        let (lo, mut hi) = channel_min_max(img.channel(c));
+        let (lo, mut hi) = match stash.get(c) {
+            Some(&range) => range,
+            None => channel_min_max(img.channel(c)),
+        };
         if any_zero_range && hi == 0.0 {
             hi = 1.0;
         }

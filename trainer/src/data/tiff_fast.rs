@@ -124,6 +124,68 @@ impl SampleKind {
     }
 }
 
+/// A stored sample type, read from its bytes in either byte order.
+trait Sample {
+    const N: usize;
+    fn le(b: &[u8]) -> f32;
+    fn be(b: &[u8]) -> f32;
+}
+
+macro_rules! sample {
+    ($($t:ty),*) => {$(
+        impl Sample for $t {
+            const N: usize = std::mem::size_of::<$t>();
+            #[inline(always)]
+            fn le(b: &[u8]) -> f32 {
+                <$t>::from_le_bytes(b.try_into().unwrap_or_default()) as f32
+            }
+            #[inline(always)]
+            fn be(b: &[u8]) -> f32 {
+                <$t>::from_be_bytes(b.try_into().unwrap_or_default()) as f32
+            }
+        }
+    )*};
+}
+sample!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+
+#[inline(always)]
+fn get<T: Sample, const BIG: bool>(b: &[u8]) -> f32 {
+    if BIG {
+        T::be(b)
+    } else {
+        T::le(b)
+    }
+}
+
+/// Calls `$f::<T, BIG>(args)` for the sample type and byte order, so each inner loop is
+/// compiled for one concrete type (no per-sample dispatch).
+macro_rules! dispatch {
+    ($kind:expr, $big:expr, $f:ident($($arg:expr),*)) => {
+        match ($kind, $big) {
+            (SampleKind::U8, false) => $f::<u8, false>($($arg),*),
+            (SampleKind::U8, true) => $f::<u8, true>($($arg),*),
+            (SampleKind::I8, false) => $f::<i8, false>($($arg),*),
+            (SampleKind::I8, true) => $f::<i8, true>($($arg),*),
+            (SampleKind::U16, false) => $f::<u16, false>($($arg),*),
+            (SampleKind::U16, true) => $f::<u16, true>($($arg),*),
+            (SampleKind::I16, false) => $f::<i16, false>($($arg),*),
+            (SampleKind::I16, true) => $f::<i16, true>($($arg),*),
+            (SampleKind::U32, false) => $f::<u32, false>($($arg),*),
+            (SampleKind::U32, true) => $f::<u32, true>($($arg),*),
+            (SampleKind::I32, false) => $f::<i32, false>($($arg),*),
+            (SampleKind::I32, true) => $f::<i32, true>($($arg),*),
+            (SampleKind::U64, false) => $f::<u64, false>($($arg),*),
+            (SampleKind::U64, true) => $f::<u64, true>($($arg),*),
+            (SampleKind::I64, false) => $f::<i64, false>($($arg),*),
+            (SampleKind::I64, true) => $f::<i64, true>($($arg),*),
+            (SampleKind::F32, false) => $f::<f32, false>($($arg),*),
+            (SampleKind::F32, true) => $f::<f32, true>($($arg),*),
+            (SampleKind::F64, false) => $f::<f64, false>($($arg),*),
+            (SampleKind::F64, true) => $f::<f64, true>($($arg),*),
+        }
+    };
+}
+
 /// Decodes `bytes` into `out` (C×H×W, reusing `out.data`'s allocation) if it is a TIFF this
 /// path handles; `false` (and `out` unspecified) otherwise.
 pub fn decode_uncompressed(bytes: &[u8], out: &mut ImageChw) -> bool {
@@ -245,65 +307,43 @@ fn decode(b: &[u8], out: &mut ImageChw) -> Option<()> {
             return None;
         }
         let data = b.get(start..start.checked_add(need)?)?;
+        let big = e.big;
         if planar {
             let dst = &mut out.data[plane * plane_len + y0 * width..][..rows * width];
-            convert(kind, e, data, dst);
+            dispatch!(kind, big, convert(data, dst));
         } else {
-            scatter_chunky(kind, e, data, spp, plane_len, y0 * width, &mut out.data);
+            dispatch!(
+                kind,
+                big,
+                scatter_chunky(data, spp, plane_len, y0 * width, &mut out.data)
+            );
         }
     }
     Some(())
 }
 
 /// Converts consecutive samples `src` into `dst` (one value each).
-fn convert(kind: SampleKind, e: Endian, src: &[u8], dst: &mut [f32]) {
-    let n = kind.bytes();
-    for (d, s) in dst.iter_mut().zip(src.chunks_exact(n)) {
-        *d = sample(kind, e, s);
+fn convert<T: Sample, const BIG: bool>(src: &[u8], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src.chunks_exact(T::N)) {
+        *d = get::<T, BIG>(s);
     }
 }
 
 /// Interleaved pixels (`spp` samples each) starting at pixel `first` → channel planes.
-fn scatter_chunky(
-    kind: SampleKind,
-    e: Endian,
+fn scatter_chunky<T: Sample, const BIG: bool>(
     src: &[u8],
     spp: usize,
     plane_len: usize,
     first: usize,
     out: &mut [f32],
 ) {
-    let n = kind.bytes();
-    for (p, px) in src.chunks_exact(n * spp).enumerate() {
-        for (c, s) in px.chunks_exact(n).enumerate() {
-            out[c * plane_len + first + p] = sample(kind, e, s);
+    let n = src.len() / (T::N * spp);
+    for c in 0..spp {
+        let dst = &mut out[c * plane_len + first..][..n];
+        let samples = src[c * T::N..].chunks(T::N).step_by(spp);
+        for (d, s) in dst.iter_mut().zip(samples) {
+            *d = get::<T, BIG>(s);
         }
-    }
-}
-
-#[inline(always)]
-fn sample(kind: SampleKind, e: Endian, s: &[u8]) -> f32 {
-    macro_rules! num {
-        ($t:ty) => {{
-            let a = s.try_into().unwrap_or_default();
-            if e.big {
-                <$t>::from_be_bytes(a)
-            } else {
-                <$t>::from_le_bytes(a)
-            }
-        }};
-    }
-    match kind {
-        SampleKind::U8 => f32::from(s[0]),
-        SampleKind::I8 => f32::from(s[0] as i8),
-        SampleKind::U16 => f32::from(num!(u16)),
-        SampleKind::I16 => f32::from(num!(i16)),
-        SampleKind::U32 => num!(u32) as f32,
-        SampleKind::I32 => num!(i32) as f32,
-        SampleKind::U64 => num!(u64) as f32,
-        SampleKind::I64 => num!(i64) as f32,
-        SampleKind::F32 => num!(f32),
-        SampleKind::F64 => num!(f64) as f32,
     }
 }
 
