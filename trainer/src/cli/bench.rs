@@ -16,7 +16,7 @@ use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
 use trainer::dist::Single;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::input::TrainInput;
-use trainer::train::loader::EpochLoader;
+use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
 use trainer::train::loss::DinoLoss;
 use trainer::train::run::training_image_fn;
 use trainer::train::sampler::epoch_order;
@@ -263,7 +263,8 @@ impl StepBench {
                 let Some(dir) = &self.data else {
                     bail!("--loader real needs --data DIR (e.g. the Training/ folder of `trainer synth`)");
                 };
-                let mut loader = self.real_loader(&cfg, dir, total)?;
+                let pool = BufferPool::new(2 * self.workers.max(1) + 2);
+                let mut loader = self.real_loader(&cfg, dir, total, pool.clone())?;
                 for it in 0..total {
                     let t = Instant::now();
                     let b = loader
@@ -279,6 +280,10 @@ impl StepBench {
                     if it >= self.warmup {
                         timed.push((secs, b.wait.as_secs_f64(), b.indices.len()));
                     }
+                    let LoadedBatch { crops, buffers, .. } = b;
+                    drop(crops);
+                    // SAFETY: the step is over and the batch's views are dropped.
+                    unsafe { pool.put(buffers) };
                 }
             }
         }
@@ -322,6 +327,7 @@ impl StepBench {
         cfg: &Config,
         dir: &std::path::Path,
         steps: usize,
+        pool: BufferPool,
     ) -> Result<EpochLoader> {
         let source: SharedSource = Arc::new(LocalSource::open(dir, 0)?);
         let index = source.index();
@@ -368,13 +374,14 @@ impl StepBench {
             .samples(images, epoch, &order)
             .map_err(anyhow::Error::msg)?;
         let workers = self.workers.max(1);
-        Ok(EpochLoader::new(
+        Ok(EpochLoader::pooled(
             order,
             self.batch,
             workers,
             2 * workers,
             0,
             sample,
+            pool,
         ))
     }
 }
@@ -457,6 +464,10 @@ pub struct LoaderBench {
     /// loader starts: a warm node-local cache, i.e. the second epoch of an s3:// + cache run.
     #[arg(long)]
     warm: bool,
+    /// Allocate fresh batch tensors for every batch instead of reusing handed-back ones
+    /// (what the loader did before the buffer pool; for measuring it).
+    #[arg(long)]
+    no_buffer_reuse: bool,
     #[arg(long, value_enum, default_value = "cpu")]
     path: LoaderPath,
     /// Loader worker threads (and libtorch threads for `--path device`).
@@ -569,13 +580,19 @@ impl LoaderBench {
         let samples = input
             .samples(images, epoch, &order)
             .map_err(anyhow::Error::msg)?;
-        let loader = EpochLoader::new(
+        let pool = BufferPool::new(if self.no_buffer_reuse {
+            0
+        } else {
+            2 * self.threads + 2
+        });
+        let loader = EpochLoader::pooled(
             order,
             self.batch,
             self.threads,
             2 * self.threads,
             0,
             samples,
+            pool.clone(),
         );
         let (mut t0, mut cpu0, mut images_timed, mut checksum) =
             (Instant::now(), process_cpu_seconds()?, 0usize, 0.0f64);
@@ -584,7 +601,7 @@ impl LoaderBench {
             let crops = if self.path == LoaderPath::Device {
                 input.crops(&b, epoch, Device::Cpu)?
             } else {
-                b.crops
+                b.crops.iter().map(|c| c.shallow_clone()).collect()
             };
             // One value per batch keeps the work observable without costing a pass.
             checksum += crops[crops.len() - 1].double_value(&[0, 0, 0, 0]);
@@ -593,6 +610,11 @@ impl LoaderBench {
             } else if n >= self.warmup {
                 images_timed += b.indices.len();
             }
+            drop(crops);
+            let LoadedBatch { crops, buffers, .. } = b;
+            drop(crops);
+            // SAFETY: the crops (and the device path's outputs) are dropped just above.
+            unsafe { pool.put(buffers) };
         }
         let wall = t0.elapsed().as_secs_f64();
         let cpu = process_cpu_seconds()? - cpu0;

@@ -8,7 +8,7 @@
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::ahead::ahead;
 use super::input::{ImageFn, TrainInput};
-use super::loader::EpochLoader;
+use super::loader::{BufferPool, EpochLoader, LoadedBatch};
 use super::loss::DinoLoss;
 use super::sampler::{configured_epoch_order, iters_per_epoch, SplitMix64};
 use super::schedule::{scale_lr, teacher_temp_schedule, Schedules};
@@ -427,6 +427,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
 
     let mut single = Single;
     let corrupt_skipped = Arc::new(AtomicU64::new(0));
+    // Enough sets for every batch in flight: 2 per worker prefetched, one prepared ahead,
+    // one in the step, one being handed back.
+    let batch_pool = BufferPool::new(2 * cfg.data.num_workers.max(1) + 3);
     eprintln!("data: {}", source.describe());
     while epoch < cfg.train.epochs {
         let order = configured_epoch_order(
@@ -448,7 +451,15 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             .samples(images, epoch as u64, &order)
             .map_err(TrainError::Setup)?;
         let workers = cfg.data.num_workers.max(1);
-        let loader = EpochLoader::new(order, batch, workers, 2 * workers, start_batch, sample);
+        let loader = EpochLoader::pooled(
+            order,
+            batch,
+            workers,
+            2 * workers,
+            start_batch,
+            sample,
+            batch_pool.clone(),
+        );
         // Crops (and with `augment_on: device`, the augmentation) of the next batch are made
         // on their own thread while this one runs the current step.
         let (crop_input, crop_epoch) = (input.clone(), epoch as u64);
@@ -500,6 +511,13 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             window.2 += b.wait.as_secs_f64();
             iteration += 1;
             let done_in_epoch = b.batch_no + 1;
+            // The step is done with this batch: its tensors go back to the loader.
+            drop(crops);
+            let LoadedBatch { crops, buffers, .. } = b;
+            drop(crops);
+            // SAFETY: the step has finished (backward, optimizer, EMA), the model's crops and
+            // the batch's views are dropped just above, and nothing else took a handle.
+            unsafe { batch_pool.put(buffers) };
             progress.step(out.loss);
 
             if iteration % cfg.train.log_every == 0 || done_in_epoch == niter {
