@@ -28,16 +28,9 @@ T_IMPORT = time.perf_counter()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "trainer", "tests", "py"))
 import dino_reference  # noqa: E402
+from scdino_input import normalize_numpy_0_to_1  # noqa: E402
 
 dino_reference.USE_SDPA = True
-
-
-def normalize_numpy_0_to_1(x):
-    x_min = x.min(axis=(0, 1), keepdims=True)
-    x_max = x.max(axis=(0, 1), keepdims=True)
-    if np.any(x_max - x_min == 0):
-        x_max = np.where(x_max == 0, 1, x_max)
-    return (x - x_min) / (x_max - x_min)
 
 
 def main():

@@ -34,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
+from scdino_input import DataAugmentationDINO, TiffImageFolder, collate_fn  # noqa: E402
 
 dino_reference.USE_SDPA = True
 
@@ -60,7 +61,6 @@ a = p.parse_args()
 # clip 3.0, teacher temp 0.04, crop scales of the argparse defaults.
 LR = 5e-4 * a.batch / 256
 WD, MOMENTUM, CLIP, TEACHER_TEMP = 0.04, 0.996, 3.0, 0.04
-GLOBAL_SCALE, LOCAL_SCALE = (0.4, 1.0), (0.05, 0.4)
 NCROPS = 2 + a.local_crops
 
 
@@ -123,115 +123,6 @@ def cancel_gradients_last_layer(epoch, model, freeze_last_layer):
     for n, p in model.named_parameters():
         if "last_layer" in n:
             p.grad = None
-
-
-# ---- scDINO's dataset (main_dino.py L172-194, utils.py L96-119) and augmentation ----
-def normalize_numpy_0_to_1(x):
-    x_min = x.min(axis=(0, 1), keepdims=True)
-    x_max = x.max(axis=(0, 1), keepdims=True)
-    if np.any(x_max - x_min == 0):
-        x_max = np.where(x_max == 0, 1, x_max)
-    return (x - x_min) / (x_max - x_min)
-
-
-class AdjustBrightness:
-    """utils.py L191-200: one factor per channel, torchvision adjust_brightness (clamps)."""
-
-    def __init__(self, p):
-        self.p = p
-
-    def __call__(self, x):
-        from torchvision.transforms import functional as TF
-
-        if random.random() < self.p:
-            return torch.cat([TF.adjust_brightness(x[c:c + 1], random.uniform(0.5, 1.25))
-                              for c in range(x.shape[0])])
-        return x
-
-
-class GaussianBlurMultiChan:
-    """utils.py L142-159: torchvision GaussianBlur 5×5, σ ~ U(0.1, 1.5), if rand <= p."""
-
-    def __init__(self, p):
-        from torchvision import transforms
-
-        self.p = p
-        self.blur = transforms.GaussianBlur(kernel_size=(5, 5), sigma=(0.1, 1.5))
-
-    def __call__(self, x):
-        return self.blur(x) if random.random() <= self.p else x
-
-
-class SolarizationMultiChan:
-    """utils.py L175-188: values > 0.5 become 1 − v in every channel, if rand < p."""
-
-    def __init__(self, p):
-        self.p = p
-
-    def __call__(self, x):
-        return torch.where(x > 0.5, 1.0 - x, x) if random.random() < self.p else x
-
-
-class DataAugmentationDINO:
-    """main_dino.py L490-577, multi-channel branch. antialias=False: torchvision 0.9.1, which
-    scDINO used, had no antialiasing for tensors (and every crop of a 50×50 cell upsamples)."""
-
-    def __init__(self, mean, std):
-        from torchvision import transforms as T
-        from torchvision.transforms import InterpolationMode
-
-        bicubic = InterpolationMode.BICUBIC
-        flips = T.Compose([T.RandomHorizontalFlip(p=0.5), T.RandomVerticalFlip(p=0.5)])
-        normalize = T.Normalize(mean, std)
-
-        def rrc(size, scale):
-            return T.RandomResizedCrop(size, scale=scale, interpolation=bicubic, antialias=False)
-
-        self.global1 = T.Compose([rrc(a.global_size, GLOBAL_SCALE), flips, AdjustBrightness(0.8),
-                                  GaussianBlurMultiChan(1.0), normalize])
-        self.global2 = T.Compose([rrc(a.global_size, GLOBAL_SCALE), flips, AdjustBrightness(0.8),
-                                  GaussianBlurMultiChan(0.1), SolarizationMultiChan(0.2),
-                                  normalize])
-        self.local = T.Compose([rrc(a.local_size, LOCAL_SCALE), flips, AdjustBrightness(0.8),
-                                GaussianBlurMultiChan(0.5), normalize])
-
-    def __call__(self, image):
-        crops = [self.global1(image), self.global2(image)]
-        crops += [self.local(image) for _ in range(a.local_crops)]
-        return crops
-
-
-class TiffImageFolder(torch.utils.data.Dataset):
-    """torchvision ImageFolder enumeration; scDINO's per-sample preprocessing."""
-
-    def __init__(self, root, transform):
-        from torchvision.datasets import ImageFolder
-
-        self.samples = ImageFolder(root, loader=lambda p: p).samples
-        self.transform = transform
-
-    def __len__(self):
-        return len(self.samples)
-
-    def load(self, i):
-        import tifffile
-
-        x = tifffile.imread(self.samples[i][0]).astype(np.float64)  # (H, W, C)
-        x = normalize_numpy_0_to_1(x)
-        if np.isnan(x).any():
-            return None
-        return torch.from_numpy(x.astype(np.float32)).permute(2, 0, 1)
-
-    def __getitem__(self, i):
-        x = self.load(i)
-        if x is None:
-            return None
-        return self.transform(x), i
-
-
-def collate_fn(batch):
-    batch = [b for b in batch if b is not None]
-    return torch.utils.data.dataloader.default_collate(batch)
 
 
 def dataset_mean_std(ds, n):
@@ -326,7 +217,7 @@ else:
     if len(ds) < total * a.batch:
         sys.exit(f"{a.data} holds {len(ds)} images; need {total * a.batch}")
     mean, std = dataset_mean_std(ds, 64)
-    ds.transform = DataAugmentationDINO(mean, std)
+    ds.transform = DataAugmentationDINO(mean, std, a.global_size, a.local_size, a.local_crops)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=a.batch, shuffle=True, num_workers=a.workers, drop_last=False,
         collate_fn=collate_fn, generator=torch.Generator().manual_seed(a.seed),

@@ -1,40 +1,25 @@
 //! Data-parallel training over Gloo between real processes on 127.0.0.1.
-use super::util::{bin, ok, run, text};
+use super::util::{bin, ok, run, synth, text, write_yaml};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn dataset(dir: &Path) -> PathBuf {
     // 24 images: floor(0.2·24) = 4 held out, 20 train = 5 global batches of 4 exactly.
     let data = dir.join("data");
-    ok(
-        "trainer",
-        &[
-            "synth",
-            "--out",
-            data.to_str().unwrap(),
-            "--seed",
-            "21",
-            "--classes",
-            "2",
-            "--per-class",
-            "12",
-        ],
-    );
+    synth(&data, 21, 2, 12);
     data.join("Training")
 }
 
 fn config(dir: &Path, data: &Path, name: &str, batch: usize, extra: &str) -> String {
-    let path = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &path,
-        format!(
+    write_yaml(
+        dir,
+        name,
+        &format!(
             "run:\n  name: {name}\n  output_dir: {out}\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"02\"]\n  num_workers: 1\nmodel:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\n  drop_path_rate: 0.0\ntrain:\n  epochs: 2\n  batch_size_per_gpu: {batch}\n  warmup_epochs: 0\n  precision: fp32\n  lr: 0.05\n  dist_timeout_seconds: 60\n{extra}augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n",
             out = dir.join("out").display(),
             data = data.display()
         ),
     )
-    .unwrap();
-    path.to_str().unwrap().to_string()
 }
 
 fn checkpoint(dir: &Path, name: &str) -> PathBuf {
@@ -416,20 +401,7 @@ fn features_on_three_ranks_equal_one_process_without_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     // 52 images: floor(0.2·52) = 10 held out, not a multiple of 3 (ranks get 4, 3, 3 rows).
-    ok(
-        "trainer",
-        &[
-            "synth",
-            "--out",
-            data.to_str().unwrap(),
-            "--seed",
-            "4",
-            "--classes",
-            "2",
-            "--per-class",
-            "26",
-        ],
-    );
+    synth(&data, 4, 2, 26);
     let cfg = config(dir.path(), &data.join("Training"), "feat", 4, "");
     ok(
         "trainer",

@@ -1,6 +1,6 @@
 //! The `launcher` binary: rendering as shipped, refusals, and (with `SCDINO_TEST_SLURM=1`) the
 //! whole chain and a preemption on a real Slurm (scripts/slurm-local.sh; SLURM_CONF from env).
-use super::util::{bin, ok, run, text};
+use super::util::{bin, ok, run, synth, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -196,20 +196,7 @@ fn hostile_dir(root: &Path) -> PathBuf {
 
 fn setup(root: &Path, train_extra: &str) -> PathBuf {
     let data = root.join("data");
-    ok(
-        "trainer",
-        &[
-            "synth",
-            "--out",
-            s(&data),
-            "--seed",
-            "5",
-            "--classes",
-            "2",
-            "--per-class",
-            "12",
-        ],
-    );
+    synth(&data, 5, 2, 12);
     let cfg = root.join("trainer config.yaml");
     std::fs::write(
         &cfg,

@@ -1,6 +1,6 @@
 //! `trainer pipeline` end to end on synthetic data: every stage's files, a report whose every
 //! image opens, kNN well above chance, make-like reruns, and resuming after a stop signal.
-use super::util::{bin, ok, text};
+use super::util::{bin, synth, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -9,20 +9,7 @@ const CLASSES: usize = 4;
 
 fn setup(dir: &Path) -> String {
     let data = dir.join("data");
-    ok(
-        "trainer",
-        &[
-            "synth",
-            "--out",
-            data.to_str().unwrap(),
-            "--seed",
-            "5",
-            "--classes",
-            &CLASSES.to_string(),
-            "--per-class",
-            "60",
-        ],
-    );
+    synth(&data, 5, CLASSES, 60);
     let path = dir.join("pipe.yaml");
     std::fs::write(
         &path,

@@ -1,39 +1,19 @@
 //! `trainer data pack` end to end: pack, idempotent rerun, training from shards in
 //! `shard_sequential` order with exact mid-epoch resume, and `trainer features` from the
 //! shards identical to the tree's.
-use super::util::{ok, run, text};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use super::util::{model_dir, ok, run, synth, tensor_digests, text, write_yaml};
+use std::path::Path;
 
 fn config(dir: &Path, data: &Path, name: &str, data_extra: &str) -> String {
-    let path = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &path,
-        format!(
+    write_yaml(
+        dir,
+        name,
+        &format!(
             "run:\n  name: {name}\n  output_dir: {out}\n  seed: 3\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"02\"]\n  num_workers: 2\n{data_extra}model:\n  name: m\n  arch: vit_tiny\n  out_dim: 128\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\ntrain:\n  precision: fp32\n  num_gpus: 1\n  log_every: 1\n  epochs: 2\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n  lr: 0.05\ndownstream:\n  features:\n    resize_length: 32\n    batch_size_per_gpu: 4\n",
             out = dir.join("out").display(),
             data = data.display()
         ),
     )
-    .unwrap();
-    path.to_str().unwrap().to_string()
-}
-
-fn model_dir(dir: &Path, name: &str) -> PathBuf {
-    dir.join("out")
-        .join(name)
-        .join("scDINO_ViTs/m_channel_APC_DAPI")
-}
-
-/// Every tensor of a checkpoint as a sha256, read with the venv's safetensors.
-fn tensors(path: &Path) -> Vec<String> {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    let out = Command::new(py)
-        .args(["-c", "import sys, hashlib\nfrom safetensors.numpy import load_file\nfor k, v in sorted(load_file(sys.argv[1]).items()):\n    print(k, hashlib.sha256(v.tobytes()).hexdigest())", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    text(&out.stdout).lines().map(String::from).collect()
 }
 
 #[test]
@@ -41,20 +21,7 @@ fn pack_then_train_shard_sequential_resume_and_features() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let data = d.join("data");
-    ok(
-        "trainer",
-        &[
-            "synth",
-            "--out",
-            data.to_str().unwrap(),
-            "--seed",
-            "11",
-            "--classes",
-            "2",
-            "--per-class",
-            "8",
-        ],
-    );
+    synth(&data, 11, 2, 8);
     let tree = data.join("Training");
     let packed = d.join("packed");
     let folder_cfg = config(d, &tree, "folder", "");
@@ -115,7 +82,7 @@ fn pack_then_train_shard_sequential_resume_and_features() {
         "trainer",
         &["train", "--config", &straight, "--threads", "1"],
     );
-    let reference = tensors(&model_dir(d, "straight").join("checkpoint.safetensors"));
+    let reference = tensor_digests(&model_dir(d, "straight").join("checkpoint.safetensors"));
     assert!(reference.len() > 100);
     let mid = config(d, &packed, "mid", seq);
     ok(
@@ -134,7 +101,7 @@ fn pack_then_train_shard_sequential_resume_and_features() {
     assert!(resumed.status.success(), "{}", text(&resumed.stderr));
     assert!(text(&resumed.stderr).contains("resuming from"));
     assert_eq!(
-        tensors(&model_dir(d, "mid").join("checkpoint.safetensors")),
+        tensor_digests(&model_dir(d, "mid").join("checkpoint.safetensors")),
         reference
     );
     assert_eq!(

@@ -1,66 +1,27 @@
 //! `trainer train` end to end: exact resume, preemption by signal, refused resumes, NaN stop,
 //! and a loss that falls.
-use super::util::{bin, ok, run, text};
-use std::collections::BTreeMap;
+use super::util::{bin, model_dir, ok, run, synth, tensor_digests, text, write_yaml};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// A synthetic dataset of `per_class` images for each of `classes` classes.
 fn dataset(dir: &Path, classes: usize, per_class: usize) -> PathBuf {
     let data = dir.join("data");
-    ok(
-        "trainer",
-        &[
-            "synth",
-            "--out",
-            data.to_str().unwrap(),
-            "--seed",
-            "11",
-            "--classes",
-            &classes.to_string(),
-            "--per-class",
-            &per_class.to_string(),
-        ],
-    );
+    synth(&data, 11, classes, per_class);
     data.join("Training")
 }
 
 /// A CPU-sized config; `extra` is appended under `train:`.
 fn config(dir: &Path, data: &Path, name: &str, train_extra: &str) -> String {
-    let path = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &path,
-        format!(
+    write_yaml(
+        dir,
+        name,
+        &format!(
             "run:\n  name: {name}\n  output_dir: {out}\n  seed: 3\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"02\"]\n  num_workers: 2\nmodel:\n  name: m\n  arch: vit_tiny\n  out_dim: 128\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\ntrain:\n  precision: fp32\n  num_gpus: 1\n  log_every: 1\n{train_extra}",
             out = dir.join("out").display(),
             data = data.display()
         ),
     )
-    .unwrap();
-    path.to_str().unwrap().to_string()
-}
-
-fn model_dir(dir: &Path, name: &str) -> PathBuf {
-    dir.join("out")
-        .join(name)
-        .join("scDINO_ViTs/m_channel_APC_DAPI")
-}
-
-/// Every tensor of a checkpoint, as raw bytes, read with the venv's safetensors (Python).
-fn tensors(path: &Path) -> BTreeMap<String, String> {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
-    let out = Command::new(py)
-        .args(["-c", "import sys, hashlib\nfrom safetensors.numpy import load_file\nfor k, v in sorted(load_file(sys.argv[1]).items()):\n    print(k, hashlib.sha256(v.tobytes()).hexdigest())", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    text(&out.stdout)
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once(' ').unwrap();
-            (k.to_string(), v.to_string())
-        })
-        .collect()
 }
 
 fn log_lines(dir: &Path, name: &str) -> Vec<serde_json::Value> {
@@ -81,7 +42,8 @@ fn resume_is_bitwise_exact_mid_epoch_and_at_epoch_boundary() {
         "trainer",
         &["train", "--config", &straight, "--threads", "1"],
     );
-    let reference = tensors(&model_dir(dir.path(), "straight").join("checkpoint.safetensors"));
+    let reference =
+        tensor_digests(&model_dir(dir.path(), "straight").join("checkpoint.safetensors"));
     assert!(reference.len() > 100 && reference.contains_key("dino_loss.center"));
     assert!(model_dir(dir.path(), "straight")
         .join("checkpoint0000.safetensors")
@@ -112,7 +74,7 @@ fn resume_is_bitwise_exact_mid_epoch_and_at_epoch_boundary() {
             "{}",
             text(&resumed.stderr)
         );
-        let got = tensors(&model_dir(dir.path(), name).join("checkpoint.safetensors"));
+        let got = tensor_digests(&model_dir(dir.path(), name).join("checkpoint.safetensors"));
         let differing: Vec<&String> = reference
             .keys()
             .filter(|k| reference.get(*k) != got.get(*k))

@@ -1,5 +1,5 @@
 //! `trainer` end to end: synth → config check → forward, and config errors as a user sees them.
-use super::util::{ok, run, text};
+use super::util::{ok, run, synth, text};
 use std::path::Path;
 
 fn write_config(dir: &Path, data: &Path, extra: &str) -> String {
@@ -20,20 +20,7 @@ fn write_config(dir: &Path, data: &Path, extra: &str) -> String {
 fn synth_then_check_then_forward() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let said = ok(
-        "trainer",
-        &[
-            "synth",
-            "--out",
-            data.to_str().unwrap(),
-            "--seed",
-            "5",
-            "--classes",
-            "3",
-            "--per-class",
-            "8",
-        ],
-    );
+    let said = synth(&data, 5, 3, 8);
     assert!(said.contains("wrote 24 training images"), "{said}");
     for class in ["B", "CD4T", "CD8T"] {
         let n = std::fs::read_dir(data.join("Training").join(class))
@@ -69,20 +56,7 @@ fn synth_is_deterministic_by_seed() {
     let dir = tempfile::tempdir().unwrap();
     let gen = |name: &str, seed: &str| {
         let out = dir.path().join(name);
-        ok(
-            "trainer",
-            &[
-                "synth",
-                "--out",
-                out.to_str().unwrap(),
-                "--seed",
-                seed,
-                "--classes",
-                "2",
-                "--per-class",
-                "3",
-            ],
-        );
+        synth(&out, seed.parse().unwrap(), 2, 3);
         std::fs::read(out.join("Training/CD4T/CD4T-0002.tiff")).unwrap()
     };
     let (a, b, c) = (gen("a", "1"), gen("b", "1"), gen("c", "2"));

@@ -43,3 +43,54 @@ pub fn ok(name: &str, args: &[&str]) -> String {
     );
     text(&out.stdout)
 }
+
+/// `trainer synth` into `out` (its `Training/` folder is the dataset); returns stdout.
+pub fn synth(out: &Path, seed: u64, classes: usize, per_class: usize) -> String {
+    ok(
+        "trainer",
+        &[
+            "synth",
+            "--out",
+            out.to_str().unwrap(),
+            "--seed",
+            &seed.to_string(),
+            "--classes",
+            &classes.to_string(),
+            "--per-class",
+            &per_class.to_string(),
+        ],
+    )
+}
+
+/// The model folder of run `name` (output dir `dir/out`, model `m`, channels APC and DAPI)
+/// that the tests' configs produce.
+pub fn model_dir(dir: &Path, name: &str) -> PathBuf {
+    dir.join("out")
+        .join(name)
+        .join("scDINO_ViTs/m_channel_APC_DAPI")
+}
+
+/// Every tensor of a safetensors file → sha256 of its bytes, read by the venv's Python
+/// `safetensors` (an independent reader).
+pub fn tensor_digests(path: &Path) -> std::collections::BTreeMap<String, String> {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let out = Command::new(py)
+        .args(["-c", "import sys, hashlib\nfrom safetensors.numpy import load_file\nfor k, v in sorted(load_file(sys.argv[1]).items()):\n    print(k, hashlib.sha256(v.tobytes()).hexdigest())", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// Writes a config as `dir/{name}.yaml` and returns its path.
+pub fn write_yaml(dir: &Path, name: &str, yaml: &str) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path.to_str().unwrap().to_string()
+}
