@@ -48,7 +48,6 @@ use super::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
 use super::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
 use super::Collective;
 use crate::checkpoint::Checkpoint;
-use crate::config::Precision;
 use crate::model::BlockHooks;
 use crate::precision::autocast;
 use crate::train::optim::adamw_update;
@@ -417,12 +416,6 @@ impl Fsdp {
     /// state, re-points the module variables at freed full-size buffers and drops the full
     /// optimizer state. Call after weights were broadcast or restored.
     pub fn new(group: &ProcessGroup, learner: &mut Learner) -> Result<Self, DistError> {
-        if learner.precision == Precision::Fp16 || learner.scaler.is_some() {
-            return Err(err(
-                "setup",
-                "train.precision fp16 is not supported with strategy fsdp yet (use fp32 or bf16)",
-            ));
-        }
         let (rank, world) = (group.rank, group.world);
         let teacher_vars = learner.nets.teacher_vs.variables();
         let trainable: Vec<String> = learner
@@ -758,7 +751,10 @@ impl Fsdp {
             .into());
         }
         self.lock().in_backward = true;
-        loss.backward();
+        match &learner.scaler {
+            Some(scaler) => scaler.scale_loss(loss).backward(),
+            None => loss.backward(),
+        }
         let mut g = self.lock();
         g.armed = false;
         if let Some(e) = g.error.take() {
@@ -802,6 +798,17 @@ impl Fsdp {
                 }
             })
             .collect::<Result<_, _>>()?;
+        // fp16: unscale the local gradient shards; an overflow on any rank skips the step
+        // on every rank (each holds other shards, so the finding is all-reduced).
+        let mut skipped = false;
+        if let Some(scaler) = &learner.scaler {
+            let mut shards: Vec<Tensor> = g.units.iter().map(|u| u.grad.shallow_clone()).collect();
+            let local = scaler.unscale(&mut shards);
+            let flag = Tensor::from_slice(&[f32::from(u8::from(local))])
+                .to_device(g.units[0].grad.device());
+            g.group.all_reduce(&flag, ReduceOp::Sum)?.wait()?;
+            skipped = flag.to_device(tch::Device::Cpu).double_value(&[0]) > 0.0;
+        }
         let segments = g.local_segments();
         let grad_norms = if p.clip_grad > 0.0 {
             clip(&mut g, &segments, &used, p.clip_grad)?
@@ -812,13 +819,13 @@ impl Fsdp {
         tch::no_grad(|| {
             let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
             for (i, q) in inner.params.iter_mut().enumerate() {
-                if used[i] && !frozen(&q.name) {
+                if used[i] && !frozen(&q.name) && !skipped {
                     q.step += 1;
                 }
             }
             for &(i, at, _, len) in &segments {
                 let q = &inner.params[i];
-                if !used[i] || frozen(&q.name) {
+                if !used[i] || frozen(&q.name) || skipped {
                     continue;
                 }
                 let unit = &inner.units[q.unit];
@@ -839,11 +846,16 @@ impl Fsdp {
             }
         });
         drop(g);
+        if let Some(scaler) = &mut learner.scaler {
+            scaler.update(skipped);
+        }
+        // As `Learner::step` (and scDINO with its GradScaler): the teacher EMA runs also
+        // after a skipped step.
         self.ema_replicated(learner, p.momentum);
         Ok(StepOutput {
             loss: loss_value,
             grad_norms,
-            skipped: false,
+            skipped,
         })
     }
 
