@@ -149,11 +149,12 @@ impl Default for S3Section {
     }
 }
 
-/// A node-local cache of objects read from `s3://` (e.g. NVMe at `/local_scratch`).
+/// A node-local cache (e.g. NVMe at `/local_scratch`) of the dataset: objects read from
+/// `s3://`, images read from a local or shared (FSx) path, shards (cached whole).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CacheSection {
-    /// Cache directory; unset = no cache (every epoch streams from the store).
+    /// Cache directory; unset = no cache (every epoch reads the dataset where it is).
     pub dir: Option<PathBuf>,
     /// Size cap in bytes over all processes of the node. When full, new images are not
     /// cached (no eviction: with a fresh random order every epoch, evicting would only

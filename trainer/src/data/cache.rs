@@ -177,18 +177,20 @@ impl NodeCache {
     }
 
     /// The cached bytes of `rel`, or `fetch()`'s, which are then cached (if the cap allows).
-    /// If another process is fetching `rel` right now, waits for its entry instead.
+    /// If another process is fetching `rel` right now, waits for its entry instead. With a
+    /// known `size`, an entry of another size is a miss; without, the entry's own checksum
+    /// decides (for sources where asking the size would cost what the cache saves).
     pub fn fetch_through(
         &self,
         rel: &str,
-        size: u64,
+        size: Option<u64>,
         fetch: impl FnOnce() -> Result<Vec<u8>, DataError>,
     ) -> Result<(Vec<u8>, Origin), DataError> {
         if !safe_rel(rel) {
             return fetch().map(|b| (b, Origin::Fetched));
         }
         let path = self.path(rel);
-        if let Some(b) = read_verified(&path, Some(size)) {
+        if let Some(b) = read_verified(&path, size) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok((b, Origin::Cache));
         }
@@ -209,7 +211,7 @@ impl NodeCache {
             {
                 Ok(_) => break true,
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    if let Some(b) = read_verified(&path, Some(size)) {
+                    if let Some(b) = read_verified(&path, size) {
                         self.hits.fetch_add(1, Ordering::Relaxed);
                         return Ok((b, Origin::Cache));
                     }
@@ -231,7 +233,7 @@ impl NodeCache {
         };
         // The holder may have finished between our failed create and now.
         if held {
-            if let Some(b) = read_verified(&path, Some(size)) {
+            if let Some(b) = read_verified(&path, size) {
                 let _ = fs::remove_file(&lock);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok((b, Origin::Cache));
@@ -339,7 +341,7 @@ mod tests {
                         let rel = format!("C{}/{k}.tif", k % 3);
                         let want = vec![k as u8; 1000 + k];
                         let (got, _) = c
-                            .fetch_through(&rel, want.len() as u64, || {
+                            .fetch_through(&rel, Some(want.len() as u64), || {
                                 fetches.fetch_add(1, Ordering::SeqCst);
                                 std::thread::sleep(Duration::from_millis(5 + t));
                                 Ok(want.clone())
@@ -366,7 +368,7 @@ mod tests {
         let c = NodeCache::open(dir.path(), &dir.path().join("b"), 2500, 1).unwrap();
         for k in 0..4 {
             let (b, o) = c
-                .fetch_through(&format!("A/{k}"), 1000, || Ok(vec![1; 1000]))
+                .fetch_through(&format!("A/{k}"), Some(1000), || Ok(vec![1; 1000]))
                 .unwrap();
             assert_eq!((b.len(), o), (1000, Origin::Fetched));
         }
@@ -375,9 +377,12 @@ mod tests {
         assert!(du(dir.path()) <= 2500);
         // The cap counts what is already there: a second process gets no room.
         let c2 = NodeCache::open(dir.path(), &dir.path().join("b"), 2500, 1).unwrap();
-        let (_, o) = c2.fetch_through("A/0", 1000, || unreachable!()).unwrap();
+        let (_, o) = c2
+            .fetch_through("A/0", Some(1000), || unreachable!())
+            .unwrap();
         assert_eq!(o, Origin::Cache);
-        c2.fetch_through("A/3", 1000, || Ok(vec![1; 1000])).unwrap();
+        c2.fetch_through("A/3", Some(1000), || Ok(vec![1; 1000]))
+            .unwrap();
         assert_eq!(c2.writes.load(Ordering::Relaxed), 0);
     }
 }

@@ -23,6 +23,7 @@
 pub mod cache;
 pub mod error;
 pub mod index;
+pub mod local_cache;
 pub mod object_store;
 pub mod preload;
 pub mod preprocess;

@@ -132,7 +132,9 @@ impl ImageSource for LocalSource {
 /// [`CachedShardStore`] that caches whole shards); any other `s3://` prefix streams
 /// through [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
 /// [`super::shards`]) when `data.format` says so or, with `auto`, when it holds a shard index;
-/// otherwise the `ImageFolder` tree on a local or shared (FSx) file system.
+/// otherwise the `ImageFolder` tree on a local or shared (FSx) file system. With
+/// `data.cache.dir`, every source goes through the node-local cache (S3 objects, and local
+/// or S3 shards cached whole).
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
     use super::shards::{
         is_packed_dir, CachedShardStore, LocalShardStore, S3ShardStore, ShardSource,
@@ -171,14 +173,38 @@ pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, Da
         DataFormat::Shards => true,
         DataFormat::Auto => is_packed_dir(&data.dataset_dir),
     };
+    // With `data.cache.dir`, a local or FSx dataset is cached under `{cache}/fs/{its path}`.
+    let cache = match &data.cache.dir {
+        Some(dir) => {
+            let absolute = std::path::absolute(&data.dataset_dir)
+                .map_err(|e| DataError::io(&data.dataset_dir, "resolving", e))?;
+            let below: std::path::PathBuf = absolute
+                .components()
+                .filter(|c| matches!(c, std::path::Component::Normal(_)))
+                .collect();
+            Some(super::cache::NodeCache::open(
+                dir,
+                &dir.join("fs").join(below),
+                data.cache.max_bytes,
+                super::stream::processes_per_node(),
+            )?)
+        }
+        None => None,
+    };
     if packed {
-        let store = Arc::new(LocalShardStore::new(&data.dataset_dir));
+        let store: Arc<dyn super::shards::ShardStore> =
+            Arc::new(LocalShardStore::new(&data.dataset_dir));
+        let store = match cache {
+            Some(cache) => Arc::new(CachedShardStore::open(store, cache)?),
+            None => store,
+        };
         return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
     }
-    Ok(Arc::new(LocalSource::open(
-        &data.dataset_dir,
-        data.label_folder_depth,
-    )?))
+    let files = LocalSource::open(&data.dataset_dir, data.label_folder_depth)?;
+    Ok(match cache {
+        Some(cache) => Arc::new(super::local_cache::CachedLocalSource::new(files, cache)?),
+        None => Arc::new(files),
+    })
 }
 
 #[cfg(test)]

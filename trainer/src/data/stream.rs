@@ -60,7 +60,7 @@ impl Fetcher {
         };
         match &self.cache {
             Some(c) => {
-                let (b, origin) = c.fetch_through(&obj.rel, obj.size, get)?;
+                let (b, origin) = c.fetch_through(&obj.rel, Some(obj.size), get)?;
                 if origin == Origin::Cache {
                     self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
                 }

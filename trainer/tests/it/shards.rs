@@ -413,3 +413,63 @@ fn configured_order_follows_data_order() {
         data.order = SampleOrder::Exact;
     }
 }
+
+/// `data.cache` with a local / FSx dataset: the first pass copies every image (or whole shard)
+/// into the cache; afterwards the original can vanish and every read still succeeds, with the
+/// same bytes, from the cache.
+#[test]
+fn fsx_folder_and_shards_are_served_from_the_node_local_cache() {
+    use trainer::data::cache::NodeCache;
+    use trainer::data::shards::{CachedShardStore, LocalShardStore};
+    let dir = tempfile::tempdir().unwrap();
+    let fsx = dir.path().join("fsx");
+    let tree = synth(&fsx, 2, 6);
+    let reference = LocalSource::open(&tree, 0).unwrap();
+    let want: Vec<Vec<u8>> = (0..reference.index().len())
+        .map(|i| reference.read_bytes(i).unwrap())
+        .collect();
+    let packed = dir.path().join("fsx-packed");
+    pack_quiet(&reference, &opts(&packed, 4 << 10, 0)).unwrap();
+    let nvme = dir.path().join("nvme");
+
+    // The folder, through open_source with data.cache.
+    let mut data = data_section(&tree, DataFormat::Auto, 0);
+    data.cache.dir = Some(nvme.clone());
+    let src = open_source(&data).unwrap();
+    assert!(
+        src.describe().contains("node-local cache"),
+        "{}",
+        src.describe()
+    );
+    assert_eq!(src.index(), reference.index());
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&src.read_bytes(i).unwrap(), w, "{i}");
+        assert_eq!(src.read(i).unwrap(), reference.read(i).unwrap(), "{i}");
+    }
+    // The shards, whole, through the same cache.
+    let cache = NodeCache::open(&nvme, &nvme.join("packed-copy"), 1 << 30, 1).unwrap();
+    let store =
+        Arc::new(CachedShardStore::open(Arc::new(LocalShardStore::new(&packed)), cache).unwrap());
+    let shards = ShardSource::open(store.clone(), 0).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&shards.read_bytes(i).unwrap(), w, "{i}");
+    }
+    store.wait_for_downloads();
+    let (_, direct_reads) = store.reads();
+
+    // The shared file system goes away: everything still reads, from the cache.
+    std::fs::rename(&fsx, dir.path().join("gone")).unwrap();
+    std::fs::rename(&packed, dir.path().join("gone-packed")).unwrap();
+    assert!(reference.read_bytes(0).is_err());
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&src.read_bytes(i).unwrap(), w, "{i}");
+        assert_eq!(&shards.read_bytes(i).unwrap(), w, "{i}");
+    }
+    let report = src.report().unwrap();
+    assert!(
+        report.contains(&format!("{} hits", 2 * want.len())),
+        "{report}"
+    );
+    assert!(store.reads().0 >= want.len() as u64);
+    assert_eq!(store.reads().1, direct_reads, "a read went past the cache");
+}

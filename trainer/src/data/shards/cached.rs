@@ -195,7 +195,7 @@ impl Shared {
         if entry_digest(&path).is_some() {
             self.cache.remove(name);
         }
-        let fetched = self.cache.fetch_through(name, size, || {
+        let fetched = self.cache.fetch_through(name, Some(size), || {
             let bytes = self.remote.read_all(name)?;
             let got = hex(&Sha256::digest(&bytes));
             if bytes.len() as u64 != size || got != *sha {
