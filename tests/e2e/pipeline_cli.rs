@@ -114,6 +114,7 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
             format!("kNN/{tag}_knn_metrics.json"),
             format!("kNN/{tag}_confusion.png"),
             format!("embedding_plots/{tag}_umap.png"),
+            format!("embedding_plots/pdf_format/{tag}_umap.pdf"),
             format!("embedding_plots/{tag}_umap.csv"),
             format!("embedding_plots/{tag}_umap.json"),
             format!("attention_images/{tag}/attention_images.json"),
@@ -122,6 +123,28 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
         }
     }
     assert!(!a.join("CLS_features/epoch1_features.csv").exists());
+    // The PDF copy is the PNG's figure at 14×10 in, as scDINO's.
+    let pdf = std::fs::read(a.join("embedding_plots/pdf_format/epoch2_umap.pdf")).unwrap();
+    let head = String::from_utf8_lossy(&pdf);
+    assert!(pdf.starts_with(b"%PDF-1.4"), "not a PDF");
+    assert!(head.contains("/MediaBox [0 0 1008.00 720.00]"), "page size");
+    assert!(head.contains("/Width 1400 /Height 1000"), "image size");
+    // Read by pypdf (an independent parser): one 14×10 in page whose image is the PNG.
+    let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let check = Command::new(py)
+        .args([
+            "-c",
+            "import sys, json, numpy as np\nfrom pypdf import PdfReader\nfrom PIL import Image\nr = PdfReader(sys.argv[1])\nims = r.pages[0].images\nim = np.asarray(ims[0].image.convert('RGB'))\npng = np.asarray(Image.open(sys.argv[2]).convert('RGB'))\nprint(json.dumps({'pages': len(r.pages), 'box': [float(v) for v in r.pages[0].mediabox], 'images': len(ims), 'same': bool(np.array_equal(im, png))}))",
+        ])
+        .arg(a.join("embedding_plots/pdf_format/epoch2_umap.pdf"))
+        .arg(a.join("embedding_plots/epoch2_umap.png"))
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    assert_eq!(
+        text(&check.stdout).trim(),
+        r#"{"pages": 1, "box": [0.0, 0.0, 1008.0, 720.0], "images": 1, "same": true}"#
+    );
     // scDINO's global_kNN.txt: one block per checkpoint, in epoch order.
     let txt = std::fs::read_to_string(a.join("kNN/global_kNN.txt")).unwrap();
     let e0 = txt.find("_epoch0\n").expect("epoch0 block");

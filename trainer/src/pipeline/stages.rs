@@ -343,9 +343,13 @@ pub fn run_umap(t: &Target, tag: &str) -> Result<UmapSummary, StageError> {
         .collect();
     let dir = t.analyses.join("embedding_plots");
     let png = dir.join(format!("{tag}_umap.png"));
+    // scDINO also writes `pdf_format/epoch{E}_umap.pdf`: the same figure, 14×10 in.
+    let pdf = dir.join("pdf_format").join(format!("{tag}_umap.pdf"));
     let dim = set.features.size()[1] as usize;
-    plot::scatter_png(
+    plot::scatter_png_and_pdf(
         &png,
+        &pdf,
+        100.0,
         &plot::ScatterSpec {
             points: &emb,
             labels: &label_idx,

@@ -1,5 +1,5 @@
 //! The three chart kinds the analyses draw.
-use super::{colors, render_png, PlotError};
+use super::{colors, render, render_png, write_png, PlotError};
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -17,6 +17,23 @@ pub struct ScatterSpec<'a> {
 }
 
 pub fn scatter_png(path: &Path, spec: &ScatterSpec) -> Result<(), PlotError> {
+    let rgb = scatter_rgb(path, spec)?;
+    write_png(path, &rgb, spec.width, spec.height)
+}
+
+/// [`scatter_png`] plus the same rendering as a PDF at `dpi` (scDINO's `pdf_format/` copy).
+pub fn scatter_png_and_pdf(
+    png: &Path,
+    pdf: &Path,
+    dpi: f64,
+    spec: &ScatterSpec,
+) -> Result<(), PlotError> {
+    let rgb = scatter_rgb(png, spec)?;
+    write_png(png, &rgb, spec.width, spec.height)?;
+    super::write_pdf(pdf, &rgb, spec.width, spec.height, dpi)
+}
+
+fn scatter_rgb(path: &Path, spec: &ScatterSpec) -> Result<Vec<u8>, PlotError> {
     if spec.points.len() != spec.labels.len() {
         return Err(PlotError::Invalid(format!(
             "{} points but {} labels",
@@ -43,7 +60,7 @@ pub fn scatter_png(path: &Path, spec: &ScatterSpec) -> Result<(), PlotError> {
     let pad = |a: f32, b: f32| ((b - a).max(1e-6)) * 0.03;
     let (px, py) = (pad(x0, x1), pad(y0, y1));
     let palette = colors::hls_palette(spec.class_names.len());
-    render_png(path, spec.width, spec.height, |root| {
+    render(path, spec.width, spec.height, |root| {
         let (title_area, body) = root.split_vertically(70);
         title_area.draw(&Text::new(
             spec.title.to_string(),

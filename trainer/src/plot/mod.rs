@@ -4,8 +4,9 @@
 //! The font is vendored (DejaVu Sans) so figures look the same in a bare container.
 mod charts;
 mod colors;
+pub mod pdf;
 
-pub use charts::{confusion_png, lines_png, scatter_png, Curve, ScatterSpec};
+pub use charts::{confusion_png, lines_png, scatter_png, scatter_png_and_pdf, Curve, ScatterSpec};
 pub use colors::{hls_palette, viridis};
 
 use crate::data::tiff_reader::write_atomic;
@@ -78,6 +79,48 @@ where
         >,
     ) -> Result<(), Box<dyn std::error::Error>>,
 {
+    let buf = render(path, width, height, draw)?;
+    write_png(path, &buf, width, height)
+}
+
+/// Writes `rgb` as a one-page PDF (see [`pdf`]) at `dpi`, atomically.
+pub fn write_pdf(
+    path: &Path,
+    rgb: &[u8],
+    width: u32,
+    height: u32,
+    dpi: f64,
+) -> Result<(), PlotError> {
+    let bytes = pdf::image_pdf(
+        rgb,
+        width,
+        height,
+        f64::from(width) / dpi * 72.0,
+        f64::from(height) / dpi * 72.0,
+    );
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| PlotError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    write_atomic(path, &bytes).map_err(|e| PlotError::Draw {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Renders with `draw` into a fresh white `width`×`height` RGB8 canvas (`path` names the
+/// figure in errors).
+fn render<F>(path: &Path, width: u32, height: u32, draw: F) -> Result<Vec<u8>, PlotError>
+where
+    F: FnOnce(
+        &plotters::drawing::DrawingArea<
+            plotters::backend::BitMapBackend<'_>,
+            plotters::coord::Shift,
+        >,
+    ) -> Result<(), Box<dyn std::error::Error>>,
+{
     use plotters::prelude::*;
     ensure_font();
     let mut buf = vec![255u8; (width * height * 3) as usize];
@@ -91,5 +134,5 @@ where
         draw(&root).map_err(|e| fail(&e))?;
         root.present().map_err(|e| fail(&e))?;
     }
-    write_png(path, &buf, width, height)
+    Ok(buf)
 }
