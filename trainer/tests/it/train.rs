@@ -253,8 +253,12 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         "fp32 inside bf16 leaves the region on"
     );
 
-    // One bf16 training step: finite loss, close to the fp32 loss from the same start.
+    // One bf16 training step: finite loss, close to the fp32 loss from the same start. The
+    // inputs are seeded: the gap depends on them (the teacher's softmax at temperature 0.04
+    // amplifies bf16's rounding), and unseeded they came from whatever state the shared
+    // generator was left in by the tests before, which made the gap vary from run to run.
     let cfg = tiny_config();
+    tch::manual_seed(3);
     let crops: Vec<Tensor> = [32, 32, 16, 16]
         .iter()
         .map(|&s| Tensor::rand([2, 4, s, s], (Kind::Float, Device::Cpu)))
