@@ -374,7 +374,7 @@ impl StepBench {
             .samples(images, epoch, &order)
             .map_err(anyhow::Error::msg)?;
         let workers = self.workers.max(1);
-        Ok(EpochLoader::pooled(
+        Ok(EpochLoader::new(
             order,
             self.batch,
             workers,
@@ -585,7 +585,7 @@ impl LoaderBench {
         } else {
             2 * self.threads + 2
         });
-        let loader = EpochLoader::pooled(
+        let loader = EpochLoader::new(
             order,
             self.batch,
             self.threads,

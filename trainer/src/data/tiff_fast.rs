@@ -244,7 +244,7 @@ fn decode(b: &[u8], out: &mut ImageChw) -> Option<()> {
         b.get(at..at.checked_add(count * size)?)?;
         tags[slot] = Some(Entry { ty, count, at });
     }
-    let get = |tag: u16| tags[WANTED.iter().position(|&t| t == tag).unwrap_or(0)];
+    let get = |tag: u16| WANTED.iter().position(|&t| t == tag).and_then(|k| tags[k]);
     let scalar = |tag: u16, default: u64| match get(tag) {
         Some(entry) => entry.uniform(b, e),
         None => Some(default),

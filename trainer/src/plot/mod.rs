@@ -57,13 +57,18 @@ pub fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<(),
         path: path.to_path_buf(),
         message,
     })?;
+    write_file(path, &bytes)
+}
+
+/// Writes a figure file atomically, creating its folder.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| PlotError::Io {
             path: dir.to_path_buf(),
             source,
         })?;
     }
-    write_atomic(path, &bytes).map_err(|e| PlotError::Draw {
+    write_atomic(path, bytes).map_err(|e| PlotError::Draw {
         path: path.to_path_buf(),
         message: e.to_string(),
     })
@@ -98,16 +103,7 @@ pub fn write_pdf(
         f64::from(width) / dpi * 72.0,
         f64::from(height) / dpi * 72.0,
     );
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| PlotError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    }
-    write_atomic(path, &bytes).map_err(|e| PlotError::Draw {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+    write_file(path, &bytes)
 }
 
 /// Renders with `draw` into a fresh white `width`×`height` RGB8 canvas (`path` names the

@@ -90,25 +90,7 @@ impl ScaledSamples {
             shape: [shape],
         }
     }
-}
 
-impl Samples for ScaledSamples {
-    fn shapes(&self) -> &[[usize; 3]] {
-        &self.shape
-    }
-
-    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
-        IMAGE.with(|img| {
-            let img = &mut *img.borrow_mut();
-            if !(self.image)(i, img)? {
-                return Ok(false);
-            }
-            self.copy_checked(i, img, out)
-        })
-    }
-}
-
-impl ScaledSamples {
     fn copy_checked(
         &self,
         i: usize,
@@ -125,6 +107,22 @@ impl ScaledSamples {
         }
         out[0].copy_from_slice(&img.data);
         Ok(true)
+    }
+}
+
+impl Samples for ScaledSamples {
+    fn shapes(&self) -> &[[usize; 3]] {
+        &self.shape
+    }
+
+    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
+        IMAGE.with(|img| {
+            let img = &mut *img.borrow_mut();
+            if !(self.image)(i, img)? {
+                return Ok(false);
+            }
+            self.copy_checked(i, img, out)
+        })
     }
 }
 

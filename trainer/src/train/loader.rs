@@ -161,29 +161,9 @@ pub struct EpochLoader {
 
 impl EpochLoader {
     /// Delivers batches `start_batch..` of `order` (earlier ones are skipped, for resuming
-    /// mid-epoch).
+    /// mid-epoch), in batch tensors taken from `pool` (see [`BufferPool`]; `BufferPool::new(0)`
+    /// never reuses).
     pub fn new(
-        order: Vec<usize>,
-        batch_size: usize,
-        workers: usize,
-        prefetch: usize,
-        start_batch: usize,
-        samples: Arc<dyn Samples>,
-    ) -> Self {
-        let no_reuse = BufferPool::new(0);
-        Self::pooled(
-            order,
-            batch_size,
-            workers,
-            prefetch,
-            start_batch,
-            samples,
-            no_reuse,
-        )
-    }
-
-    /// [`Self::new`], taking batch tensors from `pool` (see [`BufferPool`]).
-    pub fn pooled(
         order: Vec<usize>,
         batch_size: usize,
         workers: usize,
@@ -391,7 +371,7 @@ mod tests {
 
     fn collect(workers: usize, start: usize) -> Vec<(usize, Vec<usize>, Vec<Vec<f32>>)> {
         let order: Vec<usize> = (0..40).rev().collect();
-        EpochLoader::new(order, 6, workers, 3, start, sample_fn())
+        EpochLoader::new(order, 6, workers, 3, start, sample_fn(), BufferPool::new(0))
             .map(|b| {
                 let b = b.unwrap();
                 let data = b
@@ -430,7 +410,8 @@ mod tests {
             }
         });
         let samples = Arc::new(FnSamples::new(vec![[1, 1, 1]], f));
-        let results: Vec<_> = EpochLoader::new((0..10).collect(), 4, 2, 2, 0, samples).collect();
+        let results: Vec<_> =
+            EpochLoader::new((0..10).collect(), 4, 2, 2, 0, samples, BufferPool::new(0)).collect();
         assert!(results[1]
             .as_ref()
             .err()
@@ -478,7 +459,7 @@ mod tests {
         let mut seen_ptrs = std::collections::HashSet::new();
         let mut reused = 0;
         let mut pooled = vec![];
-        for b in EpochLoader::pooled(order, 6, 2, 3, 0, sample_fn(), pool.clone()) {
+        for b in EpochLoader::new(order, 6, 2, 3, 0, sample_fn(), pool.clone()) {
             let b = b.unwrap();
             let data: Vec<Vec<f32>> = b
                 .crops

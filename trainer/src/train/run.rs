@@ -451,7 +451,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             .samples(images, epoch as u64, &order)
             .map_err(TrainError::Setup)?;
         let workers = cfg.data.num_workers.max(1);
-        let loader = EpochLoader::pooled(
+        let loader = EpochLoader::new(
             order,
             batch,
             workers,

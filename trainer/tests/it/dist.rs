@@ -336,6 +336,32 @@ fn fsdp_config() -> trainer::config::Config {
     .unwrap()
 }
 
+/// The FSDP tests' batch (2 channels, 2 global + 2 local crops, different per rank) and step
+/// settings.
+fn fsdp_step_inputs(rank: usize) -> (Vec<Tensor>, trainer::train::step::StepParams) {
+    let crops = [32, 32, 16, 16]
+        .iter()
+        .map(|&s| {
+            Tensor::from_slice(
+                &(0..2 * 2 * s * s)
+                    .map(|i| ((i * 31 + rank * 7) % 17) as f32 / 17.0)
+                    .collect::<Vec<_>>(),
+            )
+            .reshape([2, 2, s as i64, s as i64])
+        })
+        .collect();
+    let p = trainer::train::step::StepParams {
+        lr: 1e-3,
+        weight_decay: 0.04,
+        momentum: 0.996,
+        epoch: 1,
+        freeze_last_layer: false,
+        clip_grad: 3.0,
+        rng_seed: 1,
+    };
+    (crops, p)
+}
+
 /// FSDP on 2 and 4 ranks: after a step (so gradients and AdamW state exist) each rank holds at
 /// most 1/N of the full training state plus 10 %, measured as the bytes actually allocated
 /// under every tensor it keeps, and every module variable is a view of freed memory.
@@ -344,7 +370,7 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
     use trainer::dist::fsdp::Fsdp;
     use trainer::dist::hooks::storage_bytes;
     use trainer::train::loss::DinoLoss;
-    use trainer::train::step::{Learner, Networks, StepParams};
+    use trainer::train::step::{Learner, Networks};
     let _rng = super::util::torch_rng_lock();
     for (world, port) in [(2usize, 29761u16), (4, 29771)] {
         let handles: Vec<_> = (0..world)
@@ -375,26 +401,7 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
                     ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
                     ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
                     let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
-                    let crops: Vec<Tensor> = [32, 32, 16, 16]
-                        .iter()
-                        .map(|&s| {
-                            Tensor::from_slice(
-                                &(0..2 * 2 * s * s)
-                                    .map(|i| ((i * 31 + rank * 7) % 17) as f32 / 17.0)
-                                    .collect::<Vec<_>>(),
-                            )
-                            .reshape([2, 2, s as i64, s as i64])
-                        })
-                        .collect();
-                    let p = StepParams {
-                        lr: 1e-3,
-                        weight_decay: 0.04,
-                        momentum: 0.996,
-                        epoch: 1,
-                        freeze_last_layer: false,
-                        clip_grad: 3.0,
-                        rng_seed: 1,
-                    };
+                    let (crops, p) = fsdp_step_inputs(rank);
                     let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
                     assert!(out.loss.is_finite());
                     let mem = fsdp.memory(&learner);
@@ -441,7 +448,7 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
 fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher() {
     use trainer::dist::fsdp::{Fsdp, Peak};
     use trainer::train::loss::DinoLoss;
-    use trainer::train::step::{Learner, Networks, StepParams};
+    use trainer::train::step::{Learner, Networks};
     let _rng = super::util::torch_rng_lock();
     // The switch: `train.fsdp_reshard_after_forward`, on by default.
     assert!(fsdp_config().train.fsdp_reshard_after_forward);
@@ -476,26 +483,7 @@ fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher()
                     ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
                     let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
                     fsdp.set_reshard_after_forward(reshard);
-                    let crops: Vec<Tensor> = [32, 32, 16, 16]
-                        .iter()
-                        .map(|&s| {
-                            Tensor::from_slice(
-                                &(0..2 * 2 * s * s)
-                                    .map(|i| ((i * 31 + rank * 7) % 17) as f32 / 17.0)
-                                    .collect::<Vec<_>>(),
-                            )
-                            .reshape([2, 2, s as i64, s as i64])
-                        })
-                        .collect();
-                    let p = StepParams {
-                        lr: 1e-3,
-                        weight_decay: 0.04,
-                        momentum: 0.996,
-                        epoch: 1,
-                        freeze_last_layer: false,
-                        clip_grad: 3.0,
-                        rng_seed: 1,
-                    };
+                    let (crops, p) = fsdp_step_inputs(rank);
                     let mut peaks = vec![];
                     for _ in 0..2 {
                         let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
@@ -561,7 +549,7 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
     use trainer::dist::fsdp::Fsdp;
     use trainer::precision::LossScaler;
     use trainer::train::loss::DinoLoss;
-    use trainer::train::step::{Learner, Networks, StepParams};
+    use trainer::train::step::{Learner, Networks};
     let _rng = super::util::torch_rng_lock();
     let world = 2usize;
     // (scale or None, port) → per rank: (checksum before, checksum after, skipped flags,
@@ -600,26 +588,7 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
                     ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
                     ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
                     let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
-                    let crops: Vec<Tensor> = [32, 32, 16, 16]
-                        .iter()
-                        .map(|&s| {
-                            Tensor::from_slice(
-                                &(0..2 * 2 * s * s)
-                                    .map(|i| ((i * 13 + rank * 5) % 19) as f32 / 19.0)
-                                    .collect::<Vec<_>>(),
-                            )
-                            .reshape([2, 2, s as i64, s as i64])
-                        })
-                        .collect();
-                    let p = StepParams {
-                        lr: 1e-3,
-                        weight_decay: 0.04,
-                        momentum: 0.996,
-                        epoch: 1,
-                        freeze_last_layer: false,
-                        clip_grad: 3.0,
-                        rng_seed: 1,
-                    };
+                    let (crops, p) = fsdp_step_inputs(rank);
                     let before = fsdp.checksum(&learner).unwrap();
                     let mut skipped = vec![];
                     for it in 0..2 {

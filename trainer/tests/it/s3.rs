@@ -781,6 +781,12 @@ fn pack_to_s3(dir: &Path, tree: &Path, port: u16, out: &str, staging: &Path) -> 
     stdout
 }
 
+/// The shard index `pack` left in its staging directory.
+fn staged_index(staging: &Path) -> trainer::data::shards::ShardIndexFile {
+    let path = staging.join(trainer::data::shards::INDEX_FILE);
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
 /// Requests that write (PUT, POST of multipart uploads, DELETE).
 fn writes(proxy: &Proxy) -> Vec<Logged> {
     proxy
@@ -793,7 +799,7 @@ fn writes(proxy: &Proxy) -> Vec<Logged> {
 #[test]
 fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
     use trainer::config::DataFormat;
-    use trainer::data::shards::{LocalShardStore, ShardIndexFile, ShardSource, INDEX_FILE};
+    use trainer::data::shards::{LocalShardStore, ShardSource, INDEX_FILE};
     fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
@@ -806,8 +812,7 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
     let staging = dir.path().join("staging");
     let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
     assert!(out.contains("uploaded to"), "{out}");
-    let index: ShardIndexFile =
-        serde_json::from_slice(&std::fs::read(staging.join(INDEX_FILE)).unwrap()).unwrap();
+    let index = staged_index(&staging);
     assert!(index.shards.len() > 1, "{} shards", index.shards.len());
     // One PUT per shard, then the index, last.
     let puts: Vec<String> = writes(&proxy)
@@ -908,7 +913,6 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
 
 #[test]
 fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
-    use trainer::data::shards::{ShardIndexFile, INDEX_FILE};
     fake_credentials();
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
@@ -917,8 +921,7 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
     let url = format!("s3://{BUCKET}/packed");
     let staging = dir.path().join("staging");
     pack_to_s3(dir.path(), &tree, moto.port, &url, &staging);
-    let index: ShardIndexFile =
-        serde_json::from_slice(&std::fs::read(staging.join(INDEX_FILE)).unwrap()).unwrap();
+    let index = staged_index(&staging);
     let cfg = config(dir.path(), &url, &s3_yaml(moto.port), 1);
     let remote = trainer::data::object_store::Remote::open(&url, &cfg.data.s3).unwrap();
     // A sample training reads (as in the loose-objects corrupt test).
@@ -959,9 +962,7 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
 #[test]
 fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
     use trainer::data::cache::NodeCache;
-    use trainer::data::shards::{
-        CachedShardStore, S3ShardStore, ShardIndexFile, ShardSource, INDEX_FILE,
-    };
+    use trainer::data::shards::{CachedShardStore, S3ShardStore, ShardSource, INDEX_FILE};
     fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
@@ -973,8 +974,7 @@ fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
     let url = format!("s3://{BUCKET}/packed/v1");
     let staging = dir.path().join("staging");
     pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
-    let index: ShardIndexFile =
-        serde_json::from_slice(&std::fs::read(staging.join(INDEX_FILE)).unwrap()).unwrap();
+    let index = staged_index(&staging);
     assert!(index.shards.len() > 2, "{} shards", index.shards.len());
     let local = LocalSource::open(&tree, 0).unwrap();
     let nvme = dir.path().join("nvme");

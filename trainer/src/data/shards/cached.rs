@@ -188,8 +188,7 @@ impl Shared {
     fn download(&self, name: &str, size: u64) -> ShardState {
         let sha = &self.expected[name].1;
         let path = self.cache.dir().join(name);
-        let open_if_current = || self.current_entry(name);
-        if let Some(f) = open_if_current() {
+        if let Some(f) = self.current_entry(name) {
             return ShardState::Local(f);
         }
         if entry_digest(&path).is_some() {
@@ -210,7 +209,7 @@ impl Shared {
             }
             Ok(bytes)
         });
-        match fetched.map(|_| open_if_current()) {
+        match fetched.map(|_| self.current_entry(name)) {
             Ok(Some(f)) => ShardState::Local(f),
             Ok(None) => ShardState::Remote, // cache full or unwritable
             Err(e) => {
@@ -231,12 +230,6 @@ impl ShardStore for CachedShardStore {
             return Ok(self.index.clone());
         }
         self.shared.remote.read_all(name)
-    }
-
-    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
-        let mut buf = Vec::new();
-        self.read_range_into(name, offset, len, &mut buf)?;
-        Ok(buf)
     }
 
     fn read_range_into(

@@ -12,7 +12,11 @@ pub trait ShardStore: Send + Sync {
     /// A whole (small) object, e.g. the index.
     fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError>;
     /// `len` bytes of object `name` from `offset`; fewer bytes than asked is an error.
-    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError>;
+    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
+        let mut buf = Vec::new();
+        self.read_range_into(name, offset, len, &mut buf)?;
+        Ok(buf)
+    }
     /// [`Self::read_range`] into `buf`, reusing its allocation where the store can.
     fn read_range_into(
         &self,
@@ -20,10 +24,7 @@ pub trait ShardStore: Send + Sync {
         offset: u64,
         len: usize,
         buf: &mut Vec<u8>,
-    ) -> Result<(), DataError> {
-        *buf = self.read_range(name, offset, len)?;
-        Ok(())
-    }
+    ) -> Result<(), DataError>;
     /// Where object `name` is, for messages (a path or URL).
     fn locate(&self, name: &str) -> PathBuf;
     fn describe(&self) -> String;
@@ -65,12 +66,6 @@ impl ShardStore for LocalShardStore {
     fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError> {
         let path = self.dir.join(name);
         std::fs::read(&path).map_err(|e| DataError::io(&path, "reading", e))
-    }
-
-    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
-        let mut buf = Vec::new();
-        self.read_range_into(name, offset, len, &mut buf)?;
-        Ok(buf)
     }
 
     fn read_range_into(
@@ -129,8 +124,16 @@ impl ShardStore for S3ShardStore {
         self.remote.get(&key, None)
     }
 
-    fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
-        self.remote.get_range(name, offset, len)
+    /// A ranged GET arrives in a buffer of its own.
+    fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), DataError> {
+        *buf = self.remote.get_range(name, offset, len)?;
+        Ok(())
     }
 
     fn locate(&self, name: &str) -> PathBuf {
