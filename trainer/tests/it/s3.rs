@@ -224,7 +224,13 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
         req.extend_from_slice(&body);
         upstream.write_all(&req)?;
         let mut resp = Vec::new();
-        let _ = upstream.read_to_end(&mut resp);
+        let read = upstream.read_to_end(&mut resp);
+        if read.is_err() || !response_complete(&method, &resp) {
+            // Killed mid-response: nothing usable reached the client, whatever the status
+            // line said, so it is logged (and behaves) as a dead server.
+            log(0);
+            return Ok(());
+        }
         let status = std::str::from_utf8(&resp[..resp.len().min(12)])
             .ok()
             .and_then(|s| s.get(9..12))
@@ -234,6 +240,25 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
         client.write_all(&resp)?;
         return Ok(()); // moto closes after each response; so do we
     }
+}
+
+/// Whether `resp` (to a `method` request) holds a whole HTTP response: headers, and as many
+/// body bytes as its Content-Length says (moto always sends one; without it, whatever arrived
+/// before EOF). A HEAD response and a 204/304 carry no body whatever the header says.
+fn response_complete(method: &str, resp: &[u8]) -> bool {
+    let Some(end) = resp.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&resp[..end]).to_ascii_lowercase();
+    let status = head.get(9..12).unwrap_or("");
+    if method == "HEAD" || status == "204" || status == "304" {
+        return true;
+    }
+    let declared = head.lines().find_map(|l| {
+        l.strip_prefix("content-length:")
+            .and_then(|v| v.trim().parse::<usize>().ok())
+    });
+    declared.is_none_or(|n| resp.len() - (end + 4) >= n)
 }
 
 /// 16 training images in 2 classes (+ 8 test images in nested donor folders).
