@@ -591,6 +591,8 @@ fn csv_errors_name_file_and_line() {
 
 #[test]
 fn invalid_inputs_are_errors_not_panics() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let labels = |n: usize| (0..n).map(|i| format!("c{}", i % 2)).collect::<Vec<_>>();
     let feats = |n: i64| Tensor::randn([n, 4], (Kind::Double, tch::Device::Cpu));
     assert!(KnnInput::new(feats(3), labels(4)).is_err());
@@ -650,6 +652,8 @@ fn invalid_inputs_are_errors_not_panics() {
 #[test]
 #[ignore = "timing at scDINO scale (~1.6 TFLOP in f64); run explicitly"]
 fn scdino_scale_timing() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let n = 113_564;
     tch::manual_seed(0);
     let f = Tensor::randn([n, 384], (Kind::Double, tch::Device::Cpu));

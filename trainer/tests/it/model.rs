@@ -25,6 +25,8 @@ fn arch(name: &str) -> Arch {
 
 /// Builds both sides from the same PyTorch weights and compares every output.
 fn check_parity(case: Case) {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("parity.safetensors");
@@ -126,6 +128,8 @@ fn vit_tiny_p8_with_bn_head_matches_pytorch() {
 
 #[test]
 fn vit_small_parameter_count_and_names_match_scdino() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let vs = nn::VarStore::new(Device::Cpu);
     let vit = VitConfig::new(Arch::VitSmall, 16, 5);
     let head = HeadConfig::new(vit.embed_dim, 65536, false, true);
@@ -232,6 +236,8 @@ fn drop_path_only_acts_in_training() {
 
 #[test]
 fn loading_refuses_missing_or_misshaped_weights() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w.safetensors");
     let vs = nn::VarStore::new(Device::Cpu);

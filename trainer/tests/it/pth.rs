@@ -128,6 +128,8 @@ fn assert_close(ours: &Tensor, theirs: &Tensor, what: &str) {
 
 #[test]
 fn scdino_checkpoint_features_match_pytorch_for_teacher_and_student() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let ck = scdino_pth();
     let ms = &dataset().ms;
     let teacher = features::extract(&config("01234", ""), 0, ck, ms).unwrap();
@@ -195,6 +197,8 @@ fn scdino_checkpoint_contents_are_readable() {
 
 #[test]
 fn bare_fp16_state_dict_features_match_pytorch() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let dir = shared_dir("bare");
     let ck = dir.join("dino_vittiny16_fp16.pth");
     run_py_file(
@@ -213,6 +217,8 @@ fn bare_fp16_state_dict_features_match_pytorch() {
 
 #[test]
 fn channel_mismatch_is_an_error_naming_both_counts_and_the_file() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let ck = scdino_pth();
     let err = features::extract(&config("24", ""), 0, ck, &dataset().ms)
         .err()
@@ -226,6 +232,8 @@ fn channel_mismatch_is_an_error_naming_both_counts_and_the_file() {
 
 #[test]
 fn mean_patch_embedding_matches_pytorch() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let ck = scdino_pth();
     let cfg = config("24", "    use_mean_patch_embedding: true\n");
     let set = features::extract(&cfg, 0, ck, &dataset().ms).unwrap();
@@ -235,6 +243,8 @@ fn mean_patch_embedding_matches_pytorch() {
 
 #[test]
 fn custom_embedding_map_matches_pytorch_and_checks_its_entries() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let ck = scdino_pth();
     let ms = &dataset().ms;
     let cfg = config("24", "    custom_embedding_map: {2: 4, 4: 0}\n");
@@ -262,6 +272,8 @@ fn custom_embedding_map_matches_pytorch_and_checks_its_entries() {
 
 #[test]
 fn import_gives_a_safetensors_backbone_with_identical_features() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let ck = scdino_pth();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("imported.safetensors");

@@ -128,6 +128,8 @@ fn frozen_last_layer_is_untouched_then_trains() {
 
 #[test]
 fn dino_loss_matches_formula_in_pytorch() {
+    // Draws from (or initialises a model with) the process-wide generator.
+    let _rng = super::util::torch_rng_lock();
     let (b, k, ncrops) = (3i64, 50i64, 5usize);
     let s = Tensor::randn([ncrops as i64 * b, k], (Kind::Float, Device::Cpu));
     let te = Tensor::randn([2 * b, k], (Kind::Float, Device::Cpu));
@@ -253,11 +255,16 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         "fp32 inside bf16 leaves the region on"
     );
 
-    // One bf16 training step: finite loss, close to the fp32 loss from the same start. The
-    // inputs are seeded: the gap depends on them (the teacher's softmax at temperature 0.04
-    // amplifies bf16's rounding), and unseeded they came from whatever state the shared
-    // generator was left in by the tests before, which made the gap vary from run to run.
-    let cfg = tiny_config();
+    // One bf16 training step: finite loss, close to the fp32 loss from the same start.
+    // Without stochastic depth: its masks come from libtorch's process-wide generator, which
+    // tests on other threads draw from between the two steps (the lock above only orders
+    // the tests that take it), so fp32 and bf16 could drop different residual branches; two
+    // CI runs saw gaps of 5.6 % and 6 % that way. What is left is bf16's rounding.
+    let cfg = Config::from_yaml(
+        "data:\n  channel_names: [a, b, c, d]\n  channel_combinations: [\"0123\"]\nmodel:\n  arch: vit_tiny\n  out_dim: 256\n  drop_path_rate: 0.0\n",
+        "test",
+    )
+    .unwrap();
     tch::manual_seed(3);
     let crops: Vec<Tensor> = [32, 32, 16, 16]
         .iter()
@@ -291,10 +298,11 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         );
         losses.push(out.loss);
     }
-    assert!(
-        (losses[0] - losses[1]).abs() < 0.05 * losses[0],
-        "{losses:?}"
-    );
+    // Measured over 12 seeds of inputs and weights: relative gaps 2e-5 to 2.2e-4. Equal
+    // losses would mean the step ran in fp32 after all.
+    let gap = (losses[0] - losses[1]).abs() / losses[0];
+    assert!(gap < 2e-3, "{losses:?}");
+    assert!(gap > 0.0, "bf16 changed nothing: {losses:?}");
 }
 
 /// `augment.augment_on: device` trains through `trainer train` (workers only read and

@@ -56,7 +56,8 @@ pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
 
 /// libtorch's default generator is process-wide and the tests of this binary run in parallel
 /// threads: a test that needs reproducible draws (drop path, initialisation) holds this lock
-/// so no other test draws in between.
+/// so no other test draws in between, which only works if every test that draws (random
+/// tensors, building a model, even one whose weights are loaded afterwards) holds it too.
 pub fn torch_rng_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
