@@ -151,6 +151,11 @@ impl Config {
             "data.s3.max_concurrency",
             "must be at least 1 (GET requests in flight)",
         )?;
+        v.check(
+            data.s3.shard_chunk_bytes > 0,
+            "data.s3.shard_chunk_bytes",
+            "must be at least 1 (bytes per chunk GET; 64 MiB by default)",
+        )?;
         if let Some(ep) = &data.s3.endpoint {
             v.check(
                 ep.starts_with("http://") || ep.starts_with("https://"),

@@ -121,6 +121,13 @@ pub struct S3Section {
     /// Images fetched ahead of the sampler's order; with `max_concurrency` this bounds the
     /// memory held by the prefetcher (`prefetch` × image size).
     pub prefetch: usize,
+    /// Packed shards without `data.cache.dir`, read in `data.order: shard_sequential`: the
+    /// largest chunk (bytes of one shard around this rank's next samples) fetched by one
+    /// ranged GET instead of a GET per sample.
+    pub shard_chunk_bytes: u64,
+    /// Chunks held in memory or in flight at most (memory ≤ this × `shard_chunk_bytes`);
+    /// 0 reads every sample by its own ranged GET.
+    pub shard_chunks_ahead: usize,
     /// Retries of one request on throttling (503 SlowDown, 429), 5xx and connection errors.
     pub max_retries: usize,
     /// First retry delay; doubles per retry up to `retry_max_backoff_ms`.
@@ -140,6 +147,8 @@ impl Default for S3Section {
             allow_http: false,
             max_concurrency: 32,
             prefetch: 512,
+            shard_chunk_bytes: 64 << 20,
+            shard_chunks_ahead: 4,
             max_retries: 10,
             retry_initial_backoff_ms: 100,
             retry_max_backoff_ms: 15_000,

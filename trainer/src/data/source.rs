@@ -128,8 +128,9 @@ impl ImageSource for LocalSource {
 
 /// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` holding packed shards
 /// (`data.format: shards`, or `auto` and a `shard-index.json` object under the prefix, one
-/// HEAD) is read by ranged GETs through [`S3ShardStore`] (with `data.cache.dir`, through a
-/// [`CachedShardStore`] that caches whole shards); any other `s3://` prefix streams
+/// HEAD) is read by ranged GETs through [`S3ShardStore`], in chunks ahead of a sequential
+/// order ([`StreamedShardStore`]) or, with `data.cache.dir`, through a [`CachedShardStore`]
+/// that caches whole shards; any other `s3://` prefix streams
 /// through [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
 /// [`super::shards`]) when `data.format` says so or, with `auto`, when it holds a shard index;
 /// otherwise the `ImageFolder` tree on a local or shared (FSx) file system. With
@@ -138,6 +139,7 @@ impl ImageSource for LocalSource {
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
     use super::shards::{
         is_packed_dir, CachedShardStore, LocalShardStore, S3ShardStore, ShardSource,
+        StreamSettings, StreamedShardStore,
     };
     use crate::config::DataFormat;
     let location = data.dataset_dir.to_string_lossy().to_string();
@@ -162,7 +164,14 @@ pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, Da
                     )?;
                     Arc::new(CachedShardStore::open(Arc::new(store), cache)?)
                 }
-                None => Arc::new(store),
+                None => Arc::new(StreamedShardStore::new(
+                    Arc::new(store),
+                    StreamSettings {
+                        chunk_bytes: data.s3.shard_chunk_bytes,
+                        chunks_ahead: data.s3.shard_chunks_ahead,
+                        fetchers: data.s3.max_concurrency,
+                    },
+                )),
             };
             return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
         }

@@ -161,6 +161,10 @@ fn s3_cache_and_corrupt_keys_are_strict_and_checked() {
             "data:\n  s3:\n    max_concurrency: 0\n",
             "data.s3.max_concurrency",
         ),
+        (
+            "data:\n  s3:\n    shard_chunk_bytes: 0\n",
+            "data.s3.shard_chunk_bytes",
+        ),
         ("data:\n  dataset_dir: s3:///x\n", "bucket"),
         ("data:\n  dataset_dir: gs://b/x\n", "s3://"),
     ] {

@@ -779,6 +779,18 @@ fn s3_each_rank_fetches_only_its_own_samples() {
 
 /// `trainer data pack --config <local tree config> --out s3://bkt/packed/v1 --staging ...`.
 fn pack_to_s3(dir: &Path, tree: &Path, port: u16, out: &str, staging: &Path) -> String {
+    pack_to_s3_sized(dir, tree, port, out, staging, "40K")
+}
+
+/// [`pack_to_s3`] with shards of at most `shard_size`.
+fn pack_to_s3_sized(
+    dir: &Path,
+    tree: &Path,
+    port: u16,
+    out: &str,
+    staging: &Path,
+    shard_size: &str,
+) -> String {
     let cfg = dir.join("pack.yaml");
     std::fs::write(
         &cfg,
@@ -793,7 +805,7 @@ fn pack_to_s3(dir: &Path, tree: &Path, port: u16, out: &str, staging: &Path) -> 
     let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
         .args(["data", "pack", "--config"])
         .arg(&cfg)
-        .args(["--out", out, "--shard-size", "40K", "--staging"])
+        .args(["--out", out, "--shard-size", shard_size, "--staging"])
         .arg(staging)
         .output()
         .unwrap();
@@ -1172,4 +1184,62 @@ fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
     assert_eq!(meta.as_deref(), Some(sha.as_str()));
     let key = ::object_store::path::Path::from("big/shard-000000.tar");
     assert!(remote.get(&key, Some(size)).unwrap() == bytes);
+}
+
+/// `data.order: shard_sequential` from S3 shards without a cache: the epoch's samples arrive
+/// in one ranged GET per shard (a chunk around this rank's samples) instead of one per
+/// sample, and training equals training from the same shards on a local disk.
+#[test]
+fn s3_shard_sequential_without_cache_streams_chunks_and_trains_like_local_shards() {
+    fake_credentials();
+    let _rng = torch_rng_lock();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let tree = root.join("Training");
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let url = format!("s3://{BUCKET}/packed/v1");
+    let staging = dir.path().join("staging");
+    pack_to_s3_sized(dir.path(), &tree, proxy.port, &url, &staging, "120K");
+    let shards = staged_index(&staging).shards.len();
+    assert!((2..=6).contains(&shards), "{shards} shards");
+    let order = "  format: shards\n  order: shard_sequential\n  shuffle_buffer: 3\n";
+    let epochs = 2;
+    let local_out = dir.path().join("local");
+    run(&config(
+        &local_out,
+        staging.to_str().unwrap(),
+        order,
+        epochs,
+    ));
+    let s3_out = dir.path().join("s3");
+    let cfg = config(
+        &s3_out,
+        &url,
+        &format!("{order}{}", s3_yaml(proxy.port)),
+        epochs,
+    );
+    // Same statistics as the local run, so the GETs below are exactly the training reads.
+    std::fs::create_dir_all(cfg.run_dir()).unwrap();
+    std::fs::copy(
+        local_out.join("r/mean_and_std_of_dataset.txt"),
+        cfg.run_dir().join("mean_and_std_of_dataset.txt"),
+    )
+    .unwrap();
+    proxy.clear();
+    run(&cfg);
+    let shard_gets: Vec<Logged> = proxy
+        .log()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.target.contains("/shard-0"))
+        .collect();
+    // 13 training images, 12 read per epoch (3 batches of 4): a GET per sample would be 24.
+    assert!(
+        !shard_gets.is_empty() && shard_gets.len() <= epochs * shards,
+        "{} GETs for {shards} shards: {shard_gets:?}",
+        shard_gets.len()
+    );
+    assert!(shard_gets.iter().all(|r| r.status == 206), "{shard_gets:?}");
+    assert_same_weights(&config(&local_out, "x", "", 1), &cfg);
 }

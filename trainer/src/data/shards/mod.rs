@@ -20,6 +20,7 @@ pub mod order;
 pub mod pack;
 pub mod source;
 pub mod store;
+pub mod streamed;
 pub mod tar;
 pub mod upload;
 
@@ -27,7 +28,8 @@ pub use cached::CachedShardStore;
 pub use order::shard_sequential_order;
 pub use pack::{pack, PackEvent, PackOptions, PackSummary};
 pub use source::ShardSource;
-pub use store::{LocalShardStore, S3ShardStore, ShardStore};
+pub use store::{LocalShardStore, PlannedRead, S3ShardStore, ShardStore};
+pub use streamed::{StreamSettings, StreamedShardStore};
 pub use upload::{upload, UploadEvent, UploadSummary};
 
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,5 @@
 //! [`ShardSource`]: a packed dataset behind the same [`ImageSource`] as the original tree.
-use super::store::ShardStore;
+use super::store::{PlannedRead, ShardStore};
 use super::{join_root, ShardIndexFile, FORMAT, INDEX_FILE};
 use crate::data::error::DataError;
 use crate::data::index::{label_for, DatasetIndex, Sample};
@@ -163,6 +163,20 @@ impl ImageSource for ShardSource {
 
     fn locate_error(&self, i: usize, e: DataError) -> DataError {
         self.member_error(i, e.to_string())
+    }
+
+    /// Hands the member reads of `order` to the store (which may stream them in chunks).
+    fn will_read(&self, order: &[usize]) {
+        let reads: Vec<PlannedRead<'_>> = order
+            .iter()
+            .filter_map(|&i| self.locations.get(i))
+            .map(|loc| PlannedRead {
+                name: &self.shard_files[loc.shard],
+                offset: loc.offset,
+                len: loc.length,
+            })
+            .collect();
+        self.store.will_read(&reads);
     }
 
     fn shard_layout(&self) -> Option<&[Vec<usize>]> {

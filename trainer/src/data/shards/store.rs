@@ -8,6 +8,14 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+/// One member read announced ahead of time: `len` bytes of object `name` from `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedRead<'a> {
+    pub name: &'a str,
+    pub offset: u64,
+    pub len: u64,
+}
+
 pub trait ShardStore: Send + Sync {
     /// A whole (small) object, e.g. the index.
     fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError>;
@@ -25,6 +33,9 @@ pub trait ShardStore: Send + Sync {
         len: usize,
         buf: &mut Vec<u8>,
     ) -> Result<(), DataError>;
+    /// The reads about to come, in order (one epoch of one rank); a store may fetch ahead.
+    /// A later call replaces the plan.
+    fn will_read(&self, _reads: &[PlannedRead<'_>]) {}
     /// Where object `name` is, for messages (a path or URL).
     fn locate(&self, name: &str) -> PathBuf;
     fn describe(&self) -> String;
