@@ -72,6 +72,13 @@ pub fn resolve(
     }
 }
 
+/// The device of this process for `choice`: its local rank (torchrun, `trainer launch` or
+/// Slurm variables) picks the GPU. For the analyses, which do not set up a process group.
+pub fn resolve_for_this_process(choice: DeviceChoice) -> Result<Device, String> {
+    let local_rank = crate::dist::env::DistEnv::from_process_env()?.local_rank;
+    resolve(choice, local_rank, CudaFacts::probe())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use crate::plot::{self, PlotError};
 use crate::train::sampler::SplitMix64;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttentionError {
@@ -125,7 +125,9 @@ pub fn write_attention_maps(
     })?;
     let weights = BackboneWeights::load(checkpoint_path, cfg.downstream.features.checkpoint_key)
         .map_err(FeaturesError::from)?;
-    let (_vs, vit) = features::load_backbone(cfg, &weights, &channels)?;
+    let device = crate::device::resolve_for_this_process(cfg.train.device)
+        .map_err(AttentionError::Invalid)?;
+    let (_vs, vit) = features::load_backbone(cfg, &weights, &channels, device)?;
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
     let split =
@@ -199,7 +201,8 @@ pub fn write_attention_maps(
             } else {
                 x.shallow_clone()
             };
-            let maps = cls_attention_maps(&vit, &normalized);
+            let maps =
+                cls_attention_maps(&vit, &normalized.to_device(device)).to_device(Device::Cpu);
             for head in 0..maps.size()[0] {
                 let name = format!("attn-head{head}.png");
                 save_viridis(&dir.join(&name), &maps.get(head))?;

@@ -48,7 +48,8 @@ pub struct FeatureSet {
     pub tag: String,
 }
 
-/// The configured ViT with `weights` loaded, for images of `channels` (file channel indices).
+/// The configured ViT with `weights` loaded on `device`, for images of `channels` (file
+/// channel indices).
 /// The patch embedding is adapted as `downstream.features` says (see
 /// [`PatchEmbedAdapt`]); every other tensor must exist with the configured shape (scDINO loads
 /// with `strict=False`, which leaves a missing tensor at its random init: we refuse instead).
@@ -56,6 +57,7 @@ pub fn load_backbone(
     cfg: &Config,
     weights: &BackboneWeights,
     channels: &[usize],
+    device: Device,
 ) -> Result<(nn::VarStore, VisionTransformer), FeaturesError> {
     let adapt = PatchEmbedAdapt::from_config(&cfg.downstream.features);
     let patch_embed = weights.patch_embed_for(channels, &adapt)?;
@@ -65,7 +67,7 @@ pub fn load_backbone(
         .as_ref()
         .map(|a| format!(" (the checkpoint was trained with {})", a.summary()))
         .unwrap_or_default();
-    let mut vs = nn::VarStore::new(Device::Cpu);
+    let mut vs = nn::VarStore::new(device);
     let vit = VisionTransformer::new(
         vs.root() / "backbone",
         VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len()),
@@ -148,7 +150,11 @@ pub fn extract_shard(
     })?;
     let f = &cfg.downstream.features;
     let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
-    let (_vs, vit) = load_backbone(cfg, &weights, &channels)?;
+    // The forward passes run on `train.device` (this process's GPU on a GPU node); images are
+    // prepared and features collected on the CPU.
+    let device = crate::device::resolve_for_this_process(cfg.train.device)
+        .map_err(FeaturesError::Invalid)?;
+    let (_vs, vit) = load_backbone(cfg, &weights, &channels, device)?;
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
     let split =
@@ -192,9 +198,9 @@ pub fn extract_shard(
             };
             batch.push(prepare(&img, cfg, &mean, &std));
         }
-        let x = Tensor::stack(&batch, 0);
+        let x = Tensor::stack(&batch, 0).to_device(device);
         let feats = tch::no_grad(|| vit.forward_t(&x, false));
-        rows.push(feats);
+        rows.push(feats.to_device(Device::Cpu));
     }
     let features = if rows.is_empty() {
         Tensor::zeros([0, vit.config().embed_dim], (Kind::Float, tch::Device::Cpu))

@@ -158,4 +158,27 @@ print(float(np.abs(ours - f.double().numpy()).max()), ours.shape[0], float(np.ab
     assert_eq!(v[1], 5.0);
     assert!(v[0] <= 1e-4, "features differ from PyTorch by {}", v[0]);
     assert!(v[2] <= 1e-6, "rows are not unit norm: {}", v[2]);
+
+    // The analyses run on `train.device`: asking for a GPU this process cannot use is an
+    // error naming the key (here: no CUDA build, no GPU), never a silent CPU run.
+    let on_gpu = Config::from_yaml(
+        &yaml.replace("train:\n", "train:\n  device: cuda\n"),
+        "test",
+    )
+    .unwrap();
+    let e = features::extract(&on_gpu, 0, &ckpt, &ms)
+        .err()
+        .expect("no GPU here")
+        .to_string();
+    assert!(e.contains("train.device is cuda"), "{e}");
+    let e = trainer::analysis::attention::write_attention_maps(
+        &on_gpu,
+        0,
+        &ckpt,
+        &ms,
+        &dir.path().join("attn"),
+    )
+    .expect_err("no GPU here")
+    .to_string();
+    assert!(e.contains("train.device is cuda"), "{e}");
 }
