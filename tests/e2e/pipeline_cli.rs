@@ -259,3 +259,94 @@ fn pipeline_stopped_by_signal_resumes_and_finishes() {
         .collect();
     assert_eq!(epochs, [0, 1, 2]);
 }
+
+/// `trainer launch --nproc 2 -- pipeline`: training and features run data-parallel on both
+/// ranks, every other stage once on rank 0, and a rerun finds everything up to date on both.
+#[test]
+fn pipeline_on_two_ranks_runs_collective_stages_on_both_and_the_rest_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path());
+    let launch = || {
+        let out = Command::new(bin("trainer"))
+            .args([
+                "launch",
+                "--nproc",
+                "2",
+                "--master-port",
+                "29721",
+                "--",
+                "pipeline",
+                "--config",
+                &cfg,
+                "--threads",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "pipeline on 2 ranks failed:\n{err}");
+        (text(&out.stdout), err)
+    };
+    let (stdout, log) = launch();
+    // Data-parallel training: both ranks end with the same parameters.
+    let sums: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split_once("student parameter checksum ").map(|(_, c)| c))
+        .collect();
+    assert_eq!(sums.len(), 2, "{log}");
+    assert_eq!(sums[0], sums[1], "{log}");
+    // Rank 1 took part in training and the features of both checkpoints, nothing else.
+    assert!(
+        log.contains("rank 1: pipeline finished (3 collective stages ran)"),
+        "{log}"
+    );
+    for stage in [
+        "features epoch0",
+        "knn epoch0",
+        "umap epoch0",
+        "attention epoch0",
+        "features epoch2",
+        "knn epoch2",
+        "umap epoch2",
+        "attention epoch2",
+        "report",
+    ] {
+        let line = format!("[pipeline] {stage}: running");
+        assert_eq!(log.matches(&line).count(), 1, "{line}:\n{log}");
+    }
+    let a = analyses(dir.path());
+    assert_eq!(stdout.trim(), a.join("report.html").display().to_string());
+    let csv = std::fs::read_to_string(a.join("CLS_features/epoch2_features.csv")).unwrap();
+    let knn: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(a.join("kNN/epoch2_knn_metrics.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(knn["n_samples"], csv.lines().count());
+    assert!(a.join("embedding_plots/epoch2_umap.png").is_file());
+    assert_eq!(
+        check_report(&a.join("report.html")).len(),
+        3 + 1 + 1 + CLASSES * 2 * 5
+    );
+
+    let (_, log) = launch();
+    assert!(!log.contains(": running"), "{log}");
+    assert!(
+        log.contains("rank 1: pipeline finished (0 collective stages ran)"),
+        "{log}"
+    );
+
+    // The features the two ranks gathered are one process's: same rows, same order, same
+    // digits.
+    for f in ["epoch2_features.csv", "epoch2_features.safetensors"] {
+        std::fs::remove_file(a.join("CLS_features").join(f)).unwrap();
+    }
+    let out = Command::new(bin("trainer"))
+        .args(["features", "--config", &cfg, "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(a.join("CLS_features/epoch2_features.csv")).unwrap(),
+        csv
+    );
+}

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <thread>
+#include <vector>
 
 extern "C" const char* shim_last_error();
 namespace {
@@ -56,17 +58,41 @@ const char* c10d_last_error() { return c10d_error.c_str(); }
 
 // Rendezvous through a TCPStore at host:port (rank 0 serves it), then a Gloo (cuda=0) or
 // NCCL (cuda=1) process group. Returns NULL on error.
-void* c10d_group_new(const char* host, int port, int rank, int world, int timeout_ms, int cuda, int gloo_threads) {
+//
+// `generation` numbers the groups a process creates one after another on the same port (the
+// pipeline: training, then features per checkpoint). A rank that finishes a stage before
+// rank 0 has closed that stage's store can connect to it instead of the next one; it then
+// waits for this generation's key, which only the new store gets, until the old store closes
+// under it, and reconnects.
+void* c10d_group_new(const char* host, int port, int rank, int world, int timeout_ms, int cuda, int gloo_threads,
+                     int generation) {
   Group* g = nullptr;
   int rc = guarded([&] {
     auto timeout = std::chrono::milliseconds(timeout_ms);
+    auto deadline = std::chrono::steady_clock::now() + timeout;
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(port);
     opts.isServer = rank == 0;
     opts.numWorkers = world;
     opts.waitWorkers = true;
     opts.timeout = timeout;
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+    const std::string ready = "scdino/generation/" + std::to_string(generation);
+    c10::intrusive_ptr<c10d::TCPStore> tcp;
+    for (;;) {
+      tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+      if (rank == 0) {
+        tcp->set(ready, std::vector<uint8_t>{1});
+        break;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      try {
+        tcp->wait({ready}, std::max(left, std::chrono::milliseconds(1)));
+        break;
+      } catch (const c10::DistNetworkError&) {
+        if (std::chrono::steady_clock::now() >= deadline) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
     auto group = std::make_unique<Group>();
     group->store = tcp;
     if (cuda) {

@@ -28,7 +28,18 @@ impl PipelineArgs {
             combinations: self.combination.map(|c| vec![c]),
             stop: Some(super::train_cmd::stop_flag()?),
         };
+        let rank = trainer::dist::env::DistEnv::from_process_env()
+            .map_err(anyhow::Error::msg)?
+            .rank;
         match run_pipeline(&cfg, &opts)? {
+            // Other ranks only took part in the collective stages; rank 0 reports.
+            PipelineOutcome::Finished(runs) if rank != 0 => {
+                trainer::eprint_line(&format!(
+                    "rank {rank}: pipeline finished ({} collective stages ran)",
+                    runs.iter().filter(|r| r.ran).count()
+                ));
+                Ok(())
+            }
             PipelineOutcome::Finished(runs) => {
                 let ran = runs.iter().filter(|r| r.ran).count();
                 eprintln!(

@@ -1,9 +1,10 @@
 //! A safe handle on a libtorch c10d process group (Gloo on CPU, NCCL on CUDA), created by
 //! rendezvous through a TCPStore. Every collective waits with the group's timeout, so a dead
 //! peer becomes an error instead of a hang.
+use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr, CString};
 use std::os::raw::c_char;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tch::Tensor;
 
@@ -17,6 +18,7 @@ extern "C" {
         timeout_ms: i32,
         cuda: i32,
         gloo_threads: i32,
+        generation: i32,
     ) -> *mut c_void;
     fn c10d_group_free(group: *mut c_void);
     fn c10d_all_reduce(
@@ -212,9 +214,24 @@ impl AsyncGroup {
     }
 }
 
+/// The number of the next group that `rank` creates at `host:port` in this process.
+fn next_generation(host: &str, port: u16, rank: usize) -> i32 {
+    static CREATED: Mutex<BTreeMap<(String, u16, usize), i32>> = Mutex::new(BTreeMap::new());
+    let mut created = CREATED.lock().unwrap_or_else(|e| e.into_inner());
+    let n = created.entry((host.to_string(), port, rank)).or_insert(0);
+    *n += 1;
+    *n - 1
+}
+
 impl ProcessGroup {
     /// Rendezvous at `host:port` (rank 0 serves the store) and build the backend. `cuda`
     /// selects NCCL (needs the `nccl` build feature) instead of Gloo.
+    ///
+    /// Groups are numbered in creation order per (host, port, rank), and a rank only joins
+    /// the store that announces its number: ranks that create their groups in the same order
+    /// (every stage of a job is entered by all ranks) can reuse one port stage after stage,
+    /// even when a fast rank reaches the port while rank 0 still serves the previous stage's
+    /// store. (Per rank, not per process, so ranks run as threads of one test agree too.)
     pub fn new(
         host: &str,
         port: u16,
@@ -228,6 +245,7 @@ impl ProcessGroup {
             message: format!("host {host:?} contains a NUL byte"),
         })?;
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let generation = next_generation(host, port, rank);
         // SAFETY: valid C string and plain integers; NULL signals an error.
         let raw = unsafe {
             c10d_group_new(
@@ -238,6 +256,7 @@ impl ProcessGroup {
                 ms,
                 i32::from(cuda),
                 0,
+                generation,
             )
         };
         if raw.is_null() {

@@ -117,44 +117,68 @@ pub fn up_to_date(outputs: &[PathBuf], inputs: &[PathBuf]) -> bool {
     })
 }
 
+/// Which ranks run a stage when the pipeline runs on several (`trainer launch`, srun).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ranks {
+    /// Collective: every rank takes part.
+    All,
+    /// Rank 0 alone; the others go on to the next collective stage and wait for it there.
+    Lead,
+}
+
 struct Runner<'a> {
     runs: Vec<StageRun>,
     stop: Option<&'a AtomicBool>,
+    /// Rank 0 (or the only process): runs the single-rank stages and writes the log lines.
+    lead: bool,
 }
 
 impl Runner<'_> {
+    fn log(&self, what: &str) {
+        if self.lead {
+            crate::eprint_line(&format!("[pipeline] {what}"));
+        }
+    }
+
     fn stopped(&self) -> bool {
         self.stop.is_some_and(|s| s.load(Ordering::SeqCst))
     }
 
     /// Runs `work` unless `outputs` are up to date with `inputs`.
+    #[allow(clippy::too_many_arguments)]
     fn stage(
         &mut self,
         stage: Stage,
+        ranks: Ranks,
         t: &Target,
         tag: Option<&str>,
         inputs: &[PathBuf],
         outputs: &[PathBuf],
         work: impl FnOnce() -> Result<(), StageError>,
     ) -> Result<(), StageError> {
+        if ranks == Ranks::Lead && !self.lead {
+            return Ok(());
+        }
         let label = match tag {
             Some(tag) => format!("{} {tag}", stage.name()),
             None => stage.name().to_string(),
         };
         let start = Instant::now();
+        // Every rank decides a collective stage from the same files: rank 0 writes them only
+        // inside collective stages, which end with all ranks together.
         let ran = !up_to_date(outputs, inputs);
         if ran {
-            eprintln!("[pipeline] {label}: running");
+            self.log(&format!("{label}: running"));
             work().map_err(|e| StageError::Stage {
                 label: label.clone(),
                 source: Box::new(e),
             })?;
-            eprintln!(
-                "[pipeline] {label}: done in {:.1} s",
+            self.log(&format!(
+                "{label}: done in {:.1} s",
                 start.elapsed().as_secs_f64()
-            );
+            ));
         } else {
-            eprintln!("[pipeline] {label}: up to date, skipped");
+            self.log(&format!("{label}: up to date, skipped"));
         }
         self.runs.push(StageRun {
             stage,
@@ -168,20 +192,28 @@ impl Runner<'_> {
 }
 
 /// Runs the whole pipeline for the selected channel combinations of `cfg`.
+///
+/// Launched on several ranks, every rank runs this: training and features are collective
+/// (data parallel), mean/std, kNN, UMAP, attention maps and the report run on rank 0 while
+/// the others wait at the next collective stage (within `train.dist_timeout_seconds`).
 pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutcome, StageError> {
     let combos = opts
         .combinations
         .clone()
         .unwrap_or_else(|| (0..cfg.channel_sets.len()).collect());
+    let env = crate::dist::env::DistEnv::from_process_env().map_err(StageError::Invalid)?;
     let mut r = Runner {
         runs: Vec::new(),
         stop: opts.stop.as_deref(),
+        lead: env.rank == 0,
     };
     for &combination in &combos {
         let t = Target::new(cfg, combination)?;
         let ms_path = t.mean_std_path();
+        // Rank 0 only: training's ranks wait for it at their rendezvous and read the file.
         r.stage(
             Stage::MeanStd,
+            Ranks::Lead,
             &t,
             None,
             &[],
@@ -204,7 +236,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         let start = Instant::now();
         let mut outcome = TrainOutcome::Finished;
         if !finished {
-            eprintln!("[pipeline] train: running");
+            r.log("train: running");
             outcome = train(
                 cfg,
                 &TrainOptions {
@@ -214,7 +246,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 },
             )?;
         } else {
-            eprintln!("[pipeline] train: finished earlier, skipped");
+            r.log("train: finished earlier, skipped");
         }
         r.runs.push(StageRun {
             stage: Stage::Train,
@@ -239,6 +271,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             let bundle = t.bundle(tag);
             r.stage(
                 Stage::Features,
+                Ranks::All,
                 &t,
                 Some(tag),
                 &[ckpt.clone(), ms_path.clone()],
@@ -247,6 +280,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             )?;
             r.stage(
                 Stage::Knn,
+                Ranks::Lead,
                 &t,
                 Some(tag),
                 std::slice::from_ref(&bundle),
@@ -255,6 +289,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             )?;
             r.stage(
                 Stage::Umap,
+                Ranks::Lead,
                 &t,
                 Some(tag),
                 std::slice::from_ref(&bundle),
@@ -263,6 +298,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             )?;
             r.stage(
                 Stage::Attention,
+                Ranks::Lead,
                 &t,
                 Some(tag),
                 &[ckpt.clone(), ms_path.clone()],
@@ -281,6 +317,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         }
         r.stage(
             Stage::Report,
+            Ranks::Lead,
             &t,
             None,
             &report_inputs,

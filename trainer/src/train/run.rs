@@ -679,10 +679,9 @@ fn report_checksum(
             Some(f) => f.checksum(learner)?,
             None => parameter_checksum(&learner.nets.student_vs),
         };
-        // One write: `eprintln!` writes each piece separately, and the ranks share stderr, so
-        // another rank's output could land inside the number the tests compare.
-        let line = format!("rank {rank}: student parameter checksum {sum:.12e}\n");
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        crate::eprint_line(&format!(
+            "rank {rank}: student parameter checksum {sum:.12e}"
+        ));
     }
     Ok(())
 }

@@ -656,3 +656,37 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
         assert_eq!(o_scaler.as_ref().unwrap().scale, 1e39 / 4.0);
     }
 }
+
+/// Stage after stage on one port (the pipeline: training, then features per checkpoint): a
+/// rank that starts the next group while rank 0 still serves the previous group's store must
+/// join the new group, not the lingering old store.
+#[test]
+fn consecutive_groups_on_one_port_do_not_mix_up_stores() {
+    let port = 29857;
+    let handles: Vec<_> = (0..2usize)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let group = || {
+                    ProcessGroup::new("127.0.0.1", port, rank, 2, Duration::from_secs(30), false)
+                        .unwrap()
+                };
+                let mut sums = Vec::new();
+                for stage in 0..3 {
+                    let mut g = group();
+                    let mut x = Tensor::from_slice(&[(rank + 1) as f32 * (stage + 1) as f32]);
+                    g.all_reduce(std::slice::from_mut(&mut x), ReduceOp::Sum)
+                        .unwrap();
+                    sums.push(values(&x)[0]);
+                    if rank == 0 {
+                        // Rank 0 lingers in the stage while rank 1 already starts the next.
+                        std::thread::sleep(Duration::from_millis(700));
+                    }
+                }
+                sums
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), vec![3.0, 6.0, 9.0]);
+    }
+}
