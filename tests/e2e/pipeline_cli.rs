@@ -123,27 +123,33 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
         }
     }
     assert!(!a.join("CLS_features/epoch1_features.csv").exists());
-    // The PDF copy is the PNG's figure at 14×10 in, as scDINO's.
+    // The PDF copy is the PNG's figure as a vector page of 14×10 in, as scDINO's.
     let pdf = std::fs::read(a.join("embedding_plots/pdf_format/epoch2_umap.pdf")).unwrap();
     let head = String::from_utf8_lossy(&pdf);
     assert!(pdf.starts_with(b"%PDF-1.4"), "not a PDF");
     assert!(head.contains("/MediaBox [0 0 1008.00 720.00]"), "page size");
-    assert!(head.contains("/Width 1400 /Height 1000"), "image size");
-    // Read by pypdf (an independent parser): one 14×10 in page whose image is the PNG.
+    // Read by pypdf (an independent parser): one page, no raster, the title and every class
+    // name as text, and one circle (four Bézier segments) per embedded cell and legend entry.
+    let cells = std::fs::read_to_string(a.join("embedding_plots/epoch2_umap.csv"))
+        .unwrap()
+        .lines()
+        .count()
+        - 1;
     let py = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
     let check = Command::new(py)
         .args([
             "-c",
-            "import sys, json, numpy as np\nfrom pypdf import PdfReader\nfrom PIL import Image\nr = PdfReader(sys.argv[1])\nims = r.pages[0].images\nim = np.asarray(ims[0].image.convert('RGB'))\npng = np.asarray(Image.open(sys.argv[2]).convert('RGB'))\nprint(json.dumps({'pages': len(r.pages), 'box': [float(v) for v in r.pages[0].mediabox], 'images': len(ims), 'same': bool(np.array_equal(im, png))}))",
+            "import sys, json\nfrom pypdf import PdfReader\nr = PdfReader(sys.argv[1])\np = r.pages[0]\nops = p.get_contents().get_data().decode('latin-1')\ntext = p.extract_text()\nprint(json.dumps({'pages': len(r.pages), 'box': [float(v) for v in p.mediabox], 'images': len(p.images), 'curves': ops.count(' c '), 'title': 'CLS Token embedding of' in text, 'classes': all(c in text for c in ['B', 'CD4T', 'CD8T', 'DC'])}))",
         ])
         .arg(a.join("embedding_plots/pdf_format/epoch2_umap.pdf"))
-        .arg(a.join("embedding_plots/epoch2_umap.png"))
         .output()
         .unwrap();
     assert!(check.status.success(), "{}", text(&check.stderr));
+    let got: serde_json::Value = serde_json::from_str(text(&check.stdout).trim()).unwrap();
     assert_eq!(
-        text(&check.stdout).trim(),
-        r#"{"pages": 1, "box": [0.0, 0.0, 1008.0, 720.0], "images": 1, "same": true}"#
+        got,
+        serde_json::json!({"pages": 1, "box": [0.0, 0.0, 1008.0, 720.0], "images": 0,
+            "curves": 4 * (cells + CLASSES), "title": true, "classes": true})
     );
     // scDINO's global_kNN.txt: one block per checkpoint, in epoch order.
     let txt = std::fs::read_to_string(a.join("kNN/global_kNN.txt")).unwrap();

@@ -1,5 +1,6 @@
 //! The three chart kinds the analyses draw.
 use super::{colors, render, render_png, write_png, PlotError};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -21,19 +22,29 @@ pub fn scatter_png(path: &Path, spec: &ScatterSpec) -> Result<(), PlotError> {
     write_png(path, &rgb, spec.width, spec.height)
 }
 
-/// [`scatter_png`] plus the same rendering as a PDF at `dpi` (scDINO's `pdf_format/` copy).
+/// [`scatter_png`] plus the same chart as a vector PDF page at `dpi` (scDINO's
+/// `pdf_format/` copy; the pixel size at `dpi` gives the page size).
 pub fn scatter_png_and_pdf(
     png: &Path,
     pdf: &Path,
     dpi: f64,
     spec: &ScatterSpec,
 ) -> Result<(), PlotError> {
-    let rgb = scatter_rgb(png, spec)?;
-    write_png(png, &rgb, spec.width, spec.height)?;
-    super::write_pdf(pdf, &rgb, spec.width, spec.height, dpi)
+    scatter_png(png, spec)?;
+    check_scatter(spec)?;
+    super::write_vector_pdf(pdf, spec.width, spec.height, dpi, |root| {
+        draw_scatter(root, spec)
+    })
 }
 
 fn scatter_rgb(path: &Path, spec: &ScatterSpec) -> Result<Vec<u8>, PlotError> {
+    check_scatter(spec)?;
+    render(path, spec.width, spec.height, |root| {
+        draw_scatter(root, spec)
+    })
+}
+
+fn check_scatter(spec: &ScatterSpec) -> Result<(), PlotError> {
     if spec.points.len() != spec.labels.len() {
         return Err(PlotError::Invalid(format!(
             "{} points but {} labels",
@@ -47,6 +58,17 @@ fn scatter_rgb(path: &Path, spec: &ScatterSpec) -> Result<Vec<u8>, PlotError> {
             spec.class_names.len()
         )));
     }
+    Ok(())
+}
+
+/// The scatter on any plotters backend (the PNG's bitmap, the PDF's vector page).
+fn draw_scatter<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    spec: &ScatterSpec,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
     let (mut x0, mut x1, mut y0, mut y1) = (f32::MAX, f32::MIN, f32::MAX, f32::MIN);
     for p in spec.points {
         x0 = x0.min(p[0]);
@@ -60,7 +82,7 @@ fn scatter_rgb(path: &Path, spec: &ScatterSpec) -> Result<Vec<u8>, PlotError> {
     let pad = |a: f32, b: f32| ((b - a).max(1e-6)) * 0.03;
     let (px, py) = (pad(x0, x1), pad(y0, y1));
     let palette = colors::hls_palette(spec.class_names.len());
-    render(path, spec.width, spec.height, |root| {
+    {
         let (title_area, body) = root.split_vertically(70);
         title_area.draw(&Text::new(
             spec.title.to_string(),
@@ -96,7 +118,7 @@ fn scatter_rgb(path: &Path, spec: &ScatterSpec) -> Result<Vec<u8>, PlotError> {
             .label_font(("sans-serif", 16))
             .draw()?;
         Ok(())
-    })
+    }
 }
 
 /// One named curve of a line chart.
@@ -243,4 +265,54 @@ pub fn confusion_png(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plot::pdf::content_stream;
+
+    /// The PDF copy is vector: one filled circle per point and per legend entry, the title,
+    /// subtitle and class names as text, the dots at the PNG's opacity, no image.
+    #[test]
+    fn scatter_pdf_is_vector_with_every_point_and_label() {
+        let dir = tempfile::tempdir().unwrap();
+        let points: Vec<[f32; 2]> = (0..57)
+            .map(|i| [(i as f32 * 0.7).sin() * 3.0, (i as f32 * 1.3).cos() * 2.0])
+            .collect();
+        let labels: Vec<usize> = (0..57).map(|i| i % 3).collect();
+        let class_names = vec!["B".to_string(), "CD4 (T)".to_string(), "DC".to_string()];
+        let spec = ScatterSpec {
+            points: &points,
+            labels: &labels,
+            class_names: &class_names,
+            title: "UMAP of epoch2",
+            subtitle: "57 held-out images",
+            width: 1400,
+            height: 1000,
+        };
+        let (png, pdf) = (dir.path().join("u.png"), dir.path().join("pdf/u.pdf"));
+        scatter_png_and_pdf(&png, &pdf, 100.0, &spec).unwrap();
+        assert!(png.is_file());
+        let bytes = std::fs::read(&pdf).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.contains("/MediaBox [0 0 1008.00 720.00]"),
+            "14 x 10 in"
+        );
+        assert!(!text.contains("/Image"), "no raster");
+        let ops = content_stream(&bytes);
+        // A circle is four Bézier segments, then a fill.
+        assert_eq!(ops.matches(" c ").count(), 4 * (57 + 3), "{ops}");
+        for s in [
+            "(UMAP of epoch2) Tj",
+            "(57 held-out images) Tj",
+            "(B) Tj",
+            "(CD4 \\(T\\)) Tj",
+            "(DC) Tj",
+        ] {
+            assert!(ops.contains(s), "{s} missing");
+        }
+        assert!(text.contains("/ca 0.900"), "dots at 0.9 opacity");
+    }
 }

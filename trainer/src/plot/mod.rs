@@ -5,6 +5,7 @@
 mod charts;
 mod colors;
 pub mod pdf;
+pub mod pdf_canvas;
 
 pub use charts::{confusion_png, lines_png, scatter_png, scatter_png_and_pdf, Curve, ScatterSpec};
 pub use colors::{hls_palette, viridis};
@@ -88,22 +89,37 @@ where
     write_png(path, &buf, width, height)
 }
 
-/// Writes `rgb` as a one-page PDF (see [`pdf`]) at `dpi`, atomically.
-pub fn write_pdf(
+/// Draws with `draw` on a white vector PDF page for a `width`×`height` pixel figure shown at
+/// `dpi` (see [`pdf_canvas`]), and writes it atomically.
+pub fn write_vector_pdf<F>(
     path: &Path,
-    rgb: &[u8],
     width: u32,
     height: u32,
     dpi: f64,
-) -> Result<(), PlotError> {
-    let bytes = pdf::image_pdf(
-        rgb,
-        width,
-        height,
+    draw: F,
+) -> Result<(), PlotError>
+where
+    F: for<'a> FnOnce(
+        &plotters::drawing::DrawingArea<pdf_canvas::PdfCanvas<'a>, plotters::coord::Shift>,
+    ) -> Result<(), Box<dyn std::error::Error>>,
+{
+    use plotters::prelude::*;
+    ensure_font();
+    let mut page = pdf_canvas::PdfPage::default();
+    paint(
+        path,
+        &pdf_canvas::PdfCanvas::new(&mut page, width, height).into_drawing_area(),
+        draw,
+    )?;
+    let (width_pt, height_pt) = (
         f64::from(width) / dpi * 72.0,
         f64::from(height) / dpi * 72.0,
     );
-    write_file(path, &bytes)
+    let (content, states) = page.finish(width, height, width_pt, height_pt);
+    write_file(
+        path,
+        &pdf::vector_pdf(&content, &states, width_pt, height_pt),
+    )
 }
 
 /// Renders with `draw` into a fresh white `width`×`height` RGB8 canvas (`path` names the
@@ -120,15 +136,31 @@ where
     use plotters::prelude::*;
     ensure_font();
     let mut buf = vec![255u8; (width * height * 3) as usize];
-    {
-        let root = BitMapBackend::with_buffer(&mut buf, (width, height)).into_drawing_area();
-        let fail = |e: &dyn std::fmt::Display| PlotError::Draw {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        };
-        root.fill(&WHITE).map_err(|e| fail(&e))?;
-        draw(&root).map_err(|e| fail(&e))?;
-        root.present().map_err(|e| fail(&e))?;
-    }
+    paint(
+        path,
+        &BitMapBackend::with_buffer(&mut buf, (width, height)).into_drawing_area(),
+        draw,
+    )?;
     Ok(buf)
+}
+
+/// A white background, then `draw`, then presents `root`; errors name the figure `path`.
+fn paint<DB, F>(
+    path: &Path,
+    root: &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    draw: F,
+) -> Result<(), PlotError>
+where
+    DB: plotters::backend::DrawingBackend,
+    F: FnOnce(
+        &plotters::drawing::DrawingArea<DB, plotters::coord::Shift>,
+    ) -> Result<(), Box<dyn std::error::Error>>,
+{
+    let fail = |e: &dyn std::fmt::Display| PlotError::Draw {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    root.fill(&plotters::style::WHITE).map_err(|e| fail(&e))?;
+    draw(root).map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))
 }

@@ -1,19 +1,26 @@
-//! A one-page PDF holding a rendered figure, for scDINO's `pdf_format/` copies of its plots
-//! (matplotlib writes vector PDFs there; ours embeds the same rendering as the PNG, as a
-//! Flate-compressed RGB image placed at the figure's physical size, so the file opens in any
-//! viewer and prints at that size). Hand-written because it is five objects.
+//! One-page vector PDFs for scDINO's `pdf_format/` copies of its plots (what matplotlib
+//! writes there), drawn through [`super::pdf_canvas::PdfCanvas`]. Hand-written because a page
+//! is five objects.
 use flate2::write::ZlibEncoder;
 use flate2::Compression;
 use std::io::Write;
 
-/// The PDF bytes of one page of `width_pt`×`height_pt` points showing the `width`×`height`
-/// RGB8 raster `rgb` scaled to the whole page.
-pub fn image_pdf(rgb: &[u8], width: u32, height: u32, width_pt: f64, height_pt: f64) -> Vec<u8> {
-    assert_eq!(rgb.len(), (width * height * 3) as usize, "RGB8 buffer size");
+fn deflate(bytes: &[u8]) -> Vec<u8> {
     let mut z = ZlibEncoder::new(Vec::new(), Compression::default());
-    z.write_all(rgb).expect("writing to memory");
-    let pixels = z.finish().expect("writing to memory");
-    let content = format!("q {width_pt:.2} 0 0 {height_pt:.2} 0 0 cm /Im0 Do Q\n");
+    z.write_all(bytes).expect("writing to memory");
+    z.finish().expect("writing to memory")
+}
+
+/// A PDF of one `width_pt`×`height_pt` page with `resources` (the dictionary's inside),
+/// drawn by `content` (stored Flate-compressed as object 4), plus `extra` objects numbered
+/// from 5.
+fn document(
+    width_pt: f64,
+    height_pt: f64,
+    resources: &str,
+    content: &[u8],
+    extra: &[(String, Option<Vec<u8>>)],
+) -> Vec<u8> {
     let mut out: Vec<u8> = b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n".to_vec();
     let mut offsets = vec![];
     let mut object = |out: &mut Vec<u8>, head: String, stream: Option<&[u8]>| {
@@ -36,24 +43,19 @@ pub fn image_pdf(rgb: &[u8], width: u32, height: u32, width_pt: f64, height_pt: 
         &mut out,
         format!(
             "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {width_pt:.2} {height_pt:.2}] \
-             /Resources << /XObject << /Im0 4 0 R >> >> /Contents 5 0 R >>"
+             /Resources << {resources} >> /Contents 4 0 R >>"
         ),
         None,
     );
+    let content = deflate(content);
     object(
         &mut out,
-        format!(
-            "<< /Type /XObject /Subtype /Image /Width {width} /Height {height} \
-             /ColorSpace /DeviceRGB /BitsPerComponent 8 /Filter /FlateDecode /Length {} >>",
-            pixels.len()
-        ),
-        Some(&pixels),
+        format!("<< /Length {} /Filter /FlateDecode >>", content.len()),
+        Some(&content),
     );
-    object(
-        &mut out,
-        format!("<< /Length {} >>", content.len()),
-        Some(content.as_bytes()),
-    );
+    for (head, stream) in extra {
+        object(&mut out, head.clone(), stream.as_deref());
+    }
     let xref = out.len();
     out.extend_from_slice(
         format!("xref\n0 {}\n0000000000 65535 f \n", offsets.len() + 1).as_bytes(),
@@ -71,18 +73,63 @@ pub fn image_pdf(rgb: &[u8], width: u32, height: u32, width_pt: f64, height_pt: 
     out
 }
 
+/// The PDF bytes of one vector page: `content` operators using font `/F1` (Helvetica) and
+/// the graphics states `ext_g_states` (a dictionary's inside).
+pub fn vector_pdf(content: &str, ext_g_states: &str, width_pt: f64, height_pt: f64) -> Vec<u8> {
+    document(
+        width_pt,
+        height_pt,
+        &format!("/Font << /F1 5 0 R >> /ExtGState << {ext_g_states} >>"),
+        content.as_bytes(),
+        &[(
+            "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
+                .into(),
+            None,
+        )],
+    )
+}
+
+/// The inflated content stream (object 4) of a PDF written by [`vector_pdf`], for tests.
+#[cfg(test)]
+pub(crate) fn content_stream(pdf: &[u8]) -> String {
+    use std::io::Read;
+    let find = |from: usize, what: &[u8]| {
+        from + pdf[from..]
+            .windows(what.len())
+            .position(|w| w == what)
+            .expect("object 4 and its stream")
+    };
+    let at = find(0, b"4 0 obj\n");
+    let head = String::from_utf8_lossy(&pdf[at..at + 100]).into_owned();
+    let len: usize = head
+        .split("/Length ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("/Length");
+    let start = find(at, b"stream\n") + "stream\n".len();
+    let mut out = String::new();
+    flate2::read::ZlibDecoder::new(&pdf[start..start + len])
+        .read_to_string(&mut out)
+        .expect("a Flate stream");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
 
     /// Reads the file the way a viewer does: trailer → xref → objects by offset, then
-    /// inflates the image stream.
+    /// inflates the content stream.
     #[test]
-    fn xref_offsets_point_at_their_objects_and_the_image_inflates_back() {
-        let (w, h) = (7u32, 3u32);
-        let rgb: Vec<u8> = (0..w * h * 3).map(|i| (i * 37 % 256) as u8).collect();
-        let pdf = image_pdf(&rgb, w, h, 1008.0, 720.0);
+    fn xref_offsets_point_at_their_objects_and_the_content_inflates_back() {
+        let content = "q 1 0 0 -1 0 720 cm 0 0 1 rg 10 10 5 5 re f Q\n";
+        let pdf = vector_pdf(
+            content,
+            "/GS0 << /Type /ExtGState /ca 1 /CA 1 >>",
+            1008.0,
+            720.0,
+        );
         let text = String::from_utf8_lossy(&pdf);
         assert!(pdf.starts_with(b"%PDF-1.4\n") && text.ends_with("%%EOF\n"));
         let start: usize = text
@@ -106,23 +153,10 @@ mod tests {
                 k + 1
             );
         }
-        let obj4: usize = rows[3][..10].parse().unwrap();
-        let header = String::from_utf8_lossy(&pdf[obj4..obj4 + 200]).into_owned();
-        let stream_at = obj4 + header.find("stream\n").unwrap() + "stream\n".len();
-        let len: usize = header
-            .split("/Length ")
-            .nth(1)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        let mut back = vec![];
-        flate2::read::ZlibDecoder::new(&pdf[stream_at..stream_at + len])
-            .read_to_end(&mut back)
-            .unwrap();
-        assert_eq!(back, rgb);
+        let back = content_stream(&pdf);
+        assert_eq!(back, content);
         assert!(text.contains("/MediaBox [0 0 1008.00 720.00]"));
+        assert!(text.contains("/BaseFont /Helvetica"));
+        assert!(text.contains("/ExtGState << /GS0"));
     }
 }
