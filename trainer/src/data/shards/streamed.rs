@@ -688,6 +688,28 @@ mod tests {
         assert_eq!(c.chunk_bytes, 3 * (2 * (3 * SPACING + LEN) + SPACING + LEN));
     }
 
+    /// The worker's side of a streamed read is a copy into its reused buffer: no allocation
+    /// per sample (chunk downloads allocate on the fetcher threads, once per chunk).
+    #[test]
+    fn reads_served_from_chunks_allocate_nothing() {
+        let remote = MemStore::new(usize::MAX);
+        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
+        let names = names();
+        let order = sequential_order();
+        store.will_read(&planned(&names, &order));
+        let mut buf = Vec::with_capacity(LEN as usize);
+        let ((), allocations) = crate::alloc_count::allocations_in(|| {
+            for &(s, m) in &order {
+                store
+                    .read_range_into(&names[s], m as u64 * SPACING, LEN as usize, &mut buf)
+                    .unwrap();
+            }
+        });
+        assert_eq!(allocations, 0);
+        assert_eq!(store.counts().served, 30);
+        assert_eq!(buf, remote.member(*order.last().unwrap()));
+    }
+
     #[test]
     fn concurrent_readers_get_the_right_bytes() {
         let remote = MemStore::new(usize::MAX);
