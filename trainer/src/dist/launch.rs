@@ -1,6 +1,9 @@
 //! `trainer launch --nproc N -- <trainer args>`: N local ranks like `torchrun --standalone`.
 //! Signals are forwarded to every rank; if one rank fails, the others are stopped and the
-//! launcher exits non-zero; if all exit with the preemption code, so does the launcher.
+//! launcher exits non-zero; if all exit with the preemption code, so does the launcher. Once a
+//! rank has exited with the preemption code, the others get the same grace period to follow
+//! and are then killed and counted as stopped: a rank blocked in a rendezvous (a multi-rank
+//! pipeline stopped while rank 0 ran a single-rank stage) cannot see the signal.
 use crate::train::run::EXIT_PREEMPTED;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -11,7 +14,8 @@ pub struct LaunchOptions {
     pub nproc: usize,
     pub master_port: u16,
     pub args: Vec<String>,
-    /// After a failure, how long the other ranks get to exit after SIGTERM before SIGKILL.
+    /// After a failure, how long the other ranks get to exit after SIGTERM before SIGKILL;
+    /// after a rank stopped (preemption code), how long the others get to follow.
     pub grace: Duration,
 }
 
@@ -68,6 +72,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
     }
     let mut codes: Vec<Option<i32>> = vec![None; opts.nproc];
     let mut failed_at: Option<Instant> = None;
+    let mut stopped_at: Option<Instant> = None;
+    let mut killed_after_stop = vec![false; opts.nproc];
     loop {
         if seen.swap(false, Ordering::SeqCst) {
             let sig = pending.load(Ordering::SeqCst) as i32;
@@ -83,6 +89,9 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
                 if let Ok(Some(status)) = c.try_wait() {
                     let code = status.code().unwrap_or(128 + 9);
                     codes[rank] = Some(code);
+                    if code == EXIT_PREEMPTED && stopped_at.is_none() {
+                        stopped_at = Some(Instant::now());
+                    }
                     if code != 0 && failed_at.is_none() && code != EXIT_PREEMPTED {
                         eprintln!(
                             "launch: rank {rank} exited with {status}; stopping the other ranks"
@@ -111,10 +120,34 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
                     }
                 }
             }
+        } else if let Some(t) = stopped_at {
+            if t.elapsed() > opts.grace {
+                for (rank, c) in children.iter_mut().enumerate() {
+                    if codes[rank].is_none() && !killed_after_stop[rank] {
+                        eprintln!(
+                            "launch: rank {rank} did not stop within {:?} of the others; killing it",
+                            opts.grace
+                        );
+                        killed_after_stop[rank] = true;
+                        let _ = c.kill();
+                    }
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let codes: Vec<i32> = codes.into_iter().map(|c| c.unwrap_or(1)).collect();
+    // A rank killed for not following a stop counts as stopped (everything it wrote is atomic).
+    let codes: Vec<i32> = codes
+        .into_iter()
+        .zip(&killed_after_stop)
+        .map(|(c, &killed)| {
+            if killed {
+                EXIT_PREEMPTED
+            } else {
+                c.unwrap_or(1)
+            }
+        })
+        .collect();
     Ok(if codes.iter().all(|&c| c == 0) {
         0
     } else if codes.iter().all(|&c| c == 0 || c == EXIT_PREEMPTED) {

@@ -690,3 +690,44 @@ fn consecutive_groups_on_one_port_do_not_mix_up_stores() {
         assert_eq!(h.join().unwrap(), vec![3.0, 6.0, 9.0]);
     }
 }
+
+/// The port that marks a process as a rank of
+/// `a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped`.
+const STOP_HELPER_PORT: &str = "29863";
+
+/// Not a test on its own: the rank program that `trainer::dist::launch` starts (this test
+/// binary, filtered to this function) in the test below; a no-op anywhere else. Rank 0 stops
+/// (preemption code), rank 1 blocks as a rank waiting at a rendezvous would.
+#[test]
+fn launch_helper_rank() {
+    if std::env::var("MASTER_PORT").as_deref() != Ok(STOP_HELPER_PORT) {
+        return;
+    }
+    match std::env::var("RANK").as_deref() {
+        Ok("0") => std::process::exit(trainer::train::run::EXIT_PREEMPTED),
+        _ => std::thread::sleep(Duration::from_secs(300)),
+    }
+}
+
+/// A rank that cannot see the stop (blocked in a rendezvous) is killed one grace period after
+/// another rank stopped, and the launcher reports a stop, not a failure.
+#[test]
+fn a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped() {
+    use trainer::dist::launch::{launch, LaunchOptions};
+    let start = std::time::Instant::now();
+    let code = launch(&LaunchOptions {
+        nproc: 2,
+        master_port: STOP_HELPER_PORT.parse().unwrap(),
+        args: ["--exact", "dist::launch_helper_rank", "--test-threads=1"]
+            .map(String::from)
+            .to_vec(),
+        grace: Duration::from_secs(1),
+    })
+    .unwrap();
+    assert_eq!(code, trainer::train::run::EXIT_PREEMPTED);
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "took {:?}: the blocked rank was not killed",
+        start.elapsed()
+    );
+}
