@@ -206,20 +206,25 @@ struct Active {
 
 impl Active {
     /// Drops the bytes of chunks the window has let go of (all below `lo`, and any in the
-    /// window already served completely) and records how many are held.
-    fn release(&mut self, counters: &Counters) {
+    /// window already served completely).
+    fn release(&mut self) {
         for s in &mut self.states[self.released..self.window.lo] {
             *s = ChunkState::Gone;
         }
         self.released = self.released.max(self.window.lo);
-        let mut held = 0;
         for c in self.window.fetchable() {
             if self.window.done[c] {
                 self.states[c] = ChunkState::Gone;
             }
-            held += matches!(self.states[c], ChunkState::Ready(_) | ChunkState::Fetching) as u64;
         }
-        counters.peak_chunks.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// Downloaded chunks still held (only the window holds any).
+    fn ready(&self) -> usize {
+        self.window
+            .fetchable()
+            .filter(|&c| matches!(self.states[c], ChunkState::Ready(_)))
+            .count()
     }
 }
 
@@ -235,6 +240,9 @@ struct Counters {
 #[derive(Default)]
 struct State {
     active: Option<Active>,
+    /// Chunk GETs in flight, of any plan: a chunk the reader passed (or an old plan's) still
+    /// takes memory until its GET returns, so it counts against `chunks_ahead` too.
+    downloading: usize,
     generation: u64,
     fetchers: usize,
     shutdown: bool,
@@ -263,7 +271,7 @@ pub struct StreamCounts {
     pub served: u64,
     /// Reads that went to the remote store on their own.
     pub direct: u64,
-    /// Most chunks held in memory or in flight at once.
+    /// Most chunks held in memory or downloading at once (never above `chunks_ahead`).
     pub peak_chunks: u64,
 }
 
@@ -316,8 +324,11 @@ impl Shared {
                     if st.shutdown {
                         return;
                     }
-                    let generation = st.generation;
-                    if let Some(a) = st.active.as_mut() {
+                    let (generation, downloading) = (st.generation, st.downloading);
+                    let limit = self.settings.chunks_ahead;
+                    let picked = st.active.as_mut().and_then(|a| {
+                        a.release();
+                        let held = a.ready() + downloading;
                         let range = a.window.fetchable();
                         a.next_fetch = a.next_fetch.max(range.start);
                         while a.next_fetch < range.end
@@ -325,13 +336,20 @@ impl Shared {
                         {
                             a.next_fetch += 1;
                         }
-                        if a.next_fetch < range.end {
-                            let c = a.next_fetch;
-                            a.next_fetch += 1;
-                            a.states[c] = ChunkState::Fetching;
-                            a.release(&self.counters);
-                            break (generation, c, a.plan.chunks[c].clone());
+                        if held >= limit || a.next_fetch >= range.end {
+                            return None;
                         }
+                        let c = a.next_fetch;
+                        a.next_fetch += 1;
+                        a.states[c] = ChunkState::Fetching;
+                        self.counters
+                            .peak_chunks
+                            .fetch_max(held as u64 + 1, Ordering::Relaxed);
+                        Some((generation, c, a.plan.chunks[c].clone()))
+                    });
+                    if let Some(p) = picked {
+                        st.downloading += 1;
+                        break p;
                     }
                     st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
                 }
@@ -342,6 +360,7 @@ impl Shared {
                 (chunk.end - chunk.start) as usize,
             );
             let mut st = self.lock();
+            st.downloading -= 1;
             if let Ok(b) = &got {
                 self.counters.chunk_gets.fetch_add(1, Ordering::Relaxed);
                 self.counters
@@ -361,7 +380,7 @@ impl Shared {
                                 a.window.finish(c);
                             }
                         }
-                        a.release(&self.counters);
+                        a.release();
                     }
                 }
             }
@@ -380,13 +399,13 @@ impl Shared {
             if !a.window.reach(c) {
                 return None;
             }
-            a.release(&self.counters);
+            a.release();
             match &a.states[c] {
                 ChunkState::Ready(b) => {
                     let b = b.clone();
                     let start = a.plan.chunks[c].start;
                     a.window.served(c);
-                    a.release(&self.counters);
+                    a.release();
                     drop(st);
                     self.changed.notify_all();
                     return Some((b, start));
@@ -654,31 +673,58 @@ mod tests {
         let plan = plan_chunks(&planned(&names, &sequential_order()), 2048);
         assert_eq!(simulate(&plan, 2), (9, 0));
         assert_eq!(simulate(&plan, 0), (0, 30));
-        // Member-major across shards: every read lands in another shard's chunk.
-        let interleaved: Vec<(usize, usize)> = (0..MEMBERS)
-            .flat_map(|m| (0..SHARDS).map(move |s| (s, m)))
-            .collect();
-        let plan = plan_chunks(&planned(&names, &interleaved), 2048);
+        let plan = plan_chunks(&planned(&names, &interleaved_order()), 2048);
         let (gets, direct) = simulate(&plan, 2);
         assert!(2 * (gets + direct) > 30, "{gets} + {direct}");
         // With room for every chunk it streams again.
         assert_eq!(simulate(&plan, 9), (9, 0));
     }
 
+    /// A store over a fresh [`MemStore`] (ranges above `fail_above` bytes fail) with `order`
+    /// announced.
+    fn planned_store(
+        fail_above: usize,
+        order: &[(usize, usize)],
+    ) -> (Arc<MemStore>, StreamedShardStore) {
+        let remote = MemStore::new(fail_above);
+        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
+        store.will_read(&planned(&names(), order));
+        (remote, store)
+    }
+
+    /// Reads member `m` of shard `s` through `store` and checks its bytes.
+    fn read_checked(
+        store: &StreamedShardStore,
+        remote: &MemStore,
+        (s, m): (usize, usize),
+        buf: &mut Vec<u8>,
+    ) {
+        store
+            .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, buf)
+            .unwrap();
+        assert_eq!(*buf, remote.member((s, m)), "{s}:{m}");
+    }
+
+    /// [`read_checked`] for every member of `order`, in order.
+    fn read_all_checked(store: &StreamedShardStore, remote: &MemStore, order: &[(usize, usize)]) {
+        let mut buf = Vec::new();
+        for &sm in order {
+            read_checked(store, remote, sm, &mut buf);
+        }
+    }
+
+    /// Member-major across shards: every read lands in another shard's chunk.
+    fn interleaved_order() -> Vec<(usize, usize)> {
+        (0..MEMBERS)
+            .flat_map(|m| (0..SHARDS).map(move |s| (s, m)))
+            .collect()
+    }
+
     #[test]
     fn a_sequential_order_is_read_in_chunk_gets_with_bounded_memory() {
-        let remote = MemStore::new(usize::MAX);
-        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
-        let names = names();
         let order = sequential_order();
-        store.will_read(&planned(&names, &order));
-        let mut buf = Vec::new();
-        for &(s, m) in &order {
-            store
-                .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, &mut buf)
-                .unwrap();
-            assert_eq!(buf, remote.member((s, m)), "{s}:{m}");
-        }
+        let (remote, store) = planned_store(usize::MAX, &order);
+        read_all_checked(&store, &remote, &order);
         let req = remote.requests();
         assert_eq!(req.len(), 9, "{req:?}");
         assert!(req.iter().all(|r| r.2 > LEN as usize), "{req:?}");
@@ -692,11 +738,9 @@ mod tests {
     /// per sample (chunk downloads allocate on the fetcher threads, once per chunk).
     #[test]
     fn reads_served_from_chunks_allocate_nothing() {
-        let remote = MemStore::new(usize::MAX);
-        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
-        let names = names();
         let order = sequential_order();
-        store.will_read(&planned(&names, &order));
+        let (remote, store) = planned_store(usize::MAX, &order);
+        let names = names();
         let mut buf = Vec::with_capacity(LEN as usize);
         let ((), allocations) = crate::alloc_count::allocations_in(|| {
             for &(s, m) in &order {
@@ -712,11 +756,9 @@ mod tests {
 
     #[test]
     fn concurrent_readers_get_the_right_bytes() {
-        let remote = MemStore::new(usize::MAX);
-        let store = Arc::new(StreamedShardStore::new(remote.clone(), SETTINGS));
-        let names = names();
         let order = Arc::new(sequential_order());
-        store.will_read(&planned(&names, &order));
+        let (remote, store) = planned_store(usize::MAX, &order);
+        let store = Arc::new(store);
         let next = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..3)
             .map(|_| {
@@ -724,13 +766,8 @@ mod tests {
                     (store.clone(), order.clone(), next.clone(), remote.clone());
                 std::thread::spawn(move || {
                     let mut buf = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::SeqCst);
-                        let Some(&(s, m)) = order.get(i) else { return };
-                        store
-                            .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, &mut buf)
-                            .unwrap();
-                        assert_eq!(buf, remote.member((s, m)), "{s}:{m}");
+                    while let Some(&sm) = order.get(next.fetch_add(1, Ordering::SeqCst)) {
+                        read_checked(&store, &remote, sm, &mut buf);
                     }
                 })
             })
@@ -748,25 +785,14 @@ mod tests {
 
     #[test]
     fn stragglers_and_unannounced_reads_get_ranged_gets_of_their_own() {
-        let remote = MemStore::new(usize::MAX);
-        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
-        let names = names();
         let order = sequential_order();
-        store.will_read(&planned(&names, &order));
-        let mut buf = Vec::new();
-        let mut read = |(s, m): (usize, usize)| {
-            store
-                .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, &mut buf)
-                .unwrap();
-            assert_eq!(buf, remote.member((s, m)), "{s}:{m}");
-        };
+        let (remote, store) = planned_store(usize::MAX, &order);
         // The first planned read comes last: by then its chunk has been passed.
-        for &sm in &order[1..] {
-            read(sm);
-        }
-        read(order[0]);
+        read_all_checked(&store, &remote, &order[1..]);
+        let mut buf = Vec::new();
+        read_checked(&store, &remote, order[0], &mut buf);
         // A second read of a member whose chunk was served completely.
-        read((0, 0));
+        read_checked(&store, &remote, (0, 0), &mut buf);
         // A range nobody announced.
         store
             .read_range_into(&shard(1), 300, LEN as usize, &mut buf)
@@ -784,64 +810,31 @@ mod tests {
 
     #[test]
     fn a_random_order_is_not_streamed() {
-        let remote = MemStore::new(usize::MAX);
-        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
-        let names = names();
-        let interleaved: Vec<(usize, usize)> = (0..MEMBERS)
-            .flat_map(|m| (0..SHARDS).map(move |s| (s, m)))
-            .collect();
-        store.will_read(&planned(&names, &interleaved));
-        let mut buf = Vec::new();
-        for &(s, m) in &interleaved {
-            store
-                .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, &mut buf)
-                .unwrap();
-            assert_eq!(buf, remote.member((s, m)));
-        }
+        let order = interleaved_order();
+        let (remote, store) = planned_store(usize::MAX, &order);
+        read_all_checked(&store, &remote, &order);
         assert_eq!(store.counts().chunk_gets, 0);
         assert_eq!(remote.requests().len(), 30);
     }
 
     #[test]
     fn a_failed_chunk_get_falls_back_to_member_reads() {
-        let remote = MemStore::new(LEN as usize);
-        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
-        let names = names();
         let order = sequential_order();
-        store.will_read(&planned(&names, &order));
-        let mut buf = Vec::new();
-        for &(s, m) in &order {
-            store
-                .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, &mut buf)
-                .unwrap();
-            assert_eq!(buf, remote.member((s, m)));
-        }
+        let (remote, store) = planned_store(LEN as usize, &order);
+        read_all_checked(&store, &remote, &order);
         let c = store.counts();
         assert_eq!((c.served, c.direct, c.chunk_gets), (0, 30, 0), "{c:?}");
     }
 
     #[test]
     fn a_new_plan_replaces_the_old_one_mid_way() {
-        let remote = MemStore::new(usize::MAX);
-        let store = StreamedShardStore::new(remote.clone(), SETTINGS);
-        let names = names();
         let order = sequential_order();
-        store.will_read(&planned(&names, &order));
-        let mut buf = Vec::new();
-        for &(s, m) in &order[..7] {
-            store
-                .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, &mut buf)
-                .unwrap();
-        }
+        let (remote, store) = planned_store(usize::MAX, &order);
+        read_all_checked(&store, &remote, &order[..7]);
         // The next epoch: the same samples, shards in reverse order.
         let next: Vec<(usize, usize)> = order.iter().rev().copied().collect();
-        store.will_read(&planned(&names, &next));
-        for &(s, m) in &next {
-            store
-                .read_range_into(&shard(s), m as u64 * SPACING, LEN as usize, &mut buf)
-                .unwrap();
-            assert_eq!(buf, remote.member((s, m)));
-        }
+        store.will_read(&planned(&names(), &next));
+        read_all_checked(&store, &remote, &next);
         // Chunk GETs of the old plan still in flight are dropped; the new one streams fully.
         let c = store.counts();
         assert_eq!((c.served, c.direct), (37, 0), "{c:?}");
@@ -849,10 +842,7 @@ mod tests {
 
     #[test]
     fn dropping_the_store_stops_its_fetchers() {
-        let remote = MemStore::new(usize::MAX);
-        let store = StreamedShardStore::new(remote, SETTINGS);
-        let names = names();
-        store.will_read(&planned(&names, &sequential_order()));
+        let (_, store) = planned_store(usize::MAX, &sequential_order());
         let shared = Arc::downgrade(&store.shared);
         drop(store);
         let t0 = Instant::now();
