@@ -6,18 +6,35 @@ use trainer::dist::ddp::Ddp;
 use trainer::dist::group::{ProcessGroup, ReduceOp};
 use trainer::dist::Collective;
 
-fn on_two_ranks<T: Send + 'static>(port: u16, f: fn(ProcessGroup) -> T) -> Vec<T> {
-    let handles: Vec<_> = (0..2)
+/// Runs `f(rank, group)` on `world` ranks (threads of this process, each with its own Gloo
+/// group on `port`) and returns the results in rank order.
+fn on_ranks<T, F>(world: usize, port: u16, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, ProcessGroup) -> T + Clone + Send + 'static,
+{
+    let handles: Vec<_> = (0..world)
         .map(|rank| {
+            let f = f.clone();
             std::thread::spawn(move || {
-                let g =
-                    ProcessGroup::new("127.0.0.1", port, rank, 2, Duration::from_secs(60), false)
-                        .unwrap();
-                f(g)
+                let g = ProcessGroup::new(
+                    "127.0.0.1",
+                    port,
+                    rank,
+                    world,
+                    Duration::from_secs(60),
+                    false,
+                )
+                .unwrap();
+                f(rank, g)
             })
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn on_two_ranks<T: Send + 'static>(port: u16, f: fn(ProcessGroup) -> T) -> Vec<T> {
+    on_ranks(2, port, move |_, g| f(g))
 }
 
 fn values(t: &Tensor) -> Vec<f32> {
@@ -373,52 +390,37 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
     use trainer::train::step::{Learner, Networks};
     let _rng = super::util::torch_rng_lock();
     for (world, port) in [(2usize, 29761u16), (4, 29771)] {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                std::thread::spawn(move || {
-                    let g = ProcessGroup::new(
-                        "127.0.0.1",
-                        port,
-                        rank,
-                        world,
-                        Duration::from_secs(60),
-                        false,
-                    )
-                    .unwrap();
-                    let cfg = fsdp_config();
-                    let dev = tch::Device::Cpu;
-                    let nets = Networks::new(&cfg, 2, dev);
-                    let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-                    let mut learner =
-                        Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
-                    let full_state: usize = learner
-                        .optimizer
-                        .params
-                        .iter()
-                        .map(|p| p.tensor.numel() * 4 * 5) // student, grad, m, v, teacher
-                        .sum();
-                    let mut ddp = Ddp::new(g);
-                    ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
-                    ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
-                    let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
-                    let (crops, p) = fsdp_step_inputs(rank);
-                    let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
-                    assert!(out.loss.is_finite());
-                    let mem = fsdp.memory(&learner);
-                    let mut module_bytes = 0;
-                    for vs in [&learner.nets.student_vs, &learner.nets.teacher_vs] {
-                        for (_, t) in vs.variables() {
-                            module_bytes += storage_bytes(&t) + storage_bytes(&t.grad());
-                        }
-                    }
-                    // Replicated variables are counted in both `mem` and `module_bytes`:
-                    // only makes the bound stricter.
-                    (full_state, mem, module_bytes, mem.total() + module_bytes)
-                })
-            })
-            .collect();
-        for h in handles {
-            let (full, mem, module_bytes, held) = h.join().unwrap();
+        let results = on_ranks(world, port, move |rank, g| {
+            let cfg = fsdp_config();
+            let dev = tch::Device::Cpu;
+            let nets = Networks::new(&cfg, 2, dev);
+            let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
+            let mut learner = Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
+            let full_state: usize = learner
+                .optimizer
+                .params
+                .iter()
+                .map(|p| p.tensor.numel() * 4 * 5) // student, grad, m, v, teacher
+                .sum();
+            let mut ddp = Ddp::new(g);
+            ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
+            ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
+            let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
+            let (crops, p) = fsdp_step_inputs(rank);
+            let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
+            assert!(out.loss.is_finite());
+            let mem = fsdp.memory(&learner);
+            let mut module_bytes = 0;
+            for vs in [&learner.nets.student_vs, &learner.nets.teacher_vs] {
+                for (_, t) in vs.variables() {
+                    module_bytes += storage_bytes(&t) + storage_bytes(&t.grad());
+                }
+            }
+            // Replicated variables are counted in both `mem` and `module_bytes`:
+            // only makes the bound stricter.
+            (full_state, mem, module_bytes, mem.total() + module_bytes)
+        });
+        for (full, mem, module_bytes, held) in results {
             assert_eq!(mem.full_buffers, 0, "{mem:?}");
             assert!(mem.shards > 0);
             // Module variables: only the replicated ones own memory; no gradient survives.
@@ -446,7 +448,7 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
 /// `reshard_after_forward` off, the old timeline, the whole student is gathered at once.
 #[test]
 fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher() {
-    use trainer::dist::fsdp::{Fsdp, Peak};
+    use trainer::dist::fsdp::Fsdp;
     use trainer::train::loss::DinoLoss;
     use trainer::train::step::{Learner, Networks};
     let _rng = super::util::torch_rng_lock();
@@ -460,45 +462,30 @@ fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher()
     assert!(!off.train.fsdp_reshard_after_forward);
     let world = 2usize;
     for (reshard, port) in [(true, 29781u16), (false, 29791)] {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                std::thread::spawn(move || {
-                    let g = ProcessGroup::new(
-                        "127.0.0.1",
-                        port,
-                        rank,
-                        world,
-                        Duration::from_secs(60),
-                        false,
-                    )
-                    .unwrap();
-                    let cfg = fsdp_config();
-                    let dev = tch::Device::Cpu;
-                    let nets = Networks::new(&cfg, 2, dev);
-                    let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-                    let mut learner =
-                        Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
-                    let mut ddp = Ddp::new(g);
-                    ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
-                    ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
-                    let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
-                    fsdp.set_reshard_after_forward(reshard);
-                    let (crops, p) = fsdp_step_inputs(rank);
-                    let mut peaks = vec![];
-                    for _ in 0..2 {
-                        let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
-                        assert!(out.loss.is_finite());
-                        peaks.push(fsdp.peak());
-                    }
-                    assert_eq!(fsdp.memory(&learner).full_buffers, 0);
-                    let sum = fsdp.checksum(&learner).unwrap();
-                    (fsdp.units(), peaks, sum)
-                })
-            })
-            .collect();
+        let results = on_ranks(world, port, move |rank, g| {
+            let cfg = fsdp_config();
+            let dev = tch::Device::Cpu;
+            let nets = Networks::new(&cfg, 2, dev);
+            let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
+            let mut learner = Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
+            let mut ddp = Ddp::new(g);
+            ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
+            ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
+            let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
+            fsdp.set_reshard_after_forward(reshard);
+            let (crops, p) = fsdp_step_inputs(rank);
+            let mut peaks = vec![];
+            for _ in 0..2 {
+                let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
+                assert!(out.loss.is_finite());
+                peaks.push(fsdp.peak());
+            }
+            assert_eq!(fsdp.memory(&learner).full_buffers, 0);
+            let sum = fsdp.checksum(&learner).unwrap();
+            (fsdp.units(), peaks, sum)
+        });
         let mut checksums = vec![];
-        for h in handles {
-            let (units, peaks, sum): (Vec<(String, i64)>, Vec<Peak>, f64) = h.join().unwrap();
+        for (units, peaks, sum) in results {
             checksums.push(sum);
             assert_eq!(units.len(), 13, "{units:?}");
             let padded =
@@ -555,55 +542,38 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
     // (scale or None, port) → per rank: (checksum before, checksum after, skipped flags,
     // scaler after).
     let run = |scale: Option<f64>, port: u16| {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                std::thread::spawn(move || {
-                    let g = ProcessGroup::new(
-                        "127.0.0.1",
-                        port,
-                        rank,
-                        world,
-                        Duration::from_secs(60),
-                        false,
-                    )
-                    .unwrap();
-                    let cfg = fsdp_config();
-                    let dev = tch::Device::Cpu;
-                    // libtorch's generator is one per process: seed and initialise under a
-                    // lock, so rank 0's (broadcast) weights are the same in every run.
-                    let nets = {
-                        static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-                        let _one = INIT.lock().unwrap();
-                        tch::manual_seed(7);
-                        Networks::new(&cfg, 2, dev)
-                    };
-                    let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-                    let mut learner =
-                        Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
-                    learner.scaler = scale.map(|scale| LossScaler {
-                        scale,
-                        ..LossScaler::default()
-                    });
-                    let mut ddp = Ddp::new(g);
-                    ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
-                    ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
-                    let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
-                    let (crops, p) = fsdp_step_inputs(rank);
-                    let before = fsdp.checksum(&learner).unwrap();
-                    let mut skipped = vec![];
-                    for it in 0..2 {
-                        let out = fsdp.step(&mut learner, &crops, p, it, &mut ddp).unwrap();
-                        skipped.push(out.skipped);
-                    }
-                    let after = fsdp.checksum(&learner).unwrap();
-                    (before, after, skipped, learner.scaler.clone())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
+        let results = on_ranks(world, port, move |rank, g| {
+            let cfg = fsdp_config();
+            let dev = tch::Device::Cpu;
+            // libtorch's generator is one per process: seed and initialise under a
+            // lock, so rank 0's (broadcast) weights are the same in every run.
+            let nets = {
+                static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+                let _one = INIT.lock().unwrap();
+                tch::manual_seed(7);
+                Networks::new(&cfg, 2, dev)
+            };
+            let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
+            let mut learner = Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
+            learner.scaler = scale.map(|scale| LossScaler {
+                scale,
+                ..LossScaler::default()
+            });
+            let mut ddp = Ddp::new(g);
+            ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
+            ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
+            let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
+            let (crops, p) = fsdp_step_inputs(rank);
+            let before = fsdp.checksum(&learner).unwrap();
+            let mut skipped = vec![];
+            for it in 0..2 {
+                let out = fsdp.step(&mut learner, &crops, p, it, &mut ddp).unwrap();
+                skipped.push(out.skipped);
+            }
+            let after = fsdp.checksum(&learner).unwrap();
+            (before, after, skipped, learner.scaler.clone())
+        });
+        results
     };
     let plain = run(None, 29801);
     let scaled = run(Some(1024.0), 29811);
@@ -695,10 +665,11 @@ fn consecutive_groups_on_one_port_do_not_mix_up_stores() {
 /// `a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped`.
 const STOP_HELPER_PORT: &str = "29863";
 
-/// Not a test on its own: the rank program that `trainer::dist::launch` starts (this test
-/// binary, filtered to this function) in the test below; a no-op anywhere else. Rank 0 stops
-/// (preemption code), rank 1 blocks as a rank waiting at a rendezvous would.
+/// Not a test: the rank program that `trainer::dist::launch` starts (this test binary,
+/// filtered to this function) in the test below, hence ignored; a no-op if run by hand. Rank 0
+/// stops (preemption code), rank 1 blocks as a rank waiting at a rendezvous would.
 #[test]
+#[ignore = "rank program of a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped"]
 fn launch_helper_rank() {
     if std::env::var("MASTER_PORT").as_deref() != Ok(STOP_HELPER_PORT) {
         return;
@@ -718,9 +689,14 @@ fn a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped() {
     let code = launch(&LaunchOptions {
         nproc: 2,
         master_port: STOP_HELPER_PORT.parse().unwrap(),
-        args: ["--exact", "dist::launch_helper_rank", "--test-threads=1"]
-            .map(String::from)
-            .to_vec(),
+        args: [
+            "--exact",
+            "dist::launch_helper_rank",
+            "--ignored",
+            "--test-threads=1",
+        ]
+        .map(String::from)
+        .to_vec(),
         grace: Duration::from_secs(1),
     })
     .unwrap();
