@@ -113,5 +113,10 @@ fn main() {
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,-lc10_cuda,--as-needed");
     }
+    // $ORIGIN/../lib first: in the image the binary sits in /opt/scdino/bin with libtorch and
+    // its CUDA libraries staged flat into /opt/scdino/lib (scripts/stage-runtime.sh), so it
+    // never depends on a path of the build machine; on the host that folder does not exist
+    // and the venv's torch/lib is found next.
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../lib");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
 }

@@ -6,11 +6,13 @@ use launcher::render::{self, Inputs, Manifest, Rendered};
 use launcher::slurm;
 use std::path::{Path, PathBuf};
 
+mod image_cmd;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "launcher",
     version,
-    about = "Submit the scDINO pipeline to Slurm with Pyxis/Enroot"
+    about = "Build and run the scDINO image; submit the pipeline to Slurm with Pyxis/Enroot"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -40,6 +42,11 @@ enum Command {
     /// Submit `trainer collectives-bench` on one task per GPU across the nodes, wait for it and
     /// report pass/fail (exit 1 on fail): a check of the fabric before a long training run.
     NcclTest(NcclTestArgs),
+    /// Build, push, inspect or squash the trainer image (Docker Engine API).
+    #[command(subcommand)]
+    Image(image_cmd::ImageCommand),
+    /// Run the image on this machine (local GPU smoke test): `launcher run IMAGE -- pipeline`.
+    Run(image_cmd::RunArgs),
     /// Print a command line with every word quoted for the shell, as generated scripts do.
     Quote {
         /// The words to quote.
@@ -227,6 +234,8 @@ fn do_render(a: &RenderArgs) -> Result<(PathBuf, Rendered)> {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::NcclTest(a) => nccl_test(a)?,
+        Command::Image(c) => image_cmd::image(c)?,
+        Command::Run(a) => image_cmd::run_image(a)?,
         Command::Quote { words } => println!("{}", launcher::shell::join(words)),
         Command::Render(a) => {
             let (out, r) = do_render(&a)?;

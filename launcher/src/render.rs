@@ -95,10 +95,9 @@ impl Manifest {
     pub fn save(&self, out: &Path) -> anyhow::Result<()> {
         use anyhow::Context;
         let p = out.join(MANIFEST);
-        let tmp = out.join(format!(".{MANIFEST}.tmp"));
         let text = serde_json::to_string_pretty(self)? + "\n";
-        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &p).with_context(|| format!("writing {}", p.display()))
+        crate::fsutil::write_atomic(&p, text.as_bytes())
+            .with_context(|| format!("writing {}", p.display()))
     }
 }
 

@@ -5,20 +5,9 @@
 //! `trainer launch` rank per GPU needs no further setting. The choice is resolved once, at the
 //! start, from facts passed in (not read here), so the rules are tested on a machine without a
 //! GPU and the CPU path runs the very same code.
-use serde::{Deserialize, Serialize};
 use tch::Device;
 
-/// `train.device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum DeviceChoice {
-    /// The local rank's GPU when libtorch sees one, else the CPU.
-    #[default]
-    Auto,
-    Cpu,
-    /// The local rank's GPU; an error when there is none.
-    Cuda,
-}
+pub use scdino_config::DeviceChoice;
 
 /// What libtorch can see in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,8 @@ mod alloc_count;
 pub mod analysis;
 pub mod augment;
 pub mod checkpoint;
-pub mod config;
+/// The run config lives in its own crate (no libtorch) so the launcher applies the same rules.
+pub use scdino_config as config;
 pub mod data;
 pub mod device;
 pub mod dist;

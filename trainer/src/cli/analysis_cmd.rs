@@ -10,8 +10,8 @@ use trainer::train::run::dataset_mean_std_at;
 /// `trainer mean-std`: the dataset statistics that normalise every crop.
 #[derive(Debug, Args)]
 pub struct MeanStdArgs {
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Recompute even if the file exists.
     #[arg(long)]
     force: bool,
@@ -19,7 +19,7 @@ pub struct MeanStdArgs {
 
 impl MeanStdArgs {
     pub fn run(self) -> Result<()> {
-        let cfg = Config::load(&self.config)?;
+        let cfg = self.config.load()?;
         let source = open_source(&cfg.data)
             .with_context(|| format!("indexing {}", cfg.data.dataset_dir.display()))?;
         let path = cfg.run_dir().join("mean_and_std_of_dataset.txt");
@@ -36,8 +36,8 @@ impl MeanStdArgs {
 /// Options shared by the per-model analysis commands.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Index into data.channel_combinations.
     #[arg(long, default_value_t = 0)]
     combination: usize,
@@ -51,7 +51,7 @@ impl ModelArgs {
         if let Some(t) = self.threads {
             tch::set_num_threads(t);
         }
-        Ok(Config::load(&self.config)?)
+        Ok(self.config.load()?)
     }
 }
 

@@ -10,6 +10,9 @@ pub enum ConfigCommand {
     Check { file: PathBuf },
     /// Print the fully resolved config (every default written out).
     Show { file: PathBuf },
+    /// Print every key with its default (scDINO's), as YAML that `config check` accepts: a
+    /// starting point for a new run config.
+    Default,
     /// Convert a scDINO pipeline yaml to our format (stdout); notes go to stderr.
     ImportScdino { file: PathBuf },
 }
@@ -53,6 +56,14 @@ impl ConfigCommand {
                         cfg.data.dataset_dir.display()
                     ),
                 }
+                Ok(())
+            }
+            ConfigCommand::Default => {
+                let cfg = Config::from_yaml("", "<defaults>")?;
+                print!(
+                    "# Every key of the trainer's run config with its default (trainer config default).\n{}",
+                    cfg.to_yaml()
+                );
                 Ok(())
             }
             ConfigCommand::Show { file } => {

@@ -1,7 +1,6 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use trainer::config::Config;
 use trainer::data::{generate_synthetic, SynthOptions};
 use trainer::probe::forward_probe;
 
@@ -59,8 +58,8 @@ impl SynthArgs {
 /// `trainer forward`: one multi-crop batch of real data through student and teacher.
 #[derive(Debug, Args)]
 pub struct ForwardArgs {
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Index into data.channel_combinations.
     #[arg(long, default_value_t = 0)]
     combination: usize,
@@ -77,9 +76,10 @@ impl ForwardArgs {
         if let Some(t) = self.threads {
             tch::set_num_threads(t);
         }
-        let cfg = Config::load(&self.config)?;
+        let path = self.config.path()?;
+        let cfg = trainer::config::Config::load(&path)?;
         let report = forward_probe(&cfg, self.combination, self.images)
-            .with_context(|| format!("forward probe of {}", self.config.display()))?;
+            .with_context(|| format!("forward probe of {}", path.display()))?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         Ok(())
     }

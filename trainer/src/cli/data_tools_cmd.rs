@@ -4,9 +4,7 @@ use super::pack_cmd::PackArgs;
 use super::preload_cmd::PreloadArgs;
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use std::path::PathBuf;
 use std::time::Instant;
-use trainer::config::Config;
 use trainer::data::open_source;
 
 #[derive(Debug, Subcommand)]
@@ -34,8 +32,8 @@ impl DataCommand {
 
 #[derive(Debug, Args)]
 pub struct ReadBenchArgs {
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Reader threads, each taking the next sample of the order as the loader's workers do
     /// (default: data.num_workers).
     #[arg(long)]
@@ -55,7 +53,7 @@ pub struct ReadBenchArgs {
 impl ReadBenchArgs {
     pub fn run(self) -> Result<()> {
         use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-        let cfg = Config::load(&self.config)?;
+        let cfg = self.config.load()?;
         let t_open = Instant::now();
         let source = open_source(&cfg.data)?;
         let open_seconds = t_open.elapsed().as_secs_f64();

@@ -11,8 +11,50 @@ mod pipeline_cmd;
 mod preload_cmd;
 mod train_cmd;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use trainer::config::{Config, BAKED_CONFIG_PATH};
+
+/// `--config FILE`, or the run config baked into the image (`launcher image build --config`)
+/// when it is absent: an image carries its run, so `trainer pipeline` alone runs it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArg {
+    /// The run config (YAML). Default: the config baked into the image, /opt/scdino/config.yaml.
+    #[arg(long = "config", value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    pub fn path(&self) -> Result<PathBuf> {
+        resolve_config(self.config.as_deref(), Path::new(BAKED_CONFIG_PATH))
+    }
+
+    pub fn load(&self) -> Result<Config> {
+        Ok(Config::load(&self.path()?)?)
+    }
+}
+
+/// The given path, else the baked file (said once on stderr), else an error naming both.
+fn resolve_config(given: Option<&Path>, baked: &Path) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    if baked.is_file() {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!(
+                "[trainer] no --config given: using the run config baked into this image, {}",
+                baked.display()
+            )
+        });
+        return Ok(baked.to_path_buf());
+    }
+    bail!(
+        "no --config given and no run config baked into this image ({} does not exist): pass --config FILE",
+        baked.display()
+    )
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -86,5 +128,26 @@ impl Cli {
             Command::Pipeline(p) => p.run(),
             Command::Checkpoint(c) => c.run(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_config;
+    use std::path::Path;
+
+    #[test]
+    fn config_falls_back_to_the_baked_file_only_when_absent() {
+        let d = tempfile::tempdir().unwrap();
+        let baked = d.path().join("config.yaml");
+        let given = Path::new("mine.yaml");
+        let e = resolve_config(None, &baked).unwrap_err().to_string();
+        assert!(
+            e.contains("no --config given") && e.contains("config.yaml does not exist"),
+            "{e}"
+        );
+        std::fs::write(&baked, "run: {}\n").unwrap();
+        assert_eq!(resolve_config(None, &baked).unwrap(), baked);
+        assert_eq!(resolve_config(Some(given), &baked).unwrap(), given);
     }
 }

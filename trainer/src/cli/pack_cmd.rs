@@ -4,16 +4,14 @@ use clap::Args;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::time::Instant;
-use trainer::config::Config;
 use trainer::data::object_store::{Remote, S3Url};
 use trainer::data::open_source;
 use trainer::data::shards::{pack, upload, PackEvent, PackOptions, UploadEvent};
 
 #[derive(Debug, Args)]
 pub struct PackArgs {
-    /// The config whose `data.dataset_dir` (and `data.label_folder_depth`) to pack.
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Output directory (created; point `data.dataset_dir` at it to train from the shards),
     /// or `s3://bucket/prefix`: packed into `--staging` first, then uploaded (shards, then the
     /// index last; shards already there with the same size and sha256 are skipped).
@@ -65,7 +63,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 impl PackArgs {
     pub fn run(self) -> Result<()> {
-        let cfg = Config::load(&self.config)?;
+        let cfg = self.config.load()?;
         let remote_out = S3Url::is_s3(&self.out);
         let local_out: PathBuf = if remote_out {
             if cfg.data.dataset_dir.to_string_lossy().trim_end_matches('/')

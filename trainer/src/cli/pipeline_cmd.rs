@@ -1,15 +1,13 @@
 use anyhow::Result;
 use clap::Args;
-use std::path::PathBuf;
-use trainer::config::Config;
 use trainer::pipeline::{run_pipeline, PipelineOptions, PipelineOutcome};
 use trainer::train::run::EXIT_PREEMPTED;
 
 /// `trainer pipeline`: every stage for every channel combination, make-like.
 #[derive(Debug, Args)]
 pub struct PipelineArgs {
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Only this channel combination (default: all of them, in order).
     #[arg(long)]
     combination: Option<usize>,
@@ -23,7 +21,7 @@ impl PipelineArgs {
         if let Some(t) = self.threads {
             tch::set_num_threads(t);
         }
-        let cfg = Config::load(&self.config)?;
+        let cfg = self.config.load()?;
         let opts = PipelineOptions {
             combinations: self.combination.map(|c| vec![c]),
             stop: Some(super::train_cmd::stop_flag()?),

@@ -3,12 +3,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
-use trainer::config::Config;
 
 #[derive(Debug, Args)]
 pub struct PreloadArgs {
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Target directory (e.g. /fsx/datasets/pbmc or /local_scratch/pbmc); then point
     /// data.dataset_dir at it.
     #[arg(long)]
@@ -23,12 +22,12 @@ pub struct PreloadArgs {
 
 impl PreloadArgs {
     pub fn run(self) -> Result<()> {
-        let cfg = Config::load(&self.config)?;
+        let cfg = self.config.load()?;
         let src = cfg.data.dataset_dir.to_string_lossy().into_owned();
         if !src.starts_with("s3://") {
             bail!(
                 "{}: data.dataset_dir is {src}, not an s3:// URL: nothing to preload",
-                self.config.display()
+                self.config.path()?.display()
             );
         }
         let jobs = self.jobs.unwrap_or(cfg.data.s3.max_concurrency).max(1);

@@ -1,9 +1,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use trainer::config::Config;
 use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome, EXIT_PREEMPTED};
 
 /// SIGUSR1 (Slurm's --signal) and SIGTERM (scancel, preemption) set this flag: checkpoint at
@@ -19,8 +17,8 @@ pub fn stop_flag() -> Result<Arc<AtomicBool>> {
 /// `trainer train`: DINO pretraining; resumes automatically from the output folder.
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    #[arg(long)]
-    config: PathBuf,
+    #[command(flatten)]
+    config: super::ConfigArg,
     /// Index into data.channel_combinations (one model per combination).
     #[arg(long, default_value_t = 0)]
     combination: usize,
@@ -37,7 +35,7 @@ impl TrainArgs {
         if let Some(t) = self.threads {
             tch::set_num_threads(t);
         }
-        let cfg = Config::load(&self.config)?;
+        let cfg = self.config.load()?;
         let stop = stop_flag()?;
         let opts = TrainOptions {
             combination: self.combination,

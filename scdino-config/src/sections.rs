@@ -313,7 +313,7 @@ pub struct TrainSection {
     pub dist_timeout_seconds: u64,
     /// `auto` (the local rank's GPU if libtorch sees one, else CPU), `cpu` or `cuda`. scDINO
     /// always trained on `cuda:{local_rank}`.
-    pub device: crate::device::DeviceChoice,
+    pub device: crate::DeviceChoice,
     /// How several ranks share the work. `ddp` (scDINO's DistributedDataParallel): every
     /// rank holds the whole model and gradients are averaged. `fsdp`: parameters, gradients,
     /// AdamW state and teacher are sharded across ranks (1/N each between steps), for models
@@ -358,7 +358,7 @@ impl Default for TrainSection {
             optimizer: Optimizer::Adamw,
             log_every: 10,
             dist_timeout_seconds: 1800,
-            device: crate::device::DeviceChoice::Auto,
+            device: crate::DeviceChoice::Auto,
             strategy: Strategy::Ddp,
             ddp_overlap: true,
             fsdp_reshard_after_forward: true,

@@ -1,12 +1,32 @@
 //! One YAML file drives every stage. `Sections` is the schema as written (with scDINO's
 //! defaults); `Config` is the same after validation, plus the values derived from it. A `Config`
 //! only exists validated: build it with [`Config::load`] or [`Config::from_yaml`].
+//!
+//! Its own crate, without libtorch, because two programs must apply the same rules: the trainer
+//! (re-exported as `trainer::config`) and the launcher, which validates a config before it
+//! bakes it into an image.
 mod locate;
 pub mod scdino;
 mod sections;
 
 pub use locate::KeyLines;
 pub use sections::*;
+
+/// Where an image built with `launcher image build --config` holds its run config; the
+/// trainer's commands read it when `--config` is absent.
+pub const BAKED_CONFIG_PATH: &str = "/opt/scdino/config.yaml";
+
+/// `train.device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceChoice {
+    /// The local rank's GPU when libtorch sees one, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    /// The local rank's GPU; an error when there is none.
+    Cuda,
+}
 
 use std::path::{Path, PathBuf};
 

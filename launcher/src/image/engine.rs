@@ -1,0 +1,60 @@
+//! The connection to the Docker Engine: `DOCKER_HOST` when set (unix:// or tcp://), else the
+//! default socket. Checked with a ping before any work starts, so a missing engine is one clear
+//! message naming the socket instead of an error in the middle of a build.
+use super::credentials::{Credentials, Found};
+use super::ImageError;
+use bollard::auth::DockerCredentials;
+use bollard::Docker;
+
+pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
+
+pub async fn connect() -> Result<Docker, ImageError> {
+    let (docker, place) = match std::env::var("DOCKER_HOST") {
+        Ok(h) if !h.is_empty() => (Docker::connect_with_host(&h), format!("DOCKER_HOST={h}")),
+        _ => (
+            Docker::connect_with_unix(DEFAULT_SOCKET, 600, bollard::API_DEFAULT_VERSION),
+            format!("{DEFAULT_SOCKET} (DOCKER_HOST is unset)"),
+        ),
+    };
+    let hint = "start the engine (`sudo systemctl start docker`; on a test machine \
+                `scripts/docker-local.sh start`) or point DOCKER_HOST at one";
+    let docker = docker
+        .map_err(|e| ImageError::Engine(format!("no Docker Engine at {place}: {e}; {hint}")))?;
+    // Speak the engine's API version (Debian's 20.10 engine answers 1.41, not bollard's 1.53).
+    let docker = docker.negotiate_version().await.map_err(|e| {
+        ImageError::Engine(format!(
+            "the Docker Engine at {place} does not answer: {e}; {hint}"
+        ))
+    })?;
+    Ok(docker)
+}
+
+/// The engine's form of registry credentials (sent as X-Registry-Auth, never logged).
+pub fn docker_credentials(found: Option<&Found>, server: &str) -> Option<DockerCredentials> {
+    found.map(|f| match &f.credentials {
+        Credentials::Basic { username, password } => DockerCredentials {
+            username: Some(username.clone()),
+            password: Some(password.expose().to_string()),
+            serveraddress: Some(server.to_string()),
+            ..Default::default()
+        },
+        Credentials::IdentityToken(t) => DockerCredentials {
+            identitytoken: Some(t.expose().to_string()),
+            serveraddress: Some(server.to_string()),
+            ..Default::default()
+        },
+    })
+}
+
+/// A short message for an engine error (bollard's Display includes the HTTP details).
+pub fn engine_error(what: &str, e: bollard::errors::Error) -> ImageError {
+    use bollard::errors::Error as E;
+    match e {
+        E::DockerResponseServerError {
+            status_code,
+            message,
+        } => ImageError::Engine(format!("{what}: {message} (HTTP {status_code})")),
+        E::DockerStreamError { error } => ImageError::Engine(format!("{what}: {error}")),
+        other => ImageError::Engine(format!("{what}: {other}")),
+    }
+}

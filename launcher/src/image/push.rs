@@ -1,0 +1,156 @@
+//! `launcher image push`: the engine pushes (it holds the layers); the launcher finds the
+//! credentials, checks first that the registry answers and accepts them (so a wrong password or
+//! an unreachable registry is one clear message), and reports `NAME@sha256:…`.
+use super::credentials::{self, Credentials, Found};
+use super::engine::{docker_credentials, engine_error};
+use super::reference::ImageRef;
+use super::ImageError;
+use bollard::query_parameters::PushImageOptionsBuilder;
+use bollard::Docker;
+use futures_util::StreamExt;
+
+/// The scheme for the registry API: HTTPS unless the user asked for plain HTTP.
+pub fn base_url(image: &ImageRef, plain_http: bool) -> String {
+    let host = match image.registry_host() {
+        "docker.io" => "registry-1.docker.io",
+        h => h,
+    };
+    format!("{}://{host}", if plain_http { "http" } else { "https" })
+}
+
+pub fn http_client() -> Result<reqwest::Client, ImageError> {
+    crate::tls::install_ring_provider();
+    reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(15))
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .map_err(|e| ImageError::Registry(format!("HTTP client: {e}")))
+}
+
+/// `GET /v2/` with the credentials: the registry must answer, and a registry that challenges
+/// for Basic auth must accept them. Bearer challenges (Docker Hub, GHCR) are left to the
+/// engine's token exchange. Messages carry the registry and the credential source only.
+pub async fn preflight(
+    image: &ImageRef,
+    found: Option<&Found>,
+    plain_http: bool,
+) -> Result<(), ImageError> {
+    let url = format!("{}/v2/", base_url(image, plain_http));
+    let client = http_client()?;
+    let mut req = client.get(&url);
+    if let Some(Found {
+        credentials: Credentials::Basic { username, password },
+        ..
+    }) = found
+    {
+        req = req.basic_auth(username, Some(password.expose()));
+    }
+    let registry = image.registry_host();
+    let resp = req.send().await.map_err(|e| {
+        let hint = if plain_http {
+            String::new()
+        } else if image.is_loopback() {
+            "; a registry on this machine without TLS needs --plain-http".into()
+        } else {
+            String::new()
+        };
+        ImageError::Registry(format!(
+            "registry {registry} is unreachable at {url}: {}{hint}",
+            error_chain(&e)
+        ))
+    })?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if status.as_u16() == 401 {
+        if challenge.starts_with("bearer") {
+            return Ok(());
+        }
+        return Err(ImageError::Registry(match found {
+            Some(f) => format!(
+                "registry {registry} refused the credentials from {} (HTTP 401)",
+                f.source
+            ),
+            None => format!(
+                "registry {registry} needs credentials (HTTP 401) and none were found: log in with `docker login {registry}`, configure a credential helper in ~/.docker/config.json, or set ${} and ${}",
+                credentials::ENV_USERNAME,
+                credentials::ENV_PASSWORD
+            ),
+        }));
+    }
+    Err(ImageError::Registry(format!(
+        "registry {registry} answered {status} at {url}"
+    )))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// Pushes `image` (present in the engine under that name) and returns its manifest digest.
+pub async fn push(
+    docker: &Docker,
+    image: &ImageRef,
+    plain_http: bool,
+) -> Result<String, ImageError> {
+    if image.registry.is_none() && !plain_http {
+        // Pushing a bare name goes to Docker Hub: almost never what a cluster user wants.
+        eprintln!("[launcher] {image} names no registry: pushing to Docker Hub");
+    }
+    let found = credentials::lookup(image.registry_host())?;
+    if let Some(f) = &found {
+        eprintln!(
+            "[launcher] credentials for {} from {}",
+            image.registry_host(),
+            f.source
+        );
+    }
+    preflight(image, found.as_ref(), plain_http).await?;
+    let opts = PushImageOptionsBuilder::default()
+        .tag(image.tag_or_latest())
+        .build();
+    let creds = docker_credentials(found.as_ref(), image.registry_host());
+    let mut stream = docker.push_image(&image.name(), Some(opts), creds);
+    let mut digest = None;
+    while let Some(item) = stream.next().await {
+        let info = item.map_err(|e| match e {
+            bollard::errors::Error::DockerStreamError { error } => ImageError::Registry(format!(
+                "pushing {image} to {}: {}",
+                image.registry_host(),
+                error.trim()
+            )),
+            other => engine_error(&format!("pushing {image}"), other),
+        })?;
+        if let Some(status) = info.status {
+            // Final line: `TAG: digest: sha256:HEX size: N`.
+            if let Some(d) = status
+                .split_once("digest: ")
+                .and_then(|(_, r)| r.split_whitespace().next())
+            {
+                digest = Some(d.to_string());
+            }
+            if info.progress_detail.is_none() || status.contains("digest:") {
+                eprintln!("[push] {status}");
+            }
+        }
+    }
+    digest.ok_or_else(|| {
+        ImageError::Registry(format!(
+            "the engine finished pushing {image} without reporting a digest"
+        ))
+    })
+}

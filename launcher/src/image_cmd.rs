@@ -1,0 +1,287 @@
+//! `launcher image …` and `launcher run`: argument parsing and output; the work is in
+//! `launcher::image`. Machine-readable results (image ID, pushed reference, squashfs path) go
+//! to stdout, progress to stderr.
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use launcher::image::{builder, engine, inspect, push, reference::ImageRef, run, squash};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Build the image from the Containerfile through the Docker Engine API.
+    Build(BuildArgs),
+    /// Push an image the engine holds; prints REPO@sha256:DIGEST.
+    Push {
+        /// REGISTRY/REPO:TAG, as built.
+        image: String,
+        /// The registry speaks plain HTTP (only for registries you trust, e.g. on loopback).
+        #[arg(long)]
+        plain_http: bool,
+    },
+    /// Print an image's provenance labels and config (from the engine, else the registry).
+    Inspect {
+        image: String,
+        /// Read the manifest and config from the registry even if the engine has the image.
+        #[arg(long)]
+        registry: bool,
+        #[arg(long)]
+        plain_http: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the image as an Enroot squashfs named by its ID into --out; prints its path.
+    Squash {
+        image: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// mksquashfs options (Enroot's default ENROOT_SQUASH_OPTIONS).
+        #[arg(long, default_value = squash::DEFAULT_OPTIONS, allow_hyphen_values = true)]
+        squash_options: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The Containerfile.
+    #[arg(long, short = 'f', default_value = "Containerfile")]
+    file: PathBuf,
+    /// The build context (the repository root).
+    #[arg(long, default_value = ".")]
+    context: PathBuf,
+    /// Image name, repeatable: REGISTRY/REPO:TAG.
+    #[arg(long, short = 't', required = true)]
+    tag: Vec<String>,
+    /// KEY=VALUE, repeatable (CUDA_IMAGE, EFA_INSTALLER_VERSION, BINARIES, ...).
+    #[arg(long = "build-arg", value_name = "KEY=VALUE")]
+    build_arg: Vec<String>,
+    #[arg(long)]
+    target: Option<String>,
+    /// Bake this trainer run config into the image (validated first).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Push every tag after the build.
+    #[arg(long)]
+    push: bool,
+    #[arg(long)]
+    plain_http: bool,
+    /// Folder of the built trainer and launcher for BINARIES=prebuilt (default: this
+    /// launcher's folder).
+    #[arg(long)]
+    prebuilt_dir: Option<PathBuf>,
+    /// The venv the prebuilt libraries come from (for the version labels).
+    #[arg(long, default_value = ".venv")]
+    venv: PathBuf,
+    /// Network of the RUN steps (`host` where the engine runs without a bridge).
+    #[arg(long)]
+    network: Option<String>,
+    #[arg(long)]
+    no_cache: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The image (its entrypoint is the trainer).
+    image: String,
+    /// GPUs as `docker run --gpus`: all, a count, or device=ID[,ID].
+    #[arg(long)]
+    gpus: Option<run::Gpus>,
+    /// HOST:CONTAINER[:ro], repeatable.
+    #[arg(long)]
+    mount: Vec<run::Mount>,
+    /// K=V, or K to pass this shell's value; repeatable.
+    #[arg(long)]
+    env: Vec<String>,
+    #[arg(long, default_value = "host")]
+    network: String,
+    /// Shared memory (/dev/shm), e.g. 1g, 512m.
+    #[arg(long, default_value = "1g")]
+    shm_size: String,
+    /// uid:gid inside the container (default: yours, so outputs on mounts are yours).
+    #[arg(long)]
+    user: Option<String>,
+    /// Create the container, print its ID and stop there (to inspect what would run).
+    #[arg(long)]
+    create_only: bool,
+    /// The trainer's arguments, after `--`.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn parse_size(s: &str) -> Result<i64> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, mult) = match s.chars().last() {
+        Some('k') => (&s[..s.len() - 1], 1i64 << 10),
+        Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s.as_str(), 1),
+    };
+    let n: i64 = num
+        .parse()
+        .with_context(|| format!("size `{s}`: expected a number with k/m/g"))?;
+    Ok(n * mult)
+}
+
+pub fn image(cmd: ImageCommand) -> Result<()> {
+    let rt = runtime()?;
+    match cmd {
+        ImageCommand::Build(a) => rt.block_on(build(a)),
+        ImageCommand::Push { image, plain_http } => rt.block_on(async {
+            let r = ImageRef::parse(&image)?;
+            let docker = engine::connect().await?;
+            let digest = push::push(&docker, &r, plain_http).await?;
+            println!("{}", r.with_digest(&digest));
+            Ok(())
+        }),
+        ImageCommand::Inspect {
+            image,
+            registry,
+            plain_http,
+            json,
+        } => rt.block_on(async {
+            let facts = if registry {
+                inspect::from_registry(&ImageRef::parse(&image)?, plain_http).await?
+            } else {
+                let local = match engine::connect().await {
+                    Ok(d) => inspect::from_engine(&d, &image).await?,
+                    Err(e) => {
+                        eprintln!("[launcher] {e}; reading the registry");
+                        None
+                    }
+                };
+                match local {
+                    Some(f) => f,
+                    None => inspect::from_registry(&ImageRef::parse(&image)?, plain_http).await?,
+                }
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&facts.to_json())?);
+            } else {
+                print!("{}", facts.to_text());
+            }
+            Ok(())
+        }),
+        ImageCommand::Squash {
+            image,
+            out,
+            squash_options,
+        } => rt.block_on(async {
+            let docker = engine::connect().await?;
+            let t = std::time::Instant::now();
+            let s = squash::squash(&docker, &image, &out, &squash_options).await?;
+            eprintln!(
+                "[squash] {} {} ({:.1} MiB, sha256 {}) in {:.1} s",
+                if s.reused { "reused" } else { "wrote" },
+                s.path.display(),
+                s.bytes as f64 / (1 << 20) as f64,
+                s.sha256,
+                t.elapsed().as_secs_f64()
+            );
+            println!("{}", s.path.display());
+            Ok(())
+        }),
+    }
+}
+
+async fn build(a: BuildArgs) -> Result<()> {
+    let tags = a
+        .tag
+        .iter()
+        .map(|t| ImageRef::parse(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut build_args = BTreeMap::new();
+    for kv in &a.build_arg {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--build-arg {kv}: expected KEY=VALUE");
+        };
+        build_args.insert(k.to_string(), v.to_string());
+    }
+    let prebuilt_dir = match a.prebuilt_dir {
+        Some(d) => d,
+        None => std::env::current_exe()
+            .context("locating this launcher")?
+            .parent()
+            .context("launcher has no folder")?
+            .to_path_buf(),
+    };
+    let req = builder::BuildRequest {
+        context: a.context.clone(),
+        file: a.file.clone(),
+        tags: tags.clone(),
+        build_args,
+        target: a.target,
+        config: a.config.clone(),
+        prebuilt_dir,
+        venv: a.context.join(&a.venv),
+        network: a.network,
+        no_cache: a.no_cache,
+    };
+    // Everything that can be refused is refused before the engine is contacted.
+    let prepared = builder::prepare(&req)?;
+    if let Some(c) = &a.config {
+        eprintln!(
+            "[launcher] {} is valid; baking it into {} (sha256 {})",
+            c.display(),
+            launcher::image::BAKED_CONFIG_PATH,
+            prepared.labels[launcher::image::CONFIG_DIGEST_LABEL]
+        );
+    }
+    let docker = engine::connect().await?;
+    let mut log = builder::BuildLog::new(std::io::stderr().is_terminal());
+    let t = std::time::Instant::now();
+    let built = builder::build(&docker, &req, prepared, &mut log).await?;
+    eprintln!(
+        "[launcher] built {} as {} in {:.1} s",
+        built.id,
+        tags.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        t.elapsed().as_secs_f64()
+    );
+    println!("{}", built.id);
+    if a.push {
+        for tag in &tags {
+            let digest = push::push(&docker, tag, a.plain_http).await?;
+            println!("{}", tag.with_digest(&digest));
+        }
+    }
+    Ok(())
+}
+
+pub fn run_image(a: RunArgs) -> Result<()> {
+    let req = run::RunRequest {
+        image: a.image,
+        gpus: a.gpus,
+        mounts: a.mount,
+        env: a.env,
+        args: a.args,
+        network: a.network,
+        shm_size_bytes: parse_size(&a.shm_size)?,
+        user: a.user,
+    };
+    let rt = runtime()?;
+    let code = rt.block_on(async {
+        let docker = engine::connect().await?;
+        if a.create_only {
+            let id = run::create(&docker, &req).await?;
+            println!("{id}");
+            return Ok::<i64, anyhow::Error>(0);
+        }
+        Ok(run::run(&docker, &req).await?)
+    })?;
+    drop(rt);
+    if code != 0 {
+        std::process::exit(code.clamp(1, 255) as i32);
+    }
+    Ok(())
+}
