@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace after setup (README's test command; CI calls it).
-# Starts a real single-node Slurm on localhost for the launcher's end-to-end tests and
-# stops it again on exit.
+# Starts a real single-node Slurm on localhost for the launcher's end-to-end tests, and a real
+# Docker Engine with a loopback registry and a Debian base image for the image tests
+# (scripts/docker-local.sh), and stops them again on exit.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/setup.sh"
@@ -16,7 +17,9 @@ cargo build --release -p trainer --features nccl --bin trainer --quiet
 cp target/release/trainer target/release/trainer-nccl
 cargo build --release --workspace --bins --quiet
 "$ROOT/scripts/slurm-local.sh" start
-trap '"$ROOT/scripts/slurm-local.sh" stop || true' EXIT
+"$ROOT/scripts/docker-local.sh" start
+trap '"$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" stop || true' EXIT
 eval "$("$ROOT/scripts/slurm-local.sh" env)"
+eval "$("$ROOT/scripts/docker-local.sh" env)"
 export SCDINO_TEST_SLURM=1
 cargo test --release --workspace "$@"

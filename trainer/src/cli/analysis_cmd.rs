@@ -51,7 +51,7 @@ impl ModelArgs {
         if let Some(t) = self.threads {
             tch::set_num_threads(t);
         }
-        Ok(self.config.load()?)
+        self.config.load()
     }
 }
 

@@ -1,0 +1,466 @@
+//! The image against a real Docker Engine and a real registry (started by scripts/test.sh via
+//! scripts/docker-local.sh): `launcher image build` with the prebuilt binaries and a baked run
+//! config, `launcher run` of `trainer pipeline` without `--config` inside the container (stopped
+//! by SIGTERM, resumed, finished, outputs on the host mount), push to the loopback registry,
+//! provenance read back from the registry, squash for Enroot, the GPU device request as the
+//! engine records it, and the bad inputs (invalid config, failing step, no engine, plain HTTP
+//! not asked for).
+use super::util::{bin, synth, text};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The loopback registry and base image scripts/docker-local.sh provides. Missing means the
+/// tests were not started through scripts/test.sh: a failure, never a silent skip.
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is unset: run the image tests through scripts/test.sh, which starts the Docker Engine and registry (scripts/docker-local.sh)")
+    })
+}
+
+fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn launcher(args: &[&str]) -> Output {
+    Command::new(bin("launcher"))
+        .args(args)
+        .current_dir(repo_root())
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
+fn launcher_ok(args: &[&str]) -> String {
+    let out = launcher(args);
+    assert!(
+        out.status.success(),
+        "launcher {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// The build arguments that make the Containerfile build offline from the local base image.
+fn offline_args(base: &str) -> Vec<String> {
+    [
+        format!("CUDA_IMAGE={base}"),
+        format!("BUILD_IMAGE={base}"),
+        "EFA_INSTALLER_VERSION=none".into(),
+        "BINARIES=prebuilt".into(),
+    ]
+    .into_iter()
+    .flat_map(|a| ["--build-arg".to_string(), a])
+    .collect()
+}
+
+/// Container paths: the data is mounted at /data, outputs at /out.
+const RUN_CONFIG: &str = "run:\n  name: img\n  output_dir: /out\n  seed: 40\n\
+    data:\n  dataset_dir: /data/Training\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  \
+    channel_combinations: [\"02\"]\n  num_workers: 2\n\
+    model:\n  name: m\n  arch: vit_tiny\n  out_dim: 256\n\
+    augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n\
+    train:\n  epochs: 3\n  checkpoint_every: 1\n  batch_size_per_gpu: 16\n  \
+    precision: fp32\n  num_gpus: 1\n  warmup_epochs: 1\n  lr: 0.005\n\
+    downstream:\n  features:\n    num_gpus: 1\n    resize_length: 32\n  \
+    attention:\n    image_size: 48\n  knn:\n    k: [3, 5]\n  \
+    umap:\n    n_neighbors: 10\n    epochs: 60\n";
+
+fn sha256_of(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    text(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn image_builds_runs_the_baked_pipeline_pushes_inspects_and_squashes() {
+    let registry = env("SCDINO_TEST_REGISTRY");
+    let base = env("SCDINO_BASE_IMAGE");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    synth(&data, 3, 4, 20);
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let cfg = dir.path().join("run.yaml");
+    std::fs::write(&cfg, RUN_CONFIG).unwrap();
+    let local = "scdino-e2e:test";
+    let remote = format!("{registry}/scdino-e2e/trainer:test");
+
+    // Build: prebuilt binaries, the config baked, two tags; stdout is the image ID.
+    let mut args: Vec<String> = ["image", "build", "--tag", local, "--tag", &remote]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(offline_args(&base));
+    args.extend(["--network", "host", "--config", cfg.to_str().unwrap()].map(String::from));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let id = launcher_ok(&argv).trim().to_string();
+    assert!(id.starts_with("sha256:") && id.len() == 71, "{id}");
+    assert_eq!(
+        docker(&["image", "inspect", "-f", "{{.Id}}", &remote]).trim(),
+        id
+    );
+    // Slim: no compiler, no Python, no test venv; the libraries the trainer loads, nothing else.
+    let listing = docker(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        "/bin/sh",
+        local,
+        "-c",
+        "ls /opt/scdino/lib; command -v gcc python3 cc || true; ls /opt/venv 2>&1 || true",
+    ]);
+    assert!(
+        listing.contains("libtorch_cpu.so") && listing.contains("libc10.so"),
+        "{listing}"
+    );
+    assert!(
+        !listing.contains("/usr/bin/gcc") && !listing.contains("/usr/bin/python3"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("No such file"),
+        "a venv in the image: {listing}"
+    );
+
+    // Run the pipeline with no --config: the baked one. Stopped by SIGTERM once the first
+    // checkpoint is on the host mount: the trainer checkpoints and the launcher exits 75.
+    let mounts = [
+        "--mount".to_string(),
+        format!("{}:/data:ro", data.display()),
+        "--mount".to_string(),
+        format!("{}:/out", out.display()),
+    ];
+    let model = out.join("img/scDINO_ViTs/m_channel_APC_DAPI");
+    let mut run = Command::new(bin("launcher"));
+    run.args(["run", local])
+        .args(&mounts)
+        .args(["--", "pipeline"]);
+    let child = run
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !model.join("checkpoint0000.safetensors").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "no checkpoint on the mount"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let stopped = child.wait_with_output().unwrap();
+    let log = text(&stopped.stderr);
+    assert_eq!(stopped.status.code(), Some(75), "{log}");
+    assert!(
+        log.contains("using the run config baked into this image, /opt/scdino/config.yaml"),
+        "{log}"
+    );
+    assert!(!out
+        .join("img/m_channel_APC_DAPI_analyses/report.html")
+        .exists());
+    // No container left behind.
+    assert!(!docker(&["ps", "-a", "--format", "{{.Image}}"]).contains(local));
+
+    // Run again: resumes and finishes; every output on the host, owned by the caller.
+    let done = launcher(
+        &[
+            &["run", local][..],
+            &mounts.iter().map(String::as_str).collect::<Vec<_>>(),
+            &["--", "pipeline"],
+        ]
+        .concat(),
+    );
+    assert!(done.status.success(), "{}", text(&done.stderr));
+    let report = out.join("img/m_channel_APC_DAPI_analyses/report.html");
+    assert!(report.is_file(), "{}", text(&done.stderr));
+    assert!(out
+        .join("img/m_channel_APC_DAPI_analyses/kNN/global_kNN.txt")
+        .is_file());
+    let epochs: Vec<u64> = std::fs::read_to_string(model.join("log.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["epoch"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(epochs, [0, 1, 2], "resumed, not restarted");
+    let uid = text(&Command::new("id").arg("-u").output().unwrap().stdout)
+        .trim()
+        .to_string();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&report).unwrap().uid().to_string(), uid);
+
+    // Push needs --plain-http for a registry without TLS; then prints NAME@sha256:DIGEST.
+    let refused = launcher(&["image", "push", &remote]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("needs --plain-http"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let pushed = launcher_ok(&["image", "push", &remote, "--plain-http"]);
+    let pushed = pushed.trim();
+    let digest = pushed
+        .strip_prefix(&format!("{registry}/scdino-e2e/trainer@"))
+        .unwrap_or_else(|| panic!("{pushed}"));
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{pushed}"
+    );
+
+    // Provenance straight from the registry, by digest (OCI manifest + config).
+    let json = launcher_ok(&[
+        "image",
+        "inspect",
+        pushed,
+        "--registry",
+        "--plain-http",
+        "--json",
+    ]);
+    let facts: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(facts["manifest_digest"], digest);
+    assert_eq!(facts["id"], id.as_str());
+    let labels = &facts["labels"];
+    assert_eq!(labels["org.scdino.config.sha256"], sha256_of(&cfg).as_str());
+    assert_eq!(labels["org.scdino.torch.version"], "2.13.0");
+    assert_eq!(labels["org.scdino.binaries"], "prebuilt");
+    assert_eq!(labels["org.scdino.efa-installer.version"], "none");
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let git = text(
+        &Command::new("git")
+            .args(["-C", repo_root().to_str().unwrap(), "rev-parse", "HEAD"])
+            .output()
+            .unwrap()
+            .stdout,
+    );
+    assert!(
+        labels["org.opencontainers.image.revision"]
+            .as_str()
+            .unwrap()
+            .starts_with(git.trim()),
+        "{labels}"
+    );
+    assert!(labels["org.opencontainers.image.created"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+    assert!(facts["manifest"]["layers"].as_array().unwrap().len() >= 2);
+    // The engine reports the same labels.
+    let engine: serde_json::Value =
+        serde_json::from_str(&launcher_ok(&["image", "inspect", local, "--json"])).unwrap();
+    assert_eq!(engine["labels"], *labels);
+
+    // Squash: Enroot's layout, named by the image ID; reused when intact, rebuilt when not.
+    let sq = dir.path().join("sqsh");
+    let path = launcher_ok(&["image", "squash", local, "--out", sq.to_str().unwrap()]);
+    let path = Path::new(path.trim()).to_path_buf();
+    assert_eq!(
+        path.file_name().unwrap().to_str().unwrap(),
+        format!("{}.sqsh", id.replace(':', "-"))
+    );
+    let files = text(
+        &Command::new("unsquashfs")
+            .arg("-l")
+            .arg(&path)
+            .output()
+            .unwrap()
+            .stdout,
+    );
+    for f in [
+        "opt/scdino/bin/trainer",
+        "opt/scdino/lib/libtorch_cpu.so",
+        "opt/scdino/config.yaml",
+        "etc/rc",
+        "etc/environment",
+        "etc/rc.local",
+        "etc/fstab",
+        "workspace",
+    ] {
+        assert!(
+            files.contains(&format!("squashfs-root/{f}\n")),
+            "{f} missing"
+        );
+    }
+    assert!(!files.contains("squashfs-root/.dockerenv"));
+    let cat = |f: &str| {
+        text(
+            &Command::new("unsquashfs")
+                .args(["-cat", path.to_str().unwrap(), f])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+    };
+    let rc = cat("etc/rc");
+    assert!(
+        rc.contains("cd /workspace && unset OLDPWD || exit 1"),
+        "{rc}"
+    );
+    assert!(rc.contains("exec /opt/scdino/bin/trainer \"$@\""), "{rc}");
+    assert!(
+        rc.contains(&format!("# org.scdino.config.sha256 {}", sha256_of(&cfg))),
+        "{rc}"
+    );
+    assert!(cat("etc/environment").contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility\n"));
+    assert_eq!(cat("opt/scdino/config.yaml"), RUN_CONFIG);
+    let again = launcher(&["image", "squash", local, "--out", sq.to_str().unwrap()]);
+    assert!(
+        text(&again.stderr).contains("[squash] reused"),
+        "{}",
+        text(&again.stderr)
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    let redo = launcher(&["image", "squash", local, "--out", sq.to_str().unwrap()]);
+    assert!(redo.status.success(), "{}", text(&redo.stderr));
+    assert!(
+        text(&redo.stderr).contains("is not a good copy"),
+        "{}",
+        text(&redo.stderr)
+    );
+    assert!(text(&redo.stderr).contains("[squash] wrote"));
+
+    // The GPU request as `docker run --gpus all` makes it, read back from the engine.
+    let cid = launcher_ok(&[
+        "run",
+        local,
+        "--gpus",
+        "all",
+        "--create-only",
+        "--",
+        "train",
+    ]);
+    let cid = cid.trim();
+    let host: serde_json::Value =
+        serde_json::from_str(&docker(&["inspect", "-f", "{{json .HostConfig}}", cid])).unwrap();
+    docker(&["rm", "-f", cid]);
+    let req = &host["DeviceRequests"][0];
+    assert_eq!(req["Count"], -1);
+    assert_eq!(req["Capabilities"], serde_json::json!([["gpu"]]));
+    assert_eq!(host["ShmSize"], 1 << 30);
+    let limits = host["Ulimits"].as_array().unwrap();
+    assert!(
+        limits
+            .iter()
+            .any(|l| l["Name"] == "stack" && l["Hard"] == 64 << 20),
+        "{limits:?}"
+    );
+    assert!(limits.iter().any(|l| l["Name"] == "memlock"), "{limits:?}");
+}
+
+#[test]
+fn image_bad_inputs_are_refused_with_their_cause() {
+    let base = env("SCDINO_BASE_IMAGE");
+    let dir = tempfile::tempdir().unwrap();
+    // A config that does not validate stops everything before the engine is contacted (here
+    // there is none to contact): the file, line and key are named.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "run:\n  name: x\ntrain:\n  epochs: 0\n").unwrap();
+    let out = Command::new(bin("launcher"))
+        .args([
+            "image",
+            "build",
+            "--tag",
+            "scdino-e2e:bad",
+            "--config",
+            bad.to_str().unwrap(),
+        ])
+        .current_dir(repo_root())
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("{}:4: `train.epochs`", bad.display())),
+        "{err}"
+    );
+
+    // No engine: the socket and how to start one.
+    let out = Command::new(bin("launcher"))
+        .args([
+            "image",
+            "squash",
+            "scdino-e2e:test",
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no Docker Engine at DOCKER_HOST=unix:///nonexistent/docker.sock"),
+        "{err}"
+    );
+    assert!(err.contains("scripts/docker-local.sh start"), "{err}");
+
+    // A failing step: that step and the engine's message, non-zero exit.
+    let ctx = dir.path().join("ctx");
+    std::fs::create_dir(&ctx).unwrap();
+    std::fs::write(
+        ctx.join("Containerfile"),
+        format!("FROM {base}\nRUN echo about to fail && false\nRUN echo never\n"),
+    )
+    .unwrap();
+    let out = launcher(&[
+        "image",
+        "build",
+        "--tag",
+        "scdino-e2e:fail",
+        "--network",
+        "host",
+        "--context",
+        ctx.to_str().unwrap(),
+        "--file",
+        ctx.join("Containerfile").to_str().unwrap(),
+    ]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    // (The step count includes the provenance LABEL steps the engine appends.)
+    assert!(err.contains("build failed at Step 2/"), "{err}");
+    assert!(
+        err.contains(" : RUN echo about to fail && false: The command"),
+        "{err}"
+    );
+    assert!(err.contains("returned a non-zero code: 1"), "{err}");
+    assert!(
+        err.contains("about to fail\n"),
+        "the step's output is shown: {err}"
+    );
+}
