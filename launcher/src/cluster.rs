@@ -149,7 +149,7 @@ impl Default for ContainerSection {
         Self {
             image: None,
             mounts: Vec::new(),
-            trainer: "/usr/local/bin/trainer".into(),
+            trainer: "/opt/scdino/bin/trainer".into(),
             mount_home: false,
         }
     }

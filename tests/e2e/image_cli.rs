@@ -464,3 +464,148 @@ fn image_bad_inputs_are_refused_with_their_cause() {
         "the step's output is shown: {err}"
     );
 }
+
+/// A registry that wants Basic auth (Debian's docker-registry with an htpasswd file), started
+/// by the test on a free loopback port; killed on drop.
+struct AuthRegistry {
+    child: std::process::Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl AuthRegistry {
+    fn start(user: &str, password: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let py = repo_root().join(".venv/bin/python");
+        let hash = Command::new(py)
+            .args([
+                "-W",
+                "ignore",
+                "-c",
+                "import crypt, sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))",
+                password,
+            ])
+            .output()
+            .unwrap();
+        assert!(hash.status.success(), "{}", text(&hash.stderr));
+        std::fs::write(
+            dir.path().join("htpasswd"),
+            format!("{user}:{}\n", text(&hash.stdout).trim()),
+        )
+        .unwrap();
+        let cfg = dir.path().join("registry.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}\n\
+                 http:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: test\n    path: {pw}\n",
+                root = dir.path().join("data").display(),
+                pw = dir.path().join("htpasswd").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(20), "registry did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for AuthRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn push_to_a_registry_with_auth_uses_the_credentials_and_never_shows_them() {
+    let base = env("SCDINO_BASE_IMAGE");
+    let password = "pw-5e3f9c1d-not-for-logs";
+    let reg = AuthRegistry::start("ci", password);
+    let image = format!("{}/auth/base:t", reg.addr);
+    docker(&["tag", &base, &image]);
+    let home = tempfile::tempdir().unwrap();
+    let push = |envs: &[(&str, &str)]| {
+        let mut c = Command::new(bin("launcher"));
+        c.args(["image", "push", &image, "--plain-http"])
+            .env("RUST_BACKTRACE", "0")
+            .env("DOCKER_CONFIG", home.path())
+            .env_remove("LAUNCHER_REGISTRY_USERNAME")
+            .env_remove("LAUNCHER_REGISTRY_PASSWORD");
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let all = text(&out.stdout) + &text(&out.stderr);
+        assert!(!all.contains(password), "the password was printed:\n{all}");
+        (out.status.success(), all)
+    };
+    // No credentials anywhere: a 401 that says how to provide them.
+    let (ok, msg) = push(&[]);
+    assert!(!ok);
+    assert!(
+        msg.contains(&format!("registry {} needs credentials (HTTP 401) and none were found", reg.addr)),
+        "{msg}"
+    );
+    // Wrong password in config.json: refused, naming where the credentials came from.
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    std::fs::write(
+        home.path().join("config.json"),
+        format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, reg.addr, b64("ci:wrong")),
+    )
+    .unwrap();
+    let (ok, msg) = push(&[]);
+    assert!(!ok);
+    assert!(msg.contains("refused the credentials from"), "{msg}");
+    assert!(msg.contains(&format!("auths.{}", reg.addr)), "{msg}");
+    // The right ones in config.json: pushed, by digest.
+    std::fs::write(
+        home.path().join("config.json"),
+        format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, reg.addr, b64(&format!("ci:{password}"))),
+    )
+    .unwrap();
+    let (ok, msg) = push(&[]);
+    assert!(ok, "{msg}");
+    assert!(msg.contains(&format!("{}/auth/base@sha256:", reg.addr)), "{msg}");
+    // The environment wins over the file (wrong there now), and reading back works with it.
+    std::fs::write(home.path().join("config.json"), "{}").unwrap();
+    let creds = [
+        ("LAUNCHER_REGISTRY_USERNAME", "ci"),
+        ("LAUNCHER_REGISTRY_PASSWORD", password),
+    ];
+    let (ok, msg) = push(&creds);
+    assert!(ok, "{msg}");
+    let out = Command::new(bin("launcher"))
+        .args(["image", "inspect", &image, "--registry", "--plain-http", "--json"])
+        .env("DOCKER_CONFIG", home.path())
+        .envs(creds)
+        .output()
+        .unwrap();
+    let all = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success(), "{all}");
+    assert!(!all.contains(password));
+    let facts: serde_json::Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert!(facts["manifest_digest"].as_str().unwrap().starts_with("sha256:"));
+    docker(&["rmi", &image]);
+}

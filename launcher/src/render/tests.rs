@@ -141,7 +141,7 @@ srun \
   --container-workdir=/fsx/scdino \
   --no-container-mount-home \
   --container-env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT \
-  /usr/local/bin/trainer train \
+  /opt/scdino/bin/trainer train \
   --config /fsx/scdino/configs/pbmc.yaml \
   --combination 0 &
 step=$!
