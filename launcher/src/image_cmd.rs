@@ -198,36 +198,58 @@ async fn build(a: BuildArgs) -> Result<()> {
         .iter()
         .map(|t| ImageRef::parse(t))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut build_args = BTreeMap::new();
-    for kv in &a.build_arg {
-        let Some((k, v)) = kv.split_once('=') else {
-            bail!("--build-arg {kv}: expected KEY=VALUE");
-        };
-        build_args.insert(k.to_string(), v.to_string());
-    }
-    let prebuilt_dir = match a.prebuilt_dir {
-        Some(d) => d,
-        None => std::env::current_exe()
-            .context("locating this launcher")?
-            .parent()
-            .context("launcher has no folder")?
-            .to_path_buf(),
-    };
     let req = builder::BuildRequest {
         context: a.context.clone(),
         file: a.file.clone(),
-        tags: tags.clone(),
-        build_args,
+        tags,
+        build_args: parse_build_args(&a.build_arg)?,
         target: a.target,
         config: a.config.clone(),
-        prebuilt_dir,
+        prebuilt_dir: prebuilt_dir(a.prebuilt_dir)?,
         venv: a.context.join(&a.venv),
         network: a.network,
         no_cache: a.no_cache,
     };
-    // Everything that can be refused is refused before the engine is contacted.
-    let prepared = builder::prepare(&req)?;
-    if let Some(c) = &a.config {
+    let (id, pushed) = build_and_push(&req, a.push, a.plain_http).await?;
+    println!("{id}");
+    for p in pushed {
+        println!("{p}");
+    }
+    Ok(())
+}
+
+pub fn parse_build_args(args: &[String]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for kv in args {
+        let Some((k, v)) = kv.split_once('=') else {
+            bail!("--build-arg {kv}: expected KEY=VALUE");
+        };
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+/// The folder of the prebuilt binaries: given, or this launcher's own folder.
+pub fn prebuilt_dir(given: Option<PathBuf>) -> Result<PathBuf> {
+    match given {
+        Some(d) => Ok(d),
+        None => Ok(std::env::current_exe()
+            .context("locating this launcher")?
+            .parent()
+            .context("launcher has no folder")?
+            .to_path_buf()),
+    }
+}
+
+/// Builds (refusing bad input before the engine is contacted) and, with `push`, pushes every
+/// tag; the image ID and the pushed `NAME@sha256:…` references.
+pub async fn build_and_push(
+    req: &builder::BuildRequest,
+    push: bool,
+    plain_http: bool,
+) -> Result<(String, Vec<String>)> {
+    let prepared = builder::prepare(req)?;
+    if let Some(c) = &req.config {
         eprintln!(
             "[launcher] {} is valid; baking it into {} (sha256 {})",
             c.display(),
@@ -238,24 +260,99 @@ async fn build(a: BuildArgs) -> Result<()> {
     let docker = engine::connect().await?;
     let mut log = builder::BuildLog::new(std::io::stderr().is_terminal());
     let t = std::time::Instant::now();
-    let built = builder::build(&docker, &req, prepared, &mut log).await?;
+    let built = builder::build(&docker, req, prepared, &mut log).await?;
     eprintln!(
         "[launcher] built {} as {} in {:.1} s",
         built.id,
-        tags.iter()
+        req.tags
+            .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", "),
         t.elapsed().as_secs_f64()
     );
-    println!("{}", built.id);
-    if a.push {
-        for tag in &tags {
-            let digest = push::push(&docker, tag, a.plain_http).await?;
-            println!("{}", tag.with_digest(&digest));
+    let mut pushed = Vec::new();
+    if push {
+        for tag in &req.tags {
+            let digest = push::push(&docker, tag, plain_http).await?;
+            pushed.push(tag.with_digest(&digest));
         }
     }
-    Ok(())
+    Ok((built.id, pushed))
+}
+
+/// `launcher submit --build`: build the image with the trainer config baked in, then push it
+/// (the jobs pull `REGISTRY#REPO:TAG`) or squash it (the jobs mount the file); the image
+/// reference the jobs use.
+#[derive(Debug, Args)]
+pub struct SubmitBuildArgs {
+    /// Build the image first as this tag (REGISTRY/REPO:TAG), the trainer config baked in.
+    #[arg(long, value_name = "TAG")]
+    pub build: Option<String>,
+    /// KEY=VALUE for the build, repeatable.
+    #[arg(long = "build-arg", value_name = "KEY=VALUE", requires = "build")]
+    pub build_arg: Vec<String>,
+    /// Push the built image; the jobs pull it (Enroot `REGISTRY#REPO:TAG`).
+    #[arg(long, requires = "build", conflicts_with = "squash_dir")]
+    pub push: bool,
+    #[arg(long, requires = "build")]
+    pub plain_http: bool,
+    /// Squash the built image into this folder (shared storage); the jobs mount the file.
+    #[arg(long, value_name = "DIR", requires = "build")]
+    pub squash_dir: Option<PathBuf>,
+    /// Network of the RUN steps.
+    #[arg(long = "build-network", requires = "build")]
+    pub network: Option<String>,
+}
+
+impl SubmitBuildArgs {
+    /// Builds and publishes; `None` without `--build`.
+    pub fn image_for_jobs(&self, trainer_config: &std::path::Path) -> Result<Option<String>> {
+        let Some(tag) = &self.build else {
+            return Ok(None);
+        };
+        if !self.push && self.squash_dir.is_none() {
+            bail!("--build needs --push (jobs pull from the registry) or --squash-dir DIR (jobs mount the squashfs)");
+        }
+        let tag = ImageRef::parse(tag)?;
+        if self.push && tag.registry.is_none() {
+            bail!("--build {tag} --push: name the registry in the tag (REGISTRY/REPO:TAG)");
+        }
+        let req = builder::BuildRequest {
+            context: PathBuf::from("."),
+            file: PathBuf::from("Containerfile"),
+            tags: vec![tag.clone()],
+            build_args: parse_build_args(&self.build_arg)?,
+            target: None,
+            config: Some(trainer_config.to_path_buf()),
+            prebuilt_dir: prebuilt_dir(None)?,
+            venv: PathBuf::from(".venv"),
+            network: self.network.clone(),
+            no_cache: false,
+        };
+        let rt = runtime()?;
+        rt.block_on(async {
+            let (id, _) = build_and_push(&req, self.push, self.plain_http).await?;
+            if self.push {
+                // Enroot 3.x form: REGISTRY#REPO:TAG (digests need Enroot 4).
+                return Ok(Some(format!(
+                    "{}#{}:{}",
+                    tag.registry_host(),
+                    tag.repository,
+                    tag.tag_or_latest()
+                )));
+            }
+            let dir = std::path::absolute(self.squash_dir.as_ref().expect("checked"))?;
+            let docker = engine::connect().await?;
+            let s = squash::squash(&docker, &id, &dir, squash::DEFAULT_OPTIONS).await?;
+            eprintln!(
+                "[squash] {} {}",
+                if s.reused { "reused" } else { "wrote" },
+                s.path.display()
+            );
+            Ok(Some(s.path.display().to_string()))
+        })
+    }
 }
 
 pub fn run_image(a: RunArgs) -> Result<()> {

@@ -23,8 +23,14 @@ struct Cli {
 enum Command {
     /// Write one reviewable sbatch script per job and manifest.json into --out.
     Render(RenderArgs),
-    /// Render, check every script with `sbatch --test-only`, then submit the chain.
-    Submit(RenderArgs),
+    /// Render, check every script with `sbatch --test-only`, then submit the chain
+    /// (`--build TAG` first builds the image and pushes or squashes it).
+    Submit {
+        #[command(flatten)]
+        render: RenderArgs,
+        #[command(flatten)]
+        build: image_cmd::SubmitBuildArgs,
+    },
     /// Per-job state of a submitted pipeline (scontrol; sacct where accounting exists).
     Status {
         /// The folder `launcher submit` wrote.
@@ -204,9 +210,14 @@ fn absolute(p: &Path, cwd: &Path) -> PathBuf {
     }
 }
 
-fn do_render(a: &RenderArgs) -> Result<(PathBuf, Rendered)> {
+fn do_render(a: &RenderArgs, image: Option<String>) -> Result<(PathBuf, Rendered)> {
     let cwd = std::env::current_dir().context("current directory")?;
-    let cluster = Cluster::load(&a.cluster)?;
+    let mut cluster = Cluster::load(&a.cluster)?;
+    if let Some(image) = image {
+        launcher::cluster::check_image(&image)
+            .map_err(|m| anyhow::anyhow!("the built image cannot be used by Pyxis: {m}"))?;
+        cluster.container.image = Some(image);
+    }
     let config = a
         .config
         .clone()
@@ -238,14 +249,14 @@ fn main() -> Result<()> {
         Command::Run(a) => image_cmd::run_image(a)?,
         Command::Quote { words } => println!("{}", launcher::shell::join(words)),
         Command::Render(a) => {
-            let (out, r) = do_render(&a)?;
+            let (out, r) = do_render(&a, None)?;
             render::write(&r, &out)?;
             for (name, _) in &r.scripts {
                 println!("{}", out.join(name).display());
             }
             println!("{}", out.join(render::MANIFEST).display());
         }
-        Command::Submit(a) => {
+        Command::Submit { render: a, build } => {
             let out = absolute(&a.out, &std::env::current_dir()?);
             // Re-rendering would forget the ids of a pipeline that is still queued or running.
             if out.join(render::MANIFEST).exists() {
@@ -265,7 +276,25 @@ fn main() -> Result<()> {
                     }
                 }
             }
-            let (out, mut r) = do_render(&a)?;
+            let image = match &build.build {
+                None => None,
+                Some(_) => {
+                    let cluster = Cluster::load(&a.cluster)?;
+                    if cluster.runtime != launcher::cluster::Runtime::Pyxis {
+                        bail!(
+                            "--build makes an image for the jobs, but {} has runtime: host",
+                            a.cluster.display()
+                        );
+                    }
+                    let config = a
+                        .config
+                        .clone()
+                        .or_else(|| cluster.trainer_config.clone())
+                        .context("no trainer config: pass --config or set trainer_config in the cluster file")?;
+                    build.image_for_jobs(&config)?
+                }
+            };
+            let (out, mut r) = do_render(&a, image)?;
             render::write(&r, &out)?;
             slurm::submit(&out, &mut r.manifest, &mut |l| println!("{l}"))?;
             println!(

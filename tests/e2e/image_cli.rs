@@ -519,7 +519,10 @@ impl AuthRegistry {
         let addr = format!("127.0.0.1:{port}");
         let start = Instant::now();
         while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(20), "registry did not start");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "registry did not start"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Self {
@@ -564,7 +567,10 @@ fn push_to_a_registry_with_auth_uses_the_credentials_and_never_shows_them() {
     let (ok, msg) = push(&[]);
     assert!(!ok);
     assert!(
-        msg.contains(&format!("registry {} needs credentials (HTTP 401) and none were found", reg.addr)),
+        msg.contains(&format!(
+            "registry {} needs credentials (HTTP 401) and none were found",
+            reg.addr
+        )),
         "{msg}"
     );
     // Wrong password in config.json: refused, naming where the credentials came from.
@@ -572,7 +578,11 @@ fn push_to_a_registry_with_auth_uses_the_credentials_and_never_shows_them() {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     std::fs::write(
         home.path().join("config.json"),
-        format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, reg.addr, b64("ci:wrong")),
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#,
+            reg.addr,
+            b64("ci:wrong")
+        ),
     )
     .unwrap();
     let (ok, msg) = push(&[]);
@@ -582,12 +592,19 @@ fn push_to_a_registry_with_auth_uses_the_credentials_and_never_shows_them() {
     // The right ones in config.json: pushed, by digest.
     std::fs::write(
         home.path().join("config.json"),
-        format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, reg.addr, b64(&format!("ci:{password}"))),
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#,
+            reg.addr,
+            b64(&format!("ci:{password}"))
+        ),
     )
     .unwrap();
     let (ok, msg) = push(&[]);
     assert!(ok, "{msg}");
-    assert!(msg.contains(&format!("{}/auth/base@sha256:", reg.addr)), "{msg}");
+    assert!(
+        msg.contains(&format!("{}/auth/base@sha256:", reg.addr)),
+        "{msg}"
+    );
     // The environment wins over the file (wrong there now), and reading back works with it.
     std::fs::write(home.path().join("config.json"), "{}").unwrap();
     let creds = [
@@ -597,7 +614,14 @@ fn push_to_a_registry_with_auth_uses_the_credentials_and_never_shows_them() {
     let (ok, msg) = push(&creds);
     assert!(ok, "{msg}");
     let out = Command::new(bin("launcher"))
-        .args(["image", "inspect", &image, "--registry", "--plain-http", "--json"])
+        .args([
+            "image",
+            "inspect",
+            &image,
+            "--registry",
+            "--plain-http",
+            "--json",
+        ])
         .env("DOCKER_CONFIG", home.path())
         .envs(creds)
         .output()
@@ -606,6 +630,103 @@ fn push_to_a_registry_with_auth_uses_the_credentials_and_never_shows_them() {
     assert!(out.status.success(), "{all}");
     assert!(!all.contains(password));
     let facts: serde_json::Value = serde_json::from_str(&text(&out.stdout)).unwrap();
-    assert!(facts["manifest_digest"].as_str().unwrap().starts_with("sha256:"));
+    assert!(facts["manifest_digest"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
     docker(&["rmi", &image]);
+}
+
+/// `launcher submit --build TAG --squash-dir DIR`: builds the image with the trainer config
+/// baked in, squashes it, and submits scripts whose `--container-image` is that file. (CI's
+/// Slurm has no Pyxis, so the jobs themselves fail at `srun --container-image` and are
+/// cancelled: what is checked is everything up to the submitted, `--test-only`-checked script.)
+#[test]
+fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
+    let base = env("SCDINO_BASE_IMAGE");
+    std::env::var("SLURM_CONF").expect("SLURM_CONF is unset: run through scripts/test.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.yaml");
+    std::fs::write(&cfg, RUN_CONFIG).unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        format!(
+            "trainer_config: {cfg}\nruntime: pyxis\nworkdir: {d}\nslurm:\n  time: \"5\"\n  log_dir: {d}/logs\n\
+             container:\n  image: /replaced/by/the/build.sqsh\n  mounts:\n    - {d}:{d}\n\
+             stages: [mean-std]\n",
+            cfg = cfg.display(),
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let jobs = dir.path().join("jobs");
+    let sq = dir.path().join("images");
+    // Neither --push nor --squash-dir: refused before anything is built.
+    let out = launcher(&[
+        "submit",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--out",
+        jobs.to_str().unwrap(),
+        "--build",
+        "scdino-e2e:submit",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--build needs --push"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let mut args: Vec<String> = [
+        "submit",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--out",
+        jobs.to_str().unwrap(),
+        "--build",
+        "scdino-e2e:submit",
+        "--squash-dir",
+        sq.to_str().unwrap(),
+        "--build-network",
+        "host",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(offline_args(&base));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = launcher(&argv);
+    let _ = launcher(&["cancel", "--out", jobs.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let id = docker(&["image", "inspect", "-f", "{{.Id}}", "scdino-e2e:submit"]);
+    let sqsh = sq.join(format!("{}.sqsh", id.trim().replace(':', "-")));
+    assert!(sqsh.is_file(), "{}", text(&out.stderr));
+    let script = std::fs::read_dir(&jobs)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with("mean-std.sbatch"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .expect("a mean-std script");
+    assert!(
+        script.contains(&format!("--container-image={}", sqsh.display())),
+        "{script}"
+    );
+    assert!(
+        text(&out.stdout).contains("submitted 1 jobs"),
+        "{}",
+        text(&out.stdout)
+    );
+    // The baked config is the trainer config, byte for byte.
+    let baked = Command::new("unsquashfs")
+        .args(["-cat", sqsh.to_str().unwrap(), "opt/scdino/config.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(text(&baked.stdout), RUN_CONFIG);
 }
