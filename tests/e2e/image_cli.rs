@@ -5,7 +5,7 @@
 //! provenance read back from the registry, squash for Enroot, the GPU device request as the
 //! engine records it, and the bad inputs (invalid config, failing step, no engine, plain HTTP
 //! not asked for).
-use super::util::{bin, synth, text};
+use super::util::{bin, logged_epochs, synth, text};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -199,15 +199,7 @@ fn image_builds_runs_the_baked_pipeline_pushes_inspects_and_squashes() {
     assert!(out
         .join("img/m_channel_APC_DAPI_analyses/kNN/global_kNN.txt")
         .is_file());
-    let epochs: Vec<u64> = std::fs::read_to_string(model.join("log.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["epoch"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let epochs = logged_epochs(&model.join("log.txt"));
     assert_eq!(epochs, [0, 1, 2], "resumed, not restarted");
     let uid = text(&Command::new("id").arg("-u").output().unwrap().stdout)
         .trim()

@@ -487,15 +487,7 @@ fn slurm_preemption_checkpoints_requeues_and_resumes() {
         );
     }
     // Every epoch logged exactly once: the resumed run continued, it did not start over.
-    let epochs_logged: Vec<u64> = std::fs::read_to_string(model.join("log.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["epoch"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let epochs_logged = super::util::logged_epochs(&model.join("log.txt"));
     assert_eq!(epochs_logged, (0..epochs).collect::<Vec<u64>>(), "{log}");
 }
 

@@ -1,6 +1,6 @@
 //! `trainer pipeline` end to end on synthetic data: every stage's files, a report whose every
 //! image opens, kNN well above chance, make-like reruns, and resuming after a stop signal.
-use super::util::{bin, synth, text};
+use super::util::{bin, logged_epochs, synth, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -254,15 +254,7 @@ fn pipeline_stopped_by_signal_resumes_and_finishes() {
     let log = pipeline(&cfg);
     assert!(analyses(dir.path()).join("report.html").is_file(), "{log}");
     // Training resumed rather than restarted: one log line per epoch.
-    let epochs: Vec<u64> = std::fs::read_to_string(model.join("log.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["epoch"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let epochs = logged_epochs(&model.join("log.txt"));
     assert_eq!(epochs, [0, 1, 2]);
 }
 

@@ -110,6 +110,45 @@ fn config_show_prints_a_config_that_checks() {
     );
 }
 
+/// `trainer config default`: every section and key with its default, as a file `config check`
+/// accepts and `config show` reproduces (so nothing is left out or renamed).
+#[test]
+fn config_default_prints_every_key_as_a_config_that_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let defaults = ok("trainer", &["config", "default"]);
+    for key in [
+        "run:",
+        "data:",
+        "model:",
+        "train:",
+        "augment:",
+        "downstream:",
+        "dataset_dir:",
+        "channel_combinations:",
+        "out_dim: 65536",
+        "weight_decay_end: 0.4",
+        "precision:",
+        "global_crops_scale:",
+        "knn:",
+        "umap:",
+        "attention:",
+        "s3:",
+        "cache:",
+    ] {
+        assert!(defaults.contains(key), "{key} missing:\n{defaults}");
+    }
+    let path = dir.path().join("defaults.yaml");
+    std::fs::write(&path, &defaults).unwrap();
+    let p = path.to_str().unwrap();
+    assert!(ok("trainer", &["config", "check", p]).contains(": valid"));
+    // Same content as the resolved form of the file itself (comment line aside).
+    let shown = ok("trainer", &["config", "show", p]);
+    assert_eq!(
+        defaults.lines().skip(1).collect::<Vec<_>>(),
+        shown.lines().collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn forward_refuses_images_with_other_channel_counts() {
     let dir = tempfile::tempdir().unwrap();

@@ -94,3 +94,17 @@ pub fn write_yaml(dir: &Path, name: &str, yaml: &str) -> String {
     std::fs::write(&path, yaml).unwrap();
     path.to_str().unwrap().to_string()
 }
+
+/// The `epoch` of every line of a scDINO-style `log.txt`, in order: once per epoch when a run
+/// resumed instead of restarting.
+pub fn logged_epochs(log_txt: &Path) -> Vec<u64> {
+    std::fs::read_to_string(log_txt)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["epoch"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}

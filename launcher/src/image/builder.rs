@@ -47,15 +47,16 @@ pub struct Built {
     pub labels: BTreeMap<String, String>,
 }
 
-/// Validates the run config with the trainer's rules; `(text, sha256 hex)`.
+/// Validates the run config with the trainer's rules; `(text, sha256 hex)` of the very bytes
+/// that were validated (and will be baked).
 pub fn validated_config(path: &Path) -> Result<(String, String), ImageError> {
-    let config = scdino_config::Config::load(path)?;
-    drop(config);
     let text = std::fs::read_to_string(path).map_err(|source| ImageError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok((text.clone(), hex(&Sha256::digest(text.as_bytes()))))
+    scdino_config::Config::from_yaml(&text, &path.display().to_string())?;
+    let digest = hex(&Sha256::digest(text.as_bytes()));
+    Ok((text, digest))
 }
 
 pub fn hex(bytes: &[u8]) -> String {

@@ -58,3 +58,13 @@ pub fn engine_error(what: &str, e: bollard::errors::Error) -> ImageError {
         other => ImageError::Engine(format!("{what}: {other}")),
     }
 }
+
+/// Removes a container and its anonymous volumes, running or not. Best effort: it runs on the
+/// way out of an operation whose own result is what the caller reports.
+pub async fn remove_container(docker: &Docker, id: &str) {
+    let opts = bollard::query_parameters::RemoveContainerOptionsBuilder::default()
+        .force(true)
+        .v(true)
+        .build();
+    let _ = docker.remove_container(id, Some(opts)).await;
+}

@@ -143,7 +143,8 @@ pub async fn push(
             {
                 digest = Some(d.to_string());
             }
-            if info.progress_detail.is_none() || status.contains("digest:") {
+            // Per-layer byte counts ("Pushing") would flood a log; the rest is one line each.
+            if status != "Pushing" {
                 eprintln!("[push] {status}");
             }
         }

@@ -3,12 +3,10 @@
 //! shared-memory size and memlock/stack limits for PyTorch containers, the caller's uid:gid so
 //! files written to mounts belong to the caller, logs streamed, Ctrl-C/SIGTERM turned into the
 //! trainer's stop (it checkpoints and exits 75), the container removed, its exit code returned.
-use super::engine::engine_error;
+use super::engine::{engine_error, remove_container};
 use super::ImageError;
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, ResourcesUlimits};
-use bollard::query_parameters::{
-    KillContainerOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
-};
+use bollard::query_parameters::{KillContainerOptionsBuilder, LogsOptionsBuilder};
 use bollard::Docker;
 use futures_util::StreamExt;
 use std::io::Write;
@@ -203,17 +201,7 @@ pub async fn create(docker: &Docker, req: &RunRequest) -> Result<String, ImageEr
 pub async fn run(docker: &Docker, req: &RunRequest) -> Result<i64, ImageError> {
     let id = create(docker, req).await?;
     let result = run_created(docker, &id).await;
-    let _ = docker
-        .remove_container(
-            &id,
-            Some(
-                RemoveContainerOptionsBuilder::default()
-                    .force(true)
-                    .v(true)
-                    .build(),
-            ),
-        )
-        .await;
+    remove_container(docker, &id).await;
     result
 }
 

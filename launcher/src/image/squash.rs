@@ -5,12 +5,11 @@
 //! one file from shared storage instead of every node pulling. Named by the image ID; an
 //! existing file for the same ID is verified against its recorded SHA-256 and reused.
 use super::builder::hex;
-use super::engine::engine_error;
+use super::engine::{engine_error, remove_container};
 use super::inspect::{self, ImageFacts};
 use super::ImageError;
 use crate::shell::quote;
 use bollard::models::ContainerCreateBody;
-use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
@@ -234,17 +233,7 @@ async fn export_rootfs(docker: &Docker, id: &str, rootfs: &Path) -> Result<(), I
         unpacked
     }
     .await;
-    let _ = docker
-        .remove_container(
-            &created.id,
-            Some(
-                RemoveContainerOptionsBuilder::default()
-                    .force(true)
-                    .v(true)
-                    .build(),
-            ),
-        )
-        .await;
+    remove_container(docker, &created.id).await;
     result
 }
 
