@@ -5,7 +5,7 @@
 //! provenance read back from the registry, squash for Enroot, the GPU device request as the
 //! engine records it, and the bad inputs (invalid config, failing step, no engine, plain HTTP
 //! not asked for).
-use super::util::{bin, logged_epochs, synth, text};
+use super::util::{bin, logged_epochs, signal_once_exists, synth, text};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -158,20 +158,12 @@ fn image_builds_runs_the_baked_pipeline_pushes_inspects_and_squashes() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while !model.join("checkpoint0000.safetensors").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(600),
-            "no checkpoint on the mount"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let stopped = child.wait_with_output().unwrap();
+    let stopped = signal_once_exists(
+        child,
+        &model.join("checkpoint0000.safetensors"),
+        "-TERM",
+        Duration::from_secs(600),
+    );
     let log = text(&stopped.stderr);
     assert_eq!(stopped.status.code(), Some(75), "{log}");
     assert!(

@@ -1,9 +1,9 @@
 //! `trainer pipeline` end to end on synthetic data: every stage's files, a report whose every
 //! image opens, kNN well above chance, make-like reruns, and resuming after a stop signal.
-use super::util::{bin, logged_epochs, synth, text};
+use super::util::{bin, logged_epochs, signal_once_exists, synth, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CLASSES: usize = 4;
 
@@ -233,17 +233,12 @@ fn pipeline_stopped_by_signal_resumes_and_finishes() {
         .spawn()
         .unwrap();
     // Stop once the first epoch's checkpoint exists (training or analyses are under way).
-    let start = Instant::now();
-    while !model.join("checkpoint0000.safetensors").exists() {
-        assert!(start.elapsed() < Duration::from_secs(300), "no checkpoint");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(Command::new("kill")
-        .args(["-USR1", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let out = child.wait_with_output().unwrap();
+    let out = signal_once_exists(
+        child,
+        &model.join("checkpoint0000.safetensors"),
+        "-USR1",
+        Duration::from_secs(300),
+    );
     assert_eq!(
         out.status.code(),
         Some(75),

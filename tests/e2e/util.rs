@@ -108,3 +108,24 @@ pub fn logged_epochs(log_txt: &Path) -> Vec<u64> {
         })
         .collect()
 }
+
+/// Waits (up to `limit`) until `file` exists, sends `signal` (e.g. "-TERM") to `child`, and
+/// returns what it wrote and its exit status: how the tests stop a run at a known point.
+pub fn signal_once_exists(
+    child: std::process::Child,
+    file: &Path,
+    signal: &str,
+    limit: std::time::Duration,
+) -> Output {
+    let start = std::time::Instant::now();
+    while !file.exists() {
+        assert!(start.elapsed() < limit, "{} never appeared", file.display());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    child.wait_with_output().unwrap()
+}
