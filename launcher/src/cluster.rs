@@ -134,8 +134,12 @@ impl Default for SlurmSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ContainerSection {
-    /// `REGISTRY#IMAGE:TAG` (Enroot 3.x syntax) or an absolute path to a `.sqsh` file.
+    /// `REGISTRY#IMAGE:TAG` (Enroot 3.x syntax) or an absolute path to a `.sqsh` file; with
+    /// `enroot_version: 4` also Docker-style `REGISTRY/IMAGE[:TAG][@sha256:…]` (digest-pinned).
     pub image: Option<String>,
+    /// The Enroot the cluster runs: 3 (the norm on ParallelCluster/HyperPod AMIs) or 4, which
+    /// adds Docker-style references and digests.
+    pub enroot_version: u32,
     /// `SRC:DST[:FLAGS]`, SRC absolute (or `tmpfs`); flags joined with `+` (e.g. `ro+rprivate`).
     pub mounts: Vec<String>,
     /// The trainer inside the image.
@@ -148,6 +152,7 @@ impl Default for ContainerSection {
     fn default() -> Self {
         Self {
             image: None,
+            enroot_version: 3,
             mounts: Vec::new(),
             trainer: "/opt/scdino/bin/trainer".into(),
             mount_home: false,
@@ -288,7 +293,13 @@ impl Cluster {
                         "runtime pyxis needs an image: REGISTRY#IMAGE:TAG or an absolute .sqsh path",
                     )
                 })?;
-                check_image(image).map_err(|m| v.err("container.image", &m))?;
+                v.check(
+                    matches!(self.container.enroot_version, 3 | 4),
+                    "container.enroot_version",
+                    "must be 3 or 4",
+                )?;
+                check_image_for(image, self.container.enroot_version)
+                    .map_err(|m| v.err("container.image", &m))?;
                 for (i, m) in self.container.mounts.iter().enumerate() {
                     check_mount(m).map_err(|e| v.err(&format!("container.mounts[{i}]"), &e))?;
                 }
@@ -457,6 +468,27 @@ pub fn parse_time(t: &str) -> Result<Option<u64>, String> {
         return Err(format!("{t:?} is a zero time limit"));
     }
     Ok(Some(secs))
+}
+
+/// An image reference as the cluster's Enroot reads it: Enroot 4 also takes Docker-style
+/// `REGISTRY/IMAGE[:TAG][@sha256:HEX]` (commit f29a45c), which pins the exact image by digest.
+pub fn check_image_for(image: &str, enroot_version: u32) -> Result<(), String> {
+    if enroot_version < 4 || image.starts_with('/') || image.starts_with('.') {
+        return check_image(image);
+    }
+    let uri = image.strip_prefix("docker://").unwrap_or(image);
+    // Enroot 4 still accepts `[USER@]REGISTRY#IMAGE`: validate it as REGISTRY/IMAGE.
+    let docker = match uri.split_once('#') {
+        Some((reg, rest)) => format!("{}/{rest}", reg.rsplit_once('@').map_or(reg, |(_, r)| r)),
+        None => uri.to_string(),
+    };
+    crate::image::reference::ImageRef::parse(&docker)
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "{e} (Enroot 4 syntax: REGISTRY/IMAGE[:TAG][@sha256:HEX] or REGISTRY#IMAGE[:TAG])"
+            )
+        })
 }
 
 /// Enroot 3.x image references: `[USER@][REGISTRY#]IMAGE[:TAG]`, or a squashfs path.
@@ -721,6 +753,28 @@ mod tests {
             let e = check_image(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn images_in_enroot_4_syntax_take_digests() {
+        let d = format!("sha256:{}", "0123456789abcdef".repeat(4));
+        for ok in [
+            format!("123456789012.dkr.ecr.us-east-1.amazonaws.com/scdino@{d}"),
+            format!("127.0.0.1:5555/scdino/trainer:ci@{d}"),
+            "nvcr.io/nvidia/pytorch:25.06-py3".to_string(),
+            "nvcr.io#nvidia/pytorch:25.06-py3".to_string(),
+            "/fsx/images/sha256-x.sqsh".to_string(),
+        ] {
+            assert_eq!(check_image_for(&ok, 4), Ok(()), "{ok}");
+        }
+        // Enroot 3 keeps refusing digests; Enroot 4 refuses a malformed one.
+        assert!(check_image_for(&format!("nvcr.io#nvidia/pytorch@{d}"), 3)
+            .unwrap_err()
+            .contains("Enroot 4"));
+        assert!(check_image_for("nvcr.io/x@sha256:12", 4).is_err());
+        assert!(check_image_for("./x.sqsh", 4)
+            .unwrap_err()
+            .contains("absolute"));
     }
 
     #[test]

@@ -307,7 +307,11 @@ pub struct SubmitBuildArgs {
 
 impl SubmitBuildArgs {
     /// Builds and publishes; `None` without `--build`.
-    pub fn image_for_jobs(&self, trainer_config: &std::path::Path) -> Result<Option<String>> {
+    pub fn image_for_jobs(
+        &self,
+        trainer_config: &std::path::Path,
+        enroot_version: u32,
+    ) -> Result<Option<String>> {
         let Some(tag) = &self.build else {
             return Ok(None);
         };
@@ -332,9 +336,14 @@ impl SubmitBuildArgs {
         };
         let rt = runtime()?;
         rt.block_on(async {
-            let (id, _) = build_and_push(&req, self.push, self.plain_http).await?;
+            let (id, pushed) = build_and_push(&req, self.push, self.plain_http).await?;
             if self.push {
-                // Enroot 3.x form: REGISTRY#REPO:TAG (digests need Enroot 4).
+                // Enroot 4 pulls by digest: exactly the image just built, whatever the tag
+                // points at later.
+                if enroot_version >= 4 {
+                    return Ok(pushed.into_iter().next());
+                }
+                // Enroot 3.x form: REGISTRY#REPO:TAG (no digests).
                 return Ok(Some(format!(
                     "{}#{}:{}",
                     tag.registry_host(),

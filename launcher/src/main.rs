@@ -214,7 +214,7 @@ fn do_render(a: &RenderArgs, image: Option<String>) -> Result<(PathBuf, Rendered
     let cwd = std::env::current_dir().context("current directory")?;
     let mut cluster = Cluster::load(&a.cluster)?;
     if let Some(image) = image {
-        launcher::cluster::check_image(&image)
+        launcher::cluster::check_image_for(&image, cluster.container.enroot_version)
             .map_err(|m| anyhow::anyhow!("the built image cannot be used by Pyxis: {m}"))?;
         cluster.container.image = Some(image);
     }
@@ -291,7 +291,7 @@ fn main() -> Result<()> {
                         .clone()
                         .or_else(|| cluster.trainer_config.clone())
                         .context("no trainer config: pass --config or set trainer_config in the cluster file")?;
-                    build.image_for_jobs(&config)?
+                    build.image_for_jobs(&config, cluster.container.enroot_version)?
                 }
             };
             let (out, mut r) = do_render(&a, image)?;

@@ -713,4 +713,69 @@ fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
         .output()
         .unwrap();
     assert_eq!(text(&baked.stdout), RUN_CONFIG);
+
+    // --push on an Enroot 4 cluster: the jobs pull exactly the pushed image, by digest.
+    let registry = env("SCDINO_TEST_REGISTRY");
+    let c4 = std::fs::read_to_string(&cluster)
+        .unwrap()
+        .replace("container:\n", "container:\n  enroot_version: 4\n");
+    let cluster4 = dir.path().join("cluster4.yaml");
+    std::fs::write(&cluster4, c4).unwrap();
+    let jobs4 = dir.path().join("jobs4");
+    let tag = format!("{registry}/scdino-e2e/submit:t");
+    let mut args: Vec<String> = [
+        "submit",
+        "--cluster",
+        cluster4.to_str().unwrap(),
+        "--out",
+        jobs4.to_str().unwrap(),
+        "--build",
+        &tag,
+        "--push",
+        "--plain-http",
+        "--build-network",
+        "host",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(offline_args(&base));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = launcher(&argv);
+    let _ = launcher(&["cancel", "--out", jobs4.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let script = std::fs::read_dir(&jobs4)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with("mean-std.sbatch"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .expect("a mean-std script");
+    let pinned = script
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("--container-image="))
+        .unwrap_or_else(|| panic!("{script}"))
+        .trim_matches('\'')
+        .to_string();
+    let digest = pinned
+        .strip_prefix(&format!("{registry}/scdino-e2e/submit@"))
+        .unwrap_or_else(|| panic!("{pinned}"));
+    let facts: serde_json::Value = serde_json::from_str(&launcher_ok(&[
+        "image",
+        "inspect",
+        &pinned,
+        "--registry",
+        "--plain-http",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(facts["manifest_digest"], digest);
+    assert_eq!(
+        facts["labels"]["org.scdino.config.sha256"],
+        sha256_of(&cfg).as_str()
+    );
 }
