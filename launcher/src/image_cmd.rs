@@ -260,10 +260,10 @@ pub async fn build_and_push(
     let docker = engine::connect().await?;
     let mut log = builder::BuildLog::new(std::io::stderr().is_terminal());
     let t = std::time::Instant::now();
-    let built = builder::build(&docker, req, prepared, &mut log).await?;
+    let id = builder::build(&docker, req, prepared, &mut log).await?;
     eprintln!(
         "[launcher] built {} as {} in {:.1} s",
-        built.id,
+        id,
         req.tags
             .iter()
             .map(ToString::to_string)
@@ -278,7 +278,7 @@ pub async fn build_and_push(
             pushed.push(tag.with_digest(&digest));
         }
     }
-    Ok((built.id, pushed))
+    Ok((id, pushed))
 }
 
 /// `launcher submit --build`: build the image with the trainer config baked in, then push it

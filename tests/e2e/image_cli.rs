@@ -321,10 +321,6 @@ fn image_builds_runs_the_baked_pipeline_pushes_inspects_and_squashes() {
         "{}",
         text(&again.stderr)
     );
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
@@ -663,41 +659,20 @@ fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
         text(&out.stderr)
     );
 
-    let mut args: Vec<String> = [
-        "submit",
-        "--cluster",
-        cluster.to_str().unwrap(),
-        "--out",
-        jobs.to_str().unwrap(),
-        "--build",
-        "scdino-e2e:submit",
-        "--squash-dir",
-        sq.to_str().unwrap(),
-        "--build-network",
-        "host",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(offline_args(&base));
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = launcher(&argv);
-    let _ = launcher(&["cancel", "--out", jobs.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
+    let (out, script) = submit_built(
+        &base,
+        &cluster,
+        &jobs,
+        &[
+            "--build",
+            "scdino-e2e:submit",
+            "--squash-dir",
+            sq.to_str().unwrap(),
+        ],
     );
     let id = docker(&["image", "inspect", "-f", "{{.Id}}", "scdino-e2e:submit"]);
     let sqsh = sq.join(format!("{}.sqsh", id.trim().replace(':', "-")));
     assert!(sqsh.is_file(), "{}", text(&out.stderr));
-    let script = std::fs::read_dir(&jobs)
-        .unwrap()
-        .flatten()
-        .find(|e| e.file_name().to_string_lossy().ends_with("mean-std.sbatch"))
-        .map(|e| std::fs::read_to_string(e.path()).unwrap())
-        .expect("a mean-std script");
     assert!(
         script.contains(&format!("--container-image={}", sqsh.display())),
         "{script}"
@@ -723,38 +698,12 @@ fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
     std::fs::write(&cluster4, c4).unwrap();
     let jobs4 = dir.path().join("jobs4");
     let tag = format!("{registry}/scdino-e2e/submit:t");
-    let mut args: Vec<String> = [
-        "submit",
-        "--cluster",
-        cluster4.to_str().unwrap(),
-        "--out",
-        jobs4.to_str().unwrap(),
-        "--build",
-        &tag,
-        "--push",
-        "--plain-http",
-        "--build-network",
-        "host",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(offline_args(&base));
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = launcher(&argv);
-    let _ = launcher(&["cancel", "--out", jobs4.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
+    let (_, script) = submit_built(
+        &base,
+        &cluster4,
+        &jobs4,
+        &["--build", &tag, "--push", "--plain-http"],
     );
-    let script = std::fs::read_dir(&jobs4)
-        .unwrap()
-        .flatten()
-        .find(|e| e.file_name().to_string_lossy().ends_with("mean-std.sbatch"))
-        .map(|e| std::fs::read_to_string(e.path()).unwrap())
-        .expect("a mean-std script");
     let pinned = script
         .split_whitespace()
         .find_map(|w| w.strip_prefix("--container-image="))
@@ -778,4 +727,40 @@ fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
         facts["labels"]["org.scdino.config.sha256"],
         sha256_of(&cfg).as_str()
     );
+}
+
+/// `launcher submit --cluster CLUSTER --out JOBS` with `build` flags and the offline build
+/// arguments; requires success, cancels the jobs (CI's Slurm has no Pyxis to run them) and
+/// returns the output and the rendered mean-std script.
+fn submit_built(base: &str, cluster: &Path, jobs: &Path, build: &[&str]) -> (Output, String) {
+    let mut args: Vec<String> = [
+        "submit",
+        "--cluster",
+        cluster.to_str().unwrap(),
+        "--out",
+        jobs.to_str().unwrap(),
+        "--build-network",
+        "host",
+    ]
+    .iter()
+    .chain(build)
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(offline_args(base));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = launcher(&argv);
+    let _ = launcher(&["cancel", "--out", jobs.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let script = std::fs::read_dir(jobs)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with("mean-std.sbatch"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .expect("a mean-std script");
+    (out, script)
 }

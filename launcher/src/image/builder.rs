@@ -40,13 +40,6 @@ pub struct BuildRequest {
     pub no_cache: bool,
 }
 
-#[derive(Debug, Clone)]
-pub struct Built {
-    /// `sha256:…`, the image ID.
-    pub id: String,
-    pub labels: BTreeMap<String, String>,
-}
-
 /// Validates the run config with the trainer's rules; `(text, sha256 hex)` of the very bytes
 /// that were validated (and will be baked).
 pub fn validated_config(path: &Path) -> Result<(String, String), ImageError> {
@@ -285,13 +278,14 @@ impl BuildLog {
     }
 }
 
-/// Streams the context to the engine and follows the build; tags the extra tags.
+/// Streams the context to the engine and follows the build; tags the extra tags. The image ID
+/// (`sha256:…`).
 pub async fn build(
     docker: &Docker,
     req: &BuildRequest,
     prepared: Prepared,
     log: &mut BuildLog,
-) -> Result<Built, ImageError> {
+) -> Result<String, ImageError> {
     let Prepared {
         context,
         labels,
@@ -313,7 +307,7 @@ pub async fn build(
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect::<HashMap<_, _>>(),
         ),
-        labels: Some(labels.clone().into_iter().collect()),
+        labels: Some(labels.into_iter().collect()),
         target: req.target.clone().unwrap_or_default(),
         networkmode: req.network.clone(),
         ..Default::default()
@@ -380,7 +374,7 @@ pub async fn build(
             .await
             .map_err(|e| engine_error(&format!("tagging {tag}"), e))?;
     }
-    Ok(Built { id, labels })
+    Ok(id)
 }
 
 #[cfg(test)]

@@ -40,10 +40,6 @@ impl Context {
         walk(dir, prefix, &DockerIgnore::default(), &mut self.entries)
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.entries.iter().map(|(n, _)| n.as_str())
-    }
-
     /// Writes the tar: regular files with their mode and size, symlinks as links; owner, group
     /// and times fixed so that an unchanged tree gives the same bytes (and the same cache).
     pub fn write_tar<W: Write>(&self, out: W) -> Result<W, ImageError> {

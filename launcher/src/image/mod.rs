@@ -15,8 +15,8 @@ pub mod squash;
 
 use std::path::PathBuf;
 
-/// Where the run config is baked into an image; the trainer reads it when `--config` is absent.
-/// (The trainer keeps the same constant: `trainer::config::BAKED_CONFIG_PATH`.)
+/// Where the run config is baked into an image; the trainer reads it when `--config` is absent
+/// (one constant, in the config crate both programs share).
 pub use scdino_config::BAKED_CONFIG_PATH;
 
 /// Label holding the SHA-256 of the baked run config.

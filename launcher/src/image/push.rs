@@ -107,7 +107,7 @@ pub async fn push(
     image: &ImageRef,
     plain_http: bool,
 ) -> Result<String, ImageError> {
-    if image.registry.is_none() && !plain_http {
+    if image.registry.is_none() {
         // Pushing a bare name goes to Docker Hub: almost never what a cluster user wants.
         eprintln!("[launcher] {image} names no registry: pushing to Docker Hub");
     }
