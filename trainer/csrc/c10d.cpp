@@ -63,7 +63,8 @@ const char* c10d_last_error() { return c10d_error.c_str(); }
 // pipeline: training, then features per checkpoint). A rank that finishes a stage before
 // rank 0 has closed that stage's store can connect to it instead of the next one; it then
 // waits for this generation's key, which only the new store gets, until the old store closes
-// under it, and reconnects.
+// under it, and reconnects. The old store may also close while this rank's constructor is
+// still announcing itself there: that is retried the same way, within the one timeout.
 void* c10d_group_new(const char* host, int port, int rank, int world, int timeout_ms, int cuda, int gloo_threads,
                      int generation) {
   Group* g = nullptr;
@@ -79,13 +80,19 @@ void* c10d_group_new(const char* host, int port, int rank, int world, int timeou
     const std::string ready = "scdino/generation/" + std::to_string(generation);
     c10::intrusive_ptr<c10d::TCPStore> tcp;
     for (;;) {
-      tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
       if (rank == 0) {
+        tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
         tcp->set(ready, std::vector<uint8_t>{1});
         break;
       }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       try {
+        // The old store can close while the constructor still talks to it (it announces
+        // this worker there), so connecting is retried like waiting.
+        opts.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now()),
+                                std::chrono::milliseconds(1));
+        tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         tcp->wait({ready}, std::max(left, std::chrono::milliseconds(1)));
         break;
       } catch (const c10::DistNetworkError&) {
@@ -93,6 +100,7 @@ void* c10d_group_new(const char* host, int port, int rank, int world, int timeou
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
+    tcp->setTimeout(timeout);
     auto group = std::make_unique<Group>();
     group->store = tcp;
     if (cuda) {

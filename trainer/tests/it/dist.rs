@@ -661,6 +661,65 @@ fn consecutive_groups_on_one_port_do_not_mix_up_stores() {
     }
 }
 
+/// A store that closes while a rank is still announcing itself there (rank 0 tearing down the
+/// previous stage's store: the e2e pipeline met this on a busy CI machine) is retried, not
+/// fatal. Here a stand-in for the closing store answers the client's handshake as a TCPStore
+/// does (validation, then a ping whose nonce it echoes) and closes the connection at the
+/// worker's announcement (an add on `init/`), for a while; then the real rank 0 comes up.
+#[test]
+fn a_store_closing_under_a_connecting_rank_is_retried() {
+    use std::io::{Read, Write};
+    let port = 29871;
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let rank1 = std::thread::spawn(move || {
+        let mut g = ProcessGroup::new("127.0.0.1", port, 1, 2, Duration::from_secs(30), false)
+            .expect("rank 1 rendezvous");
+        let mut x = Tensor::from_slice(&[2.0f32]);
+        g.all_reduce(std::slice::from_mut(&mut x), ReduceOp::Sum)
+            .unwrap();
+        values(&x)[0]
+    });
+    listener.set_nonblocking(true).unwrap();
+    let until = std::time::Instant::now() + Duration::from_millis(1500);
+    let mut closed_at_announcement = 0;
+    while std::time::Instant::now() < until {
+        let Ok((mut socket, _)) = listener.accept() else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        socket.set_nonblocking(false).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        // VALIDATE (1 byte + u32 magic), PING (1 byte + u32 nonce).
+        let mut handshake = [0u8; 10];
+        socket.read_exact(&mut handshake).unwrap();
+        assert_eq!(
+            (handshake[0], handshake[5]),
+            (0x00, 0x0d),
+            "{handshake:02x?}"
+        );
+        socket.write_all(&handshake[6..10]).unwrap();
+        let mut announcement = [0u8; 1];
+        socket.read_exact(&mut announcement).unwrap();
+        assert_eq!(announcement[0], 0x04, "expected the add on init/");
+        drop(socket);
+        closed_at_announcement += 1;
+    }
+    drop(listener);
+    assert!(
+        closed_at_announcement > 0,
+        "rank 1 never reached the closing store"
+    );
+    let mut g = ProcessGroup::new("127.0.0.1", port, 0, 2, Duration::from_secs(30), false)
+        .expect("rank 0 rendezvous");
+    let mut x = Tensor::from_slice(&[1.0f32]);
+    g.all_reduce(std::slice::from_mut(&mut x), ReduceOp::Sum)
+        .unwrap();
+    assert_eq!(values(&x)[0], 3.0);
+    assert_eq!(rank1.join().unwrap(), 3.0);
+}
+
 /// The port that marks a process as a rank of
 /// `a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped`.
 const STOP_HELPER_PORT: &str = "29863";
