@@ -61,6 +61,23 @@ pub struct Cluster {
     pub training: TrainingSection,
     /// The stages to render, in pipeline order. Default: all of them.
     pub stages: Vec<String>,
+    /// Where the file came from, for messages about values checked later (at render time).
+    #[serde(skip)]
+    pub source: Source,
+}
+
+/// The file a cluster was read from and the line of each key; not part of its meaning (two
+/// clusters that say the same are equal wherever they were written).
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    pub origin: String,
+    pub lines: KeyLines,
+}
+
+impl PartialEq for Source {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Default for Cluster {
@@ -79,6 +96,7 @@ impl Default for Cluster {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            source: Source::default(),
         }
     }
 }
@@ -206,7 +224,7 @@ impl Cluster {
     }
 
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ClusterError> {
-        let cluster: Cluster = if text.trim().is_empty() {
+        let mut cluster: Cluster = if text.trim().is_empty() {
             Cluster::default()
         } else {
             serde_saphyr::from_str(text).map_err(|e| ClusterError::Parse {
@@ -214,12 +232,25 @@ impl Cluster {
                 message: e.to_string(),
             })?
         };
-        let v = Validator {
-            origin,
-            lines: &KeyLines::scan(text),
+        cluster.source = Source {
+            origin: origin.to_string(),
+            lines: KeyLines::scan(text),
         };
-        cluster.validate(&v)?;
+        cluster.validate(&cluster.validator())?;
         Ok(cluster)
+    }
+
+    /// Reports a value of this file that is refused after loading (e.g. a path that no
+    /// container mount covers), with its key and line.
+    pub fn invalid(&self, key: &str, message: &str) -> ClusterError {
+        self.validator().err(key, message)
+    }
+
+    fn validator(&self) -> Validator<'_> {
+        Validator {
+            origin: &self.source.origin,
+            lines: &self.source.lines,
+        }
     }
 
     /// Time limit in seconds (`None` = unlimited).

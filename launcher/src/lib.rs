@@ -9,6 +9,7 @@
 //! - [`nccl_test`]: a collectives benchmark job across the nodes, and its verdict;
 //! - [`shell`]: the one place that quotes values for scripts.
 pub mod cluster;
+pub mod container_view;
 pub mod fsutil;
 pub mod image;
 pub mod nccl_test;

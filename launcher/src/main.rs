@@ -226,11 +226,11 @@ fn do_render(a: &RenderArgs, image: Option<String>) -> Result<(PathBuf, Rendered
     let config = absolute(&config, &cwd);
     let text = std::fs::read_to_string(&config)
         .with_context(|| format!("reading the trainer config {}", config.display()))?;
-    let combinations = render::trainer_combinations(&text, &config.display().to_string())?;
     let out = absolute(&a.out, &cwd);
     let inputs = Inputs {
         trainer_config: config,
-        combinations,
+        trainer_text: text,
+        config_from_cli: a.config.is_some(),
         out: out.clone(),
         cwd: cwd.clone(),
         cluster_file: Some(absolute(&a.cluster, &cwd)),

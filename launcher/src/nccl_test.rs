@@ -94,7 +94,7 @@ pub fn render(
     };
     let script_name = format!("{JOB_NAME}.sbatch");
     let text =
-        context(cluster, cwd).job_script(JOB_NAME, JOB_NAME, shape, &opts.trainer_args(), &log);
+        context(cluster, cwd)?.job_script(JOB_NAME, JOB_NAME, shape, &opts.trainer_args(), &log);
     Ok(Rendered {
         manifest: Manifest {
             launcher_version: env!("CARGO_PKG_VERSION").into(),
@@ -112,6 +112,7 @@ pub fn render(
             }],
         },
         scripts: vec![(script_name, text)],
+        files: vec![],
         warnings: vec![],
     })
 }

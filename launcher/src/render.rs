@@ -1,7 +1,8 @@
 //! Renders the pipeline as one reviewable sbatch script per job plus a JSON manifest. Every
 //! value written into a script goes through [`crate::shell::quote`]; no secret value is ever
 //! written (secrets travel by name, from the submitting environment).
-use crate::cluster::{container_path, Cluster, Runtime};
+use crate::cluster::{Cluster, Runtime};
+use crate::container_view;
 use crate::shell::{join, quote};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -16,6 +17,10 @@ pub const STAGES: [&str; 7] = [
     "attention",
     "report",
 ];
+
+/// Variables of the job's environment that reach a Pyxis container even when the image sets
+/// them (a `case` pattern): the fabric's tunables, which a cluster's modules or the user set.
+const TUNABLE_PATTERNS: &str = "NCCL_* | FI_* | OFI_* | GLOO_* | UCX_* | TORCH_NCCL_*";
 
 /// Exit code of a trainer that checkpointed on SIGUSR1/SIGTERM (`EX_TEMPFAIL`).
 pub const EXIT_PREEMPTED: i32 = 75;
@@ -106,8 +111,11 @@ impl Manifest {
 pub struct Inputs {
     /// The trainer config, absolute, as the submitting host sees it.
     pub trainer_config: PathBuf,
-    /// Number of `data.channel_combinations` (one training job chain per combination).
-    pub combinations: usize,
+    /// Its text: validated with the trainer's own rules before anything is rendered, and the
+    /// source of the paths a container must see.
+    pub trainer_text: String,
+    /// The trainer config was named by `--config` (else by the cluster file).
+    pub config_from_cli: bool,
     /// The render folder (absolute).
     pub out: PathBuf,
     /// The default working directory (absolute).
@@ -120,6 +128,9 @@ pub struct Rendered {
     pub manifest: Manifest,
     /// (file name, text), in submission order.
     pub scripts: Vec<(String, String)>,
+    /// Other files of the render folder: (file name, text), e.g. the container's copy of the
+    /// trainer config.
+    pub files: Vec<(String, String)>,
     /// Things a reviewer should know (printed on stderr).
     pub warnings: Vec<String>,
 }
@@ -193,29 +204,41 @@ fn plan(cluster: &Cluster, combinations: usize) -> Vec<(String, String, Vec<Depe
 }
 
 pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
-    anyhow::ensure!(
-        inputs.combinations > 0,
-        "the trainer config lists no channel combination"
-    );
+    let origin = inputs.trainer_config.display().to_string();
+    let combinations = scdino_config::Config::from_yaml(&inputs.trainer_text, &origin)?
+        .channel_sets
+        .len();
     let mut warnings = Vec::new();
+    let mut files = Vec::new();
     let log_dir = log_dir(cluster, &inputs.out)?;
-    let ctx = context(cluster, &inputs.cwd);
+    let ctx = context(cluster, &inputs.cwd)?;
     let config = match cluster.runtime {
         Runtime::Host => inputs.trainer_config.clone(),
-        Runtime::Pyxis => match container_path(&cluster.container.mounts, &inputs.trainer_config) {
-            Some(p) => p,
-            None => {
+        Runtime::Pyxis => {
+            let view = container_view::map(
+                cluster,
+                &container_view::HostPaths {
+                    trainer_config: &inputs.trainer_config,
+                    trainer_text: &inputs.trainer_text,
+                    config_from_cli: inputs.config_from_cli,
+                    cwd: &inputs.cwd,
+                    out: &inputs.out,
+                },
+            )?;
+            if let Some(text) = view.config_copy {
                 warnings.push(format!(
-                    "the trainer config {} is not under any container mount: the job sees it only if the image holds it at that path",
-                    inputs.trainer_config.display()
+                    "the container mounts move paths of {}: the jobs read {} (the same config with the container's paths)",
+                    inputs.trainer_config.display(),
+                    inputs.out.join(container_view::CONTAINER_CONFIG).display()
                 ));
-                inputs.trainer_config.clone()
+                files.push((container_view::CONTAINER_CONFIG.to_string(), text));
             }
-        },
+            view.config
+        }
     };
     let mut jobs = Vec::new();
     let mut scripts = Vec::new();
-    for (i, (name, stage, after)) in plan(cluster, inputs.combinations).into_iter().enumerate() {
+    for (i, (name, stage, after)) in plan(cluster, combinations).into_iter().enumerate() {
         let file = format!("{:02}-{name}.sbatch", i + 1);
         let log = log_dir.join(format!("{name}-%j.out"));
         let combination = name
@@ -244,6 +267,7 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
             jobs,
         },
         scripts,
+        files,
         warnings,
     })
 }
@@ -267,24 +291,25 @@ pub fn log_dir(cluster: &Cluster, out: &Path) -> anyhow::Result<PathBuf> {
 
 /// The trainer program and working directory every job of `cluster` uses (container paths with
 /// Pyxis). `cwd` is the default working directory, as the submitting host sees it.
-pub(crate) fn context<'a>(cluster: &'a Cluster, cwd: &Path) -> Ctx<'a> {
-    let workdir = cluster.workdir.clone().unwrap_or_else(|| cwd.to_path_buf());
+pub(crate) fn context<'a>(
+    cluster: &'a Cluster,
+    cwd: &Path,
+) -> Result<Ctx<'a>, container_view::ViewError> {
     let (program, workdir) = match cluster.runtime {
-        Runtime::Host => (cluster.host.trainer.clone().expect("validated"), workdir),
-        Runtime::Pyxis => {
-            let workdir = if cluster.workdir.is_some() {
-                workdir
-            } else {
-                container_path(&cluster.container.mounts, &workdir).unwrap_or(workdir)
-            };
-            (cluster.container.trainer.clone(), workdir)
-        }
+        Runtime::Host => (
+            cluster.host.trainer.clone().expect("validated"),
+            cluster.workdir.clone().unwrap_or_else(|| cwd.to_path_buf()),
+        ),
+        Runtime::Pyxis => (
+            cluster.container.trainer.clone(),
+            container_view::workdir(cluster, cwd)?,
+        ),
     };
-    Ctx {
+    Ok(Ctx {
         cluster,
         program,
         workdir,
-    }
+    })
 }
 
 /// The task layout of a multi-task job: `nodes` × `tasks_per_node` ranks that meet at a
@@ -325,6 +350,20 @@ pub fn write(r: &Rendered, out: &Path) -> anyhow::Result<()> {
         let p = out.join(name);
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let copy = out.join(container_view::CONTAINER_CONFIG);
+    if copy.exists()
+        && !r
+            .files
+            .iter()
+            .any(|(n, _)| n == container_view::CONTAINER_CONFIG)
+    {
+        std::fs::remove_file(&copy)?;
+    }
+    for (name, text) in &r.files {
+        let p = out.join(name);
+        crate::fsutil::write_atomic(&p, text.as_bytes())
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     r.manifest.save(out)
 }
@@ -484,15 +523,55 @@ impl Ctx<'_> {
         }
         line("");
 
+        if distributed {
+            line("# Ranks use many threads each: no CPU binding, where the cluster binds at all");
+            line("# (with TaskPlugin=task/none srun would only warn that it cannot).");
+            line("cpu_bind=()");
+            line(
+                r#"case "$(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p')" in"#,
+            );
+            line("  *affinity* | *cgroup*) cpu_bind=(--cpu-bind=none) ;;");
+            line("esac");
+        }
+        if pyxis {
+            // Pyxis keeps an image's ENV over the job's unless the name is in --container-env.
+            let mut names: Vec<&str> = c.env.keys().map(String::as_str).collect();
+            names.extend(c.secrets.iter().map(String::as_str));
+            if distributed {
+                names.extend(crate::cluster::RESERVED_ENV);
+            }
+            line(
+                "# Variables the container takes from the job, not from the image's ENV: the ones",
+            );
+            line("# above and every network tunable set in the job's environment.");
+            line(&format!("container_env={}", quote(&names.join(","))));
+            line("for name in $(compgen -e); do");
+            line(&format!(
+                "  case $name in {TUNABLE_PATTERNS}) ;; *) continue ;; esac"
+            ));
+            line(
+                r#"  case ",$container_env," in *",$name,"*) ;; *) container_env="${container_env:+$container_env,}$name" ;; esac"#,
+            );
+            line("done");
+            line("container_env_opt=()");
+            line(
+                r#"if [ -n "$container_env" ]; then container_env_opt=("--container-env=$container_env"); fi"#,
+            );
+        }
+        if distributed || pyxis {
+            line("");
+        }
+
         // One option (with its value) per line for review; every word quoted on its own.
-        let mut srun: Vec<Vec<String>> = vec![vec!["srun".into()]];
-        let mut opt = |words: &[&str]| srun.push(words.iter().map(|w| w.to_string()).collect());
+        let mut srun: Vec<String> = vec!["srun".into()];
+        let mut opt = |words: &[&str]| srun.push(join(words));
         if distributed {
             opt(&["--kill-on-bad-exit=1"]);
-            opt(&["--cpu-bind=none"]);
+            srun.push(r#""${cpu_bind[@]}""#.into());
         }
         if pyxis {
             let k = &c.container;
+            let mut opt = |words: &[&str]| srun.push(join(words));
             opt(&[&format!(
                 "--container-image={}",
                 k.image.as_deref().unwrap()
@@ -506,22 +585,15 @@ impl Ctx<'_> {
             } else {
                 "--no-container-mount-home"
             }]);
-            let mut names: Vec<&str> = c.env.keys().map(String::as_str).collect();
-            names.extend(c.secrets.iter().map(String::as_str));
-            if distributed {
-                names.extend(crate::cluster::RESERVED_ENV);
-            }
-            if !names.is_empty() {
-                opt(&[&format!("--container-env={}", names.join(","))]);
-            }
+            srun.push(r#""${container_env_opt[@]}""#.into());
         }
         // The program goes on the line of the first trainer word (the subcommand).
         let mut words = args.iter();
         let mut first = vec![p(&self.program)];
         first.extend(words.next().into_iter().flatten().cloned());
-        srun.push(first);
-        srun.extend(words.cloned());
-        let cmd = srun.iter().map(join).collect::<Vec<_>>().join(" \\\n  ");
+        srun.push(join(first));
+        srun.extend(words.map(join));
+        let cmd = srun.join(" \\\n  ");
         if !preemptible {
             line(&cmd);
             line(&format!(r#"echo "[launcher] {} finished""#, quote(name)));
@@ -559,34 +631,6 @@ impl Ctx<'_> {
         line(r#"exit "$rc""#);
         o
     }
-}
-
-/// The number of channel combinations (and the run name) of a trainer config, read leniently:
-/// the trainer validates the file itself (`trainer config check`); the launcher only needs this.
-pub fn trainer_combinations(text: &str, origin: &str) -> anyhow::Result<usize> {
-    #[derive(Deserialize, Default)]
-    #[serde(default)]
-    struct View {
-        data: DataView,
-    }
-    #[derive(Deserialize, Default)]
-    #[serde(default)]
-    struct DataView {
-        channel_combinations: Option<Vec<Combo>>,
-    }
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    #[allow(dead_code)]
-    enum Combo {
-        Digits(String),
-        Indices(Vec<u64>),
-    }
-    if text.trim().is_empty() {
-        return Ok(6);
-    }
-    let v: View = serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
-    // scDINO's default: "01234", "0", "1", "2", "3", "4".
-    Ok(v.data.channel_combinations.map_or(6, |c| c.len()))
 }
 
 #[cfg(test)]

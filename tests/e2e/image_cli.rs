@@ -633,7 +633,7 @@ fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
         &cluster,
         format!(
             "trainer_config: {cfg}\nruntime: pyxis\nworkdir: {d}\nslurm:\n  time: \"5\"\n  log_dir: {d}/logs\n\
-             container:\n  image: /replaced/by/the/build.sqsh\n  mounts:\n    - {d}:{d}\n\
+             container:\n  image: /replaced/by/the/build.sqsh\n  mounts:\n    - {d}:{d}\n    - {d}/data:/data\n    - {d}/out:/out\n\
              stages: [mean-std]\n",
             cfg = cfg.display(),
             d = dir.path().display()

@@ -42,24 +42,22 @@ fn launcher(args: &[&str], envs: &[(&str, &str)]) -> Output {
     c.output().unwrap()
 }
 
-/// The shipped example renders (with any trainer config) into scripts bash accepts.
+/// The shipped example renders into scripts bash accepts, with `/fsx` standing for a folder of
+/// this machine; a trainer config outside every container mount is refused.
 #[test]
 fn shipped_example_renders_and_every_script_parses() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("jobs");
-    let cluster = repo().join("slurm/cluster.example.yaml");
-    let config = repo().join("configs/demo.yaml");
+    let fsx = dir.path().join("fsx");
+    let out = fsx.join("scdino/jobs");
+    let example = std::fs::read_to_string(repo().join("slurm/cluster.example.yaml")).unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    std::fs::write(&cluster, example.replace("/fsx", s(&fsx))).unwrap();
+    let config = fsx.join("scdino/configs/pbmc.yaml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::copy(repo().join("configs/demo.yaml"), &config).unwrap();
     let listed = ok(
         "launcher",
-        &[
-            "render",
-            "--cluster",
-            s(&cluster),
-            "--config",
-            s(&config),
-            "--out",
-            s(&out),
-        ],
+        &["render", "--cluster", s(&cluster), "--out", s(&out)],
     );
     let scripts: Vec<&str> = listed.lines().filter(|l| l.ends_with(".sbatch")).collect();
     assert_eq!(scripts.len(), 7, "{listed}");
@@ -72,19 +70,45 @@ fn shipped_example_renders_and_every_script_parses() {
     assert_eq!(m["runtime"], "pyxis");
     assert_eq!(m["jobs"][1]["after"][0]["job"], "mean-std");
     let train = std::fs::read_to_string(scripts[1]).unwrap();
+    let f = s(&fsx);
     for needle in [
-        "--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#scdino:0.1.0",
-        "--container-mounts=/fsx:/fsx,/opt/dlami/nvme:/scratch",
-        "--container-workdir=/fsx/scdino",
-        "--no-container-mount-home",
-        "--container-env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT",
-        "#SBATCH --signal=B:USR1@300",
-        "#SBATCH --requeue",
-        "#SBATCH --ntasks-per-node=4",
-        r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"#,
+        "--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#scdino:0.1.0".to_string(),
+        format!("--container-mounts={f}:{f},/opt/dlami/nvme:/scratch"),
+        format!("--container-workdir={f}/scdino"),
+        format!("--config {f}/scdino/configs/pbmc.yaml"),
+        "--no-container-mount-home".to_string(),
+        "container_env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT".to_string(),
+        "#SBATCH --signal=B:USR1@300".to_string(),
+        "#SBATCH --requeue".to_string(),
+        "#SBATCH --ntasks-per-node=4".to_string(),
+        r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"#.to_string(),
     ] {
-        assert!(train.contains(needle), "{needle} missing:\n{train}");
+        assert!(train.contains(&needle), "{needle} missing:\n{train}");
     }
+
+    // The repository's config is outside every mount: the jobs could not read it.
+    let outside = repo().join("configs/demo.yaml");
+    let o = run(
+        "launcher",
+        &[
+            "render",
+            "--cluster",
+            s(&cluster),
+            "--config",
+            s(&outside),
+            "--out",
+            s(&out),
+        ],
+    );
+    assert!(!o.status.success());
+    let e = text(&o.stderr);
+    assert!(
+        e.contains(&format!(
+            "--config {} is not under any container mount",
+            outside.display()
+        )),
+        "{e}"
+    );
 }
 
 /// A credential written as a value is refused with key and line, and its value is not echoed.

@@ -79,14 +79,30 @@ MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))
 export MASTER_ADDR MASTER_PORT
 echo "[launcher] nccl-test job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"
 
+# Ranks use many threads each: no CPU binding, where the cluster binds at all
+# (with TaskPlugin=task/none srun would only warn that it cannot).
+cpu_bind=()
+case "$(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p')" in
+  *affinity* | *cgroup*) cpu_bind=(--cpu-bind=none) ;;
+esac
+# Variables the container takes from the job, not from the image's ENV: the ones
+# above and every network tunable set in the job's environment.
+container_env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT
+for name in $(compgen -e); do
+  case $name in NCCL_* | FI_* | OFI_* | GLOO_* | UCX_* | TORCH_NCCL_*) ;; *) continue ;; esac
+  case ",$container_env," in *",$name,"*) ;; *) container_env="${container_env:+$container_env,}$name" ;; esac
+done
+container_env_opt=()
+if [ -n "$container_env" ]; then container_env_opt=("--container-env=$container_env"); fi
+
 srun \
   --kill-on-bad-exit=1 \
-  --cpu-bind=none \
+  "${cpu_bind[@]}" \
   '--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#scdino:0.1.0' \
   --container-mounts=/fsx:/fsx,/opt/dlami/nvme:/scratch \
   --container-workdir=/fsx/scdino \
   --no-container-mount-home \
-  --container-env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT \
+  "${container_env_opt[@]}" \
   /opt/scdino/bin/trainer collectives-bench \
   --op all_reduce \
   --min-bytes 64M \
@@ -151,7 +167,10 @@ fn host_nccl_test_script_runs_with_the_allocation_asked_for() {
     );
     for (name, body) in [
         ("srun", srun.as_str()),
-        ("scontrol", "#!/bin/bash\necho n1\n"),
+        (
+            "scontrol",
+            "#!/bin/bash\nif [ \"$2\" = config ]; then echo 'TaskPlugin              = task/affinity'; else echo n1; fi\n",
+        ),
     ] {
         let p = bin.join(name);
         std::fs::write(&p, body).unwrap();

@@ -25,7 +25,8 @@ fn example() -> Rendered {
     let cluster = Cluster::load(&p).unwrap();
     let inputs = Inputs {
         trainer_config: cluster.trainer_config.clone().unwrap(),
-        combinations: 1,
+        trainer_text: trainer_text(1, "/fsx/scdino"),
+        config_from_cli: false,
         out: "/fsx/scdino/jobs".into(),
         cwd: "/fsx/scdino".into(),
         cluster_file: Some("/fsx/scdino/cluster.yaml".into()),
@@ -124,6 +125,22 @@ MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))
 export MASTER_ADDR MASTER_PORT
 echo "[launcher] train-c0 job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"
 
+# Ranks use many threads each: no CPU binding, where the cluster binds at all
+# (with TaskPlugin=task/none srun would only warn that it cannot).
+cpu_bind=()
+case "$(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p')" in
+  *affinity* | *cgroup*) cpu_bind=(--cpu-bind=none) ;;
+esac
+# Variables the container takes from the job, not from the image's ENV: the ones
+# above and every network tunable set in the job's environment.
+container_env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT
+for name in $(compgen -e); do
+  case $name in NCCL_* | FI_* | OFI_* | GLOO_* | UCX_* | TORCH_NCCL_*) ;; *) continue ;; esac
+  case ",$container_env," in *",$name,"*) ;; *) container_env="${container_env:+$container_env,}$name" ;; esac
+done
+container_env_opt=()
+if [ -n "$container_env" ]; then container_env_opt=("--container-env=$container_env"); fi
+
 # The batch shell gets USR1 (--signal=B:) or TERM and forwards it to the training step;
 # the trainer checkpoints at the next step and exits 75.
 step=
@@ -135,12 +152,12 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 srun \
   --kill-on-bad-exit=1 \
-  --cpu-bind=none \
+  "${cpu_bind[@]}" \
   '--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#scdino:0.1.0' \
   --container-mounts=/fsx:/fsx,/opt/dlami/nvme:/scratch \
   --container-workdir=/fsx/scdino \
   --no-container-mount-home \
-  --container-env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT \
+  "${container_env_opt[@]}" \
   /opt/scdino/bin/trainer train \
   --config /fsx/scdino/configs/pbmc.yaml \
   --combination 0 &
@@ -175,10 +192,20 @@ training:
 stages: [mean-std, train, knn, report]
 ";
 
+/// A trainer config with `combinations` channel combinations, its folders under `root`.
+fn trainer_text(combinations: usize, root: &str) -> String {
+    let combos: Vec<String> = (0..combinations).map(|c| format!("\"{c}\"")).collect();
+    format!(
+        "run:\n  output_dir: {root}/out\ndata:\n  dataset_dir: {root}/data\n  channel_names: [a, b, c, d, e]\n  channel_combinations: [{}]\n",
+        combos.join(", ")
+    )
+}
+
 fn host_inputs(combinations: usize) -> Inputs {
     Inputs {
         trainer_config: "/shared/cfg.yaml".into(),
-        combinations,
+        trainer_text: trainer_text(combinations, "/shared"),
+        config_from_cli: false,
         out: "/shared/jobs".into(),
         cwd: "/elsewhere".into(),
         cluster_file: None,
@@ -233,7 +260,7 @@ fn host_runtime_plan_with_segments_and_missing_stages() {
     let train = &r.scripts[4].1;
     let want_tail = r#"srun \
   --kill-on-bad-exit=1 \
-  --cpu-bind=none \
+  "${cpu_bind[@]}" \
   /shared/bin/trainer train \
   --config /shared/cfg.yaml \
   --combination 1 \
@@ -297,7 +324,10 @@ fn hostile_paths_and_values_round_trip_through_bash() {
     );
     for (name, body) in [
         ("srun", srun.as_str()),
-        ("scontrol", "#!/bin/bash\necho node-a\necho node-b\n"),
+        (
+            "scontrol",
+            "#!/bin/bash\nif [ \"$2\" = config ]; then echo 'TaskPlugin              = task/affinity,task/cgroup'; else echo node-a; echo node-b; fi\n",
+        ),
     ] {
         let p = bin.join(name);
         std::fs::write(&p, body).unwrap();
@@ -361,7 +391,8 @@ fn pyxis_paths_go_through_the_mounts() {
     let cluster = Cluster::from_yaml(yaml, "c.yaml").unwrap();
     let inputs = Inputs {
         trainer_config: "/fsx/project/cfg/a.yaml".into(),
-        combinations: 1,
+        trainer_text: trainer_text(1, "/fsx/project"),
+        config_from_cli: false,
         out: "/fsx/project/jobs".into(),
         cwd: "/fsx/project/sub".into(),
         cluster_file: None,
@@ -370,26 +401,128 @@ fn pyxis_paths_go_through_the_mounts() {
     let s = &r.scripts[0].1;
     assert!(s.contains("  --container-image=/fsx/img.sqsh \\\n"), "{s}");
     assert!(s.contains("  --container-workdir=/work/sub \\\n"), "{s}");
-    assert!(s.contains("  --config /work/cfg/a.yaml\n"), "{s}");
+    // The mount moves the config's folders: the jobs read a copy with container paths.
+    assert!(
+        s.contains("  --config /work/jobs/trainer-config.container.yaml\n"),
+        "{s}"
+    );
+    let (name, copy) = &r.files[0];
+    assert_eq!(name, crate::container_view::CONTAINER_CONFIG);
+    assert!(
+        copy.contains("/work/data")
+            && copy.contains("/work/out")
+            && !copy.contains("/fsx/project/data"),
+        "{copy}"
+    );
+    assert!(r.warnings[0].contains("/fsx/project/jobs/trainer-config.container.yaml"));
     assert!(
         s.contains("#SBATCH --output=/fsx/project/jobs/logs/mean-std-%j.out\n"),
         "{s}"
     );
-    assert!(!s.contains("--container-env"), "{s}");
+    assert!(s.contains("\ncontainer_env=''\n"), "{s}");
     assert!(!s.contains("#SBATCH --chdir"), "{s}");
 }
 
 #[test]
-fn trainer_config_combinations() {
-    assert_eq!(trainer_combinations("", "x").unwrap(), 6);
-    assert_eq!(trainer_combinations("run:\n  name: a\n", "x").unwrap(), 6);
-    assert_eq!(
-        trainer_combinations(
-            "data:\n  channel_combinations: [\"01234\", [0, 1], \"2\"]\n  other: 1\n",
-            "x"
-        )
-        .unwrap(),
-        3
+fn the_trainer_config_is_validated_and_sets_the_training_jobs() {
+    let cluster = Cluster::from_yaml(HOST, "c.yaml").unwrap();
+    let mut inputs = host_inputs(3);
+    let r = render(&cluster, &inputs).unwrap();
+    let trains: Vec<&str> = r
+        .manifest
+        .jobs
+        .iter()
+        .filter(|j| j.stage == "train")
+        .map(|j| j.name.as_str())
+        .collect();
+    assert_eq!(trains.len(), 3 * cluster.training.segments as usize);
+    inputs.trainer_text = "data:\n  channel_names: [a]\n  channel_combinations: [\"07\"]\n".into();
+    let e = render(&cluster, &inputs).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/shared/cfg.yaml:3: `data.channel_combinations"),
+        "{e}"
     );
-    assert!(trainer_combinations("data: [", "x").is_err());
+    inputs.trainer_text = "data: [".into();
+    assert!(render(&cluster, &inputs).is_err());
+}
+
+/// The Pyxis training script run by bash with stand-ins: tunables set in the job's environment
+/// (a cluster module's NCCL_* or FI_*) join --container-env so the image's ENV cannot win over
+/// them, other variables do not, and without a task plugin that binds, no --cpu-bind is
+/// passed (srun would warn that it cannot).
+#[test]
+fn pyxis_script_passes_job_tunables_and_binds_only_where_the_cluster_can() {
+    let text = example().scripts[1].1.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let rec = dir.path().join("srun.args");
+    let srun = format!(
+        "#!/bin/bash\nprintf '%s\\0' \"$@\" > {}\n",
+        crate::shell::quote(rec.to_str().unwrap())
+    );
+    let run = |task_plugin: &str| -> Vec<String> {
+        let scontrol = format!(
+            "#!/bin/bash\nif [ \"$2\" = config ]; then echo 'TaskPlugin              = {task_plugin}'; else echo node-a; fi\n"
+        );
+        for (name, body) in [("srun", srun.as_str()), ("scontrol", scontrol.as_str())] {
+            let p = bin.join(name);
+            std::fs::write(&p, body).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let f = dir.path().join("job.sbatch");
+        std::fs::write(&f, &text).unwrap();
+        let out = Command::new("bash")
+            .arg(&f)
+            .env(
+                "PATH",
+                format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+            )
+            .env("SLURM_JOB_ID", "4600")
+            .env("SLURM_JOB_NODELIST", "node-a")
+            .env("NCCL_ALGO", "Ring")
+            .env("FI_EFA_FORK_SAFE", "1")
+            .env("NCCL_DEBUG", "INFO")
+            .env("UNRELATED_SETTING", "x")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read(&rec)
+            .unwrap()
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8(a.to_vec()).unwrap())
+            .collect()
+    };
+    let args = run("task/none");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--cpu-bind")),
+        "{args:?}"
+    );
+    let env = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--container-env="))
+        .unwrap();
+    let names: Vec<&str> = env.split(',').collect();
+    for want in [
+        "NCCL_DEBUG",
+        "MASTER_ADDR",
+        "AWS_SECRET_ACCESS_KEY",
+        "NCCL_ALGO",
+        "FI_EFA_FORK_SAFE",
+    ] {
+        assert_eq!(
+            names.iter().filter(|n| **n == want).count(),
+            1,
+            "{want}: {env}"
+        );
+    }
+    assert!(!names.contains(&"UNRELATED_SETTING"), "{env}");
+    let args = run("task/affinity,task/cgroup");
+    assert_eq!(args[1], "--cpu-bind=none", "{args:?}");
 }
