@@ -640,7 +640,13 @@ pub fn container_path(mounts: &[String], host: &Path) -> Option<PathBuf> {
             let src = Path::new(p.next()?);
             let dst = p.next().map(Path::new).unwrap_or(src);
             let rel = host.strip_prefix(src).ok()?;
-            Some((src.as_os_str().len(), dst.join(rel)))
+            // `dst.join("")` would add a trailing '/'.
+            let inside = if rel.as_os_str().is_empty() {
+                dst.to_path_buf()
+            } else {
+                dst.join(rel)
+            };
+            Some((src.as_os_str().len(), inside))
         })
         .max_by_key(|(len, _)| *len)
         .map(|(_, p)| p)

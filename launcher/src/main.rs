@@ -48,6 +48,10 @@ enum Command {
     /// Submit `trainer collectives-bench` on one task per GPU across the nodes, wait for it and
     /// report pass/fail (exit 1 on fail): a check of the fabric before a long training run.
     NcclTest(NcclTestArgs),
+    /// Submit `trainer selftest` on every task of an allocation (CUDA, NCCL, EFA, a GPU training
+    /// step against the CPU, an all-reduce across all tasks), wait, and print one table (exit 1
+    /// on any failure).
+    Selftest(SelftestArgs),
     /// Build, push, inspect or squash the trainer image (Docker Engine API).
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
@@ -133,30 +137,9 @@ fn nccl_test(a: NcclTestArgs) -> Result<()> {
     let alloc = opts.allocation(&cluster);
     let mut r = nccl_test::render(&cluster, &opts, &out, &cwd)?;
     r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
-    if out.join(render::MANIFEST).exists() {
-        if let Ok(old) = Manifest::load(&out) {
-            if slurm::status(&old)?.iter().any(slurm::JobState::is_active) {
-                bail!(
-                    "{} holds a job that is still queued or running; `launcher cancel --out {}` first",
-                    out.display(),
-                    out.display()
-                );
-            }
-        }
-    }
-    render::write(&r, &out)?;
-    slurm::submit(&out, &mut r.manifest, &mut |l| println!("{l}"))?;
+    let (state, log_path, log) = submit_one_and_wait(&mut r, &out, alloc, a.wait_timeout)?;
     let job = &r.manifest.jobs[0];
     let world = (alloc.nodes * alloc.tasks_per_node) as usize;
-    println!(
-        "waiting for {} ({} nodes x {} tasks)",
-        nccl_test::JOB_NAME,
-        alloc.nodes,
-        alloc.tasks_per_node
-    );
-    let state = slurm::wait(job, std::time::Duration::from_secs(a.wait_timeout))?;
-    let log_path = nccl_test::log_path(&r.manifest);
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let Some(report) = nccl_test::find_report(&log) else {
         let tail: Vec<&str> = log.lines().rev().take(20).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -202,6 +185,99 @@ fn nccl_test(a: NcclTestArgs) -> Result<()> {
     }
 }
 
+/// Submits a one-job render into `out` (refusing a folder whose job is still active), waits
+/// for the job to end and returns its final state, log path and log text.
+fn submit_one_and_wait(
+    r: &mut Rendered,
+    out: &Path,
+    alloc: launcher::render::Allocation,
+    wait_timeout: u64,
+) -> Result<(slurm::JobState, PathBuf, String)> {
+    if out.join(render::MANIFEST).exists() {
+        if let Ok(old) = Manifest::load(out) {
+            if slurm::status(&old)?.iter().any(slurm::JobState::is_active) {
+                bail!(
+                    "{} holds a job that is still queued or running; `launcher cancel --out {}` first",
+                    out.display(),
+                    out.display()
+                );
+            }
+        }
+    }
+    render::write(r, out)?;
+    slurm::submit(out, &mut r.manifest, &mut |l| println!("{l}"))?;
+    let job = &r.manifest.jobs[0];
+    println!(
+        "waiting for {} ({} nodes x {} tasks)",
+        job.name, alloc.nodes, alloc.tasks_per_node
+    );
+    let state = slurm::wait(job, std::time::Duration::from_secs(wait_timeout))?;
+    let log_path = job.log_path();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    Ok((state, log_path, log))
+}
+
+#[derive(Debug, Args)]
+struct SelftestArgs {
+    /// cluster.yaml (see slurm/cluster.example.yaml).
+    #[arg(long)]
+    cluster: PathBuf,
+    /// Folder for the script, manifest.json and (by default) the log.
+    #[arg(long)]
+    out: PathBuf,
+    /// Nodes (default: slurm.nodes).
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// Tasks per node (default: slurm.tasks_per_node: one per GPU; 1 without GPUs).
+    #[arg(long)]
+    tasks_per_node: Option<u32>,
+    /// Give up (and cancel the job) after this many seconds, queueing included.
+    #[arg(long, default_value_t = 3600)]
+    wait_timeout: u64,
+}
+
+fn selftest(a: SelftestArgs) -> Result<()> {
+    use launcher::selftest;
+    let cwd = std::env::current_dir().context("current directory")?;
+    let cluster = Cluster::load(&a.cluster)?;
+    let out = absolute(&a.out, &cwd);
+    let alloc = launcher::render::Allocation {
+        nodes: a.nodes.unwrap_or(cluster.slurm.nodes),
+        tasks_per_node: a.tasks_per_node.unwrap_or(cluster.slurm.ranks_per_node()),
+        gpus_per_node: cluster.slurm.gpus_per_node,
+    };
+    let mut r = selftest::render(&cluster, alloc, &out, &cwd)?;
+    r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
+    let (state, log_path, log) = submit_one_and_wait(&mut r, &out, alloc, a.wait_timeout)?;
+    let job_id = r.manifest.jobs[0].job_id.clone().unwrap_or_default();
+    let reports = selftest::find_reports(&log);
+    let world = (alloc.nodes * alloc.tasks_per_node) as usize;
+    print!("{}", selftest::table(&reports));
+    let why = selftest::judge(&reports, world);
+    if why.is_empty() {
+        println!(
+            "selftest PASSED on {world} tasks (job {job_id}, {}); log {}",
+            state.state,
+            log_path.display()
+        );
+        return Ok(());
+    }
+    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    bail!(
+        "selftest FAILED (job {job_id} {} exit {}): {}; log {}{}",
+        state.state,
+        state.exit_code,
+        why.join("; "),
+        log_path.display(),
+        if reports.is_empty() {
+            format!(", its last lines:\n{}", tail.join("\n"))
+        } else {
+            String::new()
+        }
+    )
+}
+
 fn absolute(p: &Path, cwd: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
@@ -245,6 +321,7 @@ fn do_render(a: &RenderArgs, image: Option<String>) -> Result<(PathBuf, Rendered
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::NcclTest(a) => nccl_test(a)?,
+        Command::Selftest(a) => selftest(a)?,
         Command::Image(c) => image_cmd::image(c)?,
         Command::Run(a) => image_cmd::run_image(a)?,
         Command::Quote { words } => println!("{}", launcher::shell::join(words)),
@@ -295,11 +372,23 @@ fn main() -> Result<()> {
                 }
             };
             let (out, mut r) = do_render(&a, image)?;
+            render::mark_finished_earlier(&mut r, &out);
             render::write(&r, &out)?;
+            if r.manifest.jobs.iter().all(|j| j.finished_earlier) {
+                println!(
+                    "nothing to submit: every job finished earlier with these same scripts (markers in {})",
+                    out.join(render::DONE_DIR).display()
+                );
+                return Ok(());
+            }
             slurm::submit(&out, &mut r.manifest, &mut |l| println!("{l}"))?;
             println!(
                 "submitted {} jobs; manifest {}; follow with: launcher status --out {}",
-                r.manifest.jobs.len(),
+                r.manifest
+                    .jobs
+                    .iter()
+                    .filter(|j| !j.finished_earlier)
+                    .count(),
                 out.join(render::MANIFEST).display(),
                 launcher::shell::quote(&out.to_string_lossy())
             );

@@ -5,7 +5,7 @@
 use crate::cluster::Cluster;
 use crate::render::{self, context, Allocation, Job, Manifest, Rendered, Shape};
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub const JOB_NAME: &str = "nccl-test";
 /// The `kind` field of the trainer's report (`trainer::dist::bench::REPORT_KIND`).
@@ -93,8 +93,14 @@ pub fn render(
         preemptible: false,
     };
     let script_name = format!("{JOB_NAME}.sbatch");
-    let text =
-        context(cluster, cwd)?.job_script(JOB_NAME, JOB_NAME, shape, &opts.trainer_args(), &log);
+    let text = context(cluster, cwd)?.job_script(
+        JOB_NAME,
+        JOB_NAME,
+        shape,
+        &opts.trainer_args(),
+        &log,
+        None,
+    );
     Ok(Rendered {
         manifest: Manifest {
             launcher_version: env!("CARGO_PKG_VERSION").into(),
@@ -109,6 +115,7 @@ pub fn render(
                 log,
                 after: vec![],
                 job_id: None,
+                finished_earlier: false,
             }],
         },
         scripts: vec![(script_name, text)],
@@ -210,11 +217,6 @@ pub fn summary(r: &Report) -> String {
         );
     }
     o
-}
-
-/// Where the job's log is once submitted.
-pub fn log_path(m: &Manifest) -> PathBuf {
-    m.jobs[0].log_path()
 }
 
 #[cfg(test)]

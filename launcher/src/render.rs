@@ -22,6 +22,9 @@ pub const STAGES: [&str; 7] = [
 /// them (a `case` pattern): the fabric's tunables, which a cluster's modules or the user set.
 const TUNABLE_PATTERNS: &str = "NCCL_* | FI_* | OFI_* | GLOO_* | UCX_* | TORCH_NCCL_*";
 
+/// Read by Enroot's nvidia hook (`98-nvidia.sh`) when a container starts.
+const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
 /// Exit code of a trainer that checkpointed on SIGUSR1/SIGTERM (`EX_TEMPFAIL`).
 pub const EXIT_PREEMPTED: i32 = 75;
 
@@ -62,6 +65,9 @@ pub struct Job {
     /// Filled by `launcher submit`.
     #[serde(default)]
     pub job_id: Option<String>,
+    /// Not submitted: it finished earlier with this very script (its done marker matches).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finished_earlier: bool,
 }
 
 impl Job {
@@ -208,6 +214,7 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
     let combinations = scdino_config::Config::from_yaml(&inputs.trainer_text, &origin)?
         .channel_sets
         .len();
+    let config_sha256 = sha256_hex(inputs.trainer_text.as_bytes());
     let mut warnings = Vec::new();
     let mut files = Vec::new();
     let log_dir = log_dir(cluster, &inputs.out)?;
@@ -244,9 +251,13 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
         let combination = name
             .strip_prefix("train-c")
             .map(|r| r.split('-').next().unwrap().parse::<usize>().unwrap());
+        let done = Done {
+            dir: inputs.out.join(DONE_DIR),
+            config_sha256: &config_sha256,
+        };
         scripts.push((
             file.clone(),
-            ctx.stage_script(&name, &stage, &config, combination, &log),
+            ctx.stage_script(&name, &stage, &config, combination, &log, &done),
         ));
         jobs.push(Job {
             name,
@@ -255,6 +266,7 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
             log,
             after,
             job_id: None,
+            finished_earlier: false,
         });
     }
     Ok(Rendered {
@@ -368,6 +380,42 @@ pub fn write(r: &Rendered, out: &Path) -> anyhow::Result<()> {
     r.manifest.save(out)
 }
 
+/// Where a pipeline job records that it finished: `<out>/done/<job>` holds the sha256 of the
+/// script that ran (the script hashes itself, `$0`, on success). The script carries the
+/// trainer config's digest, so a changed config, image, argument or launcher changes the hash.
+pub const DONE_DIR: &str = "done";
+
+pub(crate) struct Done<'a> {
+    dir: PathBuf,
+    config_sha256: &'a str,
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The jobs of a fresh render that finished earlier: a done marker holding the hash of the
+/// same script, and every job it waits for finished earlier too. Marks them in the manifest.
+pub fn mark_finished_earlier(r: &mut Rendered, out: &Path) {
+    let mut finished: Vec<String> = Vec::new();
+    for job in &mut r.manifest.jobs {
+        let Some((_, text)) = r.scripts.iter().find(|(n, _)| *n == job.script) else {
+            continue;
+        };
+        let marker =
+            std::fs::read_to_string(out.join(DONE_DIR).join(&job.name)).unwrap_or_default();
+        let same = marker.trim() == sha256_hex(text.as_bytes());
+        if same && job.after.iter().all(|d| finished.contains(&d.job)) {
+            job.finished_earlier = true;
+            finished.push(job.name.clone());
+        }
+    }
+}
+
 pub(crate) struct Ctx<'a> {
     cluster: &'a Cluster,
     program: PathBuf,
@@ -388,6 +436,7 @@ impl Ctx<'_> {
         config: &Path,
         combination: Option<usize>,
         log: &Path,
+        done: &Done,
     ) -> String {
         let c = self.cluster;
         let train = stage == "train";
@@ -411,7 +460,7 @@ impl Ctx<'_> {
                 args.push(vec!["--threads".into(), t.to_string()]);
             }
         }
-        self.job_script(name, stage, shape, &args, log)
+        self.job_script(name, stage, shape, &args, log, Some(done))
     }
 
     /// One sbatch script that runs `trainer <args>` under srun. `args` holds the trainer's
@@ -423,6 +472,7 @@ impl Ctx<'_> {
         shape: Shape,
         args: &[Vec<String>],
         log: &Path,
+        done: Option<&Done>,
     ) -> String {
         let c = self.cluster;
         let sl = &c.slurm;
@@ -442,6 +492,19 @@ impl Ctx<'_> {
         line(
             "# Re-render rather than edit. Every value is shell-quoted; no secret is written here.",
         );
+        if let Some(d) = done {
+            line(&format!(
+                "# Trainer config sha256 {} (part of this script, whose hash marks it done).",
+                d.config_sha256
+            ));
+        }
+        let mark_done = done.map(|d| {
+            format!(
+                "mkdir -p {dir} && sha256sum < \"$0\" | cut -d' ' -f1 > {file}",
+                dir = quote(&p(&d.dir)),
+                file = quote(&p(&d.dir.join(name)))
+            )
+        });
         let d = |k: &str, v: &str| format!("#SBATCH --{k}={}", quote(v));
         line(&d("job-name", &format!("scdino-{name}")));
         for (k, v) in [
@@ -497,6 +560,13 @@ impl Ctx<'_> {
                 line(&format!("export {k}={}", quote(v)));
             }
         }
+        let no_gpu_hook =
+            pyxis && sl.gpus_per_node == 0 && !c.env.contains_key(NVIDIA_VISIBLE_DEVICES);
+        if no_gpu_hook {
+            line("# No GPUs on this cluster: the image's NVIDIA_VISIBLE_DEVICES=all would make Enroot's");
+            line("# nvidia hook require nvidia-container-cli, which CPU nodes lack; void skips the hook.");
+            line(&format!("export {NVIDIA_VISIBLE_DEVICES}=void"));
+        }
         if !c.secrets.is_empty() {
             line(&format!(
                 "# Secrets, by name only: inherited from the environment `launcher submit` ran in: {}",
@@ -536,6 +606,9 @@ impl Ctx<'_> {
         if pyxis {
             // Pyxis keeps an image's ENV over the job's unless the name is in --container-env.
             let mut names: Vec<&str> = c.env.keys().map(String::as_str).collect();
+            if no_gpu_hook {
+                names.push(NVIDIA_VISIBLE_DEVICES);
+            }
             names.extend(c.secrets.iter().map(String::as_str));
             if distributed {
                 names.extend(crate::cluster::RESERVED_ENV);
@@ -596,6 +669,10 @@ impl Ctx<'_> {
         let cmd = srun.join(" \\\n  ");
         if !preemptible {
             line(&cmd);
+            if let Some(m) = &mark_done {
+                line("# Done: a rerun of `launcher submit` with this same script skips the job.");
+                line(m);
+            }
             line(&format!(r#"echo "[launcher] {} finished""#, quote(name)));
             return o;
         }
@@ -623,6 +700,10 @@ impl Ctx<'_> {
             line(r#"  scontrol requeue "$SLURM_JOB_ID""#);
             line("  exit 0");
             line("fi");
+        }
+        if let Some(m) = &mark_done {
+            line("# Done: a rerun of `launcher submit` with this same script skips the job.");
+            line(&format!(r#"if [ "$rc" -eq 0 ]; then {m}; fi"#));
         }
         line(&format!(
             r#"echo "[launcher] {} finished with exit code $rc""#,

@@ -34,12 +34,18 @@ pub fn test_only(script: &Path) -> Result<()> {
 }
 
 /// The `--dependency` value for a job, from the ids of the jobs it waits for.
-pub fn dependency(job: &Job, ids: &BTreeMap<String, String>) -> Result<Option<String>> {
-    if job.after.is_empty() {
-        return Ok(None);
-    }
+/// Jobs in `finished` (done in an earlier submission) are not waited for.
+pub fn dependency(
+    job: &Job,
+    ids: &BTreeMap<String, String>,
+    finished: &[String],
+) -> Result<Option<String>> {
     let mut by_kind: Vec<(String, Vec<String>)> = Vec::new();
-    for d in &job.after {
+    for d in job
+        .after
+        .iter()
+        .filter(|d| ids.contains_key(&d.job) || !finished.contains(&d.job))
+    {
         let id = ids
             .get(&d.job)
             .with_context(|| format!("{} waits for {}, which has no job id", job.name, d.job))?;
@@ -47,6 +53,9 @@ pub fn dependency(job: &Job, ids: &BTreeMap<String, String>) -> Result<Option<St
             Some((_, v)) => v.push(id.clone()),
             None => by_kind.push((d.kind.clone(), vec![id.clone()])),
         }
+    }
+    if by_kind.is_empty() {
+        return Ok(None);
     }
     Ok(Some(
         by_kind
@@ -64,18 +73,33 @@ pub fn submit(out: &Path, manifest: &mut Manifest, say: &mut dyn FnMut(String)) 
     // Slurm does not create the folder of --output; a job without it fails without a log.
     std::fs::create_dir_all(&manifest.log_dir)
         .with_context(|| format!("creating the log folder {}", manifest.log_dir.display()))?;
-    for job in &manifest.jobs {
+    let finished: Vec<String> = manifest
+        .jobs
+        .iter()
+        .filter(|j| j.finished_earlier)
+        .map(|j| j.name.clone())
+        .collect();
+    for job in manifest.jobs.iter().filter(|j| !j.finished_earlier) {
         test_only(&out.join(&job.script))?;
     }
     say(format!(
         "sbatch --test-only accepted all {} jobs",
-        manifest.jobs.len()
+        manifest.jobs.len() - finished.len()
     ));
+    if !finished.is_empty() {
+        say(format!(
+            "finished earlier with these same scripts, not submitted again: {}",
+            finished.join(" ")
+        ));
+    }
     let mut ids = BTreeMap::new();
     for i in 0..manifest.jobs.len() {
         let job = &manifest.jobs[i];
+        if job.finished_earlier {
+            continue;
+        }
         let script = out.join(&job.script);
-        let result = dependency(job, &ids).and_then(|dep| {
+        let result = dependency(job, &ids, &finished).and_then(|dep| {
             let mut args = vec!["--parsable".to_string()];
             if let Some(d) = &dep {
                 args.push(format!("--dependency={d}"));
@@ -133,7 +157,8 @@ pub struct JobState {
     pub name: String,
     pub job_id: Option<String>,
     /// PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ..., `UNKNOWN` (Slurm forgot
-    /// the job and there is no accounting) or `NOT_SUBMITTED`.
+    /// the job and there is no accounting), `NOT_SUBMITTED`, or `FINISHED_EARLIER` (skipped: done
+    /// in an earlier submission with the same script).
     pub state: String,
     pub reason: String,
     pub exit_code: String,
@@ -203,7 +228,12 @@ pub fn state(job: &Job) -> Result<JobState> {
     let mut s = JobState {
         name: job.name.clone(),
         job_id: job.job_id.clone(),
-        state: "NOT_SUBMITTED".into(),
+        state: if job.finished_earlier {
+            "FINISHED_EARLIER"
+        } else {
+            "NOT_SUBMITTED"
+        }
+        .into(),
         reason: String::new(),
         exit_code: String::new(),
         restarts: 0,
@@ -352,16 +382,28 @@ mod tests {
                 },
             ],
             job_id: Some("42".into()),
+            finished_earlier: false,
         };
         let ids: BTreeMap<String, String> = [("train-c0", "7"), ("train-c1", "8"), ("seg", "9")]
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .into();
         assert_eq!(
-            dependency(&job, &ids).unwrap().as_deref(),
+            dependency(&job, &ids, &[]).unwrap().as_deref(),
             Some("afterok:7:8,afterany:9")
         );
         assert_eq!(job.log_path(), Path::new("/l/features-42.out"));
-        assert!(dependency(&job, &BTreeMap::new()).is_err());
+        assert!(dependency(&job, &BTreeMap::new(), &[]).is_err());
+        // Jobs that finished in an earlier submission are not waited for.
+        let ids: BTreeMap<String, String> = [("train-c1", "8")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .into();
+        let finished = ["train-c0".to_string(), "seg".to_string()];
+        assert_eq!(
+            dependency(&job, &ids, &finished).unwrap().as_deref(),
+            Some("afterok:8")
+        );
+        let all = ["train-c0".into(), "train-c1".into(), "seg".into()];
+        assert_eq!(dependency(&job, &BTreeMap::new(), &all).unwrap(), None);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The `launcher` binary: rendering as shipped, refusals, and (with `SCDINO_TEST_SLURM=1`) the
-//! whole chain and a preemption on a real Slurm (scripts/slurm-local.sh; SLURM_CONF from env).
+//! The `launcher` binary: rendering as shipped, refusals, and the whole chain, a preemption,
+//! the NCCL test and the selftest on a real Slurm (scripts/slurm-local.sh; SLURM_CONF from env).
 use super::util::{bin, ok, run, synth, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -168,25 +168,21 @@ fn credentials_in_the_cluster_file_are_refused() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Real Slurm (SCDINO_TEST_SLURM=1; scripts/test.sh starts scripts/slurm-local.sh and exports
-// SLURM_CONF). Without the variable these tests print a notice and pass; with it, an
-// unreachable Slurm is a failure.
+// Real Slurm (scripts/test.sh starts scripts/slurm-local.sh and exports SLURM_CONF). Without a
+// reachable Slurm these tests fail: a test that passes without its component proves nothing.
 
-fn slurm_available() -> bool {
-    if std::env::var_os("SCDINO_TEST_SLURM").is_none_or(|v| v.is_empty() || v == "0") {
-        eprintln!("notice: SCDINO_TEST_SLURM is not set: skipping the real-Slurm launcher test");
-        return false;
-    }
+/// Panics unless `sinfo` answers (the cluster scripts/slurm-local.sh starts).
+fn require_slurm() {
     let o = Command::new("sinfo").args(["-h", "-o", "%T"]).output();
     match o {
-        Ok(o) if o.status.success() && !text(&o.stdout).trim().is_empty() => true,
+        Ok(o) if o.status.success() && !text(&o.stdout).trim().is_empty() => {}
         Ok(o) => panic!(
-            "SCDINO_TEST_SLURM is set but Slurm is unreachable (SLURM_CONF={:?}): {}{}",
+            "no reachable Slurm (SLURM_CONF={:?}; run through scripts/test.sh): {}{}",
             std::env::var("SLURM_CONF").ok(),
             text(&o.stdout),
             text(&o.stderr)
         ),
-        Err(e) => panic!("SCDINO_TEST_SLURM is set but sinfo cannot run: {e}"),
+        Err(e) => panic!("sinfo cannot run (run through scripts/test.sh): {e}"),
     }
 }
 
@@ -195,9 +191,9 @@ fn y(p: &Path) -> String {
     serde_json::to_string(s(p)).unwrap()
 }
 
-/// The stages whose trainer subcommand exists today (the chain grows with the trainer).
-fn available_stages() -> Vec<&'static str> {
-    [
+/// Every stage the launcher renders; each must be a trainer subcommand (a missing one fails).
+fn all_stages() -> Vec<&'static str> {
+    let stages = [
         "mean-std",
         "train",
         "features",
@@ -205,10 +201,16 @@ fn available_stages() -> Vec<&'static str> {
         "umap",
         "attention",
         "report",
-    ]
-    .into_iter()
-    .filter(|st| run("trainer", &[st, "--help"]).status.success())
-    .collect()
+    ];
+    for st in stages {
+        let o = run("trainer", &[st, "--help"]);
+        assert!(
+            o.status.success(),
+            "the trainer has no `{st}` stage: {}",
+            text(&o.stderr)
+        );
+    }
+    stages.to_vec()
 }
 
 /// A folder with a space, a quote and a `$` in its name: every path of the test lives in it.
@@ -312,15 +314,11 @@ fn all_text(dir: &Path) -> String {
 const SECRET: &str = "sekrit-Value-7d1f0c";
 
 #[test]
-fn slurm_chain_runs_every_available_stage_in_order() {
-    if !slurm_available() {
-        return;
-    }
+fn slurm_chain_runs_every_stage_in_order() {
+    require_slurm();
     let tmp = tempfile::tempdir().unwrap();
     let root = hostile_dir(tmp.path());
-    let stages = available_stages();
-    assert!(stages.contains(&"train"), "{stages:?}");
-    eprintln!("chaining the stages the trainer has today: {stages:?}");
+    let stages = all_stages();
     // Training runs as 2 srun tasks (2 Gloo ranks meeting on the allocation's first node).
     let cfg = setup(&root, "  epochs: 2\n");
     let cluster = cluster_file(&root, &stages, "  max_steps: 3\n");
@@ -390,9 +388,7 @@ fn slurm_chain_runs_every_available_stage_in_order() {
     assert!(checked >= stages.len() - 1, "{manifest:#}");
     // Outputs.
     let run_dir = root.join("out/slurmrun");
-    if stages.contains(&"mean-std") {
-        assert!(run_dir.join("mean_and_std_of_dataset.txt").exists());
-    }
+    assert!(run_dir.join("mean_and_std_of_dataset.txt").exists());
     let model = run_dir.join("scDINO_ViTs/m_channel_APC_DAPI");
     assert!(model.join("checkpoint.safetensors").exists());
     let train_log = log_of(&st[names.iter().position(|n| *n == "train-c0").unwrap()]);
@@ -417,24 +413,18 @@ fn slurm_chain_runs_every_available_stage_in_order() {
         ("umap", "embedding_plots", "_umap.png"),
     ];
     for (stage, dir, suffix) in want_files {
-        if stages.contains(&stage) {
-            assert!(has(dir, suffix), "{stage} wrote no {dir}/*{suffix}");
-        }
+        assert!(has(dir, suffix), "{stage} wrote no {dir}/*{suffix}");
     }
-    if stages.contains(&"attention") {
-        let any_manifest = std::fs::read_dir(analyses.join("attention_images"))
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .any(|e| e.path().join("attention_images.json").is_file());
-        assert!(any_manifest, "attention wrote no attention_images.json");
-    }
-    if stages.contains(&"report") {
-        let html = std::fs::read_to_string(analyses.join("report.html")).unwrap();
-        assert!(
-            html.contains("data:image/png;base64,"),
-            "report has no images"
-        );
-    }
+    let any_manifest = std::fs::read_dir(analyses.join("attention_images"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.path().join("attention_images.json").is_file());
+    assert!(any_manifest, "attention wrote no attention_images.json");
+    let html = std::fs::read_to_string(analyses.join("report.html")).unwrap();
+    assert!(
+        html.contains("data:image/png;base64,"),
+        "report has no images"
+    );
     // The secret reached no script, manifest, log or launcher output (it travels by name).
     assert!(!said.contains(SECRET));
     let everything = all_text(&root);
@@ -446,13 +436,51 @@ fn slurm_chain_runs_every_available_stage_in_order() {
     // A second submit into the same folder is fine once everything has ended; status works.
     let table = ok("launcher", &["status", "--out", s(&out)]);
     assert!(table.contains("COMPLETED"), "{table}");
+    // Every job marked itself done: the same submission again submits nothing.
+    let again = || {
+        launcher(
+            &[
+                "submit",
+                "--cluster",
+                s(&cluster),
+                "--config",
+                s(&cfg),
+                "--out",
+                s(&out),
+            ],
+            &[("SCDINO_TEST_TOKEN", SECRET)],
+        )
+    };
+    let o = again();
+    let said = format!("{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains("nothing to submit: every job finished earlier"),
+        "{said}"
+    );
+    let table = ok("launcher", &["status", "--out", s(&out)]);
+    assert_eq!(
+        table.matches("FINISHED_EARLIER").count(),
+        stages.len(),
+        "{table}"
+    );
+    // A changed trainer config is a new pipeline: everything is submitted again.
+    let mut text_cfg = std::fs::read_to_string(&cfg).unwrap();
+    text_cfg.push_str("# changed\n");
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let o = again();
+    let said = format!("{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("submitted {} jobs", stages.len())),
+        "{said}"
+    );
+    let _ = launcher(&["cancel", "--out", s(&out)], &[]);
 }
 
 #[test]
 fn slurm_preemption_checkpoints_requeues_and_resumes() {
-    if !slurm_available() {
-        return;
-    }
+    require_slurm();
     let tmp = tempfile::tempdir().unwrap();
     let root = hostile_dir(tmp.path());
     let epochs = 6;
@@ -520,9 +548,7 @@ fn slurm_preemption_checkpoints_requeues_and_resumes() {
 /// the gate: a low one passes, an impossible one fails with a non-zero exit.
 #[test]
 fn slurm_nccl_test_passes_a_low_gate_and_fails_an_impossible_one() {
-    if !slurm_available() {
-        return;
-    }
+    require_slurm();
     let tmp = tempfile::tempdir().unwrap();
     let root = hostile_dir(tmp.path());
     let cluster = cluster_file(&root, &["train"], "");
@@ -587,6 +613,53 @@ fn slurm_nccl_test_passes_a_low_gate_and_fails_an_impossible_one() {
     );
     let st = status(&root.join("impossible gate"));
     assert_eq!(st[0]["state"], "FAILED", "{:#}\n{}", st[0], log_of(&st[0]));
+}
+
+/// `launcher selftest` on 2 tasks of the real Slurm: every task reports, the all-reduce across
+/// both passes element by element, the GPU checks are skipped on this CPU machine, and one
+/// table comes back.
+#[test]
+fn slurm_selftest_runs_on_every_task_and_reports_one_table() {
+    require_slurm();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = hostile_dir(tmp.path());
+    let cluster = cluster_file(&root, &["train"], "");
+    let o = launcher(
+        &[
+            "selftest",
+            "--cluster",
+            s(&cluster),
+            "--out",
+            s(&root.join("selftest")),
+            "--tasks-per-node",
+            "2",
+            "--wait-timeout",
+            "240",
+        ],
+        &[],
+    );
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("selftest PASSED on 2 tasks"), "{stdout}");
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row: {stdout}"))
+            .to_string()
+    };
+    let all_reduce = line("all-reduce");
+    assert!(
+        all_reduce.contains("pass pass")
+            && all_reduce.contains("Gloo over 2 ranks")
+            && all_reduce.contains(" 0 wrong"),
+        "{all_reduce}"
+    );
+    assert!(line("train step cpu").contains("pass pass"), "{stdout}");
+    assert!(
+        line("train step gpu fp32").contains("skip skip"),
+        "{stdout}"
+    );
 }
 
 /// The image bakes in no tunable (they would beat `--container-env` under Pyxis), sets the

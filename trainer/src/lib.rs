@@ -16,6 +16,7 @@ pub mod plot;
 pub mod precision;
 pub mod probe;
 pub mod pth;
+pub mod selftest;
 pub mod train;
 
 /// Writes `line` and a newline to stderr in one `write` call. The ranks of a job share

@@ -96,6 +96,7 @@ fn pyxis_training_script_golden() {
     let want = r#"#!/bin/bash
 # scDINO pipeline job `train-c0` (stage train), rendered by launcher 0.1.0.
 # Re-render rather than edit. Every value is shell-quoted; no secret is written here.
+# Trainer config sha256 4d6ea0c7a05c96cbe0d9c2e7fb617a7cdbc495dc960af4f9497ba327a949a980 (part of this script, whose hash marks it done).
 #SBATCH --job-name=scdino-train-c0
 #SBATCH --partition=gpu
 #SBATCH --nodes=2
@@ -170,6 +171,8 @@ if [ "$rc" -eq 75 ]; then
   scontrol requeue "$SLURM_JOB_ID"
   exit 0
 fi
+# Done: a rerun of `launcher submit` with this same script skips the job.
+if [ "$rc" -eq 0 ]; then mkdir -p /fsx/scdino/jobs/done && sha256sum < "$0" | cut -d' ' -f1 > /fsx/scdino/jobs/done/train-c0; fi
 echo "[launcher] train-c0 finished with exit code $rc"
 exit "$rc"
 "#;
@@ -270,6 +273,8 @@ step=$!
 # bash runs traps only between commands: wait until the step has really ended.
 while kill -0 "$step" 2>/dev/null; do wait "$step" || true; done
 rc=0; wait "$step" || rc=$?
+# Done: a rerun of `launcher submit` with this same script skips the job.
+if [ "$rc" -eq 0 ]; then mkdir -p /shared/jobs/done && sha256sum < "$0" | cut -d' ' -f1 > /shared/jobs/done/train-c1-s2; fi
 echo "[launcher] train-c1-s2 finished with exit code $rc"
 exit "$rc"
 "#;
@@ -281,7 +286,7 @@ exit "$rc"
     assert!(!train.contains("container"));
     let knn = &r.scripts[5].1;
     assert!(knn.ends_with(
-        "srun \\\n  /shared/bin/trainer knn \\\n  --config /shared/cfg.yaml\necho \"[launcher] knn finished\"\n"
+        "srun \\\n  /shared/bin/trainer knn \\\n  --config /shared/cfg.yaml\n# Done: a rerun of `launcher submit` with this same script skips the job.\nmkdir -p /shared/jobs/done && sha256sum < \"$0\" | cut -d' ' -f1 > /shared/jobs/done/knn\necho \"[launcher] knn finished\"\n"
     ), "{knn}");
     for (_, s) in &r.scripts {
         bash_n(s);
@@ -308,8 +313,10 @@ fn hostile_paths_and_values_round_trip_through_bash() {
     assert_eq!(cluster.env["WEIRD"], "a b'c $(touch /tmp/pwned) `x` \"d\"");
     let mut inputs = host_inputs(1);
     inputs.trainer_config = cfg.clone();
-    let r = render(&cluster, &inputs).unwrap();
-    let script = &r.scripts[0].1;
+    inputs.out = weird.join("jobs");
+    let mut r = render(&cluster, &inputs).unwrap();
+    let script = r.scripts[0].1.clone();
+    let script = &script;
     bash_n(script);
 
     // Stand-ins: srun records its arguments (NUL-separated) and $WEIRD, then exits 0.
@@ -352,6 +359,23 @@ fn hostile_paths_and_values_round_trip_through_bash() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("master node-a:61064"), "{stdout}");
+    // The job marked itself done with its own hash; a fresh render of the same pipeline sees
+    // it as finished, and a changed script does not match.
+    let marker = weird.join("jobs/done/train-c0");
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap().trim(),
+        sha256_hex(script.as_bytes())
+    );
+    mark_finished_earlier(&mut r, &inputs.out);
+    assert!(r.manifest.jobs[0].finished_earlier);
+    let mut changed = render(&cluster, &{
+        let mut i = inputs.clone();
+        i.trainer_text.push_str("# edited\n");
+        i
+    })
+    .unwrap();
+    mark_finished_earlier(&mut changed, &inputs.out);
+    assert!(!changed.manifest.jobs[0].finished_earlier);
     let args = std::fs::read(&rec).unwrap();
     let args: Vec<String> = args
         .split(|b| *b == 0)
@@ -419,7 +443,13 @@ fn pyxis_paths_go_through_the_mounts() {
         s.contains("#SBATCH --output=/fsx/project/jobs/logs/mean-std-%j.out\n"),
         "{s}"
     );
-    assert!(s.contains("\ncontainer_env=''\n"), "{s}");
+    // A cluster without GPUs: Enroot's nvidia hook is switched off (found under real Pyxis:
+    // the hook fails on nodes without nvidia-container-cli).
+    assert!(s.contains("\nexport NVIDIA_VISIBLE_DEVICES=void\n"), "{s}");
+    assert!(
+        s.contains("\ncontainer_env=NVIDIA_VISIBLE_DEVICES\n"),
+        "{s}"
+    );
     assert!(!s.contains("#SBATCH --chdir"), "{s}");
 }
 

@@ -9,6 +9,7 @@ mod data_tools_cmd;
 mod pack_cmd;
 mod pipeline_cmd;
 mod preload_cmd;
+mod selftest_cmd;
 mod train_cmd;
 
 use anyhow::{bail, Result};
@@ -77,6 +78,9 @@ enum Command {
     Data(data_tools_cmd::DataCommand),
     /// Write a synthetic PBMC-like multi-channel TIFF dataset (the demo data).
     Synth(data_cmd::SynthArgs),
+    /// Check that this task can train here: CUDA, NCCL, EFA, a training step on the GPU against
+    /// the CPU, device augmentation, an all-reduce across every task (exit 1 on a failure).
+    Selftest(selftest_cmd::SelftestArgs),
     /// Run student and teacher on one multi-crop batch of the configured dataset.
     Forward(data_cmd::ForwardArgs),
     /// Per-channel mean/std of the dataset (scDINO's mean_and_std_of_dataset.txt).
@@ -116,6 +120,7 @@ impl Cli {
             Command::CollectivesBench(c) => c.run(),
             Command::Data(d) => d.run(),
             Command::Synth(s) => s.run(),
+            Command::Selftest(s) => s.run(),
             Command::Forward(f) => f.run(),
             Command::Train(t) => t.run(),
             Command::Launch(l) => l.run(),

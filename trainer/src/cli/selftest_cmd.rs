@@ -1,0 +1,37 @@
+//! `trainer selftest`: the checks of [`trainer::selftest`] for this task, as a table (and a
+//! JSON line for `launcher selftest`); exit 1 when one fails.
+use anyhow::Result;
+use clap::Args;
+use std::time::Duration;
+use trainer::dist::env::DistEnv;
+use trainer::selftest::{self, Options};
+
+#[derive(Debug, Args)]
+pub struct SelftestArgs {
+    /// Also print the report as one JSON line after the table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds the all-reduce's rendezvous and collective may take.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+}
+
+impl SelftestArgs {
+    pub fn run(self) -> Result<()> {
+        let env = DistEnv::from_process_env().map_err(anyhow::Error::msg)?;
+        let report = selftest::run(
+            &env,
+            &Options {
+                timeout: Duration::from_secs(self.timeout),
+            },
+        );
+        print!("{}", report.table());
+        if self.json {
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        if !report.passed {
+            std::process::exit(1);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,568 @@
+//! `trainer selftest`: can this task, inside this image, on this node, train? One table of
+//! checks (pass / fail / skip), each independent: a check that cannot run (a library that does
+//! not load, a panic inside libtorch) is a failure with the reason, never a crash. Without a GPU
+//! the GPU checks are skipped and say so; the rest still runs.
+//!
+//! The GPU comparisons (one training step, the device augmentation) run the same code on the
+//! CPU and on the GPU from identical weights and inputs; their tolerances are stated in each
+//! check's detail. The same comparison functions run CPU against CPU in the tests.
+use crate::augment::{DeviceAugment, MultiCropAugment, MultiCropConfig, SampleKey};
+use crate::config::{Config, Precision};
+use crate::dist::env::DistEnv;
+use crate::dist::group::{ProcessGroup, ReduceOp};
+use crate::dist::Single;
+use crate::train::loss::DinoLoss;
+use crate::train::step::{Learner, Networks, StepParams};
+use serde::Serialize;
+use std::ffi::{CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+use tch::{Device, Kind, Tensor};
+
+/// Marks the JSON line of a report in a log (what `launcher selftest` looks for).
+pub const REPORT_KIND: &str = "scdino.selftest";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    Fail,
+    Skip,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+}
+
+impl Check {
+    fn new(name: &str, status: Status, detail: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            status,
+            detail: detail.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub kind: &'static str,
+    pub host: String,
+    pub rank: usize,
+    pub local_rank: usize,
+    pub world: usize,
+    pub checks: Vec<Check>,
+    pub passed: bool,
+}
+
+impl Report {
+    /// The table a person reads.
+    pub fn table(&self) -> String {
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(5);
+        let mut s = format!(
+            "# selftest on {} (rank {}/{}, local rank {})\n",
+            self.host, self.rank, self.world, self.local_rank
+        );
+        for c in &self.checks {
+            let status = match c.status {
+                Status::Pass => "pass",
+                Status::Fail => "FAIL",
+                Status::Skip => "skip",
+            };
+            s.push_str(&format!("{:<width$}  {status}  {}\n", c.name, c.detail));
+        }
+        s.push_str(if self.passed {
+            "selftest passed\n"
+        } else {
+            "selftest FAILED\n"
+        });
+        s
+    }
+}
+
+pub struct Options {
+    /// Rendezvous and collective timeout of the all-reduce check.
+    pub timeout: Duration,
+}
+
+/// Runs every check. `env` is how this task found its rank (torchrun or Slurm variables).
+pub fn run(env: &DistEnv, opts: &Options) -> Report {
+    let gpus = guarded("cuda devices", || Ok(tch::Cuda::device_count() as usize)).unwrap_or(0);
+    let gpu = (gpus > 0).then(|| Device::Cuda(env.local_rank % gpus));
+    let mut checks = vec![
+        cuda_check(gpus),
+        nccl_check(gpu),
+        efa_check(),
+        ofi_nccl_check(),
+    ];
+    checks.push(run_check("train step cpu", || {
+        let (loss, _) = step_on(Device::Cpu, Precision::Fp32, None)?;
+        Ok(format!("loss {loss:.5}, finite"))
+    }));
+    for (precision, name) in [
+        (Precision::Fp32, "train step gpu fp32"),
+        (Precision::Bf16, "train step gpu bf16"),
+        (Precision::Fp16, "train step gpu fp16"),
+    ] {
+        checks.push(match gpu {
+            None => skip_no_gpu(name),
+            Some(d) => run_check(name, || step_matches_cpu(d, precision)),
+        });
+    }
+    checks.push(Check::new(
+        "sdpa backend",
+        Status::Skip,
+        "not observable from libtorch's C++ API here (attention runs through the math path in tch)",
+    ));
+    checks.push(match gpu {
+        None => skip_no_gpu("augment gpu vs cpu"),
+        Some(d) => run_check("augment gpu vs cpu", || augment_matches_cpu(d)),
+    });
+    checks.push(all_reduce_check(env, gpu, opts.timeout));
+    let passed = checks.iter().all(|c| c.status != Status::Fail);
+    Report {
+        kind: REPORT_KIND,
+        host: hostname(),
+        rank: env.rank,
+        local_rank: env.local_rank,
+        world: env.world,
+        checks,
+        passed,
+    }
+}
+
+fn skip_no_gpu(name: &str) -> Check {
+    Check::new(name, Status::Skip, "no CUDA device visible")
+}
+
+/// Runs `f`, turning an error or a panic (tch panics on libtorch errors) into a message.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            Err(format!(
+                "{what}: {}",
+                msg.lines().next().unwrap_or_default()
+            ))
+        }
+    }
+}
+
+fn run_check(name: &str, f: impl FnOnce() -> Result<String, String>) -> Check {
+    match guarded(name, f) {
+        Ok(detail) => Check::new(name, Status::Pass, detail),
+        Err(e) => Check::new(name, Status::Fail, e),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// A shared library opened for this check (kept loaded: closing libraries libtorch also uses
+/// is never safe).
+struct Library(*mut libc::c_void);
+
+impl Library {
+    /// The first of `names` that loads; the error names every one tried and the loader's reason.
+    fn open(names: &[&str]) -> Result<(Self, String), String> {
+        let mut reasons = Vec::new();
+        for name in names {
+            let c = CString::new(*name).map_err(|e| e.to_string())?;
+            // SAFETY: a NUL-terminated name; dlerror is read right after on this thread.
+            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+            if !h.is_null() {
+                return Ok((Self(h), name.to_string()));
+            }
+            // SAFETY: dlerror returns a thread-local message or NULL.
+            let e = unsafe { libc::dlerror() };
+            reasons.push(if e.is_null() {
+                format!("{name}: not found")
+            } else {
+                unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+            });
+        }
+        Err(reasons.join("; "))
+    }
+
+    fn symbol(&self, name: &str) -> Option<*mut libc::c_void> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: a handle from dlopen and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(self.0, c.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    }
+
+    /// Calls `int f(int*)` (the CUDA and NCCL version getters).
+    fn version(&self, name: &str) -> Option<i32> {
+        let f = self.symbol(name)?;
+        let mut v = 0i32;
+        // SAFETY: every symbol read this way has the C signature `int f(int *)`.
+        let f: extern "C" fn(*mut i32) -> i32 = unsafe { std::mem::transmute(f) };
+        (f(&mut v) == 0).then_some(v)
+    }
+}
+
+fn cuda_check(gpus: usize) -> Check {
+    const NAME: &str = "cuda";
+    if gpus == 0 {
+        return Check::new(NAME, Status::Skip, "no CUDA device visible (a CPU node)");
+    }
+    let driver = Library::open(&["libcuda.so.1"])
+        .ok()
+        .and_then(|(l, _)| l.version("cuDriverGetVersion"));
+    let runtime = Library::open(&["libcudart.so.12", "libcudart.so.13", "libcudart.so"])
+        .ok()
+        .and_then(|(l, _)| l.version("cudaRuntimeGetVersion"));
+    let v = |x: Option<i32>| {
+        x.map_or("unknown".into(), |v| {
+            format!("{}.{}", v / 1000, v % 1000 / 10)
+        })
+    };
+    let status = if driver.is_some() {
+        Status::Pass
+    } else {
+        Status::Fail
+    };
+    Check::new(
+        NAME,
+        status,
+        format!(
+            "{gpus} device(s), driver API {}, runtime {}",
+            v(driver),
+            v(runtime)
+        ),
+    )
+}
+
+fn nccl_check(gpu: Option<Device>) -> Check {
+    const NAME: &str = "nccl";
+    if !crate::dist::backend::NCCL_BUILT {
+        return Check::new(
+            NAME,
+            Status::Skip,
+            "this trainer was built without NCCL (Gloo only)",
+        );
+    }
+    match Library::open(&["libnccl.so.2", "libnccl.so"]) {
+        Ok((l, name)) => match l.version("ncclGetVersion") {
+            Some(v) => Check::new(
+                NAME,
+                Status::Pass,
+                format!("{name}: NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100),
+            ),
+            None => Check::new(NAME, Status::Fail, format!("{name} has no ncclGetVersion")),
+        },
+        Err(e) if gpu.is_some() => Check::new(NAME, Status::Fail, e),
+        Err(e) => Check::new(NAME, Status::Skip, format!("no GPU; {e}")),
+    }
+}
+
+/// EFA devices of this node (`/sys/class/infiniband/*` whose name starts with `efa`, or
+/// `rdmap*` as the EFA driver names them).
+fn efa_devices() -> Vec<String> {
+    std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("efa") || n.starts_with("rdmap"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn efa_check() -> Check {
+    const NAME: &str = "efa libfabric";
+    let devices = efa_devices();
+    if devices.is_empty() {
+        return Check::new(NAME, Status::Skip, "no EFA device on this node");
+    }
+    match Library::open(&[
+        "libfabric.so.1",
+        "/opt/amazon/efa/lib/libfabric.so.1",
+        "/opt/amazon/efa/lib64/libfabric.so.1",
+    ]) {
+        Ok((l, name)) => {
+            let version = l.symbol("fi_version").map(|f| {
+                // SAFETY: `uint32_t fi_version(void)`.
+                let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(f) };
+                let v = f();
+                format!("{}.{}", v >> 16, v & 0xffff)
+            });
+            Check::new(
+                NAME,
+                Status::Pass,
+                format!(
+                    "{} on {}; {name} (libfabric {})",
+                    devices.join(","),
+                    hostname(),
+                    version.unwrap_or_else(|| "?".into())
+                ),
+            )
+        }
+        Err(e) => Check::new(
+            NAME,
+            Status::Fail,
+            format!("EFA device {} but {e}", devices[0]),
+        ),
+    }
+}
+
+fn ofi_nccl_check() -> Check {
+    const NAME: &str = "aws-ofi-nccl";
+    if efa_devices().is_empty() {
+        return Check::new(NAME, Status::Skip, "no EFA device on this node");
+    }
+    match Library::open(&[
+        "libnccl-net.so",
+        "libnccl-net-ofi.so",
+        "/opt/amazon/ofi-nccl/lib/libnccl-net.so",
+        "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so",
+        "/opt/amazon/ofi-nccl/lib64/libnccl-net.so",
+    ]) {
+        Ok((_, name)) => Check::new(NAME, Status::Pass, format!("{name} loads")),
+        Err(e) => Check::new(NAME, Status::Fail, e),
+    }
+}
+
+/// The small model every step check trains: a ViT-tiny/8 student and teacher on 3 channels.
+fn step_config() -> Config {
+    Config::from_yaml(
+        "data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\n\
+         model:\n  arch: vit_tiny\n  patch_size: 8\n  out_dim: 256\n  drop_path_rate: 0.0\n\
+         augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n",
+        "selftest",
+    )
+    .expect("the selftest config is valid")
+}
+
+/// A fixed batch: 4 images, 2 global crops of 32 and 2 local crops of 16.
+fn step_batch(device: Device) -> Vec<Tensor> {
+    [32i64, 32, 16, 16]
+        .iter()
+        .enumerate()
+        .map(|(k, &s)| {
+            let n = 4 * 3 * s * s;
+            let v: Vec<f32> = (0..n)
+                .map(|i| (((i * 37 + k as i64 * 11) % 101) as f32 / 101.0 - 0.5) * 2.0)
+                .collect();
+            Tensor::from_slice(&v)
+                .reshape([4, 3, s, s])
+                .to_device(device)
+        })
+        .collect()
+}
+
+/// One training step on `device` in `precision` from the weights of seed 0 (or of `from`);
+/// the loss and the student's parameters after the step (on the CPU, in fp32).
+fn step_on(
+    device: Device,
+    precision: Precision,
+    from: Option<&Networks>,
+) -> Result<(f64, Vec<Tensor>), String> {
+    let cfg = step_config();
+    tch::manual_seed(0);
+    let mut nets = Networks::new(&cfg, 3, device);
+    if let Some(src) = from {
+        nets.student_vs
+            .copy(&src.student_vs)
+            .map_err(|e| e.to_string())?;
+        nets.teacher_vs
+            .copy(&src.teacher_vs)
+            .map_err(|e| e.to_string())?;
+    }
+    let loss = DinoLoss::new(256, 4, vec![0.04; 10], device);
+    let mut learner = Learner::new(nets, loss, precision, device);
+    let p = StepParams {
+        lr: 1e-4,
+        weight_decay: 0.04,
+        momentum: 0.996,
+        epoch: 1,
+        freeze_last_layer: false,
+        clip_grad: 3.0,
+        rng_seed: 1,
+    };
+    let out = learner
+        .step(&step_batch(device), p, 0, &mut Single)
+        .map_err(|e| e.to_string())?;
+    if !out.loss.is_finite() {
+        return Err(format!("loss {}", out.loss));
+    }
+    let params = learner
+        .optimizer
+        .params
+        .iter()
+        .map(|q| q.tensor.to_device(Device::Cpu).to_kind(Kind::Float))
+        .collect();
+    Ok((out.loss, params))
+}
+
+/// Relative loss tolerance of a step in `precision` against the CPU's fp32 step.
+pub fn loss_tolerance(precision: Precision) -> f64 {
+    match precision {
+        Precision::Fp32 => 1e-4,
+        Precision::Bf16 => 3e-2,
+        Precision::Fp16 => 1e-2,
+    }
+}
+
+/// One step on `device` in `precision` against the CPU's fp32 step, same weights and batch:
+/// loss within [`loss_tolerance`], and every parameter after the step within 1e-3 (absolute)
+/// of the CPU's (the update itself is about lr = 1e-4 per element).
+pub fn step_matches_cpu(device: Device, precision: Precision) -> Result<String, String> {
+    let cfg = step_config();
+    tch::manual_seed(0);
+    let reference = Networks::new(&cfg, 3, Device::Cpu);
+    let (cpu_loss, cpu_params) = step_on(Device::Cpu, Precision::Fp32, Some(&reference))?;
+    let (loss, params) = step_on(device, precision, Some(&reference))?;
+    let rel = (loss - cpu_loss).abs() / cpu_loss.abs().max(1e-12);
+    let tol = loss_tolerance(precision);
+    let max_param = cpu_params
+        .iter()
+        .zip(&params)
+        .map(|(a, b)| (a - b).abs().max().double_value(&[]))
+        .fold(0.0f64, f64::max);
+    let detail = format!(
+        "loss {loss:.5} vs cpu fp32 {cpu_loss:.5} (rel {rel:.1e} <= {tol:.0e}), params max |diff| {max_param:.1e} <= 1e-3"
+    );
+    if rel <= tol && max_param <= 1e-3 {
+        Ok(detail)
+    } else {
+        Err(detail)
+    }
+}
+
+/// The device augmentation of one batch on `device` against the same on the CPU: every crop
+/// within 1e-4 (absolute, pixels scaled to [0, 1] before normalisation).
+pub fn augment_matches_cpu(device: Device) -> Result<String, String> {
+    let aug = Arc::new(
+        MultiCropAugment::new(MultiCropConfig::scdino(vec![0.0; 3], vec![1.0; 3]))
+            .map_err(|e| e.to_string())?,
+    );
+    let dev = DeviceAugment::new(aug);
+    let n = 8i64;
+    let v: Vec<f32> = (0..n * 3 * 64 * 64)
+        .map(|i| ((i * 13) % 97) as f32 / 96.0)
+        .collect();
+    let images = Tensor::from_slice(&v).reshape([n, 3, 64, 64]);
+    let keys: Vec<SampleKey> = (0..n as u64).map(|i| SampleKey::new(3, 0, i)).collect();
+    let cpu = dev.apply(&images, &keys).map_err(|e| e.to_string())?;
+    let other = dev
+        .apply(&images.to_device(device), &keys)
+        .map_err(|e| e.to_string())?;
+    let max = cpu
+        .iter()
+        .zip(&other)
+        .map(|(a, b)| (a - b.to_device(Device::Cpu)).abs().max().double_value(&[]))
+        .fold(0.0f64, f64::max);
+    let detail = format!(
+        "{} crops of {n} images, max |diff| {max:.1e} <= 1e-4",
+        cpu.len()
+    );
+    if max <= 1e-4 {
+        Ok(detail)
+    } else {
+        Err(detail)
+    }
+}
+
+/// All-reduce across every task of the job (NCCL on a GPU, else Gloo): rank r sends
+/// `(r + 1) · i` for i < n; every element must be `i · W(W+1)/2` exactly (integers below 2^24
+/// are exact in fp32).
+fn all_reduce_check(env: &DistEnv, gpu: Option<Device>, timeout: Duration) -> Check {
+    const NAME: &str = "all-reduce";
+    if env.world < 2 {
+        return Check::new(NAME, Status::Skip, "one task: nothing to reduce across");
+    }
+    let cuda = gpu.is_some() && crate::dist::backend::NCCL_BUILT;
+    run_check(NAME, || {
+        let mut g = ProcessGroup::new(
+            &env.master_addr,
+            env.master_port,
+            env.rank,
+            env.world,
+            timeout,
+            cuda,
+        )
+        .map_err(|e| e.to_string())?;
+        let n = 1i64 << 20;
+        let device = if cuda { gpu.unwrap() } else { Device::Cpu };
+        let mut t =
+            (Tensor::arange(n, (Kind::Float, device)) * (env.rank as f64 + 1.0)).contiguous();
+        g.all_reduce(std::slice::from_mut(&mut t), ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+        let w = env.world as f64;
+        let want = Tensor::arange(n, (Kind::Float, device)) * (w * (w + 1.0) / 2.0);
+        let wrong = t.ne_tensor(&want).sum(Kind::Int64).int64_value(&[]);
+        let detail = format!(
+            "{} over {} ranks, {n} float32 elements, {wrong} wrong",
+            if cuda { "NCCL" } else { "Gloo" },
+            env.world
+        );
+        if wrong == 0 {
+            Ok(detail)
+        } else {
+            Err(detail)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_checks_pass_and_the_gpu_ones_skip_on_a_cpu_node() {
+        let r = run(
+            &DistEnv::single(),
+            &Options {
+                timeout: Duration::from_secs(30),
+            },
+        );
+        assert!(r.passed, "{}", r.table());
+        let status = |name: &str| r.checks.iter().find(|c| c.name == name).unwrap().status;
+        assert_eq!(status("train step cpu"), Status::Pass);
+        if tch::Cuda::device_count() == 0 {
+            for name in ["cuda", "train step gpu fp32", "augment gpu vs cpu"] {
+                assert_eq!(status(name), Status::Skip, "{name}");
+            }
+        }
+        assert_eq!(status("all-reduce"), Status::Skip);
+    }
+
+    /// The comparison itself, CPU against CPU: identical in fp32, and bf16 autocast (which
+    /// the CPU has too) within the stated tolerance.
+    #[test]
+    fn step_comparison_accepts_equal_steps_and_bf16_within_its_tolerance() {
+        let d = step_matches_cpu(Device::Cpu, Precision::Fp32).unwrap();
+        assert!(d.contains("params max |diff| 0.0e0"), "{d}");
+        step_matches_cpu(Device::Cpu, Precision::Bf16).unwrap();
+    }
+
+    #[test]
+    fn augmentation_comparison_is_exact_on_one_device() {
+        let d = augment_matches_cpu(Device::Cpu).unwrap();
+        assert!(d.contains("max |diff| 0.0e0"), "{d}");
+    }
+
+    #[test]
+    fn a_missing_library_fails_with_its_name_and_a_panic_is_a_failure() {
+        let e = Library::open(&["libscdino-does-not-exist.so.9"])
+            .err()
+            .unwrap();
+        assert!(e.contains("libscdino-does-not-exist.so.9"), "{e}");
+        let c = run_check("boom", || panic!("inside libtorch"));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("inside libtorch"), "{}", c.detail);
+    }
+}
