@@ -107,8 +107,64 @@ pub fn workdir(cluster: &Cluster, cwd: &Path) -> Result<PathBuf, ViewError> {
     })
 }
 
+/// The trainer config as the container must read it.
+#[derive(Debug, Clone)]
+pub struct MappedConfig {
+    pub workdir: PathBuf,
+    /// The container path of the user's file.
+    pub config_path: PathBuf,
+    /// The validated config with container paths.
+    pub config: Config,
+    /// A mount moved one of its paths (the user's file reads differently inside).
+    pub moved: bool,
+}
+
 /// Maps the trainer config and every path in it; see the module comment.
 pub fn map(cluster: &Cluster, host: &HostPaths) -> Result<ContainerView, ViewError> {
+    let m = map_config(cluster, host)?;
+    if !m.moved {
+        return Ok(ContainerView {
+            workdir: m.workdir,
+            config: m.config_path,
+            config_copy: None,
+        });
+    }
+    let copy_on_host = host.out.join(CONTAINER_CONFIG);
+    let copy = container_path(&cluster.container.mounts, &copy_on_host).ok_or_else(|| {
+        ViewError::Other(format!(
+            "the container mounts move paths of {} (e.g. {} inside), so the jobs read a copy with the container's paths from the render folder {}, which is not under any container mount ({})",
+            host.trainer_config.display(),
+            m.config.run.output_dir.display(),
+            host.out.display(),
+            mounts_list(cluster)
+        ))
+    })?;
+    let text = format!(
+        "# Written by launcher render from {}: the same config with the paths the container\n# sees through container.mounts. Edit that file and render again, not this one.\n{}",
+        host.trainer_config.display(),
+        m.config.to_yaml()
+    );
+    Ok(ContainerView {
+        workdir: m.workdir,
+        config: copy,
+        config_copy: Some(text),
+    })
+}
+
+/// The container path of a host folder the launcher itself chose (e.g. a render folder),
+/// refused with `what` when no mount covers it.
+pub fn container_dir(cluster: &Cluster, host: &Path, what: &str) -> Result<PathBuf, ViewError> {
+    container_path(&cluster.container.mounts, host).ok_or_else(|| {
+        ViewError::Other(format!(
+            "{what} {} is not under any container mount ({})",
+            host.display(),
+            mounts_list(cluster)
+        ))
+    })
+}
+
+/// [`map`] without writing anything: the config with container paths.
+pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, ViewError> {
     let origin = host.trainer_config.display().to_string();
     let mut config = Config::from_yaml(host.trainer_text, &origin)
         .map_err(|e| ViewError::Other(e.to_string()))?;
@@ -174,32 +230,11 @@ pub fn map(cluster: &Cluster, host: &HostPaths) -> Result<ContainerView, ViewErr
     if let Some(dir) = config.data.cache.dir.as_mut() {
         each("data.cache.dir", dir)?;
     }
-    if !moved {
-        return Ok(ContainerView {
-            workdir,
-            config: config_path,
-            config_copy: None,
-        });
-    }
-    let copy_on_host = host.out.join(CONTAINER_CONFIG);
-    let copy = container_path(mounts, &copy_on_host).ok_or_else(|| {
-        ViewError::Other(format!(
-            "the container mounts move paths of {} (e.g. {} inside), so the jobs read a copy with the container's paths from the render folder {}, which is not under any container mount ({})",
-            host.trainer_config.display(),
-            config.run.output_dir.display(),
-            host.out.display(),
-            mounts_list(cluster)
-        ))
-    })?;
-    let text = format!(
-        "# Written by launcher render from {}: the same config with the paths the container\n# sees through container.mounts. Edit that file and render again, not this one.\n{}",
-        host.trainer_config.display(),
-        config.to_yaml()
-    );
-    Ok(ContainerView {
+    Ok(MappedConfig {
         workdir,
-        config: copy,
-        config_copy: Some(text),
+        config_path,
+        config,
+        moved,
     })
 }
 

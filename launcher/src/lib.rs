@@ -14,6 +14,7 @@ pub mod fsutil;
 pub mod image;
 pub mod nccl_test;
 pub mod render;
+pub mod scaling;
 pub mod selftest;
 pub mod shell;
 pub mod slurm;

@@ -52,6 +52,9 @@ enum Command {
     /// step against the CPU, an all-reduce across all tasks), wait, and print one table (exit 1
     /// on any failure).
     Selftest(SelftestArgs),
+    /// Measure training throughput at several allocation sizes (fixed per-task batch) and
+    /// write the scaling-efficiency table as Markdown, JSON and PNG.
+    Scaling(ScalingArgs),
     /// Build, push, inspect or squash the trainer image (Docker Engine API).
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
@@ -218,6 +221,105 @@ fn submit_one_and_wait(
 }
 
 #[derive(Debug, Args)]
+struct ScalingArgs {
+    /// cluster.yaml (see slurm/cluster.example.yaml).
+    #[arg(long)]
+    cluster: PathBuf,
+    /// The trainer config (default: `trainer_config` of cluster.yaml); its per-task batch is
+    /// kept at every size.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Folder for the scripts, configs, runs and the report (scaling.md/.json/.png).
+    #[arg(long)]
+    out: PathBuf,
+    /// Node counts to measure, e.g. 1,2,4.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    nodes: Vec<u32>,
+    /// Tasks per node (default: slurm.tasks_per_node: one per GPU; 1 without GPUs); a list
+    /// measures each.
+    #[arg(long, value_delimiter = ',')]
+    tasks_per_node: Vec<u32>,
+    /// Training steps per size (the first two are warm-up).
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Give up (and cancel the jobs) after this many seconds per size, queueing included.
+    #[arg(long, default_value_t = 3600)]
+    wait_timeout: u64,
+}
+
+fn scaling(a: ScalingArgs) -> Result<()> {
+    use launcher::scaling;
+    let cwd = std::env::current_dir().context("current directory")?;
+    let cluster = Cluster::load(&a.cluster)?;
+    let out = absolute(&a.out, &cwd);
+    let config = a
+        .config
+        .clone()
+        .or_else(|| cluster.trainer_config.clone())
+        .context("no trainer config: pass --config or set trainer_config in the cluster file")?;
+    let config = absolute(&config, &cwd);
+    let text = std::fs::read_to_string(&config)
+        .with_context(|| format!("reading the trainer config {}", config.display()))?;
+    let tpn = if a.tasks_per_node.is_empty() {
+        vec![cluster.slurm.ranks_per_node()]
+    } else {
+        a.tasks_per_node.clone()
+    };
+    let sizes = scaling::sizes(&a.nodes, &tpn)?;
+    let host = launcher::container_view::HostPaths {
+        trainer_config: &config,
+        trainer_text: &text,
+        config_from_cli: a.config.is_some(),
+        cwd: &cwd,
+        out: &out,
+    };
+    let mut r = scaling::render(&cluster, &host, &sizes, a.steps)?;
+    r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
+    if out.join(render::MANIFEST).exists() {
+        if let Ok(old) = Manifest::load(&out) {
+            if slurm::status(&old)?.iter().any(slurm::JobState::is_active) {
+                bail!(
+                    "{} holds jobs that are still queued or running; `launcher cancel --out {}` first",
+                    out.display(),
+                    out.display()
+                );
+            }
+        }
+    }
+    // Every size starts from scratch: no checkpoint of an earlier measurement may be resumed.
+    let runs = out.join("runs");
+    if runs.exists() {
+        std::fs::remove_dir_all(&runs).with_context(|| format!("removing {}", runs.display()))?;
+    }
+    render::write(&r, &out)?;
+    slurm::submit(&out, &mut r.manifest, &mut |l| println!("{l}"))?;
+    let mut measured = Vec::new();
+    for (job, size) in r.manifest.jobs.iter().zip(&sizes) {
+        println!("waiting for {} ({} tasks)", job.name, size.tasks());
+        let state = slurm::wait(job, std::time::Duration::from_secs(a.wait_timeout))?;
+        let log = std::fs::read_to_string(job.log_path()).unwrap_or_default();
+        if !matches!(state.state.as_str(), "COMPLETED" | "UNKNOWN") {
+            let _ = slurm::cancel(&r.manifest);
+            bail!(
+                "scaling: {} (job {}) ended {} (exit {}); log {}",
+                job.name,
+                job.job_id.as_deref().unwrap_or("?"),
+                state.state,
+                state.exit_code,
+                job.log_path().display()
+            );
+        }
+        measured.push((*size, scaling::parse_log(&log)));
+    }
+    let report = scaling::report(a.steps, &measured)?;
+    print!("{}", scaling::markdown(&report));
+    for p in scaling::write(&report, &out)? {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
 struct SelftestArgs {
     /// cluster.yaml (see slurm/cluster.example.yaml).
     #[arg(long)]
@@ -322,6 +424,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::NcclTest(a) => nccl_test(a)?,
         Command::Selftest(a) => selftest(a)?,
+        Command::Scaling(a) => scaling(a)?,
         Command::Image(c) => image_cmd::image(c)?,
         Command::Run(a) => image_cmd::run_image(a)?,
         Command::Quote { words } => println!("{}", launcher::shell::join(words)),

@@ -662,6 +662,81 @@ fn slurm_selftest_runs_on_every_task_and_reports_one_table() {
     );
 }
 
+/// `launcher scaling` with 1 and 2 tasks on the real Slurm (Gloo): both sizes train from
+/// scratch one after the other, and the report (Markdown, JSON, PNG) holds both rows with the
+/// global batch and lr the trainer used and efficiency 1 for the smallest size.
+#[test]
+fn slurm_scaling_measures_one_and_two_tasks_and_writes_the_report() {
+    require_slurm();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = hostile_dir(tmp.path());
+    let cfg = setup(&root, "  epochs: 10\n");
+    let cluster = cluster_file(&root, &["train"], "");
+    let out = root.join("scaling");
+    let o = launcher(
+        &[
+            "scaling",
+            "--cluster",
+            s(&cluster),
+            "--config",
+            s(&cfg),
+            "--out",
+            s(&out),
+            "--nodes",
+            "1",
+            "--tasks-per-node",
+            "1,2",
+            "--steps",
+            "6",
+            "--wait-timeout",
+            "300",
+        ],
+        &[],
+    );
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("scaling.json")).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{report:#}");
+    assert_eq!(rows[0]["tasks"], 1);
+    assert_eq!(rows[1]["tasks"], 2);
+    assert_eq!(rows[0]["global_batch"], 4);
+    assert_eq!(rows[1]["global_batch"], 8);
+    // The trainer's linear rule: lr 0.0005 per 256 images (scDINO's default) x global batch.
+    let lr = |r: &Value| r["peak_lr"].as_f64().unwrap();
+    assert!(
+        (lr(&rows[1]) / lr(&rows[0]) - 2.0).abs() < 1e-9,
+        "{report:#}"
+    );
+    assert_eq!(rows[0]["scaling_efficiency"], 1.0);
+    for r in rows {
+        assert!(r["images_per_second"].as_f64().unwrap() > 0.0, "{r:#}");
+        assert_eq!(r["timed_steps"], 4, "{r:#}");
+        let e = r["scaling_efficiency"].as_f64().unwrap();
+        assert!(e > 0.0 && e < 2.5, "{r:#}");
+    }
+    let md = std::fs::read_to_string(out.join("scaling.md")).unwrap();
+    assert!(
+        md.contains("| nodes | tasks/node | tasks | global batch |"),
+        "{md}"
+    );
+    assert!(stdout.contains("| 1 | 2 | 2 | 8 |"), "{stdout}");
+    let png = std::fs::read(out.join("scaling.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // Each size trained from scratch in its own folder (the 2-task run did not resume the other).
+    for size in ["scaling-1x1", "scaling-1x2"] {
+        let log: String = std::fs::read_dir(root.join("logs dir"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(size))
+            .map(|e| std::fs::read_to_string(e.path()).unwrap())
+            .collect();
+        assert!(!log.contains("resuming from"), "{size}: {log}");
+        assert!(out.join("runs").join(size).is_dir(), "{size}");
+    }
+}
+
 /// The image bakes in no tunable (they would beat `--container-env` under Pyxis), sets the
 /// NVIDIA runtime variables, installs EFA user space only, and builds the NCCL trainer.
 #[test]
