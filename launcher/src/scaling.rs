@@ -107,7 +107,7 @@ pub fn render(
             one_gpu: false,
             preemptible: false,
         };
-        let args = vec![
+        let mut args = vec![
             vec!["train".to_string()],
             vec![
                 "--config".to_string(),
@@ -115,6 +115,10 @@ pub fn render(
             ],
             vec!["--max-steps".to_string(), steps.to_string()],
         ];
+        // As the pipeline's training jobs: `training.threads` per rank.
+        if let Some(t) = cluster.training.threads {
+            args.push(vec!["--threads".to_string(), t.to_string()]);
+        }
         let log = log_dir.join(format!("{name}-%j.out"));
         let script = format!("{:02}-{name}.sbatch", i + 1);
         scripts.push((

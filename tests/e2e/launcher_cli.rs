@@ -722,6 +722,12 @@ fn slurm_scaling_measures_one_and_two_tasks_and_writes_the_report() {
         "{md}"
     );
     assert!(stdout.contains("| 1 | 2 | 2 | 8 |"), "{stdout}");
+    // training.threads of the cluster file reaches every size, as in the pipeline.
+    let script = std::fs::read_to_string(out.join("02-scaling-1x2.sbatch")).unwrap();
+    assert!(
+        script.contains("  --max-steps 6 \\\n  --threads 1\n"),
+        "{script}"
+    );
     let png = std::fs::read(out.join("scaling.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     // Each size trained from scratch in its own folder (the 2-task run did not resume the other).
