@@ -240,6 +240,13 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
                 ));
                 files.push((container_view::CONTAINER_CONFIG.to_string(), text));
             }
+            if let Some(image) = cluster.container.image.as_deref() {
+                if image.starts_with('/') && !Path::new(image).exists() {
+                    warnings.push(format!(
+                        "the image {image} does not exist on this host: every job would fail at its start unless the nodes see a file there"
+                    ));
+                }
+            }
             view.config
         }
     };

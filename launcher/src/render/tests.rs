@@ -440,6 +440,11 @@ fn pyxis_paths_go_through_the_mounts() {
     );
     assert!(r.warnings[0].contains("/fsx/project/jobs/trainer-config.container.yaml"));
     assert!(
+        r.warnings[1].contains("the image /fsx/img.sqsh does not exist on this host"),
+        "{:?}",
+        r.warnings
+    );
+    assert!(
         s.contains("#SBATCH --output=/fsx/project/jobs/logs/mean-std-%j.out\n"),
         "{s}"
     );
