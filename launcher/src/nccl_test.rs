@@ -3,7 +3,7 @@
 //! training, so a passing test means training's own collectives work on that allocation.
 //! The verdict is read back from the JSON report rank 0 prints into the job's log.
 use crate::cluster::Cluster;
-use crate::render::{self, context, Allocation, Job, Manifest, Rendered, Shape};
+use crate::render::{self, Allocation, Rendered};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -80,48 +80,14 @@ pub fn render(
             "--min-busbw must be a number >= 0"
         );
     }
-    let alloc = opts.allocation(cluster);
-    anyhow::ensure!(
-        alloc.nodes >= 1 && alloc.tasks_per_node >= 1,
-        "--nodes and --tasks-per-node must be at least 1"
-    );
-    let log_dir = render::log_dir(cluster, out)?;
-    let log = log_dir.join(format!("{JOB_NAME}-%j.out"));
-    let shape = Shape {
-        distributed: Some(alloc),
-        one_gpu: false,
-        preemptible: false,
-    };
-    let script_name = format!("{JOB_NAME}.sbatch");
-    let text = context(cluster, cwd)?.job_script(
+    render::one_job(
+        cluster,
         JOB_NAME,
-        JOB_NAME,
-        shape,
+        opts.allocation(cluster),
         &opts.trainer_args(),
-        &log,
-        None,
-    );
-    Ok(Rendered {
-        manifest: Manifest {
-            launcher_version: env!("CARGO_PKG_VERSION").into(),
-            cluster_file: None,
-            trainer_config: None,
-            runtime: cluster.runtime,
-            log_dir,
-            jobs: vec![Job {
-                name: JOB_NAME.into(),
-                stage: JOB_NAME.into(),
-                script: script_name.clone(),
-                log,
-                after: vec![],
-                job_id: None,
-                finished_earlier: false,
-            }],
-        },
-        scripts: vec![(script_name, text)],
-        files: vec![],
-        warnings: vec![],
-    })
+        out,
+        cwd,
+    )
 }
 
 /// The parts of the trainer's JSON report the verdict needs.

@@ -331,6 +331,52 @@ pub(crate) fn context<'a>(
     })
 }
 
+/// A folder holding one multi-task job that runs `trainer <args>` on `alloc` (`launcher
+/// nccl-test`, `launcher selftest`), with a one-job manifest so `status`/`cancel --out` work.
+pub(crate) fn one_job(
+    cluster: &Cluster,
+    name: &str,
+    alloc: Allocation,
+    args: &[Vec<String>],
+    out: &Path,
+    cwd: &Path,
+) -> anyhow::Result<Rendered> {
+    anyhow::ensure!(
+        alloc.nodes >= 1 && alloc.tasks_per_node >= 1,
+        "--nodes and --tasks-per-node must be at least 1"
+    );
+    let log_dir = log_dir(cluster, out)?;
+    let log = log_dir.join(format!("{name}-%j.out"));
+    let shape = Shape {
+        distributed: Some(alloc),
+        one_gpu: false,
+        preemptible: false,
+    };
+    let script = format!("{name}.sbatch");
+    let text = context(cluster, cwd)?.job_script(name, name, shape, args, &log, None);
+    Ok(Rendered {
+        manifest: Manifest {
+            launcher_version: env!("CARGO_PKG_VERSION").into(),
+            cluster_file: None,
+            trainer_config: None,
+            runtime: cluster.runtime,
+            log_dir,
+            jobs: vec![Job {
+                name: name.into(),
+                stage: name.into(),
+                script: script.clone(),
+                log,
+                after: vec![],
+                job_id: None,
+                finished_earlier: false,
+            }],
+        },
+        scripts: vec![(script, text)],
+        files: vec![],
+        warnings: vec![],
+    })
+}
+
 /// The task layout of a multi-task job: `nodes` × `tasks_per_node` ranks that meet at a
 /// rendezvous on the first node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

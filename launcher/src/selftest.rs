@@ -3,7 +3,7 @@
 //! (srun, Pyxis, env, rendezvous). Every task prints its table and a JSON line; the launcher
 //! reads them all back from the job's log and reports one table, check by check.
 use crate::cluster::Cluster;
-use crate::render::{context, Allocation, Job, Manifest, Rendered, Shape};
+use crate::render::{Allocation, Rendered};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,41 +37,8 @@ pub fn render(
     out: &Path,
     cwd: &Path,
 ) -> anyhow::Result<Rendered> {
-    anyhow::ensure!(
-        alloc.nodes >= 1 && alloc.tasks_per_node >= 1,
-        "--nodes and --tasks-per-node must be at least 1"
-    );
-    let log_dir = crate::render::log_dir(cluster, out)?;
-    let log = log_dir.join(format!("{JOB_NAME}-%j.out"));
-    let shape = Shape {
-        distributed: Some(alloc),
-        one_gpu: false,
-        preemptible: false,
-    };
-    let args = vec![vec![JOB_NAME.to_string()], vec!["--json".to_string()]];
-    let script_name = format!("{JOB_NAME}.sbatch");
-    let text = context(cluster, cwd)?.job_script(JOB_NAME, JOB_NAME, shape, &args, &log, None);
-    Ok(Rendered {
-        manifest: Manifest {
-            launcher_version: env!("CARGO_PKG_VERSION").into(),
-            cluster_file: None,
-            trainer_config: None,
-            runtime: cluster.runtime,
-            log_dir,
-            jobs: vec![Job {
-                name: JOB_NAME.into(),
-                stage: JOB_NAME.into(),
-                script: script_name.clone(),
-                log,
-                after: vec![],
-                job_id: None,
-                finished_earlier: false,
-            }],
-        },
-        scripts: vec![(script_name, text)],
-        files: vec![],
-        warnings: vec![],
-    })
+    let args = [vec![JOB_NAME.to_string()], vec!["--json".to_string()]];
+    crate::render::one_job(cluster, JOB_NAME, alloc, &args, out, cwd)
 }
 
 /// Every task's report in the log, one per rank (the last one a rank printed).
