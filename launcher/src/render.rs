@@ -3,6 +3,7 @@
 //! written (secrets travel by name, from the submitting environment).
 use crate::cluster::{Cluster, Runtime};
 use crate::container_view;
+use crate::fsutil::sha256_hex;
 use crate::shell::{join, quote};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -441,14 +442,6 @@ pub const DONE_DIR: &str = "done";
 pub(crate) struct Done<'a> {
     dir: PathBuf,
     config_sha256: &'a str,
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// The jobs of a fresh render that finished earlier: a done marker holding the hash of the

@@ -10,7 +10,6 @@ use super::{ImageError, BAKED_CONFIG_PATH, CONFIG_DIGEST_LABEL};
 use bollard::query_parameters::{BuildImageOptions, TagImageOptionsBuilder};
 use bollard::Docker;
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -48,12 +47,8 @@ pub fn validated_config(path: &Path) -> Result<(String, String), ImageError> {
         source,
     })?;
     scdino_config::Config::from_yaml(&text, &path.display().to_string())?;
-    let digest = hex(&Sha256::digest(text.as_bytes()));
+    let digest = crate::fsutil::sha256_hex(text.as_bytes());
     Ok((text, digest))
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Everything decided before the engine is contacted: the generated Containerfile, the
