@@ -47,7 +47,6 @@ pub struct HostPaths<'a> {
 /// The container's side of a job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerView {
-    pub workdir: PathBuf,
     /// What `--config` says inside the container.
     pub config: PathBuf,
     /// The config with container paths, to be written as `<out>/CONTAINER_CONFIG`; None when
@@ -110,7 +109,6 @@ pub fn workdir(cluster: &Cluster, cwd: &Path) -> Result<PathBuf, ViewError> {
 /// The trainer config as the container must read it.
 #[derive(Debug, Clone)]
 pub struct MappedConfig {
-    pub workdir: PathBuf,
     /// The container path of the user's file.
     pub config_path: PathBuf,
     /// The validated config with container paths.
@@ -124,7 +122,6 @@ pub fn map(cluster: &Cluster, host: &HostPaths) -> Result<ContainerView, ViewErr
     let m = map_config(cluster, host)?;
     if !m.moved {
         return Ok(ContainerView {
-            workdir: m.workdir,
             config: m.config_path,
             config_copy: None,
         });
@@ -145,7 +142,6 @@ pub fn map(cluster: &Cluster, host: &HostPaths) -> Result<ContainerView, ViewErr
         m.config.to_yaml()
     );
     Ok(ContainerView {
-        workdir: m.workdir,
         config: copy,
         config_copy: Some(text),
     })
@@ -231,7 +227,6 @@ pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, V
         each("data.cache.dir", dir)?;
     }
     Ok(MappedConfig {
-        workdir,
         config_path,
         config,
         moved,
@@ -266,7 +261,7 @@ mod tests {
     fn identity_mounts_keep_the_users_file() {
         let c = cluster("  mounts: [\"/fsx:/fsx\"]\n");
         let v = map(&c, &paths(CFG, Path::new("/fsx/work"))).unwrap();
-        assert_eq!(v.workdir, Path::new("/fsx/work"));
+        assert_eq!(workdir(&c, Path::new("/fsx/work")).unwrap(), Path::new("/fsx/work"));
         assert_eq!(v.config, Path::new("/fsx/cfg/run.yaml"));
         assert_eq!(v.config_copy, None);
     }
@@ -276,7 +271,7 @@ mod tests {
         let c = cluster("  mounts: [\"/fsx/data:/data\", \"/fsx:/w\"]\nworkdir: /fsx/work\n");
         let text = format!("{CFG}  cache:\n    dir: ../cache\n");
         let v = map(&c, &paths(&text, Path::new("/elsewhere"))).unwrap();
-        assert_eq!(v.workdir, Path::new("/w/work"));
+        assert_eq!(workdir(&c, Path::new("/elsewhere")).unwrap(), Path::new("/w/work"));
         assert_eq!(v.config, Path::new("/w/jobs").join(CONTAINER_CONFIG));
         let copy = v.config_copy.unwrap();
         let back = Config::from_yaml(&copy, "copy").unwrap();
