@@ -196,17 +196,7 @@ fn submit_one_and_wait(
     alloc: launcher::render::Allocation,
     wait_timeout: u64,
 ) -> Result<(slurm::JobState, PathBuf, String)> {
-    if out.join(render::MANIFEST).exists() {
-        if let Ok(old) = Manifest::load(out) {
-            if slurm::status(&old)?.iter().any(slurm::JobState::is_active) {
-                bail!(
-                    "{} holds a job that is still queued or running; `launcher cancel --out {}` first",
-                    out.display(),
-                    out.display()
-                );
-            }
-        }
-    }
+    refuse_active(out)?;
     render::write(r, out)?;
     slurm::submit(out, &mut r.manifest, &mut |l| println!("{l}"))?;
     let job = &r.manifest.jobs[0];
@@ -275,17 +265,7 @@ fn scaling(a: ScalingArgs) -> Result<()> {
     };
     let mut r = scaling::render(&cluster, &host, &sizes, a.steps)?;
     r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
-    if out.join(render::MANIFEST).exists() {
-        if let Ok(old) = Manifest::load(&out) {
-            if slurm::status(&old)?.iter().any(slurm::JobState::is_active) {
-                bail!(
-                    "{} holds jobs that are still queued or running; `launcher cancel --out {}` first",
-                    out.display(),
-                    out.display()
-                );
-            }
-        }
-    }
+    refuse_active(&out)?;
     // Every size starts from scratch: no checkpoint of an earlier measurement may be resumed.
     let runs = out.join("runs");
     if runs.exists() {
@@ -380,6 +360,28 @@ fn selftest(a: SelftestArgs) -> Result<()> {
     )
 }
 
+/// Refuses a folder whose earlier jobs are still queued or running: writing over its manifest
+/// would forget their ids.
+fn refuse_active(out: &Path) -> Result<()> {
+    let Ok(old) = Manifest::load(out) else {
+        return Ok(());
+    };
+    let active: Vec<String> = slurm::status(&old)?
+        .into_iter()
+        .filter(slurm::JobState::is_active)
+        .map(|s| format!("{} ({})", s.name, s.job_id.unwrap_or_default()))
+        .collect();
+    if !active.is_empty() {
+        bail!(
+            "{} holds jobs that are still queued or running: {}; `launcher cancel --out {}` first, or use another --out",
+            out.display(),
+            active.join(", "),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
 fn absolute(p: &Path, cwd: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
@@ -438,24 +440,7 @@ fn main() -> Result<()> {
         }
         Command::Submit { render: a, build } => {
             let out = absolute(&a.out, &std::env::current_dir()?);
-            // Re-rendering would forget the ids of a pipeline that is still queued or running.
-            if out.join(render::MANIFEST).exists() {
-                if let Ok(old) = Manifest::load(&out) {
-                    let active: Vec<String> = slurm::status(&old)?
-                        .into_iter()
-                        .filter(slurm::JobState::is_active)
-                        .map(|s| format!("{} ({})", s.name, s.job_id.unwrap_or_default()))
-                        .collect();
-                    if !active.is_empty() {
-                        bail!(
-                            "{} holds a pipeline that is still queued or running: {}; `launcher cancel --out {}` first, or use another --out",
-                            out.display(),
-                            active.join(", "),
-                            out.display()
-                        );
-                    }
-                }
-            }
+            refuse_active(&out)?;
             let image = match &build.build {
                 None => None,
                 Some(_) => {
