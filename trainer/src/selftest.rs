@@ -11,6 +11,7 @@ use crate::config::{Config, Precision};
 use crate::dist::env::DistEnv;
 use crate::dist::group::{ProcessGroup, ReduceOp};
 use crate::dist::Single;
+use crate::metrics::tensorboard::hostname;
 use crate::train::loss::DinoLoss;
 use crate::train::step::{Learner, Networks, StepParams};
 use serde::Serialize;
@@ -162,12 +163,6 @@ fn run_check(name: &str, f: impl FnOnce() -> Result<String, String>) -> Check {
         Ok(detail) => Check::new(name, Status::Pass, detail),
         Err(e) => Check::new(name, Status::Fail, e),
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// A shared library opened for this check (kept loaded: closing libraries libtorch also uses

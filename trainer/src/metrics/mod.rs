@@ -8,7 +8,7 @@
 mod crc32c;
 mod prometheus;
 mod proto;
-mod tensorboard;
+pub(crate) mod tensorboard;
 
 pub use crc32c::{crc32c, masked_crc32c};
 pub use prometheus::{Metric, MetricKind, PromTextfile};

@@ -182,7 +182,7 @@ fn unix_now() -> f64 {
 /// The host name for the file name, without a libc dependency: Linux exposes it
 /// in /proc; `HOSTNAME` and "localhost" are fallbacks. Path separators and
 /// whitespace are replaced so the name stays one path component.
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
