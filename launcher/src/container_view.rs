@@ -261,7 +261,10 @@ mod tests {
     fn identity_mounts_keep_the_users_file() {
         let c = cluster("  mounts: [\"/fsx:/fsx\"]\n");
         let v = map(&c, &paths(CFG, Path::new("/fsx/work"))).unwrap();
-        assert_eq!(workdir(&c, Path::new("/fsx/work")).unwrap(), Path::new("/fsx/work"));
+        assert_eq!(
+            workdir(&c, Path::new("/fsx/work")).unwrap(),
+            Path::new("/fsx/work")
+        );
         assert_eq!(v.config, Path::new("/fsx/cfg/run.yaml"));
         assert_eq!(v.config_copy, None);
     }
@@ -271,7 +274,10 @@ mod tests {
         let c = cluster("  mounts: [\"/fsx/data:/data\", \"/fsx:/w\"]\nworkdir: /fsx/work\n");
         let text = format!("{CFG}  cache:\n    dir: ../cache\n");
         let v = map(&c, &paths(&text, Path::new("/elsewhere"))).unwrap();
-        assert_eq!(workdir(&c, Path::new("/elsewhere")).unwrap(), Path::new("/w/work"));
+        assert_eq!(
+            workdir(&c, Path::new("/elsewhere")).unwrap(),
+            Path::new("/w/work")
+        );
         assert_eq!(v.config, Path::new("/w/jobs").join(CONTAINER_CONFIG));
         let copy = v.config_copy.unwrap();
         let back = Config::from_yaml(&copy, "copy").unwrap();

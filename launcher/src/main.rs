@@ -51,7 +51,7 @@ enum Command {
     /// Submit `trainer selftest` on every task of an allocation (CUDA, NCCL, EFA, a GPU training
     /// step against the CPU, an all-reduce across all tasks), wait, and print one table (exit 1
     /// on any failure).
-    Selftest(SelftestArgs),
+    Selftest(OneJobArgs),
     /// Measure training throughput at several allocation sizes (fixed per-task batch) and
     /// write the scaling-efficiency table as Markdown, JSON and PNG.
     Scaling(ScalingArgs),
@@ -82,18 +82,8 @@ struct RenderArgs {
 
 #[derive(Debug, Args)]
 struct NcclTestArgs {
-    /// cluster.yaml (see slurm/cluster.example.yaml).
-    #[arg(long)]
-    cluster: PathBuf,
-    /// Folder for the script, manifest.json and (by default) the log.
-    #[arg(long)]
-    out: PathBuf,
-    /// Nodes (default: slurm.nodes).
-    #[arg(long)]
-    nodes: Option<u32>,
-    /// Tasks per node (default: slurm.tasks_per_node: one per GPU; 1 without GPUs).
-    #[arg(long)]
-    tasks_per_node: Option<u32>,
+    #[command(flatten)]
+    job: OneJobArgs,
     /// all_reduce (what data-parallel training uses), all_gather, reduce_scatter, broadcast, all.
     #[arg(long, default_value = "all_reduce")]
     op: String,
@@ -115,19 +105,16 @@ struct NcclTestArgs {
     /// gloo or nccl (default: the trainer picks NCCL on GPUs, else Gloo).
     #[arg(long)]
     backend: Option<String>,
-    /// Give up (and cancel the job) after this many seconds, queueing included.
-    #[arg(long, default_value_t = 3600)]
-    wait_timeout: u64,
 }
 
 fn nccl_test(a: NcclTestArgs) -> Result<()> {
     use launcher::nccl_test::{self, Options};
     let cwd = std::env::current_dir().context("current directory")?;
-    let cluster = Cluster::load(&a.cluster)?;
-    let out = absolute(&a.out, &cwd);
+    let cluster = Cluster::load(&a.job.cluster)?;
+    let out = absolute(&a.job.out, &cwd);
     let opts = Options {
-        nodes: a.nodes,
-        tasks_per_node: a.tasks_per_node,
+        nodes: a.job.nodes,
+        tasks_per_node: a.job.tasks_per_node,
         op: a.op,
         min_bytes: a.min_bytes,
         max_bytes: a.max_bytes,
@@ -139,8 +126,8 @@ fn nccl_test(a: NcclTestArgs) -> Result<()> {
     };
     let alloc = opts.allocation(&cluster);
     let mut r = nccl_test::render(&cluster, &opts, &out, &cwd)?;
-    r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
-    let (state, log_path, log) = submit_one_and_wait(&mut r, &out, alloc, a.wait_timeout)?;
+    r.manifest.cluster_file = Some(absolute(&a.job.cluster, &cwd));
+    let (state, log_path, log) = submit_one_and_wait(&mut r, &out, alloc, a.job.wait_timeout)?;
     let job = &r.manifest.jobs[0];
     let world = (alloc.nodes * alloc.tasks_per_node) as usize;
     let Some(report) = nccl_test::find_report(&log) else {
@@ -299,8 +286,9 @@ fn scaling(a: ScalingArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where and on how many tasks a one-job check runs (nccl-test, selftest).
 #[derive(Debug, Args)]
-struct SelftestArgs {
+struct OneJobArgs {
     /// cluster.yaml (see slurm/cluster.example.yaml).
     #[arg(long)]
     cluster: PathBuf,
@@ -318,7 +306,7 @@ struct SelftestArgs {
     wait_timeout: u64,
 }
 
-fn selftest(a: SelftestArgs) -> Result<()> {
+fn selftest(a: OneJobArgs) -> Result<()> {
     use launcher::selftest;
     let cwd = std::env::current_dir().context("current directory")?;
     let cluster = Cluster::load(&a.cluster)?;

@@ -4,10 +4,10 @@
 //! `/etc/fstab` for volumes, an empty `/etc/rc.local`), so `srun --container-image=FILE` reads
 //! one file from shared storage instead of every node pulling. Named by the image ID; an
 //! existing file for the same ID is verified against its recorded SHA-256 and reused.
-use crate::fsutil::hex;
 use super::engine::{engine_error, remove_container};
 use super::inspect::{self, ImageFacts};
 use super::ImageError;
+use crate::fsutil::hex;
 use crate::shell::quote;
 use bollard::models::ContainerCreateBody;
 use bollard::Docker;
