@@ -104,6 +104,13 @@ impl Config {
         serde_saphyr::to_string(&self.sections()).expect("config sections always serialize")
     }
 
+    /// The file channels some combination selects, ascending: only they can matter.
+    pub fn used_channels(&self) -> Vec<usize> {
+        let set: std::collections::BTreeSet<usize> =
+            self.channel_sets.iter().flatten().copied().collect();
+        set.into_iter().collect()
+    }
+
     /// Number of channels each image file must have.
     pub fn file_channels(&self) -> usize {
         self.data.channel_names.len()

@@ -3,7 +3,7 @@
 //! ViT-DINO student and teacher on one multi-crop batch. It proves config, data and model fit
 //! together before any training is launched.
 use crate::config::Config;
-use crate::data::{self, preprocess::preprocess, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, preprocess::preprocess, PreprocessOptions};
 use crate::model::{configs_for, MultiCropNet};
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
@@ -25,8 +25,9 @@ pub struct ProbeReport {
     pub held_out_images: usize,
     pub channels: Vec<usize>,
     pub batch_images: usize,
-    /// Images of the batch dropped because min–max produced NaN (scDINO's training rule).
-    pub dropped_nan_images: usize,
+    /// Images of the batch with a constant channel or a NaN/∞ pixel, which min–max scaling
+    /// guarded (scDINO's training would have dropped them as NaN).
+    pub guarded_images: usize,
     pub batch_labels: Vec<String>,
     /// `B×C×H×W` of each crop, in crop order.
     pub crop_shapes: Vec<String>,
@@ -63,7 +64,7 @@ pub fn forward_probe(
     };
     let mut batch = Vec::new();
     let mut labels = Vec::new();
-    let mut dropped = 0;
+    let mut guarded = 0;
     for &i in split.train.iter().take(wanted) {
         let sample = &index.samples[i];
         let raw = source.read(i)?;
@@ -76,21 +77,19 @@ pub fn forward_probe(
             )));
         }
         let (img, outcome) = preprocess(&raw, &opts)?;
-        match NanPolicy::DropImage.action(&outcome) {
-            NanAction::Keep => {
-                batch.push(Tensor::from_slice(&img.data).reshape([
-                    img.channels as i64,
-                    img.height as i64,
-                    img.width as i64,
-                ]));
-                labels.push(sample.label.clone());
-            }
-            _ => dropped += 1,
+        if !outcome.constant_channels.is_empty() || outcome.nonfinite_pixels > 0 {
+            guarded += 1;
         }
+        batch.push(Tensor::from_slice(&img.data).reshape([
+            img.channels as i64,
+            img.height as i64,
+            img.width as i64,
+        ]));
+        labels.push(sample.label.clone());
     }
     if batch.is_empty() {
         return Err(ProbeError::Mismatch(
-            "no usable training image (all dropped or the split is empty)".into(),
+            "no training image (the split is empty)".into(),
         ));
     }
     let x = Tensor::stack(&batch, 0);
@@ -127,7 +126,7 @@ pub fn forward_probe(
         held_out_images: split.held_out.len(),
         channels,
         batch_images: batch.len(),
-        dropped_nan_images: dropped,
+        guarded_images: guarded,
         batch_labels: labels,
         crop_shapes: crops.iter().map(|c| shape_string(&c.size())).collect(),
         student_output_shape: s_out.size(),

@@ -10,7 +10,7 @@ use crate::analysis::features::{self, resized_hw, to_tensor, FeaturesError};
 use crate::analysis::mean_std::MeanStd;
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
-use crate::data::{self, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, PreprocessOptions};
 use crate::plot::{self, PlotError};
 use crate::train::sampler::SplitMix64;
 use std::collections::BTreeMap;
@@ -146,7 +146,7 @@ pub fn write_attention_maps(
     if cfg.downstream.attention.resize && !sizes.contains(&cfg.downstream.attention.image_size) {
         sizes.push(cfg.downstream.attention.image_size);
     }
-    let (mean, std) = mean_std.select(&channels);
+    let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);
     let m = Tensor::from_slice(&mean).reshape([-1, 1, 1]);
     let s = Tensor::from_slice(&std).reshape([-1, 1, 1]);
     let opts = PreprocessOptions {
@@ -156,17 +156,7 @@ pub fn write_attention_maps(
     let mut written = Vec::new();
     for i in picked {
         let sample = &index.samples[i];
-        let (img, outcome) = preprocess(&source.read(i)?, &opts)?;
-        if !matches!(
-            NanPolicy::ReplaceWithFirstImage.action(&outcome),
-            NanAction::Keep
-        ) {
-            eprintln!(
-                "warning: {} gives NaN after min-max scaling; no attention map",
-                sample.path.display()
-            );
-            continue;
-        }
+        let (img, _) = preprocess(&source.read(i)?, &opts)?;
         let file = sample
             .path
             .file_name()

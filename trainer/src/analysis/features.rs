@@ -8,7 +8,7 @@ use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
-use crate::data::{self, ImageChw, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::model::{VisionTransformer, VitConfig};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
@@ -41,8 +41,6 @@ pub struct FeatureSet {
     pub paths: Vec<String>,
     /// Dataset indices (ImageFolder order).
     pub indices: Vec<usize>,
-    /// Rows whose image gave NaN and was replaced by dataset image 0 (scDINO's rule).
-    pub replaced: usize,
     /// Names the output files: `epoch{E}` after the checkpoint's epoch (see
     /// [`BackboneWeights::tag`]).
     pub tag: String,
@@ -135,7 +133,7 @@ pub fn extract(
 
 /// The share of rank `rank` of `world`: held-out positions `rank, rank + world, …`. The
 /// returned set's labels, paths and indices still cover every held-out row (every rank knows
-/// them from the seeded split); only `features` (and `replaced`) are this rank's rows, in
+/// them from the seeded split); only `features` are this rank's rows, in
 /// that order. [`crate::pipeline::stages`] gathers and interleaves the shares.
 pub fn extract_shard(
     cfg: &Config,
@@ -162,16 +160,12 @@ pub fn extract_shard(
     if split.held_out.is_empty() {
         return Err(FeaturesError::Invalid("the held-out split is empty".into()));
     }
-    let (mean, std) = mean_std.select(&channels);
+    let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);
     let opts = PreprocessOptions {
         selected_channels: Some(channels.clone()),
         center_crop: cfg.data.center_crop,
     };
-    let first =
-        || -> Result<ImageChw, FeaturesError> { Ok(preprocess(&source.read(0)?, &opts)?.0) };
-    let mut replacement: Option<ImageChw> = None;
     let mut rows = Vec::new();
-    let mut replaced = 0;
     let mine: Vec<usize> = split
         .held_out
         .iter()
@@ -185,17 +179,17 @@ pub fn extract_shard(
         let mut batch = Vec::with_capacity(chunk.len());
         for &i in chunk {
             let raw = source.read(i)?;
+            let path = &index.samples[i].path;
+            if raw.channels != cfg.file_channels() {
+                return Err(FeaturesError::Invalid(format!(
+                    "{} has {} channels but data.channel_names lists {}",
+                    path.display(),
+                    raw.channels,
+                    cfg.file_channels()
+                )));
+            }
             let (img, outcome) = preprocess(&raw, &opts)?;
-            let img = match NanPolicy::ReplaceWithFirstImage.action(&outcome) {
-                NanAction::Keep => img,
-                _ => {
-                    replaced += 1;
-                    if replacement.is_none() {
-                        replacement = Some(first()?);
-                    }
-                    replacement.clone().expect("set above")
-                }
-            };
+            warn_guarded(&outcome, &channels, &cfg.data.channel_names, path);
             batch.push(prepare(&img, cfg, &mean, &std));
         }
         let x = Tensor::stack(&batch, 0).to_device(device);
@@ -222,9 +216,19 @@ pub fn extract_shard(
             .map(|&i| index.samples[i].path.display().to_string())
             .collect(),
         indices: split.held_out.clone(),
-        replaced,
         tag: weights.tag(),
     })
+}
+
+/// Names (once per process) what min–max scaling guarded in one image; scDINO replaced such
+/// an image by dataset image 0, so its feature row described another cell.
+fn warn_guarded(outcome: &data::MinMaxOutcome, selected: &[usize], names: &[String], path: &Path) {
+    if let Some(&k) = outcome.constant_channels.first() {
+        quality::constant_channel(selected[k], names, path);
+    }
+    if outcome.nonfinite_pixels > 0 {
+        quality::nonfinite_pixels(outcome.nonfinite_pixels, path);
+    }
 }
 
 /// Resize (if configured) and normalise (if configured) one preprocessed image.
@@ -370,7 +374,6 @@ pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
         labels,
         paths,
         indices,
-        replaced: 0,
         tag,
     })
 }

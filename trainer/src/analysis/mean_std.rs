@@ -2,12 +2,16 @@
 //! dataset (scDINO `mean_std_dataset.py`), written as `mean_and_std_of_dataset.txt`, whose
 //! content is JSON `{"mean": [...], "std": [...]}` with one value per file channel.
 //!
-//! Differences from scDINO, both deliberate: the configured centre crop is applied (scDINO
-//! computed it and threw it away), and every image of the subset counts (scDINO's loader
-//! dropped a random remainder of up to 9 images through `drop_last`).
+//! Differences from scDINO, all deliberate: the configured centre crop is applied (scDINO
+//! computed it and threw it away); every image of the subset counts (scDINO's loader
+//! dropped a random remainder of up to 9 images through `drop_last`); an image with a
+//! constant channel or a NaN pixel counts with the guarded scaling of
+//! [`crate::data::preprocess`] (scDINO dropped it, and a padded stain emptied the subset);
+//! a channel with std 0 is kept in the file as 0 and normalised with std 1 by
+//! [`MeanStd::select`], with a warning, only when a run selects it.
 use crate::config::OnCorrupt;
 use crate::data::preprocess::preprocess;
-use crate::data::{self, ImageSource, NanAction, NanPolicy, PreprocessOptions};
+use crate::data::{self, quality, ImageSource, PreprocessOptions};
 use std::path::Path;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -22,17 +26,64 @@ pub enum MeanStdError {
     Data(#[from] data::DataError),
     #[error("{path}: {reason}")]
     File { path: String, reason: String },
-    #[error("no usable image in the mean/std subset ({dropped} dropped as constant/NaN)")]
+    #[error("no usable image in the mean/std subset ({dropped} skipped as corrupt)")]
     Empty { dropped: usize },
 }
 
+/// What the mean/std subset held besides the statistics: what scaling had to guard against.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubsetQuality {
+    /// Images that entered the statistics.
+    pub images: usize,
+    /// Per file channel: images of the subset in which it was constant.
+    pub constant_images: Vec<usize>,
+    /// NaN or infinite pixels over the subset.
+    pub nonfinite_pixels: u64,
+}
+
+impl SubsetQuality {
+    /// Warns about every channel in `used` (the channels some combination selects) that was
+    /// constant in some images; channels no combination uses never matter.
+    pub fn warn(&self, names: &[String], used: &[usize]) {
+        for &c in used {
+            let n = self.constant_images.get(c).copied().unwrap_or(0);
+            if n > 0 {
+                quality::warn_once(&format!("subset-constant/{c}"), || {
+                    format!(
+                        "channel {} is constant in {n} of the {} images of the mean/std subset                          (scaled to 0 in them instead of scDINO's NaN)",
+                        quality::channel_label(c, names),
+                        self.images
+                    )
+                });
+            }
+        }
+        if self.nonfinite_pixels > 0 {
+            quality::warn_once("subset-nonfinite", || {
+                format!(
+                    "the mean/std subset has {} NaN or infinite pixels (left out of each                      image's min–max range and scaled to 0)",
+                    self.nonfinite_pixels
+                )
+            });
+        }
+    }
+}
+
 impl MeanStd {
-    /// The statistics of the selected channels, for normalising crops.
-    pub fn select(&self, channels: &[usize]) -> (Vec<f32>, Vec<f32>) {
-        (
-            channels.iter().map(|&c| self.mean[c] as f32).collect(),
-            channels.iter().map(|&c| self.std[c] as f32).collect(),
-        )
+    /// The statistics of the selected channels, for normalising crops. A channel with std 0
+    /// gets std 1 (named in a warning once per process) so normalising never divides by 0.
+    pub fn select(&self, channels: &[usize], names: &[String]) -> (Vec<f32>, Vec<f32>) {
+        let std = channels
+            .iter()
+            .map(|&c| {
+                if self.std[c] > 0.0 {
+                    self.std[c] as f32
+                } else {
+                    quality::zero_std_channel(c, names);
+                    1.0
+                }
+            })
+            .collect();
+        (channels.iter().map(|&c| self.mean[c] as f32).collect(), std)
     }
 
     pub fn read(path: &Path) -> Result<Self, MeanStdError> {
@@ -48,10 +99,10 @@ impl MeanStd {
                 "mean and std must list the same, non-zero number of channels".into(),
             ));
         }
-        if m.std.iter().any(|s| !s.is_finite() || *s <= 0.0) {
+        if m.mean.iter().chain(&m.std).any(|v| !v.is_finite()) || m.std.iter().any(|s| *s < 0.0) {
             return Err(err(format!(
-                "std {:?} has a zero or invalid channel",
-                m.std
+                "mean {:?} / std {:?}: every value must be finite and every std ≥ 0",
+                m.mean, m.std
             )));
         }
         Ok(m)
@@ -72,18 +123,18 @@ pub fn compute(
     center_crop: usize,
     threads: usize,
 ) -> Result<MeanStd, MeanStdError> {
-    compute_with(source, fraction, center_crop, threads, OnCorrupt::Fail)
+    Ok(compute_with(source, fraction, center_crop, threads, OnCorrupt::Fail)?.0)
 }
 
 /// [`compute`], leaving out undecodable images when `on_corrupt` is `skip` (each is named
-/// in a warning).
+/// in a warning), and reporting what scaling guarded against.
 pub fn compute_with(
     source: &dyn ImageSource,
     fraction: f64,
     center_crop: usize,
     threads: usize,
     on_corrupt: OnCorrupt,
-) -> Result<MeanStd, MeanStdError> {
+) -> Result<(MeanStd, SubsetQuality), MeanStdError> {
     let index = source.index();
     let subset = data::mean_std_subset(index.len(), fraction)?;
     let opts = PreprocessOptions {
@@ -100,15 +151,15 @@ pub fn compute_with(
         .flat_map(|k| chunks.iter().filter_map(move |c| c.get(k).copied()))
         .collect();
     source.will_read(&interleaved);
-    // Per thread: (Σx, Σx², pixel count per channel, dropped images).
-    type Partial = (Vec<f64>, Vec<f64>, u64, usize);
+    // Per thread: (Σx, Σx², pixel count per channel, skipped images, what was guarded).
+    type Partial = (Vec<f64>, Vec<f64>, u64, usize, SubsetQuality);
     let partials: Vec<Result<Partial, MeanStdError>> = std::thread::scope(|s| {
         let handles: Vec<_> = chunks
             .iter()
             .map(|chunk| {
                 let opts = &opts;
                 s.spawn(move || {
-                    let mut acc: Partial = (vec![], vec![], 0, 0);
+                    let mut acc: Partial = (vec![], vec![], 0, 0, SubsetQuality::default());
                     for &i in *chunk {
                         let raw = match source.read(i) {
                             Err(e) if on_corrupt == OnCorrupt::Skip && e.is_corrupt_image() => {
@@ -121,13 +172,10 @@ pub fn compute_with(
                             r => r?,
                         };
                         let (img, outcome) = preprocess(&raw, opts)?;
-                        if NanPolicy::DropImage.action(&outcome) != NanAction::Keep {
-                            acc.3 += 1;
-                            continue;
-                        }
                         if acc.0.is_empty() {
                             acc.0 = vec![0.0; img.channels];
                             acc.1 = vec![0.0; img.channels];
+                            acc.4.constant_images = vec![0; img.channels];
                         } else if acc.0.len() != img.channels {
                             return Err(MeanStdError::File {
                                 path: index.samples[i].path.display().to_string(),
@@ -137,6 +185,11 @@ pub fn compute_with(
                                     acc.0.len()
                                 ),
                             });
+                        }
+                        acc.4.images += 1;
+                        acc.4.nonfinite_pixels += outcome.nonfinite_pixels as u64;
+                        for &c in &outcome.constant_channels {
+                            acc.4.constant_images[c] += 1;
                         }
                         for c in 0..img.channels {
                             for &v in img.channel(c) {
@@ -157,8 +210,9 @@ pub fn compute_with(
             .collect()
     });
     let (mut sum, mut sumsq, mut count, mut dropped) = (Vec::new(), Vec::new(), 0u64, 0usize);
+    let mut quality = SubsetQuality::default();
     for p in partials {
-        let (s, q, n, d) = p?;
+        let (s, q, n, d, part) = p?;
         dropped += d;
         if s.is_empty() {
             continue;
@@ -166,11 +220,25 @@ pub fn compute_with(
         if sum.is_empty() {
             sum = vec![0.0; s.len()];
             sumsq = vec![0.0; s.len()];
+            quality.constant_images = vec![0; s.len()];
+        }
+        if s.len() != sum.len() {
+            return Err(MeanStdError::File {
+                path: index.root.display().to_string(),
+                reason: format!(
+                    "images with {} and with {} channels in the mean/std subset",
+                    s.len(),
+                    sum.len()
+                ),
+            });
         }
         for c in 0..s.len() {
             sum[c] += s[c];
             sumsq[c] += q[c];
+            quality.constant_images[c] += part.constant_images[c];
         }
+        quality.images += part.images;
+        quality.nonfinite_pixels += part.nonfinite_pixels;
         count += n;
     }
     if count == 0 {
@@ -183,5 +251,5 @@ pub fn compute_with(
         .zip(&mean)
         .map(|(q, m)| (q / n - m * m).max(0.0).sqrt())
         .collect();
-    Ok(MeanStd { mean, std })
+    Ok((MeanStd { mean, std }, quality))
 }

@@ -351,7 +351,7 @@ impl StepBench {
             );
         }
         let all: Vec<usize> = (0..self.channels).collect();
-        let (mean, std) = ms.select(&all);
+        let (mean, std) = ms.select(&all, &cfg.data.channel_names);
         let a = &cfg.augment;
         let augment = Arc::new(MultiCropAugment::new(MultiCropConfig {
             global_crops_scale: a.global_crops_scale,
@@ -367,7 +367,7 @@ impl StepBench {
             center_crop: 0,
         };
         let (seed, epoch, file_channels) = (self.seed, 0u64, self.channels);
-        let images = training_image_fn(source.clone(), prep, file_channels, None);
+        let images = training_image_fn(source.clone(), prep, file_channels, Vec::new(), None);
         let order = epoch_order(&(0..index.len()).collect::<Vec<_>>(), seed, epoch, 0, 1);
         let input = TrainInput::new(augment, AugmentOn::Cpu, seed);
         let sample = input
@@ -541,7 +541,7 @@ impl LoaderBench {
         let ms = mean_std::compute(source.as_ref(), 0.1, 0, self.threads)?;
         let channels = ms.mean.len();
         let all: Vec<usize> = (0..channels).collect();
-        let (mean, std) = ms.select(&all);
+        let (mean, std) = ms.select(&all, &[]);
         let augment = Arc::new(MultiCropAugment::new(MultiCropConfig {
             global_crops_scale: (0.4, 1.0),
             local_crops_scale: (0.05, 0.4),
@@ -576,7 +576,7 @@ impl LoaderBench {
             warm_read(&source, &order, self.threads)?;
         }
         source.will_read(&order);
-        let images = training_image_fn(source.clone(), prep, channels, None);
+        let images = training_image_fn(source.clone(), prep, channels, Vec::new(), None);
         let samples = input
             .samples(images, epoch, &order)
             .map_err(anyhow::Error::msg)?;
@@ -671,7 +671,13 @@ impl LoaderBench {
         prep: &PreprocessOptions,
         augment: &MultiCropAugment,
     ) -> Result<()> {
-        let images = training_image_fn(source.clone(), prep.clone(), augment.channels(), None);
+        let images = training_image_fn(
+            source.clone(),
+            prep.clone(),
+            augment.channels(),
+            Vec::new(),
+            None,
+        );
         let mut imgs = Vec::new();
         for i in 0..self.batch {
             let mut img = trainer::data::ImageChw::default();

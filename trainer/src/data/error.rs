@@ -43,9 +43,9 @@ pub enum DataError {
     #[error("{}: no class folders found in dataset root", path.display())]
     NoClassFolders { path: PathBuf },
 
-    /// Some class folders contain no `.tif`/`.tiff` file (torchvision raises
-    /// `FileNotFoundError("Found no valid file for the classes ...")`).
-    #[error("{}: no .tif/.tiff files for the classes {}", root.display(), classes.join(", "))]
+    /// No class folder contains a `.tif`/`.tiff` file (one empty class among others is only
+    /// a warning; torchvision raised `FileNotFoundError` for either).
+    #[error("{}: no .tif/.tiff files in any class folder ({})", root.display(), classes.join(", "))]
     EmptyClasses { root: PathBuf, classes: Vec<String> },
 
     /// `folder_depth_for_labels` points above the first component of a path

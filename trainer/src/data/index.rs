@@ -259,11 +259,21 @@ fn assemble(
             empty.push(class.to_string_lossy().into_owned());
         }
     }
-    if !empty.is_empty() {
+    if samples.is_empty() {
         return Err(DataError::EmptyClasses {
             root: root.to_path_buf(),
             classes: empty,
         });
+    }
+    if !empty.is_empty() {
+        // torchvision raises here; a class folder emptied by a filter or a failed copy should
+        // not stop a run, so it is named and keeps its class index (`allow_empty=True`).
+        eprintln!(
+            "warning: {}: no .tif/.tiff files in the class folder(s) {}; they keep their class \
+             index and have no images",
+            root.display(),
+            empty.join(", ")
+        );
     }
     Ok(DatasetIndex {
         root: root.to_path_buf(),
@@ -440,8 +450,12 @@ mod tests {
             build_index_from_keys("s3://b/p", &["loose.tif"], 0),
             Err(DataError::NoClassFolders { .. })
         ));
+        let with_empty =
+            build_index_from_keys("s3://b/p", &["A/x.tif", "C/readme.txt"], 0).unwrap();
+        assert_eq!(with_empty.classes, vec!["A", "C"]);
+        assert_eq!(with_empty.samples.len(), 1);
         assert!(matches!(
-            build_index_from_keys("s3://b/p", &["A/x.tif", "C/readme.txt"], 0),
+            build_index_from_keys("s3://b/p", &["C/readme.txt"], 0),
             Err(DataError::EmptyClasses { .. })
         ));
     }
@@ -473,11 +487,17 @@ mod tests {
             Err(DataError::NoClassFolders { .. })
         ));
         fs::create_dir(dir.path().join("Empty")).unwrap();
-        touch(&dir.path().join("Full/a.tif"));
         match build_index(dir.path(), 0) {
             Err(DataError::EmptyClasses { classes, .. }) => assert_eq!(classes, vec!["Empty"]),
             other => panic!("{other:?}"),
         }
+        // Next to a class with images, an empty class folder is a warning: it keeps its
+        // index (sorted before "Full") and has no samples.
+        touch(&dir.path().join("Full/a.tif"));
+        let index = build_index(dir.path(), 0).unwrap();
+        assert_eq!(index.classes, vec!["Empty", "Full"]);
+        assert_eq!(index.samples.len(), 1);
+        assert_eq!(index.samples[0].class_index, 1);
     }
 
     #[test]

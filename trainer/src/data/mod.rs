@@ -27,6 +27,7 @@ pub mod local_cache;
 pub mod object_store;
 pub mod preload;
 pub mod preprocess;
+pub mod quality;
 pub mod shards;
 pub mod source;
 pub mod split;
@@ -37,7 +38,7 @@ pub mod tiff_reader;
 
 pub use error::DataError;
 pub use index::{build_index, build_index_from_keys, DatasetIndex, Sample};
-pub use preprocess::{MinMaxOutcome, NanAction, NanPolicy, PreprocessOptions};
+pub use preprocess::{MinMaxOutcome, PreprocessOptions, ScaleNotes};
 pub use source::{open_source, ImageSource, LocalSource, SharedSource};
 pub use split::{mean_std_subset, numpy_shuffled_indices, train_heldout_split, Split};
 pub use synth::{generate as generate_synthetic, SynthOptions, SynthSummary};

@@ -7,8 +7,10 @@
 //! 2. [`center_crop`] — torchvision `CenterCrop(n)` if `center_crop != 0`;
 //! 3. [`minmax_scale`] — `utils.normalize_numpy_0_to_1`, per image and per
 //!    channel, in f64;
-//! 4. NaN check — what happens to an image with NaN depends on the stage,
-//!    see [`NanPolicy`].
+//! 4. guards where scDINO produced NaN: a constant channel and a NaN/∞ pixel scale to 0
+//!    (scDINO dropped such an image in training and mean/std and replaced it by dataset
+//!    image 0 in the features; a padded stain made every image NaN, its issue #5). Every
+//!    image is used; the outcome tells what was guarded so the caller can warn.
 
 use super::error::DataError;
 use super::tiff_reader::{Chw, ImageChw};
@@ -87,149 +89,118 @@ fn python_round_half(diff: usize) -> usize {
 /// What min–max scaling did to an image.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MinMaxOutcome {
-    /// Per-channel minimum before scaling (NaN if the channel had a NaN).
+    /// Per-channel minimum of the finite pixels before scaling (0 if none is finite).
     pub min: Vec<f64>,
     /// Per-channel maximum actually divided by, i.e. after the zero-max rule.
     pub max: Vec<f64>,
     /// True if some channel had `max - min == 0`, so every channel with
     /// `max == 0` got `max := 1`.
     pub zero_max_rule_applied: bool,
-    /// Channels that contain at least one NaN after scaling (a constant
-    /// non-zero channel, or NaN in the input).
-    pub nan_channels: Vec<usize>,
+    /// Channels whose finite pixels all have one value (a constant, padded or empty stain).
+    /// They scale to 0; scDINO did too for an all-zero channel (zero-max rule) but divided 0
+    /// by 0 for any other constant, which made the image NaN (its issue #5).
+    pub constant_channels: Vec<usize>,
+    /// Input pixels that were NaN or ±∞. They are left out of min and max and scaled to 0,
+    /// so one bad pixel no longer poisons its whole channel.
+    pub nonfinite_pixels: usize,
 }
 
-impl MinMaxOutcome {
-    /// scDINO's `utils.check_nan(image)`: any NaN anywhere.
-    pub fn has_nan(&self) -> bool {
-        !self.nan_channels.is_empty()
-    }
-}
-
-/// What to do with an image whose min–max scaling produced NaN. scDINO does
-/// not treat all stages alike, and the difference is observable (batch sizes,
-/// feature rows), so the caller must choose explicitly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NanPolicy {
-    /// Training (`main_dino.py`) and mean/std (`mean_std_dataset.py`):
-    /// `__getitem__` returns `None` and `utils.collate_fn` filters it out,
-    /// so that batch is one image smaller.
-    DropImage,
-    /// CLS features (`compute_CLS_features.py`) and labels
-    /// (`extract_image_labels.py`): the image is replaced by dataset image 0
-    /// (after its own preprocessing), so every index still yields a row. Note
-    /// that the label/path written for that row are still those of the
-    /// original index.
-    ReplaceWithFirstImage,
-}
-
-/// What the caller should do with one preprocessed image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NanAction {
-    /// No NaN: use the image.
-    Keep,
-    /// Skip the image (the batch shrinks).
-    Drop,
-    /// Use preprocessed dataset image 0 in its place.
-    ReplaceWithFirstImage,
-}
-
-impl NanPolicy {
-    /// Decide for one image given its scaling outcome.
-    pub fn action(self, outcome: &MinMaxOutcome) -> NanAction {
-        match (outcome.has_nan(), self) {
-            (false, _) => NanAction::Keep,
-            (true, NanPolicy::DropImage) => NanAction::Drop,
-            (true, NanPolicy::ReplaceWithFirstImage) => NanAction::ReplaceWithFirstImage,
-        }
-    }
-}
-
-/// Per-channel min/max with numpy semantics: NaN if any value is NaN.
-fn channel_min_max(plane: &[f32]) -> (f64, f64) {
+/// Per-channel min/max over the finite pixels, and how many pixels were not finite.
+/// A channel without a finite pixel reports (0, 0), i.e. it is constant.
+fn channel_min_max(plane: &[f32]) -> (f64, f64, usize) {
     let mut min = f64::INFINITY;
     let mut max = f64::NEG_INFINITY;
+    let mut nonfinite = 0;
     for &v in plane {
-        let v = f64::from(v);
-        if v.is_nan() {
-            return (f64::NAN, f64::NAN);
+        if !v.is_finite() {
+            nonfinite += 1;
+            continue;
         }
+        let v = f64::from(v);
         min = min.min(v);
         max = max.max(v);
     }
-    (min, max)
+    if min > max {
+        (0.0, 0.0, nonfinite)
+    } else {
+        (min, max, nonfinite)
+    }
 }
 
-/// Compute the scaling parameters exactly like scDINO's
-/// `normalize_numpy_0_to_1` (HEAD, with the zero-max fix of commit 8b2236b):
-/// `x_min`, `x_max` per channel; if any channel has `x_max - x_min == 0`,
-/// set `x_max := 1` for every channel whose `x_max == 0`.
-fn minmax_params(img: &ImageChw) -> (Vec<f64>, Vec<f64>, bool) {
-    let (mut mins, mut maxs): (Vec<f64>, Vec<f64>) = (0..img.channels)
-        .map(|c| channel_min_max(img.channel(c)))
+/// The scaling parameters of scDINO's `normalize_numpy_0_to_1` (HEAD, with the zero-max
+/// fix of commit 8b2236b): `x_min`, `x_max` per channel; if any channel has
+/// `x_max - x_min == 0`, `x_max := 1` for every channel whose `x_max == 0`. Non-finite
+/// pixels are left out of min and max.
+fn minmax_params(img: &ImageChw) -> (Vec<f64>, Vec<f64>, bool, usize, Vec<usize>) {
+    let mut nonfinite = 0;
+    let (mins, mut maxs): (Vec<f64>, Vec<f64>) = (0..img.channels)
+        .map(|c| {
+            let (lo, hi, n) = channel_min_max(img.channel(c));
+            nonfinite += n;
+            (lo, hi)
+        })
         .unzip();
-    let any_zero_range = mins.iter().zip(&maxs).any(|(lo, hi)| hi - lo == 0.0);
+    let constant: Vec<usize> = (0..img.channels)
+        .filter(|&c| maxs[c] - mins[c] == 0.0)
+        .collect();
+    let any_zero_range = !constant.is_empty();
     if any_zero_range {
         for hi in maxs.iter_mut().filter(|hi| **hi == 0.0) {
             *hi = 1.0;
         }
     }
-    // Empty planes (H·W = 0) have no min/max; numpy would raise. Keep NaN.
-    if img.plane_len() == 0 {
-        mins.iter_mut()
-            .chain(maxs.iter_mut())
-            .for_each(|v| *v = f64::NAN);
+    (mins, maxs, any_zero_range, nonfinite, constant)
+}
+
+/// One pixel of scDINO's `(x - x_min) / (x_max - x_min)`, in f64, guarded: a zero range or a
+/// non-finite pixel gives 0 instead of NaN. Wherever scDINO's result is finite, this is the
+/// same arithmetic and the same bits.
+#[inline]
+fn scale_pixel(v: f32, lo: f64, range: f64) -> f64 {
+    if range == 0.0 || !v.is_finite() {
+        0.0
+    } else {
+        (f64::from(v) - lo) / range
     }
-    (mins, maxs, any_zero_range)
 }
 
 /// Per-image, per-channel min–max scaling to [0, 1], in place. The arithmetic
 /// is `(x - x_min) / (x_max - x_min)` in f64, rounded to f32 afterwards —
-/// bit-identical to `torch.from_numpy(normalize_numpy_0_to_1(x)).float()`.
-/// A constant non-zero channel becomes NaN (0/0), as in scDINO; see the
-/// returned [`MinMaxOutcome`] and [`NanPolicy`].
+/// bit-identical to `torch.from_numpy(normalize_numpy_0_to_1(x)).float()` wherever that is
+/// finite. Where scDINO gives NaN (a constant non-zero channel, a NaN or ∞ pixel) the result
+/// is 0 instead, and the returned [`MinMaxOutcome`] says so.
 pub fn minmax_scale(img: &mut ImageChw) -> MinMaxOutcome {
-    let (min, max, zero_max_rule_applied) = minmax_params(img);
-    let mut nan_channels = Vec::new();
+    let (min, max, zero_max_rule_applied, nonfinite_pixels, constant_channels) = minmax_params(img);
     for c in 0..img.channels {
         let (lo, range) = (min[c], max[c] - min[c]);
-        let mut has_nan = false;
         for v in img.channel_mut(c) {
-            let scaled = (f64::from(*v) - lo) / range;
-            has_nan |= scaled.is_nan();
-            *v = scaled as f32;
-        }
-        if has_nan {
-            nan_channels.push(c);
+            *v = scale_pixel(*v, lo, range) as f32;
         }
     }
     MinMaxOutcome {
+        constant_channels,
         min,
         max,
         zero_max_rule_applied,
-        nan_channels,
+        nonfinite_pixels,
     }
 }
 
 /// Like [`minmax_scale`] but keeps the f64 result (the CLS-feature stage of
 /// scDINO feeds float64 tensors). Returned in C×H×W order.
 pub fn minmax_scale_f64(img: &ImageChw) -> (Vec<f64>, MinMaxOutcome) {
-    let (min, max, zero_max_rule_applied) = minmax_params(img);
+    let (min, max, zero_max_rule_applied, nonfinite_pixels, constant_channels) = minmax_params(img);
     let mut out = Vec::with_capacity(img.data.len());
-    let mut nan_channels = Vec::new();
     for c in 0..img.channels {
         let (lo, range) = (min[c], max[c] - min[c]);
-        let start = out.len();
-        out.extend(img.channel(c).iter().map(|&v| (f64::from(v) - lo) / range));
-        if out[start..].iter().any(|v| v.is_nan()) {
-            nan_channels.push(c);
-        }
+        out.extend(img.channel(c).iter().map(|&v| scale_pixel(v, lo, range)));
     }
     let outcome = MinMaxOutcome {
+        constant_channels,
         min,
         max,
         zero_max_rule_applied,
-        nan_channels,
+        nonfinite_pixels,
     };
     (out, outcome)
 }
@@ -244,7 +215,7 @@ pub struct PreprocessOptions {
 }
 
 /// Channel selection → optional center crop → min–max scaling. Returns the
-/// scaled image and the outcome; apply a [`NanPolicy`] to the outcome.
+/// scaled image and what scaling guarded against.
 pub fn preprocess(
     img: &ImageChw,
     opts: &PreprocessOptions,
@@ -260,15 +231,24 @@ pub fn preprocess(
     Ok((out, outcome))
 }
 
-/// [`preprocess`] for the training loader, which only needs to know whether the image has a
-/// NaN: channel selection and centre crop in one pass into `out` (reusing its allocation),
-/// then min–max scaling in place without allocating. Values are bit-identical to
-/// [`preprocess`]'s. Returns `true` if the scaled image has a NaN.
+/// What [`preprocess_into`] had to guard against in one image, without allocating: the
+/// training loader reports the first occurrence of each kind once per run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScaleNotes {
+    /// The first output channel whose range was zero (scaled to 0), if any.
+    pub first_constant_channel: Option<usize>,
+    /// Input pixels that were NaN or ±∞ (scaled to 0).
+    pub nonfinite_pixels: usize,
+}
+
+/// [`preprocess`] for the training loader: channel selection and centre crop in one pass
+/// into `out` (reusing its allocation), then min–max scaling in place without allocating.
+/// Values are bit-identical to [`preprocess`]'s.
 pub fn preprocess_into(
     img: &ImageChw,
     opts: &PreprocessOptions,
     out: &mut ImageChw,
-) -> Result<bool, DataError> {
+) -> Result<ScaleNotes, DataError> {
     let channels = opts
         .selected_channels
         .as_ref()
@@ -303,12 +283,12 @@ fn checked_len(c: usize, h: usize, w: usize) -> Result<usize, DataError> {
         .ok_or_else(|| DataError::InvalidArgument(format!("image size {c}×{h}×{w} overflows")))
 }
 
-/// [`minmax_scale`] without the outcome (and without allocating): the same arithmetic,
-/// returning whether any value became NaN. The zero-range rule needs every channel's range
-/// before any is scaled.
-fn minmax_scale_in_place(img: &mut ImageChw) -> bool {
+/// [`minmax_scale`] without the outcome (and without allocating): the same arithmetic. The
+/// zero-range rule needs every channel's range before any is scaled.
+fn minmax_scale_in_place(img: &mut ImageChw) -> ScaleNotes {
+    let mut notes = ScaleNotes::default();
     if img.plane_len() == 0 {
-        return false;
+        return notes;
     }
     // Ranges of the first STASH channels are kept on the stack; more channels (rare) are
     // scanned again rather than allocated for.
@@ -316,29 +296,33 @@ fn minmax_scale_in_place(img: &mut ImageChw) -> bool {
     let mut stash = [(0.0f64, 0.0f64); STASH];
     let mut any_zero_range = false;
     for c in 0..img.channels {
-        let (lo, hi) = channel_min_max(img.channel(c));
+        let (lo, hi, nonfinite) = channel_min_max(img.channel(c));
+        notes.nonfinite_pixels += nonfinite;
         any_zero_range |= hi - lo == 0.0;
         if let Some(slot) = stash.get_mut(c) {
             *slot = (lo, hi);
         }
     }
-    let mut has_nan = false;
     for c in 0..img.channels {
         let (lo, mut hi) = match stash.get(c) {
             Some(&range) => range,
-            None => channel_min_max(img.channel(c)),
+            None => {
+                let (lo, hi, _) = channel_min_max(img.channel(c));
+                (lo, hi)
+            }
         };
+        if hi - lo == 0.0 && notes.first_constant_channel.is_none() {
+            notes.first_constant_channel = Some(c);
+        }
         if any_zero_range && hi == 0.0 {
             hi = 1.0;
         }
         let range = hi - lo;
         for v in img.channel_mut(c) {
-            let scaled = (f64::from(*v) - lo) / range;
-            has_nan |= scaled.is_nan();
-            *v = scaled as f32;
+            *v = scale_pixel(*v, lo, range) as f32;
         }
     }
-    has_nan
+    notes
 }
 
 #[cfg(test)]
@@ -401,7 +385,7 @@ mod tests {
 
     #[test]
     fn minmax_edge_cases() {
-        // ch0 normal, ch1 all zero, ch2 constant 7 → NaN.
+        // ch0 normal, ch1 all zero, ch2 constant 7 (NaN in scDINO, 0 here).
         let mut im = img(3, 2, 2, |c, y, x| match c {
             0 => (y * 2 + x) as f32,
             1 => 0.0,
@@ -409,15 +393,11 @@ mod tests {
         });
         let out = minmax_scale(&mut im);
         assert!(out.zero_max_rule_applied);
-        assert_eq!(out.nan_channels, vec![2]);
+        assert_eq!(out.constant_channels, vec![1, 2]);
+        assert_eq!(out.nonfinite_pixels, 0);
         assert_eq!(im.channel(0), &[0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0]);
         assert_eq!(im.channel(1), &[0.0; 4]);
-        assert!(im.channel(2).iter().all(|v| v.is_nan()));
-        assert_eq!(NanPolicy::DropImage.action(&out), NanAction::Drop);
-        assert_eq!(
-            NanPolicy::ReplaceWithFirstImage.action(&out),
-            NanAction::ReplaceWithFirstImage
-        );
+        assert_eq!(im.channel(2), &[0.0; 4]);
     }
 
     #[test]
@@ -442,15 +422,25 @@ mod tests {
         assert!(out.zero_max_rule_applied);
         assert_eq!(out.max, vec![1.0, 1.0, 1.0]);
         assert_eq!(im.channel(0), &[2.0 / 3.0, 0.0]);
-        assert!(!out.has_nan());
+        assert_eq!(out.constant_channels, vec![2]);
     }
 
     #[test]
-    fn nan_input_propagates() {
-        let mut im = img(1, 1, 3, |_, _, x| if x == 1 { f32::NAN } else { x as f32 });
+    fn nonfinite_pixels_are_left_out_and_scale_to_zero() {
+        let mut im = img(1, 1, 4, |_, _, x| match x {
+            1 => f32::NAN,
+            2 => f32::INFINITY,
+            _ => x as f32 * 2.0,
+        });
         let out = minmax_scale(&mut im);
-        assert_eq!(out.nan_channels, vec![0]);
-        assert!(im.data.iter().all(|v| v.is_nan()));
+        assert_eq!(out.nonfinite_pixels, 2);
+        assert_eq!((out.min[0], out.max[0]), (0.0, 6.0));
+        assert_eq!(im.data, vec![0.0, 0.0, 0.0, 1.0]);
+        // A channel without one finite pixel is constant and scales to 0.
+        let mut im = img(2, 1, 2, |c, _, x| if c == 0 { f32::NAN } else { x as f32 });
+        let out = minmax_scale(&mut im);
+        assert_eq!(out.constant_channels, vec![0]);
+        assert_eq!(im.data, vec![0.0, 0.0, 0.0, 1.0]);
     }
 
     #[test]
@@ -480,7 +470,7 @@ mod tests {
 
     #[test]
     fn preprocess_into_is_bit_identical_to_preprocess() {
-        // Channel kinds: varied, all zero, constant non-zero (→ NaN), with a NaN, max 0.
+        // Channel kinds: varied, all zero, constant non-zero, with a NaN, max 0.
         let kinds = |c: usize, y: usize, x: usize| -> f32 {
             match c % 5 {
                 0 => ((y * 31 + x * 17) % 97) as f32 * 1.37 + 3.0,
@@ -493,7 +483,7 @@ mod tests {
         };
         let mut out = ImageChw::default();
         for (c, h, w) in [(5, 9, 7), (3, 4, 4), (1, 1, 1)] {
-            // Images without the NaN-producing channels too, so both outcomes occur.
+            // Images without the guarded channels too, so both outcomes occur.
             for mask in [None, Some(vec![0usize, 4])] {
                 let im = img(c, h, w, kinds);
                 for sel in [None, Some(vec![0usize]), Some(vec![0, 0])] {
@@ -510,9 +500,15 @@ mod tests {
                             opts.selected_channels = Some(vec![0]);
                         }
                         let (want, outcome) = preprocess(&im, &opts).unwrap();
-                        let nan = preprocess_into(&im, &opts, &mut out).unwrap();
+                        let notes = preprocess_into(&im, &opts, &mut out).unwrap();
                         let case = format!("{c}×{h}×{w} {opts:?}");
-                        assert_eq!(nan, outcome.has_nan(), "{case}");
+                        assert_eq!(
+                            notes.first_constant_channel,
+                            outcome.constant_channels.first().copied(),
+                            "{case}"
+                        );
+                        assert_eq!(notes.nonfinite_pixels, outcome.nonfinite_pixels, "{case}");
+                        assert!(out.data.iter().all(|v| v.is_finite()), "{case}");
                         assert_eq!(
                             (out.channels, out.height, out.width),
                             (want.channels, want.height, want.width),

@@ -164,15 +164,8 @@ pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>,
     )
     .map_err(|e| StageError::Invalid(e.to_string()))?;
     let mut set = features::extract_shard(t.cfg, t.combination, ckpt, &ms, env.rank, env.world)?;
-    let gathered = gather_shards(
-        &mut group,
-        env.world,
-        &set.features,
-        set.labels.len(),
-        set.replaced,
-    )
-    .map_err(|e| StageError::Invalid(format!("gathering features: {e}")))?;
-    (set.features, set.replaced) = gathered;
+    set.features = gather_shards(&mut group, env.world, &set.features, set.labels.len())
+        .map_err(|e| StageError::Invalid(format!("gathering features: {e}")))?;
     let rows = if env.rank == 0 {
         Some(write_features(t, tag, &set)?)
     } else {
@@ -186,14 +179,13 @@ pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>,
 }
 
 /// All-gathers every rank's share (positions r, r+W, …) and interleaves them back into
-/// held-out order; also sums the NaN-replacement counts.
+/// held-out order.
 fn gather_shards(
     group: &mut ProcessGroup,
     world: usize,
     mine: &tch::Tensor,
     total: usize,
-    replaced: usize,
-) -> Result<(tch::Tensor, usize), crate::dist::group::DistError> {
+) -> Result<tch::Tensor, crate::dist::group::DistError> {
     use tch::{Kind, Tensor};
     let per = total.div_ceil(world) as i64;
     let dim = mine.size()[1];
@@ -204,20 +196,11 @@ fn gather_shards(
     let order: Vec<i64> = (0..total)
         .map(|p| ((p % world) as i64) * per + (p / world) as i64)
         .collect();
-    let mut count = [Tensor::from_slice(&[replaced as f32])];
-    group.all_reduce(&mut count, crate::dist::group::ReduceOp::Sum)?;
-    let replaced = f32::try_from(&count[0]).unwrap_or(0.0).round() as usize;
-    Ok((all.index_select(0, &Tensor::from_slice(&order)), replaced))
+    Ok(all.index_select(0, &Tensor::from_slice(&order)))
 }
 
 fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<usize, StageError> {
     features::write(&t.analyses, tag, set)?;
-    if set.replaced > 0 {
-        eprintln!(
-            "features {tag}: {} images gave NaN and were replaced by image 0 (scDINO's rule)",
-            set.replaced
-        );
-    }
     Ok(set.labels.len())
 }
 

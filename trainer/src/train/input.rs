@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tch::{Device, Tensor};
 
 /// Reads and preprocesses one dataset index into the given buffer, reusing its allocation
-/// (`Ok(false)`: dropped, e.g. NaN after min–max).
+/// (`Ok(false)`: dropped, e.g. an undecodable image under `data.on_corrupt: skip`).
 pub type ImageFn = dyn Fn(usize, &mut ImageChw) -> Result<bool, String> + Send + Sync;
 
 thread_local! {
@@ -245,7 +245,7 @@ mod tests {
             selected_channels: Some(vec![0, 2, 4]),
             center_crop: 40,
         };
-        let images = training_image_fn(source.clone(), prep, 5, None);
+        let images = training_image_fn(source.clone(), prep, 5, Vec::new(), None);
         let samples = AugmentedSamples::new(images, augment.clone(), 7, 1);
         let mut bufs: Vec<Vec<f32>> = (0..augment.num_crops())
             .map(|k| vec![0.0; augment.crop_len(k)])

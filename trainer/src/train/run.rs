@@ -18,6 +18,7 @@ use crate::augment::{MultiCropAugment, MultiCropConfig};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
 use crate::config::{Config, OnCorrupt, Strategy};
 use crate::data::preprocess::preprocess_into;
+use crate::data::quality;
 use crate::data::{self, ImageChw, ImageSource, PreprocessOptions, SharedSource};
 use crate::device::CudaFacts;
 use crate::dist::ddp::Ddp;
@@ -125,13 +126,14 @@ pub fn dataset_mean_std_at(
     }
     eprintln!("computing dataset mean/std -> {}", path.display());
     let threads = cfg.data.num_workers.max(1);
-    let ms = mean_std::compute_with(
+    let (ms, quality) = mean_std::compute_with(
         source,
         cfg.data.mean_std_fraction,
         cfg.data.center_crop,
         threads,
         cfg.data.on_corrupt,
     )?;
+    quality.warn(&cfg.data.channel_names, &cfg.used_channels());
     std::fs::create_dir_all(cfg.run_dir()).map_err(|source| TrainError::Io {
         path: cfg.run_dir(),
         source,
@@ -216,7 +218,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             cfg.file_channels()
         )));
     }
-    let (mean, std) = ms.select(&channels);
+    let (mean, std) = ms.select(&channels, &cfg.data.channel_names);
 
     let batch = cfg.train.batch_size_per_gpu;
     let niter = iters_per_epoch(split.train.len(), world, batch);
@@ -446,7 +448,13 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         source.will_read(&order[(start_batch * batch).min(order.len())..]);
         let skip_corrupt =
             (cfg.data.on_corrupt == OnCorrupt::Skip).then(|| corrupt_skipped.clone());
-        let images = training_image_fn(source.clone(), prep.clone(), file_channels, skip_corrupt);
+        let images = training_image_fn(
+            source.clone(),
+            prep.clone(),
+            file_channels,
+            cfg.data.channel_names.clone(),
+            skip_corrupt,
+        );
         let sample = input
             .samples(images, epoch as u64, &order)
             .map_err(TrainError::Setup)?;
@@ -714,15 +722,16 @@ fn agree(group: &mut dyn Collective, flag: bool) -> Result<bool, TrainError> {
 }
 
 /// What a loader worker reads for one dataset index during training: the TIFF, its channel
-/// count checked, channels selected / cropped / min–max scaled into the caller's buffer, or
-/// `false` if that gave NaN (scDINO's training rule: the image is dropped). [`TrainInput`]
-/// augments it. With `data.on_corrupt: skip` (a counter given), an undecodable image is
+/// count checked, channels selected / cropped / min–max scaled into the caller's buffer
+/// (a constant channel or a NaN pixel is guarded and named once per process, see
+/// [`crate::data::quality`]; scDINO dropped such an image). [`TrainInput`] augments it. With `data.on_corrupt: skip` (a counter given), an undecodable image is
 /// dropped and counted too. The file bytes and the decoded image live in per-thread buffers,
 /// so a worker allocates nothing per sample (for uncompressed TIFFs from files or shards).
 pub fn training_image_fn(
     source: SharedSource,
     prep: PreprocessOptions,
     file_channels: usize,
+    channel_names: Vec<String>,
     skip_corrupt: Option<Arc<AtomicU64>>,
 ) -> Arc<ImageFn> {
     thread_local! {
@@ -750,8 +759,18 @@ pub fn training_image_fn(
                     raw.channels
                 ));
             }
-            let has_nan = preprocess_into(raw, &prep, out).map_err(|e| e.to_string())?;
-            Ok(!has_nan)
+            let notes = preprocess_into(raw, &prep, out).map_err(|e| e.to_string())?;
+            if notes.first_constant_channel.is_some() || notes.nonfinite_pixels > 0 {
+                let path = &source.index().samples[i].path;
+                if let Some(k) = notes.first_constant_channel {
+                    let channel = prep.selected_channels.as_ref().map_or(k, |sel| sel[k]);
+                    quality::constant_channel(channel, &channel_names, path);
+                }
+                if notes.nonfinite_pixels > 0 {
+                    quality::nonfinite_pixels(notes.nonfinite_pixels, path);
+                }
+            }
+            Ok(true)
         })
     })
 }

@@ -320,18 +320,33 @@ import sys, json, numpy as np
 cases = json.load(open(sys.argv[1]))
 out = []
 for c in cases:
-    x = np.array(c['hwc'], dtype=np.float64).reshape(c['h'], c['w'], c['c'])
-    x = x[:, :, c['sel']]
+    x = np.array([np.nan if v is None else v for v in c['hwc']], dtype=np.float64)
+    x = x.reshape(c['h'], c['w'], c['c'])[:, :, c['sel']]
     # scDINO utils.normalize_numpy_0_to_1 at HEAD (zero-max fix of 8b2236b)
     x_min = x.min(axis=(0, 1), keepdims=True)
     x_max = x.max(axis=(0, 1), keepdims=True)
     if (x_max - x_min == 0).any():
         x_max[x_max == 0] = 1
     with np.errstate(invalid='ignore', divide='ignore'):
-        x = (x - x_min) / (x_max - x_min)
-    has_nan = bool(np.isnan(x).any())
-    chw = x.astype(np.float32).transpose(2, 0, 1).ravel()
-    out.append({'chw': [None if np.isnan(v) else float(v) for v in chw], 'nan': has_nan})
+        scdino = (x - x_min) / (x_max - x_min)
+    # The guarded version: min/max over finite pixels (0 if none), the same zero-max rule,
+    # then a zero range or a non-finite pixel gives 0.
+    finite = np.isfinite(x)
+    lo = np.where(finite, x, np.inf).min(axis=(0, 1), keepdims=True)
+    hi = np.where(finite, x, -np.inf).max(axis=(0, 1), keepdims=True)
+    none = ~finite.any(axis=(0, 1), keepdims=True)
+    lo[none] = 0
+    hi[none] = 0
+    constant = (hi - lo == 0)
+    if constant.any():
+        hi[hi == 0] = 1
+    rng = hi - lo
+    with np.errstate(invalid='ignore', divide='ignore'):
+        g = np.where(finite & (rng != 0), (np.where(finite, x, 0) - lo) / np.where(rng == 0, 1, rng), 0.0)
+    f32 = lambda a: [None if np.isnan(v) else float(v) for v in a.astype(np.float32).transpose(2, 0, 1).ravel()]
+    out.append({'chw': f32(g), 'scdino': f32(scdino), 'scdino_nan': bool(np.isnan(scdino).any()),
+                'constant': [int(i) for i in np.flatnonzero(constant.ravel())],
+                'nonfinite': int((~finite).sum())})
 print(json.dumps(out))
 "#;
 
@@ -355,11 +370,13 @@ fn minmax_cases() -> Vec<(ImageChw, Vec<usize>)> {
         *v = (rnd() % 4096.0).floor();
     }
     cases.push((Chw::new(3, h, w, data.clone()).unwrap(), vec![0, 1, 2]));
-    // 3. constant non-zero channel → NaN.
+    // 3. constant non-zero channel: NaN in scDINO, 0 here.
     for v in &mut data[h * w..2 * h * w] {
         *v = 1234.0;
     }
     cases.push((Chw::new(3, h, w, data.clone()).unwrap(), vec![2, 1, 0]));
+    // 3b. the same image with the constant channel not selected.
+    cases.push((Chw::new(3, h, w, data.clone()).unwrap(), vec![0, 2]));
     // 4. a channel in [-x, 0] plus a zero channel (max := 1 for both).
     for v in &mut data[h * w..2 * h * w] {
         *v = -(rnd() % 100.0).floor();
@@ -367,10 +384,23 @@ fn minmax_cases() -> Vec<(ImageChw, Vec<usize>)> {
     cases.push((Chw::new(3, h, w, data.clone()).unwrap(), vec![1, 2]));
     // 5. non-integer floats, channel subset with a repeat.
     let data: Vec<f32> = (0..4 * h * w).map(|_| rnd() / 3.7e5 - 11.0).collect();
-    cases.push((Chw::new(4, h, w, data).unwrap(), vec![3, 0, 3]));
+    cases.push((Chw::new(4, h, w, data.clone()).unwrap(), vec![3, 0, 3]));
+    // 6. a float image with NaN and ∞ pixels in one channel, and a channel all NaN.
+    let mut data = data;
+    data[3] = f32::NAN;
+    data[h * w + 7] = f32::INFINITY;
+    data[h * w + 8] = f32::NEG_INFINITY;
+    for v in &mut data[2 * h * w..3 * h * w] {
+        *v = f32::NAN;
+    }
+    cases.push((Chw::new(4, h, w, data).unwrap(), vec![0, 1, 2, 3]));
+    // 7. an all-zero image.
+    cases.push((Chw::new(2, h, w, vec![0.0; 2 * h * w]).unwrap(), vec![0, 1]));
     cases
 }
 
+/// Guarded min–max against a numpy oracle, and bit-identical to scDINO's own
+/// `normalize_numpy_0_to_1` wherever scDINO's result has no NaN.
 #[test]
 fn minmax_matches_scdino_numpy() {
     let cases = minmax_cases();
@@ -387,22 +417,43 @@ fn minmax_matches_scdino_numpy() {
     let input = dir.path().join("cases.json");
     std::fs::write(&input, serde_json::to_string(&payload).unwrap()).unwrap();
     let expected = json(&run_python(MINMAX, &[input.to_str().unwrap()]));
-    let mut saw_nan = false;
+    let (mut scdino_nan, mut scdino_clean) = (0, 0);
     for (i, ((img, sel), reference)) in cases.iter().zip(expected.as_array().unwrap()).enumerate() {
         let opts = preprocess::PreprocessOptions {
             selected_channels: Some(sel.clone()),
             center_crop: 0,
         };
         let (out, outcome) = preprocess::preprocess(img, &opts).unwrap();
+        assert!(
+            out.data.iter().all(|v| v.is_finite()),
+            "case {i}: not finite"
+        );
         assert_same_f32(&out.data, &f32s(&reference["chw"]), &format!("case {i}"));
         assert_eq!(
-            outcome.has_nan(),
-            reference["nan"].as_bool().unwrap(),
-            "case {i}: NaN flag"
+            outcome.constant_channels,
+            usizes(&reference["constant"]),
+            "case {i}: constant channels"
         );
-        saw_nan |= outcome.has_nan();
+        assert_eq!(
+            outcome.nonfinite_pixels as u64,
+            reference["nonfinite"].as_u64().unwrap(),
+            "case {i}: non-finite pixels"
+        );
+        if reference["scdino_nan"].as_bool().unwrap() {
+            scdino_nan += 1;
+        } else {
+            scdino_clean += 1;
+            assert_same_f32(
+                &out.data,
+                &f32s(&reference["scdino"]),
+                &format!("case {i} = scDINO"),
+            );
+        }
     }
-    assert!(saw_nan, "the constant-channel case must produce NaN");
+    assert!(
+        scdino_nan >= 2 && scdino_clean >= 4,
+        "{scdino_nan} NaN / {scdino_clean} clean cases"
+    );
 }
 
 const IMAGEFOLDER: &str = r#"

@@ -666,8 +666,13 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
         selected_channels: Some(vec![0, 2]),
         center_crop: 0,
     };
-    let sample =
-        trainer::train::run::training_image_fn(source.clone(), prep, 5, Some(counter.clone()));
+    let sample = trainer::train::run::training_image_fn(
+        source.clone(),
+        prep,
+        5,
+        Vec::new(),
+        Some(counter.clone()),
+    );
     let mut img = trainer::data::ImageChw::default();
     for &i in &split.train {
         let kept = sample(i, &mut img).unwrap();

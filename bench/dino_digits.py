@@ -1,0 +1,456 @@
+"""Does DINO learn? A full PyTorch reference scDINO training run on the digits dataset, with a
+weighted-kNN probe of the teacher's CLS features after every epoch.
+
+    .venv/bin/python scripts/digits.py --out /tmp/digits --size 16
+    .venv/bin/python bench/dino_digits.py --data /tmp/digits [hyperparameters...]
+
+The data is the folder `scripts/digits.py` writes: `DATA/Training/<class>/*.tiff` trains DINO
+and is the kNN memory bank; `DATA/Test/**/<class>/*.tiff` are the kNN queries. The label of a
+file is the name of its parent folder.
+
+What is reused (imported, not copied):
+  * trainer/tests/py/dino_reference.py: VisionTransformer, DINOHead, MultiCropWrapper;
+  * bench/scdino_input.py: TiffImageFolder (tifffile.imread, float64, min–max per image and
+    channel with scDINO's zero-max rule) and DataAugmentationDINO (multi-channel multi-crop:
+    RandomResizedCrop bicubic, horizontal + vertical flips p=0.5, per-channel brightness p=0.8,
+    Gaussian blur p=1.0/0.1/0.5, solarisation p=0.2 on global crop 2, Normalize).
+What is re-stated here because bench/train_step.py is a script (it parses argv and runs at
+import) and keeps lr/wd/momentum/temperature constant: scDINO's DINOLoss with the per-epoch
+teacher-temperature schedule, `cosine_scheduler`, the two AdamW parameter groups, per-parameter
+`clip_gradients`, `cancel_gradients_last_layer` and the teacher EMA (main_dino.py L300-487,
+utils.py L320-386, L824-835), the same code as in bench/train_step.py.
+
+Departures from scDINO, all for a 1,437-image CPU run:
+  * the images are decoded and min–max scaled once and kept in memory (same values as reading
+    each epoch); DataLoader with num_workers 0, shuffled by a seeded generator, drop_last False
+    (True with --use-bn-in-head, where a batch of one cannot be normalised);
+  * the whole Training folder is trained on (no 80/20 split inside it; the Test folder is the
+    held-out part) and the dataset mean/std is taken over every Training pixel (scDINO: a
+    seed-42 20 % subset). A channel with std 0 (a constant stain) gets std 1, because
+    torchvision's Normalize refuses std 0 (scDINO would stop there);
+  * the geometric and photometric augmentations can be switched off one by one (--no-flips,
+    --no-blur, --no-solarize, --no-brightness): the built DataAugmentationDINO is kept and the
+    switched-off transforms are removed from its Compose lists. scDINO itself always applies
+    all of them (flips turn a 6 into a 9 upside-down; a 2 into an S-like shape mirrored).
+
+Evaluation (epoch -1 = untrained, then after each epoch): the teacher backbone (as
+compute_CLS_features.py, checkpoint_key "teacher") in eval mode on the eval transform
+(min–max per image and channel, Resize to --global-size bilinear, Normalize), rows
+L2-normalised; DINO's weighted kNN (eval_knn.py: cosine similarity, top-k, weights
+exp(sim/T), votes summed per class, argmax) with the Training features as the bank and the Test
+features as queries, T = 0.07, k = 20 and 10. Raw-pixel kNN (the same eval-transformed pixels,
+flattened, L2-normalised) is reported once as a baseline.
+
+Collapse diagnostics, per epoch over the training batches: mean loss; `t_ent`, mean entropy of
+the centred, sharpened teacher distribution of one image (→ ln(out_dim) is the uniform
+collapse: loss → ln(out_dim) too; → 0 with one prototype for all is the other collapse);
+`t_ent_batch`, entropy of the batch-averaged teacher distribution (how many prototypes the batch
+spreads over, as exp); `protos_batch`, mean number of distinct teacher argmax prototypes per
+batch (of 2B global crops); `protos_epoch`, distinct argmax prototypes over the epoch.
+
+Prints one JSON line per evaluated epoch (and a header line with the configuration and
+baselines); with --json-out also writes them all to a file.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "trainer", "tests", "py"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import dino_reference  # noqa: E402
+from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
+from scdino_input import DataAugmentationDINO, TiffImageFolder  # noqa: E402
+
+
+def pair(s):
+    lo, hi = (float(v) for v in s.split(","))
+    return lo, hi
+
+
+def str2bool(s):
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {s}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="PyTorch reference DINO run on the digits dataset "
+                                "with a per-epoch kNN probe (see the module docstring).")
+    p.add_argument("--data", required=True, help="root written by scripts/digits.py")
+    # model (scDINO keys: arch, patch_size, out_dim, norm_last_layer, use_bn_in_head,
+    # drop_path_rate)
+    p.add_argument("--arch", default="vit_tiny", choices=["vit_tiny", "vit_small", "vit_base"])
+    p.add_argument("--patch-size", type=int, default=4)
+    p.add_argument("--out-dim", type=int, default=1024)
+    p.add_argument("--norm-last-layer", type=str2bool, default=True)
+    p.add_argument("--use-bn-in-head", type=str2bool, default=False)
+    p.add_argument("--drop-path-rate", type=float, default=0.1)
+    # optimisation (epochs, batch_size_per_gpu, lr, min_lr, warmup_epochs, weight_decay,
+    # weight_decay_end, clip_grad, freeze_last_layer, momentum_teacher)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64, help="batch_size_per_gpu (world 1)")
+    p.add_argument("--lr", type=float, default=5e-4, help="peak lr per 256 images (scaled "
+                   "linearly by batch/256)")
+    p.add_argument("--min-lr", type=float, default=1e-6)
+    p.add_argument("--warmup-epochs", type=int, default=10)
+    p.add_argument("--weight-decay", type=float, default=0.04)
+    p.add_argument("--weight-decay-end", type=float, default=0.4)
+    p.add_argument("--clip-grad", type=float, default=3.0)
+    p.add_argument("--freeze-last-layer", type=int, default=1)
+    p.add_argument("--momentum-teacher", type=float, default=0.996)
+    # DINO loss (warmup_teacher_temp, teacher_temp, warmup_teacher_temp_epochs; student 0.1)
+    p.add_argument("--warmup-teacher-temp", type=float, default=0.04)
+    p.add_argument("--teacher-temp", type=float, default=0.04)
+    p.add_argument("--warmup-teacher-temp-epochs", type=int, default=0)
+    p.add_argument("--student-temp", type=float, default=0.1)
+    # multi-crop (global_crops_scale, global_crop_size, local_crops_number, local_crops_scale,
+    # local_crop_size)
+    p.add_argument("--global-crop-size", type=int, default=16)
+    p.add_argument("--local-crop-size", type=int, default=8)
+    p.add_argument("--global-crops-scale", type=pair, default=(0.4, 1.0))
+    p.add_argument("--local-crops-scale", type=pair, default=(0.05, 0.4))
+    p.add_argument("--local-crops-number", type=int, default=8)
+    # augmentation switches (scDINO: all on)
+    p.add_argument("--no-flips", action="store_true", help="drop the horizontal/vertical flips")
+    p.add_argument("--no-blur", action="store_true")
+    p.add_argument("--no-solarize", action="store_true")
+    p.add_argument("--no-brightness", action="store_true")
+    # run
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=1, help="kNN probe every N epochs "
+                   "(the last epoch is always evaluated)")
+    p.add_argument("--knn-t", type=float, default=0.07)
+    p.add_argument("--sdpa", action="store_true", help="fused attention kernel (faster; the "
+                   "Rust model uses it too)")
+    p.add_argument("--json-out", help="also write the JSON lines to this file")
+    return p.parse_args(argv)
+
+
+# ---- scDINO's loss, schedules and optimiser helpers (main_dino.py, utils.py) ----
+class DINOLoss(torch.nn.Module):
+    def __init__(self, out_dim, ncrops, warmup_teacher_temp, teacher_temp,
+                 warmup_teacher_temp_epochs, nepochs, student_temp=0.1, center_momentum=0.9):
+        super().__init__()
+        self.student_temp, self.center_momentum, self.ncrops = student_temp, center_momentum, ncrops
+        self.register_buffer("center", torch.zeros(1, out_dim))
+        self.teacher_temp_schedule = np.concatenate((
+            np.linspace(warmup_teacher_temp, teacher_temp, warmup_teacher_temp_epochs),
+            np.ones(nepochs - warmup_teacher_temp_epochs) * teacher_temp))
+        self.last_teacher_probs = None
+
+    def forward(self, student_output, teacher_output, epoch):
+        student_out = (student_output / self.student_temp).chunk(self.ncrops)
+        temp = self.teacher_temp_schedule[epoch]
+        teacher_probs = F.softmax((teacher_output - self.center) / temp, dim=-1).detach()
+        self.last_teacher_probs = teacher_probs
+        teacher_out = teacher_probs.chunk(2)
+        total_loss, n = 0, 0
+        for iq, q in enumerate(teacher_out):
+            for v in range(len(student_out)):
+                if v == iq:
+                    continue
+                total_loss += torch.sum(-q * F.log_softmax(student_out[v], dim=-1), dim=-1).mean()
+                n += 1
+        total_loss /= n
+        self.update_center(teacher_output)
+        return total_loss
+
+    @torch.no_grad()
+    def update_center(self, teacher_output):
+        batch_center = torch.sum(teacher_output, dim=0, keepdim=True) / len(teacher_output)
+        self.center = self.center * self.center_momentum + batch_center * (1 - self.center_momentum)
+
+
+def cosine_scheduler(base_value, final_value, epochs, niter_per_ep, warmup_epochs=0,
+                     start_warmup_value=0):
+    warmup_schedule = np.array([])
+    warmup_iters = warmup_epochs * niter_per_ep
+    if warmup_epochs > 0:
+        warmup_schedule = np.linspace(start_warmup_value, base_value, warmup_iters)
+    iters = np.arange(epochs * niter_per_ep - warmup_iters)
+    schedule = final_value + 0.5 * (base_value - final_value) * (1 + np.cos(np.pi * iters / len(iters)))
+    schedule = np.concatenate((warmup_schedule, schedule))
+    assert len(schedule) == epochs * niter_per_ep
+    return schedule
+
+
+def get_params_groups(model):
+    regularized, not_regularized = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if name.endswith(".bias") or len(param.shape) == 1:
+            not_regularized.append(param)
+        else:
+            regularized.append(param)
+    return [{"params": regularized}, {"params": not_regularized, "weight_decay": 0.0}]
+
+
+def clip_gradients(model, clip):
+    for _, p in model.named_parameters():
+        if p.grad is not None:
+            param_norm = p.grad.data.norm(2)
+            clip_coef = clip / (param_norm + 1e-6)
+            if clip_coef < 1:
+                p.grad.data.mul_(clip_coef)
+
+
+def cancel_gradients_last_layer(epoch, model, freeze_last_layer):
+    if epoch >= freeze_last_layer:
+        return
+    for n, p in model.named_parameters():
+        if "last_layer" in n:
+            p.grad = None
+
+
+# ---- data ----
+class Images:
+    """Every image of one folder tree, loaded once with scDINO's dataset semantics."""
+
+    def __init__(self, root):
+        folder = TiffImageFolder(root, transform=None)
+        self.paths = [s[0] for s in folder.samples]
+        self.names = [os.path.basename(os.path.dirname(p)) for p in self.paths]
+        xs = []
+        for i in range(len(folder)):
+            x = folder.load(i) if _is_3d(self.paths[i]) else _load_2d(folder, i)
+            if x is None:
+                sys.exit(f"{self.paths[i]}: NaN after min–max (scDINO drops such images)")
+            xs.append(x)
+        self.x = torch.stack(xs)  # N, C, H, W float32 in [0, 1]
+
+
+def _is_3d(path):
+    import tifffile
+
+    with tifffile.TiffFile(path) as t:
+        return len(t.series[0].shape) == 3
+
+
+def _load_2d(folder, i):
+    """A single-channel file reads back as (H, W); give it scDINO's (H, W, 1) channel axis."""
+    import tifffile
+
+    from scdino_input import normalize_numpy_0_to_1
+
+    x = tifffile.imread(folder.samples[i][0]).astype(np.float64)[:, :, None]
+    x = normalize_numpy_0_to_1(x)
+    return None if np.isnan(x).any() else torch.from_numpy(x.astype(np.float32)).permute(2, 0, 1)
+
+
+class Augmented(torch.utils.data.Dataset):
+    def __init__(self, x, transform):
+        self.x, self.transform = x, transform
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.transform(self.x[i]), i
+
+
+def build_augmentation(a, mean, std):
+    from torchvision import transforms as T
+
+    from scdino_input import AdjustBrightness, GaussianBlurMultiChan, SolarizationMultiChan
+
+    aug = DataAugmentationDINO(mean, std, a.global_crop_size, a.local_crop_size,
+                               a.local_crops_number, a.global_crops_scale, a.local_crops_scale)
+    drop = []
+    if a.no_flips:
+        drop += [T.RandomHorizontalFlip, T.RandomVerticalFlip]
+    if a.no_blur:
+        drop.append(GaussianBlurMultiChan)
+    if a.no_solarize:
+        drop.append(SolarizationMultiChan)
+    if a.no_brightness:
+        drop.append(AdjustBrightness)
+    for comp in (aug.global1, aug.global2, aug.local):
+        comp.transforms = [t for t in comp.transforms if not isinstance(t, tuple(drop))]
+        # `flips` is a nested Compose of the two flips
+        for t in comp.transforms:
+            if isinstance(t, T.Compose):
+                t.transforms = [u for u in t.transforms if not isinstance(u, tuple(drop))]
+    return aug
+
+
+def eval_inputs(x, size, mean, std):
+    """compute_CLS_features.py's transform after min–max: Resize(size) bilinear, Normalize."""
+    if x.shape[-1] != size or x.shape[-2] != size:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    return (x - m) / s
+
+
+# ---- kNN probe ----
+@torch.no_grad()
+def knn_top1(bank, bank_labels, queries, query_labels, k, T, num_classes):
+    """DINO eval_knn.py knn_classifier: weighted votes exp(sim/T) over the top-k neighbours."""
+    sim = queries @ bank.t()
+    k = min(k, bank.shape[0])
+    d, idx = sim.topk(k, dim=1, largest=True, sorted=True)
+    cand = bank_labels[idx]  # Q, k
+    one_hot = torch.zeros(cand.shape[0] * k, num_classes)
+    one_hot.scatter_(1, cand.reshape(-1, 1), 1)
+    votes = (one_hot.view(cand.shape[0], k, num_classes) * (d / T).exp().unsqueeze(-1)).sum(1)
+    pred = votes.argmax(1)
+    return 100.0 * (pred == query_labels).float().mean().item()
+
+
+@torch.no_grad()
+def features(backbone, x, batch=256):
+    was = backbone.training
+    backbone.eval()
+    out = torch.cat([backbone(x[i:i + batch]) for i in range(0, len(x), batch)])
+    backbone.train(was)
+    return F.normalize(out, dim=1, p=2)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    dino_reference.USE_SDPA = a.sdpa
+    torch.manual_seed(a.seed)
+    random.seed(a.seed)
+    np.random.seed(a.seed)
+    t_start = time.perf_counter()
+
+    train = Images(os.path.join(a.data, "Training"))
+    test = Images(os.path.join(a.data, "Test"))
+    classes = sorted(set(train.names) | set(test.names))
+    y_train = torch.tensor([classes.index(n) for n in train.names])
+    y_test = torch.tensor([classes.index(n) for n in test.names])
+    C = train.x.shape[1]
+    mean = train.x.double().mean(dim=(0, 2, 3)).tolist()
+    std = train.x.double().std(dim=(0, 2, 3), unbiased=False).tolist()
+    std = [s if s > 0 else 1.0 for s in std]
+
+    ev_train = eval_inputs(train.x, a.global_crop_size, mean, std)
+    ev_test = eval_inputs(test.x, a.global_crop_size, mean, std)
+    nc = len(classes)
+
+    def probe(backbone):
+        ftr, fte = features(backbone, ev_train), features(backbone, ev_test)
+        return {f"knn{k}": knn_top1(ftr, y_train, fte, y_test, k, a.knn_t, nc) for k in (20, 10)}
+
+    raw_tr = F.normalize(ev_train.flatten(1), dim=1)
+    raw_te = F.normalize(ev_test.flatten(1), dim=1)
+    raw = {f"knn{k}": knn_top1(raw_tr, y_train, raw_te, y_test, k, a.knn_t, nc) for k in (20, 10)}
+
+    # ---- networks (main_dino.py L232-282) ----
+    img = a.global_crop_size
+    vit_s = VisionTransformer(a.arch, a.patch_size, C, drop_path_rate=a.drop_path_rate, img_size=img)
+    student = MultiCropWrapper(vit_s, DINOHead(vit_s.embed_dim, a.out_dim, use_bn=a.use_bn_in_head,
+                                               norm_last_layer=a.norm_last_layer))
+    vit_t = VisionTransformer(a.arch, a.patch_size, C, img_size=img)
+    teacher = MultiCropWrapper(vit_t, DINOHead(vit_t.embed_dim, a.out_dim, use_bn=a.use_bn_in_head))
+    teacher.load_state_dict(student.state_dict())
+    for q in teacher.parameters():
+        q.requires_grad = False
+    student.train()
+    teacher.train()
+
+    aug = build_augmentation(a, mean, std)
+    loader = torch.utils.data.DataLoader(
+        Augmented(train.x, aug), batch_size=a.batch_size, shuffle=True, num_workers=0,
+        drop_last=a.use_bn_in_head, generator=torch.Generator().manual_seed(a.seed))
+    niter = len(loader)
+    ncrops = 2 + a.local_crops_number
+    dino_loss = DINOLoss(a.out_dim, ncrops, a.warmup_teacher_temp, a.teacher_temp,
+                         a.warmup_teacher_temp_epochs, a.epochs, a.student_temp)
+    optimizer = torch.optim.AdamW(get_params_groups(student))
+    lr_schedule = cosine_scheduler(a.lr * a.batch_size / 256, a.min_lr, a.epochs, niter,
+                                   warmup_epochs=a.warmup_epochs)
+    wd_schedule = cosine_scheduler(a.weight_decay, a.weight_decay_end, a.epochs, niter)
+    momentum_schedule = cosine_scheduler(a.momentum_teacher, 1, a.epochs, niter)
+
+    lines = []
+
+    def emit(d):
+        line = json.dumps(d)
+        print(line, flush=True)
+        lines.append(line)
+
+    cfg = {k: v for k, v in vars(a).items() if k not in ("json_out",)}
+    emit({"config": cfg, "train_images": len(train.x), "test_images": len(test.x),
+          "channels": C, "image_size": list(train.x.shape[-2:]), "iters_per_epoch": niter,
+          "ln_out_dim": math.log(a.out_dim), "mean": mean, "std": std, "raw_pixels": raw,
+          "load_s": round(time.perf_counter() - t_start, 2)})
+    t0 = time.perf_counter()
+    untrained = probe(teacher.backbone)
+    emit({"epoch": -1, **untrained, "eval_s": round(time.perf_counter() - t0, 2)})
+
+    train_s, best = 0.0, dict(untrained)
+    for epoch in range(a.epochs):
+        t0 = time.perf_counter()
+        losses, ents, ents_b, protos_b, protos_all = [], [], [], [], set()
+        for it, (images, _) in enumerate(loader):
+            git = niter * epoch + it
+            for i, g in enumerate(optimizer.param_groups):
+                g["lr"] = lr_schedule[git]
+                if i == 0:
+                    g["weight_decay"] = wd_schedule[git]
+            teacher_output = teacher(images[:2])
+            student_output = student(images)
+            loss = dino_loss(student_output, teacher_output, epoch)
+            if not math.isfinite(loss.item()):
+                emit({"epoch": epoch, "error": f"Loss is {loss.item()}, stopping training"})
+                return 1
+            optimizer.zero_grad()
+            loss.backward()
+            if a.clip_grad:
+                clip_gradients(student, a.clip_grad)
+            cancel_gradients_last_layer(epoch, student, a.freeze_last_layer)
+            optimizer.step()
+            with torch.no_grad():
+                m = momentum_schedule[git]
+                for param_q, param_k in zip(student.parameters(), teacher.parameters()):
+                    param_k.data.mul_(m).add_((1 - m) * param_q.detach().data)
+                q = dino_loss.last_teacher_probs
+                ents.append(-(q * q.clamp_min(1e-30).log()).sum(1).mean().item())
+                qm = q.mean(0)
+                ents_b.append(-(qm * qm.clamp_min(1e-30).log()).sum().item())
+                am = q.argmax(1)
+                protos_b.append(len(torch.unique(am)))
+                protos_all.update(am.tolist())
+            losses.append(loss.item())
+        dt = time.perf_counter() - t0
+        train_s += dt
+        rec = {"epoch": epoch, "loss": float(np.mean(losses)), "loss_last": losses[-1],
+               "t_ent": float(np.mean(ents)), "t_ent_batch": float(np.mean(ents_b)),
+               "protos_batch": float(np.mean(protos_b)), "protos_epoch": len(protos_all),
+               "teacher_temp": float(dino_loss.teacher_temp_schedule[epoch]),
+               "lr": float(lr_schedule[niter * epoch + niter - 1]),
+               "momentum": float(momentum_schedule[niter * epoch + niter - 1]),
+               "train_s": round(dt, 2), "train_s_total": round(train_s, 2)}
+        if (epoch + 1) % a.eval_every == 0 or epoch == a.epochs - 1:
+            t0 = time.perf_counter()
+            rec.update(probe(teacher.backbone))
+            rec["eval_s"] = round(time.perf_counter() - t0, 2)
+            for k in ("knn20", "knn10"):
+                best[k] = max(best[k], rec[k])
+        emit(rec)
+    emit({"summary": True, "untrained": untrained, "raw_pixels": raw, "best": best,
+          "final": {k: rec.get(k) for k in ("knn20", "knn10")}, "final_loss": rec["loss"],
+          "train_s": round(train_s, 2), "wall_s": round(time.perf_counter() - t_start, 2)})
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
