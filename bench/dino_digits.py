@@ -46,10 +46,18 @@ the centred, sharpened teacher distribution of one image (→ ln(out_dim) is the
 collapse: loss → ln(out_dim) too; → 0 with one prototype for all is the other collapse);
 `t_ent_batch`, entropy of the batch-averaged teacher distribution (how many prototypes the batch
 spreads over, as exp); `protos_batch`, mean number of distinct teacher argmax prototypes per
-batch (of 2B global crops); `protos_epoch`, distinct argmax prototypes over the epoch.
+batch (of 2B global crops); `protos_epoch`, distinct argmax prototypes over the epoch. With
+each kNN probe: `protos_eval`, distinct prototypes the teacher (eval mode, centred) assigns to
+the un-augmented Training images, and `purity`, the share of those images whose prototype's
+majority digit is their own (clusters that follow the digits give a high purity with few
+prototypes).
 
-Prints one JSON line per evaluated epoch (and a header line with the configuration and
-baselines); with --json-out also writes them all to a file.
+Defaults are scDINO's (argparse) hyperparameters scaled to this data: vit_tiny, 16-px global /
+8-px local crops, patch 4, out_dim 1024, 10 epochs. scDINO's defaults collapse here; see the
+report of the recipe search (the module only measures).
+
+Prints a header JSON line (configuration, dataset mean/std, raw-pixel kNN), one line per epoch
+(epoch -1 = untrained) and a summary line; with --json-out also writes them to a file.
 """
 import argparse
 import json
@@ -311,12 +319,26 @@ def knn_top1(bank, bank_labels, queries, query_labels, k, T, num_classes):
 
 
 @torch.no_grad()
+def prototype_purity(head, feats, y, center):
+    """Teacher head on the (unnormalised) eval CLS features: argmax prototype of
+    (output − centre) per image; how many prototypes are used and the purity of that clustering
+    (share of images whose prototype's majority digit is their own digit)."""
+    was = head.training
+    head.eval()
+    am = (head(feats) - center).argmax(1)
+    head.train(was)
+    hits = sum(torch.bincount(y[am == p]).max().item() for p in am.unique())
+    return {"protos_eval": len(am.unique()), "purity": 100.0 * hits / len(y)}
+
+
+@torch.no_grad()
 def features(backbone, x, batch=256):
+    """CLS features in eval mode (not yet L2-normalised)."""
     was = backbone.training
     backbone.eval()
     out = torch.cat([backbone(x[i:i + batch]) for i in range(0, len(x), batch)])
     backbone.train(was)
-    return F.normalize(out, dim=1, p=2)
+    return out
 
 
 def main(argv=None):
@@ -342,9 +364,13 @@ def main(argv=None):
     ev_test = eval_inputs(test.x, a.global_crop_size, mean, std)
     nc = len(classes)
 
-    def probe(backbone):
-        ftr, fte = features(backbone, ev_train), features(backbone, ev_test)
-        return {f"knn{k}": knn_top1(ftr, y_train, fte, y_test, k, a.knn_t, nc) for k in (20, 10)}
+    def probe(net):
+        ftr_raw = features(net.backbone, ev_train)
+        ftr = F.normalize(ftr_raw, dim=1, p=2)
+        fte = F.normalize(features(net.backbone, ev_test), dim=1, p=2)
+        out = {f"knn{k}": knn_top1(ftr, y_train, fte, y_test, k, a.knn_t, nc) for k in (20, 10)}
+        out.update(prototype_purity(net.head, ftr_raw, y_train, dino_loss.center))
+        return out
 
     raw_tr = F.normalize(ev_train.flatten(1), dim=1)
     raw_te = F.normalize(ev_test.flatten(1), dim=1)
@@ -390,7 +416,7 @@ def main(argv=None):
           "ln_out_dim": math.log(a.out_dim), "mean": mean, "std": std, "raw_pixels": raw,
           "load_s": round(time.perf_counter() - t_start, 2)})
     t0 = time.perf_counter()
-    untrained = probe(teacher.backbone)
+    untrained = probe(teacher)
     emit({"epoch": -1, **untrained, "eval_s": round(time.perf_counter() - t0, 2)})
 
     train_s, best = 0.0, dict(untrained)
@@ -438,7 +464,7 @@ def main(argv=None):
                "train_s": round(dt, 2), "train_s_total": round(train_s, 2)}
         if (epoch + 1) % a.eval_every == 0 or epoch == a.epochs - 1:
             t0 = time.perf_counter()
-            rec.update(probe(teacher.backbone))
+            rec.update(probe(teacher))
             rec["eval_s"] = round(time.perf_counter() - t0, 2)
             for k in ("knn20", "knn10"):
                 best[k] = max(best[k], rec[k])

@@ -223,6 +223,11 @@ pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, V
     {
         each("data.dataset_dir", &mut config.data.dataset_dir)?;
     }
+    if let Some(dir) = config.data.test_dir.as_mut() {
+        if !dir.to_string_lossy().starts_with("s3://") {
+            each("data.test_dir", dir)?;
+        }
+    }
     if let Some(dir) = config.data.cache.dir.as_mut() {
         each("data.cache.dir", dir)?;
     }

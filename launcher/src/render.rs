@@ -9,11 +9,12 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The pipeline's stages in order; each runs `trainer <stage> --config FILE`.
-pub const STAGES: [&str; 7] = [
+pub const STAGES: [&str; 8] = [
     "mean-std",
     "train",
     "features",
     "knn",
+    "evaluate",
     "umap",
     "attention",
     "report",
@@ -33,16 +34,16 @@ pub const EXIT_PREEMPTED: i32 = 75;
 fn needs(stage: &str) -> &'static [&'static str] {
     match stage {
         "train" => &["mean-std"],
-        "features" | "attention" => &["train"],
+        "features" | "attention" | "evaluate" => &["train"],
         "knn" | "umap" => &["features"],
-        "report" => &["knn", "umap", "attention"],
+        "report" => &["knn", "evaluate", "umap", "attention"],
         _ => &[],
     }
 }
 
 /// Stages that get one GPU when the cluster has GPUs (training gets all of them).
 fn uses_gpu(stage: &str) -> bool {
-    matches!(stage, "features" | "attention")
+    matches!(stage, "features" | "attention" | "evaluate")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

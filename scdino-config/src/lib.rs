@@ -415,6 +415,36 @@ impl Config {
             )?;
         }
         v.positive(down.knn.temperature, "downstream.knn.temperature")?;
+        let probe = &down.linear_probe;
+        v.check(
+            !probe.l2.is_empty(),
+            "downstream.linear_probe.l2",
+            "list at least one L2 strength",
+        )?;
+        for (i, &l2) in probe.l2.iter().enumerate() {
+            v.check(
+                l2.is_finite() && l2 >= 0.0,
+                &format!("downstream.linear_probe.l2[{i}]"),
+                "must be a finite number ≥ 0",
+            )?;
+        }
+        v.fraction_open(
+            probe.validation_fraction,
+            "downstream.linear_probe.validation_fraction",
+        )?;
+        v.check(
+            probe.max_iterations > 0,
+            "downstream.linear_probe.max_iterations",
+            "must be at least 1",
+        )?;
+        if let Some(test) = &data.test_dir {
+            let t = test.to_string_lossy();
+            v.check(
+                t.starts_with("s3://") || !t.contains("://"),
+                "data.test_dir",
+                &format!("{t:?}: only local paths and s3://bucket/prefix are supported"),
+            )?;
+        }
         let u = &down.umap;
         v.check(
             u.n_neighbors >= 2,

@@ -83,6 +83,12 @@ pub struct DataSection {
     pub cache: CacheSection,
     /// What training does with an image that cannot be decoded (truncated or garbage object).
     pub on_corrupt: OnCorrupt,
+    /// New. A separate test folder (ImageFolder tree with the same channels, e.g. the PBMC
+    /// layout `Test/` whose labels sit at `label_folder_depth` below `DonorNN/Control/`),
+    /// local or `s3://`. When set, `trainer evaluate` uses every image of `dataset_dir` as the
+    /// kNN bank and probe training set and this folder as queries; when null it uses the
+    /// training split and the held-out split.
+    pub test_dir: Option<PathBuf>,
 }
 
 /// `data.format`.
@@ -212,6 +218,7 @@ impl Default for DataSection {
             s3: S3Section::default(),
             cache: CacheSection::default(),
             on_corrupt: OnCorrupt::Fail,
+            test_dir: None,
         }
     }
 }
@@ -333,6 +340,11 @@ pub struct TrainSection {
     /// How `lr` follows the global batch B (all ranks): `linear` = lr·B/256 (scDINO, Goyal et
     /// al.), `sqrt` = lr·sqrt(B/256) (often better for Adam at large B). Reported at start.
     pub lr_scaling: LrScaling,
+    /// What a detected collapse does (checked every `log_every` iterations after the lr and
+    /// teacher-temperature warm-ups): `warn` names it with remedies and goes on, `stop` also
+    /// writes a checkpoint and ends training with an error, so a cluster job stops burning
+    /// GPU hours on a run that learns nothing (see `trainer::train::collapse`).
+    pub on_collapse: OnCollapse,
 }
 
 impl Default for TrainSection {
@@ -363,6 +375,7 @@ impl Default for TrainSection {
             ddp_overlap: true,
             fsdp_reshard_after_forward: true,
             lr_scaling: LrScaling::Linear,
+            on_collapse: OnCollapse::Warn,
         }
     }
 }
@@ -372,6 +385,13 @@ impl Default for TrainSection {
 pub enum Strategy {
     Ddp,
     Fsdp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCollapse {
+    Warn,
+    Stop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -450,6 +470,32 @@ pub struct DownstreamSection {
     pub attention: AttentionSection,
     pub knn: KnnSection,
     pub umap: UmapSection,
+    pub linear_probe: LinearProbeSection,
+}
+
+/// New (DINO's standard evaluation, not in scDINO): multinomial logistic regression on the
+/// frozen, L2-normalised CLS features (`trainer evaluate`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinearProbeSection {
+    /// L2 strengths λ tried (objective: mean cross-entropy + λ/2·‖W‖², the bias unpenalised;
+    /// scikit-learn's `C` is 1/(λ·n)); the best on the validation split is refit on all
+    /// training features.
+    pub l2: Vec<f64>,
+    /// Share of the training features held out to choose λ (seeded by `run.seed`).
+    pub validation_fraction: f64,
+    /// L-BFGS iterations at most per fit.
+    pub max_iterations: usize,
+}
+
+impl Default for LinearProbeSection {
+    fn default() -> Self {
+        Self {
+            l2: vec![1e-6, 1e-5, 1e-4, 1e-3, 1e-2],
+            validation_fraction: 0.2,
+            max_iterations: 500,
+        }
+    }
 }
 
 /// `downstream_analyses.compute_cls_features`.

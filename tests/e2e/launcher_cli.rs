@@ -198,6 +198,7 @@ fn all_stages() -> Vec<&'static str> {
         "train",
         "features",
         "knn",
+        "evaluate",
         "umap",
         "attention",
         "report",

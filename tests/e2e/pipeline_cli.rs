@@ -16,7 +16,7 @@ fn setup(dir: &Path) -> String {
         format!(
             "run:\n  name: pipe\n  output_dir: {out}\n  seed: 40\n\
              data:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  \
-             channel_combinations: [\"02\"]\n  num_workers: 2\n\
+             channel_combinations: [\"02\"]\n  num_workers: 2\n  test_dir: {test}\n\
              model:\n  name: m\n  arch: vit_tiny\n  out_dim: 256\n\
              augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n\
              train:\n  epochs: 3\n  checkpoint_every: 2\n  batch_size_per_gpu: 16\n  \
@@ -25,7 +25,8 @@ fn setup(dir: &Path) -> String {
              attention:\n    image_size: 48\n  knn:\n    k: [3, 5]\n  \
              umap:\n    n_neighbors: 10\n    epochs: 60\n",
             out = dir.join("out").display(),
-            data = data.join("Training").display()
+            data = data.join("Training").display(),
+            test = data.join("Test").display()
         ),
     )
     .unwrap();
@@ -83,7 +84,7 @@ print(json.dumps({"imgs": out, "ids": sorted(p.ids)}))
         .map(|x| x.as_str().unwrap())
         .collect();
     assert!(
-        ids.contains(&"knn") && ids.contains(&"per-class"),
+        ids.contains(&"knn") && ids.contains(&"per-class") && ids.contains(&"evaluation"),
         "{ids:?}"
     );
     v["imgs"]
@@ -118,6 +119,9 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
             format!("embedding_plots/{tag}_umap.csv"),
             format!("embedding_plots/{tag}_umap.json"),
             format!("attention_images/{tag}/attention_images.json"),
+            format!("evaluation/{tag}_evaluation.json"),
+            format!("evaluation/{tag}_train_features.safetensors"),
+            format!("evaluation/{tag}_queries_features.safetensors"),
         ] {
             assert!(a.join(&f).is_file(), "{f} missing; log:\n{log}");
         }
@@ -176,6 +180,24 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
         assert_eq!(img["channel_pngs"].as_array().unwrap().len(), 2);
         assert_eq!(img["head_pngs"].as_array().unwrap().len(), 3);
     }
+    // The evaluation: every training image as kNN bank and probe training set, the test
+    // folder as queries, well above chance, and the checkpoint it came from.
+    let eval: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(a.join("evaluation/epoch2_evaluation.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(eval["queries_from"].as_str().unwrap().starts_with("test folder "), "{eval}");
+    assert_eq!(eval["n_train"], CLASSES * 60);
+    assert!(eval["n_queries"].as_u64().unwrap() >= CLASSES as u64, "{eval}");
+    let probe = eval["linear_probe"]["scores"]["top1_percent"].as_f64().unwrap();
+    let knn5 = eval["knn"][1]["scores"]["top1_percent"].as_f64().unwrap();
+    assert!(probe >= 60.0 && knn5 >= 60.0, "probe {probe} %, 5-NN {knn5} % (chance 25 %)");
+    let prov = &eval["provenance"];
+    assert!(prov["checkpoint"].as_str().unwrap().ends_with("checkpoint0002.safetensors"), "{prov}");
+    assert_eq!(prov["epoch"], 3);
+    assert_eq!(prov["checkpoint_sha256"].as_str().unwrap().len(), 64);
+    assert!(knn["checkpoint"].as_str().unwrap().ends_with("checkpoint0002.safetensors"));
+    assert_eq!(knn["checkpoint_epoch"], 3);
     let umap: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(a.join("embedding_plots/epoch2_umap.json")).unwrap(),
     )

@@ -81,6 +81,7 @@ fn shipped_example_matches_slurm_example_folder() {
             "train-c0",
             "features",
             "knn",
+            "evaluate",
             "umap",
             "attention",
             "report"

@@ -44,6 +44,10 @@ pub struct FeatureSet {
     /// Names the output files: `epoch{E}` after the checkpoint's epoch (see
     /// [`BackboneWeights::tag`]).
     pub tag: String,
+    /// The checkpoint file the features were computed with, and its epoch (epochs finished
+    /// when it was written; absent for a foreign `.pth` without one).
+    pub checkpoint: String,
+    pub checkpoint_epoch: Option<usize>,
 }
 
 /// The configured ViT with `weights` loaded on `device`, for images of `channels` (file
@@ -133,8 +137,8 @@ pub fn extract(
 
 /// The share of rank `rank` of `world`: held-out positions `rank, rank + world, …`. The
 /// returned set's labels, paths and indices still cover every held-out row (every rank knows
-/// them from the seeded split); only `features` are this rank's rows, in
-/// that order. [`crate::pipeline::stages`] gathers and interleaves the shares.
+/// them from the seeded split); only `features` are this rank's rows, in that order.
+/// [`crate::pipeline::stages`] gathers and interleaves the shares.
 pub fn extract_shard(
     cfg: &Config,
     combination: usize,
@@ -142,6 +146,52 @@ pub fn extract_shard(
     mean_std: &MeanStd,
     rank: usize,
     world: usize,
+) -> Result<FeatureSet, FeaturesError> {
+    let source = data::open_source(&cfg.data)?;
+    let index = source.index();
+    let split =
+        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    if split.held_out.is_empty() {
+        return Err(FeaturesError::Invalid("the held-out split is empty".into()));
+    }
+    let mine: Vec<usize> = split
+        .held_out
+        .iter()
+        .copied()
+        .skip(rank)
+        .step_by(world.max(1))
+        .collect();
+    let mut set = extract_indices(
+        cfg,
+        combination,
+        checkpoint_path,
+        mean_std,
+        source.as_ref(),
+        &mine,
+    )?;
+    set.labels = split
+        .held_out
+        .iter()
+        .map(|&i| index.samples[i].label.clone())
+        .collect();
+    set.paths = split
+        .held_out
+        .iter()
+        .map(|&i| index.samples[i].path.display().to_string())
+        .collect();
+    set.indices = split.held_out.clone();
+    Ok(set)
+}
+
+/// The features of `indices` of `source` (any image set with the training data's channels:
+/// the training folder's splits, or a separate test folder), in that order.
+pub fn extract_indices(
+    cfg: &Config,
+    combination: usize,
+    checkpoint_path: &Path,
+    mean_std: &MeanStd,
+    source: &dyn data::ImageSource,
+    indices: &[usize],
 ) -> Result<FeatureSet, FeaturesError> {
     let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
         FeaturesError::Invalid(format!("channel combination {combination} does not exist"))
@@ -153,29 +203,16 @@ pub fn extract_shard(
     let device = crate::device::resolve_for_this_process(cfg.train.device)
         .map_err(FeaturesError::Invalid)?;
     let (_vs, vit) = load_backbone(cfg, &weights, &channels, device)?;
-    let source = data::open_source(&cfg.data)?;
     let index = source.index();
-    let split =
-        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
-    if split.held_out.is_empty() {
-        return Err(FeaturesError::Invalid("the held-out split is empty".into()));
-    }
     let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);
     let opts = PreprocessOptions {
         selected_channels: Some(channels.clone()),
         center_crop: cfg.data.center_crop,
     };
     let mut rows = Vec::new();
-    let mine: Vec<usize> = split
-        .held_out
-        .iter()
-        .copied()
-        .skip(rank)
-        .step_by(world.max(1))
-        .collect();
-    // A streaming source fetches this rank's images ahead of the forward passes.
-    source.will_read(&mine);
-    for chunk in mine.chunks(f.batch_size_per_gpu.max(1)) {
+    // A streaming source fetches these images ahead of the forward passes.
+    source.will_read(indices);
+    for chunk in indices.chunks(f.batch_size_per_gpu.max(1)) {
         let mut batch = Vec::with_capacity(chunk.len());
         for &i in chunk {
             let raw = source.read(i)?;
@@ -205,18 +242,18 @@ pub fn extract_shard(
     let features = features / norms;
     Ok(FeatureSet {
         features,
-        labels: split
-            .held_out
+        labels: indices
             .iter()
             .map(|&i| index.samples[i].label.clone())
             .collect(),
-        paths: split
-            .held_out
+        paths: indices
             .iter()
             .map(|&i| index.samples[i].path.display().to_string())
             .collect(),
-        indices: split.held_out.clone(),
+        indices: indices.to_vec(),
         tag: weights.tag(),
+        checkpoint: checkpoint_path.display().to_string(),
+        checkpoint_epoch: weights.epoch,
     })
 }
 
@@ -300,16 +337,26 @@ pub fn write(dir: &Path, tag: &str, set: &FeatureSet) -> Result<(), FeaturesErro
     let lines = |v: &[String]| v.iter().map(|s| format!("{s}\n")).collect::<String>();
     data::tiff_reader::write_atomic(&dir.join("class_labels.csv"), lines(&set.labels).as_bytes())?;
     data::tiff_reader::write_atomic(&dir.join("image_paths.csv"), lines(&set.paths).as_bytes())?;
-    let bundle = feat_dir.join(format!("{tag}_features.safetensors"));
+    write_bundle(&feat_dir.join(format!("{tag}_features.safetensors")), set)
+}
+
+/// The safetensors bundle alone: features, labels, paths, dataset indices and the checkpoint
+/// they came from, bound together and checksummed.
+pub fn write_bundle(bundle: &Path, set: &FeatureSet) -> Result<(), FeaturesError> {
     let meta = checkpoint::CheckpointMeta {
         format: checkpoint::FORMAT.into(),
         epoch: 0,
         epoch_batch: 0,
         iteration: 0,
         seed: 0,
-        fingerprint:
-            serde_json::json!({"labels": set.labels, "paths": set.paths, "indices": set.indices})
-                .to_string(),
+        fingerprint: serde_json::json!({
+            "labels": set.labels,
+            "paths": set.paths,
+            "indices": set.indices,
+            "checkpoint": set.checkpoint,
+            "checkpoint_epoch": set.checkpoint_epoch,
+        })
+        .to_string(),
         config_yaml: String::new(),
         mean: vec![],
         std: vec![],
@@ -317,11 +364,45 @@ pub fn write(dir: &Path, tag: &str, set: &FeatureSet) -> Result<(), FeaturesErro
         loss_scaler: None,
     };
     checkpoint::save(
-        &bundle,
+        bundle,
         &[("features".to_string(), set.features.shallow_clone())],
         &meta,
     )?;
     Ok(())
+}
+
+/// The provenance of figures made from `ckpt`: its path, sha256 and epoch.
+pub fn provenance(
+    ckpt: &Path,
+    tag: &str,
+) -> Result<crate::analysis::evaluate::Provenance, FeaturesError> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let io = |source| FeaturesError::Io {
+        path: ckpt.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(ckpt).map_err(io)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let epoch = checkpoint::read_meta(ckpt).ok().map(|m| m.epoch);
+    Ok(crate::analysis::evaluate::Provenance {
+        checkpoint: ckpt.display().to_string(),
+        checkpoint_sha256: hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        epoch,
+        tag: tag.to_string(),
+    })
 }
 
 /// Reads back `CLS_features/{tag}_features.safetensors` (features, labels, paths and indices
@@ -375,6 +456,8 @@ pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
         paths,
         indices,
         tag,
+        checkpoint: meta["checkpoint"].as_str().unwrap_or_default().to_string(),
+        checkpoint_epoch: meta["checkpoint_epoch"].as_u64().map(|e| e as usize),
     })
 }
 

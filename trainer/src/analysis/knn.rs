@@ -460,6 +460,12 @@ pub struct KnnReport {
     pub results: Vec<KnnKResult>,
     /// Human-readable notes (clamped k, classes absent from the test or train side).
     pub warnings: Vec<String>,
+    /// The checkpoint the features came from and its epoch (set by the pipeline stage from
+    /// the features bundle; absent in reports written before provenance was recorded).
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+    #[serde(default)]
+    pub checkpoint_epoch: Option<usize>,
 }
 
 impl KnnReport {
@@ -723,6 +729,8 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
         classes: encoder.classes,
         results,
         warnings,
+        checkpoint: None,
+        checkpoint_epoch: None,
     })
 }
 

@@ -1,8 +1,11 @@
 //! The analyses around training: the dataset mean/std that normalises every crop, CLS
-//! features of the held-out images, the weighted kNN evaluation, UMAP and attention maps.
+//! features of the held-out images, the weighted kNN evaluation, UMAP and attention maps, and
+//! the evaluation on a test folder (kNN + linear probe with sklearn-defined metrics).
 pub mod attention;
 pub mod backbone;
+pub mod evaluate;
 pub mod features;
 pub mod knn;
+pub mod linear_probe;
 pub mod mean_std;
 pub mod umap;

@@ -157,6 +157,53 @@ impl KnnArgs {
     }
 }
 
+/// `trainer evaluate`: kNN and a linear probe from the training images to the test folder
+/// (`data.test_dir`) or the held-out split, with sklearn-defined metrics.
+#[derive(Debug, Args)]
+pub struct EvaluateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Checkpoint: ours or a PyTorch `.pth` (default: every kept checkpoint without an
+    /// up-to-date evaluation, or the latest if none was kept yet).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+}
+
+impl EvaluateArgs {
+    pub fn run(self) -> Result<()> {
+        let cfg = self.model.load()?;
+        let t = Target::new(&cfg, self.model.combination)?;
+        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, |tag| t.evaluation_json(tag))? {
+            let r = stages::run_evaluate(&t, &ckpt, &tag)
+                .with_context(|| format!("evaluation with {}", ckpt.display()))?;
+            for k in &r.knn {
+                println!(
+                    "{tag} {}-NN: top-1 {:.3} %, top-5 {:.3} %, balanced {:.3} %, macro-F1 {:.4}",
+                    k.k,
+                    k.scores.top1_percent,
+                    k.scores.top5_percent,
+                    k.scores.balanced_accuracy_percent,
+                    k.scores.macro_f1
+                );
+            }
+            let p = &r.linear_probe;
+            println!(
+                "{tag} linear probe (λ {:e}): top-1 {:.3} %, top-5 {:.3} %, balanced {:.3} %, macro-F1 {:.4} ({} train, {} queries from {}) -> {}",
+                p.l2,
+                p.scores.top1_percent,
+                p.scores.top5_percent,
+                p.scores.balanced_accuracy_percent,
+                p.scores.macro_f1,
+                r.n_train,
+                r.n_queries,
+                r.queries_from,
+                t.evaluation_json(&tag).display()
+            );
+        }
+        Ok(())
+    }
+}
+
 /// `trainer umap`: 2-D UMAP scatter of the features, coloured by class.
 #[derive(Debug, Args)]
 pub struct UmapArgs {

@@ -89,13 +89,16 @@ enum Command {
     Features(analysis_cmd::FeaturesArgs),
     /// scDINO's global weighted kNN on the extracted features (+ per-class metrics).
     Knn(analysis_cmd::KnnArgs),
+    /// kNN and a linear probe on the test folder (or held-out split): top-1/top-5, balanced
+    /// accuracy, macro-F1, per class.
+    Evaluate(analysis_cmd::EvaluateArgs),
     /// 2-D UMAP of the features, coloured by class (PNG + CSV + trustworthiness).
     Umap(analysis_cmd::UmapArgs),
     /// Last-block CLS attention maps of a few held-out images per class (PNG).
     Attention(analysis_cmd::AttentionArgs),
     /// One self-contained HTML report of a model's training and analyses.
     Report(analysis_cmd::ReportArgs),
-    /// Everything: mean-std, train, features, knn, umap, attention, report (skips what is
+    /// Everything: mean-std, train, features, knn, evaluate, umap, attention, report (skips what is
     /// up to date, resumes after interruption).
     Pipeline(pipeline_cmd::PipelineArgs),
     /// DINO pretraining of one channel combination (resumes automatically).
@@ -127,6 +130,7 @@ impl Cli {
             Command::MeanStd(m) => m.run(),
             Command::Features(f) => f.run(),
             Command::Knn(k) => k.run(),
+            Command::Evaluate(e) => e.run(),
             Command::Umap(u) => u.run(),
             Command::Attention(a) => a.run(),
             Command::Report(r) => r.run(),

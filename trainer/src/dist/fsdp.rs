@@ -736,6 +736,7 @@ impl Fsdp {
         iteration: usize,
         coll: &mut dyn Collective,
     ) -> Result<StepOutput, StepError> {
+        let teacher = learner.loss.teacher_stats(teacher_out, p.epoch);
         learner
             .loss
             .update_center(&teacher_out.to_kind(Kind::Float), coll)?;
@@ -856,6 +857,7 @@ impl Fsdp {
             loss: loss_value,
             grad_norms,
             skipped,
+            teacher,
         })
     }
 

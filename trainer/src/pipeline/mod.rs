@@ -59,6 +59,7 @@ pub enum Stage {
     Train,
     Features,
     Knn,
+    Evaluate,
     Umap,
     Attention,
     Report,
@@ -71,6 +72,7 @@ impl Stage {
             Stage::Train => "train",
             Stage::Features => "features",
             Stage::Knn => "knn",
+            Stage::Evaluate => "evaluate",
             Stage::Umap => "umap",
             Stage::Attention => "attention",
             Stage::Report => "report",
@@ -287,6 +289,17 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &[t.knn_json(tag)],
                 || stages::run_knn(&t, tag).map(|_| ()),
             )?;
+            let mut eval_inputs = vec![ckpt.clone(), ms_path.clone()];
+            eval_inputs.extend(cfg.data.test_dir.iter().filter(|d| d.exists()).cloned());
+            r.stage(
+                Stage::Evaluate,
+                Ranks::Lead,
+                &t,
+                Some(tag),
+                &eval_inputs,
+                &[t.evaluation_json(tag)],
+                || stages::run_evaluate(&t, ckpt, tag).map(|_| ()),
+            )?;
             r.stage(
                 Stage::Umap,
                 Ranks::Lead,
@@ -312,6 +325,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         let mut report_inputs = vec![ms_path.clone(), t.model_dir.join("log.txt")];
         for (tag, _) in &checkpoints {
             report_inputs.push(t.knn_json(tag));
+            report_inputs.push(t.evaluation_json(tag));
             report_inputs.push(t.umap_json(tag));
             report_inputs.push(t.attention_dir(tag).join("attention_images.json"));
         }

@@ -61,6 +61,13 @@ fn read_log(path: &Path) -> Result<EpochLog, StageError> {
     Ok(log)
 }
 
+/// The last component of a checkpoint path, for the tables (the full path is in the JSON).
+fn file_name(path: &str) -> String {
+    std::path::Path::new(path)
+        .file_name()
+        .map_or_else(|| path.to_string(), |f| f.to_string_lossy().into_owned())
+}
+
 /// Writes `{analyses}/report.html` (and the curve PNGs it embeds under `report_assets/`).
 pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
     let cfg = t.cfg;
@@ -170,7 +177,7 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
         let _ = write!(
             h,
             "<p>{} held-out feature rows: {} as kNN train, {} as test (seed {}, T = {}).</p>\
-             <table id=\"knn\"><tr><th>checkpoint</th>",
+             <table id=\"knn\"><tr><th>checkpoint</th><th>from file</th>",
             first.n_samples, first.n_train, first.n_test, first.seed, first.temperature
         );
         for r in &first.results {
@@ -178,7 +185,12 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
         }
         h.push_str("</tr>");
         for (tag, rep) in &reports {
-            let _ = write!(h, "<tr><td>{}</td>", esc(tag));
+            let from = match (&rep.checkpoint, rep.checkpoint_epoch) {
+                (Some(c), Some(e)) => format!("{} ({e} epochs done)", file_name(c)),
+                (Some(c), None) => file_name(c),
+                _ => "?".to_string(),
+            };
+            let _ = write!(h, "<tr><td>{}</td><td>{}</td>", esc(tag), esc(&from));
             for r in &rep.results {
                 let _ = write!(
                     h,
@@ -191,6 +203,98 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
         h.push_str("</table>");
     } else {
         h.push_str("<p>No kNN results yet.</p>");
+    }
+    // Evaluation: kNN + linear probe on the test folder (or held-out split).
+    let evaluations: Vec<(String, crate::analysis::evaluate::EvaluationReport)> = tags
+        .iter()
+        .filter(|tag| t.evaluation_json(tag).exists())
+        .map(|tag| {
+            Ok((
+                tag.clone(),
+                super::stages::read_evaluation(&t.evaluation_json(tag))?,
+            ))
+        })
+        .collect::<Result<_, StageError>>()?;
+    h.push_str("<h2>Evaluation: kNN and linear probe</h2>");
+    if let Some((_, first)) = evaluations.first() {
+        let _ = write!(
+            h,
+            "<p>{} training images → {} queries from the {}; kNN T = {}; linear probe = \
+             multinomial logistic regression on frozen CLS features, L2 chosen on a validation \
+             split. Percentages unrounded.</p><table id=\"evaluation\"><tr><th>checkpoint</th>\
+             <th>epoch</th><th>method</th><th>top-1</th><th>top-5</th><th>balanced acc.</th>\
+             <th>macro-F1</th></tr>",
+            first.n_train,
+            first.n_queries,
+            esc(&first.queries_from),
+            first.knn_temperature
+        );
+        for (_, e) in &evaluations {
+            let file = file_name(&e.provenance.checkpoint);
+            let epoch = e
+                .provenance
+                .epoch
+                .map_or("?".to_string(), |x| x.to_string());
+            let rows = e
+                .knn
+                .iter()
+                .map(|k| (format!("{}-NN", k.k), &k.scores))
+                .chain(std::iter::once((
+                    format!("linear probe (λ {:e})", e.linear_probe.l2),
+                    &e.linear_probe.scores,
+                )));
+            for (method, s) in rows {
+                let _ = write!(
+                    h,
+                    "<tr><td title=\"sha256 {}\">{}</td><td>{}</td><td>{}</td><td>{:.3}</td>\
+                     <td>{:.3}</td><td>{:.3}</td><td>{:.4}</td></tr>",
+                    esc(&e.provenance.checkpoint_sha256),
+                    esc(&file),
+                    esc(&epoch),
+                    esc(&method),
+                    s.top1_percent,
+                    s.top5_percent,
+                    s.balanced_accuracy_percent,
+                    s.macro_f1
+                );
+            }
+        }
+        h.push_str("</table>");
+        if let Some((tag, e)) = evaluations.last() {
+            if !e.unseen_classes.is_empty() {
+                let list: Vec<String> = e
+                    .unseen_classes
+                    .iter()
+                    .map(|(c, n)| format!("{} ({n})", esc(c)))
+                    .collect();
+                let _ = write!(
+                    h,
+                    "<p>Query classes without training images: {}.</p>",
+                    list.join(", ")
+                );
+            }
+            let _ = write!(
+                h,
+                "<h3>Linear probe per class, {} (<code>{}</code>)</h3><table id=\"probe-per-class\">\
+                 <tr><th>class</th><th>support</th><th>precision</th><th>recall</th><th>F1</th></tr>",
+                esc(tag),
+                esc(&e.provenance.checkpoint)
+            );
+            for m in &e.linear_probe.scores.per_class {
+                let _ = write!(
+                    h,
+                    "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
+                    esc(&m.class),
+                    m.support,
+                    m.precision,
+                    m.recall,
+                    m.f1
+                );
+            }
+            h.push_str("</table>");
+        }
+    } else {
+        h.push_str("<p>No evaluation yet (<code>trainer evaluate</code>).</p>");
     }
     if let Some((tag, rep)) = reports.last() {
         if let Some(best) = best_k(rep) {

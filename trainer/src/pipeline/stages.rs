@@ -2,6 +2,7 @@
 //! `trainer pipeline`, so both write exactly the same files. Every file is written atomically.
 use super::StageError;
 use crate::analysis::attention::{self, AttentionImage};
+use crate::analysis::evaluate::{self, EvaluationReport};
 use crate::analysis::features;
 use crate::analysis::knn::{self, KnnReport};
 use crate::analysis::mean_std::MeanStd;
@@ -57,6 +58,13 @@ impl<'a> Target<'a> {
 
     pub fn bundle(&self, tag: &str) -> PathBuf {
         features::bundle_path(&self.analyses, tag)
+    }
+
+    /// `evaluation/{tag}_evaluation.json`: kNN + linear probe on the test folder (or split).
+    pub fn evaluation_json(&self, tag: &str) -> PathBuf {
+        self.analyses
+            .join("evaluation")
+            .join(format!("{tag}_evaluation.json"))
     }
 
     pub fn knn_json(&self, tag: &str) -> PathBuf {
@@ -204,6 +212,90 @@ fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<u
     Ok(set.labels.len())
 }
 
+/// `trainer evaluate` for one checkpoint: features of the training images and of the queries
+/// (the test folder, else the held-out split), kept as `evaluation/{tag}_{train,queries}_features.safetensors`,
+/// then kNN for every `downstream.knn.k` and the linear probe, written as
+/// `evaluation/{tag}_evaluation.json`.
+pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationReport, StageError> {
+    let cfg = t.cfg;
+    let ms = t.mean_std()?;
+    let source = crate::data::open_source(&cfg.data)?;
+    let n = source.index().len();
+    let split = crate::data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
+    let extract = |src: &dyn crate::data::ImageSource, idx: &[usize]| {
+        features::extract_indices(cfg, t.combination, ckpt, &ms, src, idx)
+    };
+    let (train, queries, queries_from) = match &cfg.data.test_dir {
+        Some(dir) => {
+            let test_data = crate::config::DataSection {
+                dataset_dir: dir.clone(),
+                ..cfg.data.clone()
+            };
+            let test = crate::data::open_source(&test_data)?;
+            let all: Vec<usize> = (0..test.index().len()).collect();
+            let train_all: Vec<usize> = (0..n).collect();
+            (
+                extract(source.as_ref(), &train_all)?,
+                extract(test.as_ref(), &all)?,
+                format!("test folder {}", dir.display()),
+            )
+        }
+        None => (
+            extract(source.as_ref(), &split.train)?,
+            extract(source.as_ref(), &split.held_out)?,
+            "held-out split".to_string(),
+        ),
+    };
+    let dir = t.analyses.join("evaluation");
+    std::fs::create_dir_all(&dir).map_err(|source| StageError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    features::write_bundle(
+        &dir.join(format!("{tag}_train_features.safetensors")),
+        &train,
+    )?;
+    features::write_bundle(
+        &dir.join(format!("{tag}_queries_features.safetensors")),
+        &queries,
+    )?;
+    let p = &cfg.downstream.linear_probe;
+    let report = evaluate::evaluate(
+        (&train.features, &train.labels),
+        (&queries.features, &queries.labels),
+        &evaluate::EvaluateConfig {
+            ks: cfg.downstream.knn.k.clone(),
+            temperature: cfg.downstream.knn.temperature,
+            l2: p.l2.clone(),
+            validation_fraction: p.validation_fraction,
+            max_iterations: p.max_iterations,
+            seed: cfg.run.seed,
+        },
+        features::provenance(ckpt, tag)?,
+        queries_from,
+    );
+    for (class, count) in &report.unseen_classes {
+        eprintln!(
+            "warning: evaluate {tag}: {count} query image(s) of class {class:?}, which no \
+             training image has; every method gets them wrong"
+        );
+    }
+    let json = serde_json::to_string_pretty(&report).expect("evaluation report serialises");
+    write_atomic(&t.evaluation_json(tag), json.as_bytes())?;
+    Ok(report)
+}
+
+/// Reads a written `{tag}_evaluation.json`.
+pub fn read_evaluation(path: &Path) -> Result<EvaluationReport, StageError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StageError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        StageError::Invalid(format!("{}: not an evaluation report: {e}", path.display()))
+    })
+}
+
 /// The k whose top-1 accuracy is highest (the smallest such k): the confusion matrix shown.
 pub fn best_k(report: &KnnReport) -> Option<&knn::KnnKResult> {
     report.results.iter().fold(None, |best, r| match best {
@@ -217,6 +309,7 @@ pub fn best_k(report: &KnnReport) -> Option<&knn::KnnKResult> {
 /// (scDINO appended; rebuilding keeps reruns from duplicating blocks).
 pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
     let set = features::read_bundle(&t.bundle(tag))?;
+    let (checkpoint, checkpoint_epoch) = (set.checkpoint.clone(), set.checkpoint_epoch);
     let input = knn::KnnInput::new(set.features, set.labels)?;
     let cfg = knn::KnnConfig {
         seed: t.cfg.run.seed as u32,
@@ -224,7 +317,9 @@ pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
         temperature: t.cfg.downstream.knn.temperature,
         ..knn::KnnConfig::default()
     };
-    let report = knn::run_global_knn(&input, &cfg)?;
+    let mut report = knn::run_global_knn(&input, &cfg)?;
+    report.checkpoint = (!checkpoint.is_empty()).then_some(checkpoint);
+    report.checkpoint_epoch = checkpoint_epoch;
     for w in &report.warnings {
         eprintln!("warning: kNN {tag}: {w}");
     }

@@ -4,6 +4,16 @@ use crate::dist::group::DistError;
 use crate::dist::Collective;
 use tch::{Kind, Tensor};
 
+/// One step's teacher-side collapse signals on this process, as tensors.
+pub struct TeacherStats {
+    /// Σ over rows of the entropy (nats) of the centred, sharpened teacher distribution, `[1]`.
+    pub entropy_sum: Tensor,
+    /// How many rows had each prototype as their argmax, `[out_dim]`.
+    pub usage: Tensor,
+    /// Teacher rows (2 global crops × batch) on this process.
+    pub rows: i64,
+}
+
 pub struct DinoLoss {
     /// Running mean of teacher outputs, `[1, out_dim]`; subtracted before the softmax so no
     /// prototype dominates (collapse prevention).
@@ -58,6 +68,28 @@ impl DinoLoss {
             }
         }
         total.expect("at least one loss term (ncrops ≥ 2)") / terms as f64
+    }
+
+    /// What the teacher's target distribution looked like in this step (before the centre
+    /// update, i.e. exactly the distribution the loss used). Kept as tensors so a step that
+    /// does not log pays no device sync; [`crate::train::collapse::TeacherSnapshot`] reduces
+    /// them across ranks when a line is logged.
+    pub fn teacher_stats(&self, teacher: &Tensor, epoch: usize) -> TeacherStats {
+        tch::no_grad(|| {
+            let logits = (teacher.to_kind(Kind::Float) - &self.center) / self.teacher_temp(epoch);
+            let log_p = logits.log_softmax(-1, Kind::Float);
+            let entropy = -(log_p.exp() * &log_p).sum_dim_intlist(-1, false, Kind::Float);
+            let out_dim = logits.size()[1];
+            let usage = logits
+                .argmax(-1, false)
+                .bincount::<Tensor>(None, out_dim)
+                .to_kind(Kind::Float);
+            TeacherStats {
+                entropy_sum: entropy.sum(Kind::Double).reshape([1]),
+                usage,
+                rows: teacher.size()[0],
+            }
+        })
     }
 
     /// EMA of the mean teacher output over all processes of `group`.

@@ -7,6 +7,7 @@
 //! state, loss centre and the position (epoch, batch, iteration) for a resumed run to
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::ahead::ahead;
+use super::collapse::{describe, CollapseWatch, TeacherSnapshot};
 use super::input::{ImageFn, TrainInput};
 use super::loader::{BufferPool, EpochLoader, LoadedBatch};
 use super::loss::DinoLoss;
@@ -16,6 +17,7 @@ use super::step::{Learner, Networks, StepParams};
 use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{MultiCropAugment, MultiCropConfig};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
+use crate::config::OnCollapse;
 use crate::config::{Config, OnCorrupt, Strategy};
 use crate::data::preprocess::preprocess_into;
 use crate::data::quality;
@@ -52,6 +54,8 @@ pub enum TrainError {
     Dist(#[from] crate::dist::group::DistError),
     #[error("{0}")]
     Setup(String),
+    #[error("stopped (train.on_collapse: stop): {0}")]
+    Collapsed(String),
     #[error("cannot resume from {path}: {reason}")]
     Resume { path: PathBuf, reason: String },
     #[error("{path}: {source}")]
@@ -259,6 +263,11 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             "resuming from {} at epoch {epoch}, batch {start_batch} (iteration {iteration})",
             ck.path.display()
         );
+        if rank == 0 {
+            if let Some(note) = schedule_change_note(&ck.meta.config_yaml, cfg, iteration) {
+                eprintln!("warning: {note}");
+            }
+        }
     }
     if let Some(d) = &mut ddp {
         // Every rank starts from rank 0's weights (a resume loads the same file everywhere,
@@ -428,6 +437,12 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
 
     let mut single = Single;
+    // Collapse is judged once the lr and teacher-temperature warm-ups are over (and never in
+    // the first epoch, where an untrained head can look flat).
+    let warmups = (cfg.train.warmup_epochs)
+        .max(cfg.train.warmup_teacher_temp_epochs)
+        .max(1);
+    let mut collapse_watch = CollapseWatch::new(warmups * niter);
     let corrupt_skipped = Arc::new(AtomicU64::new(0));
     // Enough sets for every batch in flight: 2 per worker prefetched, one prepared ahead,
     // one in the step, one being handed back.
@@ -531,8 +546,13 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             if iteration % cfg.train.log_every == 0 || done_in_epoch == niter {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let imgs_per_s = window.1 as f64 / secs;
+                let teacher = TeacherSnapshot::gather(
+                    &out.teacher,
+                    out.loss,
+                    collective(&mut ddp, &mut single),
+                )?;
                 progress.line(format!(
-                    "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s",
+                    "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}",
                     cfg.train.epochs,
                     out.loss,
                     meter.loss / meter.steps as f64,
@@ -540,6 +560,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                     params.weight_decay,
                     window.2,
                     secs / (window.1 as f64 / batch as f64).max(1.0),
+                    teacher.teacher_entropy,
+                    teacher.kl,
+                    teacher.prototypes_in_use,
+                    teacher.out_dim,
                 ));
                 if let Some(tb) = &mut tb {
                     tb.add_scalars(
@@ -555,6 +579,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                             ),
                             ("train/images_per_second", imgs_per_s as f32),
                             ("train/data_wait_seconds", window.2 as f32),
+                            ("train/teacher_entropy", teacher.teacher_entropy as f32),
+                            ("train/student_teacher_kl", teacher.kl as f32),
+                            ("train/prototypes_in_use", teacher.prototypes_in_use as f32),
                         ],
                     )?;
                 }
@@ -587,9 +614,46 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                             "time spent waiting for the loader in the last window",
                             window.2,
                         ),
+                        m(
+                            "scdino_train_teacher_entropy",
+                            "mean entropy (nats) of the centred, sharpened teacher output",
+                            teacher.teacher_entropy,
+                        ),
+                        m(
+                            "scdino_train_student_teacher_kl",
+                            "mean KL(teacher || student) of the last iteration",
+                            teacher.kl,
+                        ),
+                        m(
+                            "scdino_train_prototypes_in_use",
+                            "distinct teacher argmax prototypes in the last global batch",
+                            teacher.prototypes_in_use as f64,
+                        ),
                     ])?;
                 }
                 window = (Instant::now(), 0, 0.0);
+                if let Some(kind) = collapse_watch.observe(iteration, &teacher) {
+                    let text = describe(kind, &teacher, iteration);
+                    match cfg.train.on_collapse {
+                        OnCollapse::Warn => {
+                            if rank == 0 {
+                                eprintln!(
+                                    "warning: {text} (train.on_collapse: stop would end the run here)"
+                                );
+                            }
+                        }
+                        OnCollapse::Stop => {
+                            let at = (epoch, done_in_epoch, iteration);
+                            if done_in_epoch < niter {
+                                save(&learner, fsdp.as_ref(), at, &meter, false)?;
+                            }
+                            if let Some(tb) = &mut tb {
+                                tb.flush()?;
+                            }
+                            return Err(TrainError::Collapsed(text));
+                        }
+                    }
+                }
             }
 
             let stop_requested = agree(
@@ -772,6 +836,58 @@ pub fn training_image_fn(
             }
             Ok(true)
         })
+    })
+}
+
+/// What a resume with other `train.epochs` (or schedule keys) than the checkpoint's does: the
+/// cosine lr, weight-decay and teacher-momentum schedules span the whole run, so they are
+/// recomputed for the new length and change from the resumed iteration on (the weights are
+/// still the checkpoint's). `None` when nothing that shapes a schedule changed.
+pub fn schedule_change_note(saved_yaml: &str, cfg: &Config, iteration: usize) -> Option<String> {
+    let saved = Config::from_yaml(saved_yaml, "checkpoint").ok()?;
+    let (a, b) = (&saved.train, &cfg.train);
+    let mut changed = Vec::new();
+    let mut diff = |key: &str, old: String, new: String| {
+        if old != new {
+            changed.push(format!("train.{key} {old} → {new}"));
+        }
+    };
+    diff("epochs", a.epochs.to_string(), b.epochs.to_string());
+    diff("lr", a.lr.to_string(), b.lr.to_string());
+    diff("min_lr", a.min_lr.to_string(), b.min_lr.to_string());
+    diff(
+        "warmup_epochs",
+        a.warmup_epochs.to_string(),
+        b.warmup_epochs.to_string(),
+    );
+    diff(
+        "weight_decay",
+        a.weight_decay.to_string(),
+        b.weight_decay.to_string(),
+    );
+    diff(
+        "weight_decay_end",
+        a.weight_decay_end.to_string(),
+        b.weight_decay_end.to_string(),
+    );
+    diff(
+        "momentum_teacher",
+        a.momentum_teacher.to_string(),
+        b.momentum_teacher.to_string(),
+    );
+    diff(
+        "teacher_temp",
+        a.teacher_temp.to_string(),
+        b.teacher_temp.to_string(),
+    );
+    (!changed.is_empty()).then(|| {
+        format!(
+            "the checkpoint was trained with other schedule settings ({}): the lr, weight-decay, \
+             teacher-momentum and teacher-temperature schedules are recomputed for the new \
+             settings and change from iteration {iteration} on; the run is no longer the one the \
+             checkpoint started",
+            changed.join(", ")
+        )
     })
 }
 

@@ -2,7 +2,7 @@
 //! global crops, student on all crops, loss (+ centre update), finite check, backward,
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
-use super::loss::DinoLoss;
+use super::loss::{DinoLoss, TeacherStats};
 use super::optim::{clip_gradients, ema_update, AdamW};
 use crate::config::{Config, Precision};
 use crate::dist::group::DistError;
@@ -78,6 +78,8 @@ pub struct StepOutput {
     pub grad_norms: Vec<f64>,
     /// fp16 only: the optimizer step was skipped because a gradient overflowed.
     pub skipped: bool,
+    /// The teacher distribution the loss used, for collapse detection.
+    pub teacher: TeacherStats,
 }
 
 /// Everything one iteration updates: networks, optimizer state, loss centre and (fp16) the
@@ -123,6 +125,7 @@ impl Learner {
             (t, s, l)
         });
         drop(student_out);
+        let teacher = self.loss.teacher_stats(&teacher_out, p.epoch);
         self.loss
             .update_center(&teacher_out.to_kind(tch::Kind::Float), group)?;
         // The mean loss over all ranks: every rank logs it and takes the same finite/NaN
@@ -178,6 +181,7 @@ impl Learner {
             loss: loss_value,
             grad_norms,
             skipped,
+            teacher,
         })
     }
 }

@@ -4,6 +4,7 @@ mod augment;
 mod config;
 mod data;
 mod dist;
+mod evaluate;
 mod knn;
 mod metrics;
 mod model;

@@ -365,3 +365,96 @@ fn training_with_device_augmentation_runs_and_is_deterministic() {
         "cpu and device paths gave identical weights"
     );
 }
+
+/// A teacher far softer than the student (temperature 2.0) flattens the targets: the loss
+/// settles at ln(out_dim) and `train.on_collapse: stop` ends the run with a checkpoint after
+/// three logged intervals past the first epoch; with `warn` it goes on. The same data with
+/// scDINO's temperatures trains to the end with `stop` (nothing is flagged). The teacher
+/// signals are in metrics.prom.
+#[test]
+fn collapse_is_detected_and_stops_only_a_collapsing_run() {
+    use trainer::data::{generate_synthetic, SynthOptions};
+    use trainer::train::run::{model_dir, train, TrainError, TrainOptions, TrainOutcome};
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    generate_synthetic(&SynthOptions {
+        out: dir.path().join("data"),
+        seed: 3,
+        classes: 4,
+        per_class: 12,
+        size: 32,
+        channels: 3,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    let yaml = |name: &str, train: &str| {
+        format!(
+            "run: {{name: {name}, output_dir: {out}, seed: 1}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [\"012\"], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 256}}\ntrain: {{epochs: 4, batch_size_per_gpu: 8, precision: fp32, log_every: 1, {train}}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 2}}\n",
+            out = dir.path().join("out").display(),
+            data = dir.path().join("data/Training").display(),
+        )
+    };
+    let flat = "warmup_epochs: 0, teacher_temp: 2.0, warmup_teacher_temp: 2.0";
+    let cfg = Config::from_yaml(&yaml("flat", &format!("{flat}, on_collapse: stop")), "t").unwrap();
+    let e = train(&cfg, &TrainOptions::default()).expect_err("the run collapses");
+    let text = e.to_string();
+    assert!(matches!(e, TrainError::Collapsed(_)), "{text}");
+    assert!(text.contains("uniform collapse at iteration"), "{text}");
+    assert!(text.contains("ln(out_dim) = 5.5452"), "{text}");
+    let iteration: usize = text
+        .split("iteration ")
+        .nth(1)
+        .and_then(|t| t.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    // 39 training images at batch 8 → 5 iterations per epoch; judged from epoch 1 on, after
+    // three logged intervals in a row.
+    assert!((7..20).contains(&iteration), "{text}");
+    let out_dir = model_dir(&cfg, &[0, 1, 2]);
+    assert!(out_dir.join("checkpoint.safetensors").exists());
+    let prom = std::fs::read_to_string(out_dir.join("metrics.prom")).unwrap();
+    for name in [
+        "scdino_train_teacher_entropy",
+        "scdino_train_student_teacher_kl",
+        "scdino_train_prototypes_in_use",
+    ] {
+        assert!(prom.contains(name), "{name} missing:\n{prom}");
+    }
+
+    // With `warn` the same run goes on past the point where `stop` ended it.
+    let warn = Config::from_yaml(&yaml("flat_warn", flat), "t").unwrap();
+    let past = TrainOptions {
+        max_steps: Some(iteration + 2),
+        ..TrainOptions::default()
+    };
+    assert_eq!(train(&warn, &past).unwrap(), TrainOutcome::StepLimit);
+    let healthy = Config::from_yaml(
+        &yaml("healthy", "warmup_epochs: 1, lr: 0.01, on_collapse: stop")
+            .replace("epochs: 4,", "epochs: 3,"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(
+        train(&healthy, &TrainOptions::default()).unwrap(),
+        TrainOutcome::Finished
+    );
+}
+
+/// A resume with other `epochs` says that the schedules change from the resumed iteration; an
+/// unchanged config says nothing.
+#[test]
+fn resume_with_other_epochs_names_the_schedule_change() {
+    use trainer::train::run::schedule_change_note;
+    let saved = tiny_config();
+    assert_eq!(schedule_change_note(&saved.to_yaml(), &saved, 40), None);
+    let longer = Config::from_yaml(
+        &saved.to_yaml().replace("epochs: 10\n", "epochs: 30\n"),
+        "test",
+    )
+    .unwrap();
+    assert_eq!(longer.train.epochs, 30);
+    let note = schedule_change_note(&saved.to_yaml(), &longer, 40).expect("epochs changed");
+    assert!(note.contains("train.epochs 10 → 30"), "{note}");
+    assert!(note.contains("change from iteration 40 on"), "{note}");
+}
