@@ -186,17 +186,40 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
         &std::fs::read_to_string(a.join("evaluation/epoch2_evaluation.json")).unwrap(),
     )
     .unwrap();
-    assert!(eval["queries_from"].as_str().unwrap().starts_with("test folder "), "{eval}");
+    assert!(
+        eval["queries_from"]
+            .as_str()
+            .unwrap()
+            .starts_with("test folder "),
+        "{eval}"
+    );
     assert_eq!(eval["n_train"], CLASSES * 60);
-    assert!(eval["n_queries"].as_u64().unwrap() >= CLASSES as u64, "{eval}");
-    let probe = eval["linear_probe"]["scores"]["top1_percent"].as_f64().unwrap();
+    assert!(
+        eval["n_queries"].as_u64().unwrap() >= CLASSES as u64,
+        "{eval}"
+    );
+    let probe = eval["linear_probe"]["scores"]["top1_percent"]
+        .as_f64()
+        .unwrap();
     let knn5 = eval["knn"][1]["scores"]["top1_percent"].as_f64().unwrap();
-    assert!(probe >= 60.0 && knn5 >= 60.0, "probe {probe} %, 5-NN {knn5} % (chance 25 %)");
+    assert!(
+        probe >= 60.0 && knn5 >= 60.0,
+        "probe {probe} %, 5-NN {knn5} % (chance 25 %)"
+    );
     let prov = &eval["provenance"];
-    assert!(prov["checkpoint"].as_str().unwrap().ends_with("checkpoint0002.safetensors"), "{prov}");
+    assert!(
+        prov["checkpoint"]
+            .as_str()
+            .unwrap()
+            .ends_with("checkpoint0002.safetensors"),
+        "{prov}"
+    );
     assert_eq!(prov["epoch"], 3);
     assert_eq!(prov["checkpoint_sha256"].as_str().unwrap().len(), 64);
-    assert!(knn["checkpoint"].as_str().unwrap().ends_with("checkpoint0002.safetensors"));
+    assert!(knn["checkpoint"]
+        .as_str()
+        .unwrap()
+        .ends_with("checkpoint0002.safetensors"));
     assert_eq!(knn["checkpoint_epoch"], 3);
     let umap: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(a.join("embedding_plots/epoch2_umap.json")).unwrap(),

@@ -35,6 +35,66 @@ pub enum BenchCommand {
     /// Input pipeline throughput (TIFF → min–max → multi-crop → batch tensors) without a
     /// model: wall-clock images/s and images per CPU-second; prints one JSON line.
     Loader(LoaderBench),
+    /// The linear probe's L-BFGS fit on a safetensors file of features `x` [n, d] and labels
+    /// `y` [n] (bench/linear_probe.sh writes it); prints one JSON line.
+    Probe(ProbeBench),
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeBench {
+    #[arg(long)]
+    data: std::path::PathBuf,
+    /// λ of mean cross-entropy + λ/2·‖W‖².
+    #[arg(long, default_value_t = 1e-4)]
+    l2: f64,
+    #[arg(long, default_value_t = 500)]
+    max_iterations: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: i32,
+}
+
+impl ProbeBench {
+    fn run(self) -> Result<()> {
+        tch::set_num_threads(self.threads);
+        let t0 = Instant::now();
+        let tensors: std::collections::HashMap<String, Tensor> =
+            Tensor::read_safetensors(&self.data)?.into_iter().collect();
+        let x = tensors
+            .get("x")
+            .ok_or_else(|| anyhow::anyhow!("{}: no tensor x", self.data.display()))?;
+        let y = Vec::<i64>::try_from(
+            tensors
+                .get("y")
+                .ok_or_else(|| anyhow::anyhow!("{}: no tensor y", self.data.display()))?
+                .to_kind(Kind::Int64),
+        )?;
+        let classes = y.iter().copied().max().unwrap_or(0) as usize + 1;
+        let load_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let probe =
+            trainer::analysis::linear_probe::fit(x, &y, classes, self.l2, self.max_iterations);
+        let fit_s = t1.elapsed().as_secs_f64();
+        let pred = Vec::<i64>::try_from(probe.logits(x).argmax(1, false))?;
+        let correct = pred.iter().zip(&y).filter(|(a, b)| a == b).count();
+        println!(
+            "{}",
+            serde_json::json!({
+                "impl": "rust",
+                "bench": "linear_probe",
+                "rows": y.len(),
+                "dim": x.size()[1],
+                "classes": classes,
+                "l2": self.l2,
+                "threads": self.threads,
+                "load_s": load_s,
+                "fit_s": fit_s,
+                "iterations": probe.iterations,
+                "objective": probe.objective,
+                "train_top1_percent": correct as f64 * 100.0 / y.len() as f64,
+            })
+        );
+        Ok(())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +137,7 @@ impl BenchCommand {
             BenchCommand::Model(b) => b.run(),
             BenchCommand::Step(b) => b.run(),
             BenchCommand::Matmul(b) => b.run(),
+            BenchCommand::Probe(b) => b.run(),
             BenchCommand::Loader(b) => b.run(),
         }
     }
