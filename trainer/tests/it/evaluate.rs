@@ -214,3 +214,57 @@ print(json.dumps({"objective": obj, "proba": m.predict_proba(x).ravel().tolist()
         assert!(worst <= 1e-4, "λ {l2}: probabilities differ by {worst}");
     }
 }
+
+/// A test folder with a class training never saw: named and counted, in the label space (so
+/// its rows count as wrong), and the seen classes are still scored as usual.
+#[test]
+fn query_classes_absent_from_training_are_reported_and_counted() {
+    use trainer::analysis::evaluate::{evaluate, EvaluateConfig, Provenance};
+    let _rng = super::util::torch_rng_lock();
+    tch::manual_seed(5);
+    let norm = |t: Tensor| {
+        let n = t.norm_scalaropt_dim(2.0, [1], true);
+        t / n
+    };
+    let centers = Tensor::eye(4, (Kind::Float, tch::Device::Cpu)) * 3.0;
+    let make = |labels: &[i64]| {
+        let idx = Tensor::from_slice(labels);
+        norm(
+            centers.index_select(0, &idx)
+                + Tensor::randn([labels.len() as i64, 4], (Kind::Float, tch::Device::Cpu)) * 0.3,
+        )
+    };
+    let train_codes: Vec<i64> = (0..60).map(|i| i % 3).collect(); // classes a, b, c
+    let query_codes: Vec<i64> = (0..20).map(|i| i % 4).collect(); // and d, 5 rows
+    let name = |c: &i64| ["a", "b", "c", "d"][*c as usize].to_string();
+    let train_labels: Vec<String> = train_codes.iter().map(name).collect();
+    let query_labels: Vec<String> = query_codes.iter().map(name).collect();
+    let report = evaluate(
+        (&make(&train_codes), &train_labels),
+        (&make(&query_codes), &query_labels),
+        &EvaluateConfig {
+            ks: vec![5],
+            temperature: 0.1,
+            l2: vec![1e-3],
+            validation_fraction: 0.2,
+            max_iterations: 200,
+            seed: 1,
+        },
+        Provenance {
+            checkpoint: "ck".into(),
+            checkpoint_sha256: String::new(),
+            epoch: Some(1),
+            tag: "epoch0".into(),
+        },
+        "test folder t".into(),
+    );
+    assert_eq!(report.classes, ["a", "b", "c", "d"]);
+    assert_eq!(report.unseen_classes, vec![("d".to_string(), 5)]);
+    for s in [&report.knn[0].scores, &report.linear_probe.scores] {
+        let d = &s.per_class[3];
+        assert_eq!((d.support, d.true_positives, d.recall), (5, 0, 0.0));
+        // The 15 seen rows are separable: top-1 is exactly 15/20, balanced accuracy 3/4.
+        assert!((s.top1_percent - 75.0).abs() < 1e-9, "{}", s.top1_percent);
+        assert!((s.balanced_accuracy_percent - 75.0).abs() < 1e-9);
+    }
+}
