@@ -640,6 +640,32 @@ mod tests {
     }
 
     #[test]
+    fn evaluation_and_collapse_keys_are_validated() {
+        let c = Config::from_yaml(
+            "data:\n  test_dir: s3://b/Test\ntrain:\n  on_collapse: stop\ndownstream:\n  linear_probe:\n    l2: [0.0, 0.01]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.train.on_collapse, OnCollapse::Stop);
+        assert_eq!(c.downstream.linear_probe.l2, vec![0.0, 0.01]);
+        assert_eq!(
+            Config::from_yaml("", "t").unwrap().train.on_collapse,
+            OnCollapse::Warn
+        );
+        let (key, line, _) = invalid("downstream:\n  linear_probe:\n    l2: [0.1, -1]\n");
+        assert_eq!(
+            (key.as_str(), line),
+            ("downstream.linear_probe.l2[1]", Some(3))
+        );
+        let (key, _, _) = invalid("downstream:\n  linear_probe:\n    validation_fraction: 1.0\n");
+        assert_eq!(key, "downstream.linear_probe.validation_fraction");
+        let (key, _, msg) = invalid("data:\n  test_dir: http://x/Test\n");
+        assert_eq!(key, "data.test_dir");
+        assert!(msg.contains("only local paths and s3://"), "{msg}");
+        assert!(Config::from_yaml("train:\n  on_collapse: ignore\n", "t").is_err());
+    }
+
+    #[test]
     fn list_channel_combinations_are_accepted() {
         let c = Config::from_yaml(
             "data:\n  channel_names: [a, b, c, d, e, f, g, h, i, j, k, l]\n  channel_combinations: [[11, 0], \"29\"]\n",
