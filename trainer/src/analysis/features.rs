@@ -371,37 +371,22 @@ pub fn write_bundle(bundle: &Path, set: &FeatureSet) -> Result<(), FeaturesError
     Ok(())
 }
 
-/// The provenance of figures made from `ckpt`: its path, sha256 and epoch.
+/// The provenance of figures made from the features `set`: the checkpoint they were computed
+/// with, its sha256 and epoch.
 pub fn provenance(
-    ckpt: &Path,
-    tag: &str,
+    set: &FeatureSet,
 ) -> Result<crate::analysis::evaluate::Provenance, FeaturesError> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let io = |source| FeaturesError::Io {
-        path: ckpt.to_path_buf(),
-        source,
-    };
-    let mut file = std::fs::File::open(ckpt).map_err(io)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    let epoch = checkpoint::read_meta(ckpt).ok().map(|m| m.epoch);
+    let path = Path::new(&set.checkpoint);
+    let (_, sha256) =
+        crate::data::shards::pack::sha256_file(path).map_err(|source| FeaturesError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
     Ok(crate::analysis::evaluate::Provenance {
-        checkpoint: ckpt.display().to_string(),
-        checkpoint_sha256: hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-        epoch,
-        tag: tag.to_string(),
+        checkpoint: set.checkpoint.clone(),
+        checkpoint_sha256: sha256,
+        epoch: set.checkpoint_epoch,
+        tag: set.tag.clone(),
     })
 }
 

@@ -3,9 +3,18 @@
 //! first file it was seen in, instead of once per image per epoch.
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 static REPORTED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// The loader calls [`constant_channel`] / [`nonfinite_pixels`] for every affected image (a
+/// padded stain is in all of them): after the first report these flags answer with one
+/// atomic load, without the lock or a key allocation.
+const FAST_CHANNELS: usize = 64;
+static CONSTANT_REPORTED: [AtomicBool; FAST_CHANNELS] =
+    [const { AtomicBool::new(false) }; FAST_CHANNELS];
+static NONFINITE_REPORTED: AtomicBool = AtomicBool::new(false);
 
 /// Prints `message()` as a warning the first time `key` is seen in this process. Returns
 /// whether it printed.
@@ -28,6 +37,13 @@ pub fn channel_label(channel: usize, names: &[String]) -> String {
 
 /// One image had a constant channel (scaled to 0 where scDINO made the image NaN).
 pub fn constant_channel(channel: usize, names: &[String], file: &Path) {
+    let flag = CONSTANT_REPORTED.get(channel);
+    if flag.is_some_and(|f| f.load(Ordering::Relaxed)) {
+        return;
+    }
+    if let Some(f) = flag {
+        f.store(true, Ordering::Relaxed);
+    }
     warn_once(&format!("constant-channel/{channel}"), || {
         format!(
             "channel {} is constant in {} (first seen; other images are not reported): it is \
@@ -40,6 +56,9 @@ pub fn constant_channel(channel: usize, names: &[String], file: &Path) {
 
 /// One image had NaN or infinite pixels (left out of min/max and scaled to 0).
 pub fn nonfinite_pixels(count: usize, file: &Path) {
+    if NONFINITE_REPORTED.swap(true, Ordering::Relaxed) {
+        return;
+    }
     warn_once("nonfinite-pixels", || {
         format!(
             "{} has {count} NaN or infinite pixel(s) (first such image; others are not \

@@ -736,7 +736,7 @@ impl Fsdp {
         iteration: usize,
         coll: &mut dyn Collective,
     ) -> Result<StepOutput, StepError> {
-        let teacher = learner.loss.teacher_stats(teacher_out, p.epoch);
+        let teacher = learner.loss.targets(teacher_out, p.epoch);
         learner
             .loss
             .update_center(&teacher_out.to_kind(Kind::Float), coll)?;

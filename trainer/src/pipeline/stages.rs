@@ -240,11 +240,21 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
                 format!("test folder {}", dir.display()),
             )
         }
-        None => (
-            extract(source.as_ref(), &split.train)?,
-            extract(source.as_ref(), &split.held_out)?,
-            "held-out split".to_string(),
-        ),
+        None => {
+            // The features stage already embedded the held-out split with this checkpoint.
+            let written = features::read_bundle(&t.bundle(tag))
+                .ok()
+                .filter(|set| Path::new(&set.checkpoint) == ckpt && set.indices == split.held_out);
+            let held_out = match written {
+                Some(set) => set,
+                None => extract(source.as_ref(), &split.held_out)?,
+            };
+            (
+                extract(source.as_ref(), &split.train)?,
+                held_out,
+                "held-out split".to_string(),
+            )
+        }
     };
     let dir = t.analyses.join("evaluation");
     std::fs::create_dir_all(&dir).map_err(|source| StageError::Io {
@@ -271,7 +281,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
             max_iterations: p.max_iterations,
             seed: cfg.run.seed,
         },
-        features::provenance(ckpt, tag)?,
+        features::provenance(&train)?,
         queries_from,
     );
     for (class, count) in &report.unseen_classes {

@@ -241,7 +241,7 @@ mod tests {
         let teacher =
             Tensor::from_slice(&(0..64).map(|i| ((i * 7) % 13) as f32).collect::<Vec<_>>())
                 .reshape([4, 16]);
-        let stats = loss.teacher_stats(&teacher, 0);
+        let stats = loss.targets(&teacher, 0).stats();
         let s = TeacherSnapshot::gather(&stats, 3.0, &mut crate::dist::Single).unwrap();
         let p = (&teacher / 0.5).softmax(-1, Kind::Double);
         let entropy = -(&p * p.log()).sum(Kind::Double).double_value(&[]) / 4.0;

@@ -4,6 +4,34 @@ use crate::dist::group::DistError;
 use crate::dist::Collective;
 use tch::{Kind, Tensor};
 
+/// What the loss sharpened and centred in one step: `softmax((teacher − center) / temp)`.
+pub struct TeacherTargets {
+    teacher: Tensor,
+    center: Tensor,
+    temp: f64,
+}
+
+impl TeacherTargets {
+    /// The collapse signals of this process's rows, as tensors on the step's device (no sync).
+    pub fn stats(&self) -> TeacherStats {
+        tch::no_grad(|| {
+            let logits = (self.teacher.to_kind(Kind::Float) - &self.center) / self.temp;
+            let log_p = logits.log_softmax(-1, Kind::Float);
+            let entropy = -(log_p.exp() * &log_p).sum_dim_intlist(-1, false, Kind::Float);
+            let out_dim = logits.size()[1];
+            let usage = logits
+                .argmax(-1, false)
+                .bincount::<Tensor>(None, out_dim)
+                .to_kind(Kind::Float);
+            TeacherStats {
+                entropy_sum: entropy.sum(Kind::Double).reshape([1]),
+                usage,
+                rows: self.teacher.size()[0],
+            }
+        })
+    }
+}
+
 /// One step's teacher-side collapse signals on this process, as tensors.
 pub struct TeacherStats {
     /// Σ over rows of the entropy (nats) of the centred, sharpened teacher distribution, `[1]`.
@@ -70,26 +98,15 @@ impl DinoLoss {
         total.expect("at least one loss term (ncrops ≥ 2)") / terms as f64
     }
 
-    /// What the teacher's target distribution looked like in this step (before the centre
-    /// update, i.e. exactly the distribution the loss used). Kept as tensors so a step that
-    /// does not log pays no device sync; [`crate::train::collapse::TeacherSnapshot`] reduces
-    /// them across ranks when a line is logged.
-    pub fn teacher_stats(&self, teacher: &Tensor, epoch: usize) -> TeacherStats {
-        tch::no_grad(|| {
-            let logits = (teacher.to_kind(Kind::Float) - &self.center) / self.teacher_temp(epoch);
-            let log_p = logits.log_softmax(-1, Kind::Float);
-            let entropy = -(log_p.exp() * &log_p).sum_dim_intlist(-1, false, Kind::Float);
-            let out_dim = logits.size()[1];
-            let usage = logits
-                .argmax(-1, false)
-                .bincount::<Tensor>(None, out_dim)
-                .to_kind(Kind::Float);
-            TeacherStats {
-                entropy_sum: entropy.sum(Kind::Double).reshape([1]),
-                usage,
-                rows: teacher.size()[0],
-            }
-        })
+    /// The teacher side of this step's loss, kept for collapse detection: handles to the
+    /// teacher output and to the centre before its update (the update makes a new tensor), so
+    /// nothing is computed unless the step is logged ([`TeacherTargets::stats`]).
+    pub fn targets(&self, teacher: &Tensor, epoch: usize) -> TeacherTargets {
+        TeacherTargets {
+            teacher: teacher.shallow_clone(),
+            center: self.center.shallow_clone(),
+            temp: self.teacher_temp(epoch),
+        }
     }
 
     /// EMA of the mean teacher output over all processes of `group`.

@@ -547,7 +547,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let imgs_per_s = window.1 as f64 / secs;
                 let teacher = TeacherSnapshot::gather(
-                    &out.teacher,
+                    &out.teacher.stats(),
                     out.loss,
                     collective(&mut ddp, &mut single),
                 )?;
@@ -845,41 +845,24 @@ pub fn training_image_fn(
 /// still the checkpoint's). `None` when nothing that shapes a schedule changed.
 pub fn schedule_change_note(saved_yaml: &str, cfg: &Config, iteration: usize) -> Option<String> {
     let saved = Config::from_yaml(saved_yaml, "checkpoint").ok()?;
-    let (a, b) = (&saved.train, &cfg.train);
-    let mut changed = Vec::new();
-    let mut diff = |key: &str, old: String, new: String| {
-        if old != new {
-            changed.push(format!("train.{key} {old} → {new}"));
-        }
-    };
-    diff("epochs", a.epochs.to_string(), b.epochs.to_string());
-    diff("lr", a.lr.to_string(), b.lr.to_string());
-    diff("min_lr", a.min_lr.to_string(), b.min_lr.to_string());
-    diff(
+    let old = serde_json::to_value(&saved.train).ok()?;
+    let new = serde_json::to_value(&cfg.train).ok()?;
+    let changed: Vec<String> = [
+        "epochs",
+        "lr",
+        "min_lr",
         "warmup_epochs",
-        a.warmup_epochs.to_string(),
-        b.warmup_epochs.to_string(),
-    );
-    diff(
         "weight_decay",
-        a.weight_decay.to_string(),
-        b.weight_decay.to_string(),
-    );
-    diff(
         "weight_decay_end",
-        a.weight_decay_end.to_string(),
-        b.weight_decay_end.to_string(),
-    );
-    diff(
         "momentum_teacher",
-        a.momentum_teacher.to_string(),
-        b.momentum_teacher.to_string(),
-    );
-    diff(
+        "warmup_teacher_temp",
         "teacher_temp",
-        a.teacher_temp.to_string(),
-        b.teacher_temp.to_string(),
-    );
+        "warmup_teacher_temp_epochs",
+    ]
+    .iter()
+    .filter(|key| old[**key] != new[**key])
+    .map(|key| format!("train.{key} {} → {}", old[*key], new[*key]))
+    .collect();
     (!changed.is_empty()).then(|| {
         format!(
             "the checkpoint was trained with other schedule settings ({}): the lr, weight-decay, \

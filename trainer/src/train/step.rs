@@ -2,7 +2,7 @@
 //! global crops, student on all crops, loss (+ centre update), finite check, backward,
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
-use super::loss::{DinoLoss, TeacherStats};
+use super::loss::{DinoLoss, TeacherTargets};
 use super::optim::{clip_gradients, ema_update, AdamW};
 use crate::config::{Config, Precision};
 use crate::dist::group::DistError;
@@ -79,7 +79,7 @@ pub struct StepOutput {
     /// fp16 only: the optimizer step was skipped because a gradient overflowed.
     pub skipped: bool,
     /// The teacher distribution the loss used, for collapse detection.
-    pub teacher: TeacherStats,
+    pub teacher: TeacherTargets,
 }
 
 /// Everything one iteration updates: networks, optimizer state, loss centre and (fp16) the
@@ -125,7 +125,7 @@ impl Learner {
             (t, s, l)
         });
         drop(student_out);
-        let teacher = self.loss.teacher_stats(&teacher_out, p.epoch);
+        let teacher = self.loss.targets(&teacher_out, p.epoch);
         self.loss
             .update_center(&teacher_out.to_kind(tch::Kind::Float), group)?;
         // The mean loss over all ranks: every rank logs it and takes the same finite/NaN

@@ -167,7 +167,8 @@ impl<W: Write> Write for HashWriter<W> {
     }
 }
 
-fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
+/// Size and sha256 (hex) of a file, read in 1 MiB pieces.
+pub(crate) fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
     let mut f = File::open(path)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
