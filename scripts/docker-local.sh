@@ -4,12 +4,17 @@
 # public registry: none is reachable here, so the base image is made with debootstrap from
 # Debian's package mirror and imported (cached between runs on the same machine).
 #
-# usage: scripts/docker-local.sh start|stop|status|env
+# usage: scripts/docker-local.sh start|stop|status|env|clean-tests
 #   start   install the Debian packages if missing (root + apt), start dockerd unless one answers
 #           on the socket, start the registry, make or reuse the base image. Idempotent.
 #   stop    stop the registry and the dockerd this script started (by their recorded pids);
 #           the engine's data (images, the build cache) stays for the next start.
 #   status  exit 1 unless the engine and the registry answer.
+#   clean-tests
+#           remove what the test suite leaves behind: images tagged scdino-e2e (local and in the
+#           registry), untagged build layers, and the registry's scdino-e2e repositories (blobs
+#           garbage-collected; the registry is stopped for that). Each full test run builds about 3 GB of images; without this a
+#           machine that runs the tests repeatedly fills its disk. The base image stays.
 #   env     the line to eval so that tests find them:  eval "$(scripts/docker-local.sh env)"
 # State (pids, logs, registry root, the cached rootfs tarball) lives in $SCDINO_DOCKER_DIR
 # (default /var/tmp/scdino-docker). Registry port: $SCDINO_REGISTRY_PORT (default 5555).
@@ -137,6 +142,22 @@ stop_pid() {
   kill -KILL "$pid" 2>/dev/null || true
 }
 
+clean_tests() {
+  if engine_up; then
+    docker images --format '{{.Repository}}:{{.Tag}}' |
+      grep -E '(^|/)scdino-e2e([:/]|$)' | xargs -r docker rmi -f >/dev/null 2>&1 || true
+    docker image prune -f >/dev/null 2>&1 || true
+  fi
+  if [[ -d $S/registry/docker/registry/v2/repositories/scdino-e2e ]]; then
+    # Stopped first: a running registry caches blob descriptors in memory and would answer
+    # "exists" for a blob collected under it. `start` brings it back.
+    stop_pid "$(pid_of "$S"/registry.pid)"
+    rm -rf "$S"/registry/docker/registry/v2/repositories/scdino-e2e
+    docker-registry garbage-collect "$S"/registry.yml >/dev/null 2>&1 || true
+  fi
+  log "test images removed"
+}
+
 case ${1:-} in
 start)
   install_packages
@@ -150,6 +171,9 @@ stop)
   stop_pid "$(pid_of "$S"/dockerd.pid)"
   log "stopped"
   ;;
+clean-tests)
+  clean_tests
+  ;;
 status)
   engine_up || { log "engine not answering on $SOCK"; exit 1; }
   registry_up || { log "registry not answering on 127.0.0.1:$PORT"; exit 1; }
@@ -159,7 +183,7 @@ env)
   printf 'export SCDINO_TEST_REGISTRY=%q SCDINO_BASE_IMAGE=%q\n' "127.0.0.1:$PORT" "$BASE"
   ;;
 *)
-  echo "usage: $0 start|stop|status|env" >&2
+  echo "usage: $0 start|stop|status|env|clean-tests" >&2
   exit 2
   ;;
 esac

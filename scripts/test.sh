@@ -18,7 +18,8 @@ cp target/release/trainer target/release/trainer-nccl
 cargo build --release --workspace --bins --quiet
 "$ROOT/scripts/slurm-local.sh" start
 "$ROOT/scripts/docker-local.sh" start
-trap '"$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" stop || true' EXIT
+trap '"$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" clean-tests || true
+  "$ROOT/scripts/docker-local.sh" stop || true' EXIT
 eval "$("$ROOT/scripts/slurm-local.sh" env)"
 eval "$("$ROOT/scripts/docker-local.sh" env)"
 export SCDINO_TEST_SLURM=1
