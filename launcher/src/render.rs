@@ -28,7 +28,7 @@ const TUNABLE_PATTERNS: &str = "NCCL_* | FI_* | OFI_* | GLOO_* | UCX_* | TORCH_N
 const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// Exit code of a trainer that checkpointed on SIGUSR1/SIGTERM (`EX_TEMPFAIL`).
-pub const EXIT_PREEMPTED: i32 = 75;
+pub use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
 
 /// What each stage needs from earlier ones.
 fn needs(stage: &str) -> &'static [&'static str] {
@@ -415,7 +415,8 @@ pub fn write(r: &Rendered, out: &Path) -> anyhow::Result<()> {
     }
     for (name, text) in &r.scripts {
         let p = out.join(name);
-        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        crate::fsutil::write_atomic(&p, text.as_bytes())
+            .with_context(|| format!("writing {}", p.display()))?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
     }
     let copy = out.join(container_view::CONTAINER_CONFIG);

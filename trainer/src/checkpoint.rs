@@ -8,7 +8,6 @@
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
@@ -159,27 +158,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| io("creating folder", e))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("checkpoint"),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = File::create(&tmp).map_err(|e| io("creating temp file", e))?;
-        f.write_all(bytes).map_err(|e| io("writing", e))?;
-        f.sync_all().map_err(|e| io("syncing", e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", e))?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    scdino_base::fs::write_atomic(path, bytes).map_err(|e| io("writing", e))
 }
 
 /// A loaded, verified checkpoint.

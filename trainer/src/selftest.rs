@@ -10,10 +10,10 @@ use crate::augment::{DeviceAugment, MultiCropAugment, MultiCropConfig, SampleKey
 use crate::config::{Config, Precision};
 use crate::dist::env::DistEnv;
 use crate::dist::group::{ProcessGroup, ReduceOp};
-use crate::dist::Single;
 use crate::metrics::tensorboard::hostname;
 use crate::train::loss::DinoLoss;
 use crate::train::step::{Learner, Networks, StepParams};
+use crate::train::strategy::SingleProcess;
 use serde::Serialize;
 use std::ffi::{CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -388,7 +388,7 @@ fn step_on(
         rng_seed: 1,
     };
     let out = learner
-        .step(&step_batch(device), p, 0, &mut Single)
+        .step(&step_batch(device), p, 0, &mut SingleProcess::default())
         .map_err(|e| e.to_string())?;
     if !out.loss.is_finite() {
         return Err(format!("loss {}", out.loss));

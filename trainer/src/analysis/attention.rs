@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, PreprocessOptions};
 use crate::plot::{self, PlotError};
-use crate::train::sampler::SplitMix64;
+use scdino_base::rng::SplitMix64;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};

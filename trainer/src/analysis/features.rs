@@ -9,6 +9,7 @@ use crate::checkpoint;
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
+use crate::layout::ModelLayout;
 use crate::model::{VisionTransformer, VitConfig};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
@@ -302,17 +303,11 @@ pub fn format_e18(v: f64) -> String {
     }
 }
 
-/// Where scDINO puts the analyses of one model: `{run}/{model}_channel{names}_analyses`.
-pub fn analyses_dir(cfg: &Config, channels: &[usize]) -> PathBuf {
-    cfg.run_dir()
-        .join(format!("{}_analyses", cfg.model_dir_name(channels)))
-}
-
 /// Writes `CLS_features/{tag}_features.csv` (scDINO's headerless `%.18e` CSV),
 /// `class_labels.csv`, `image_paths.csv` and `CLS_features/{tag}_features.safetensors` (the
 /// three bound together: features tensor plus labels and paths in its metadata), atomically.
-pub fn write(dir: &Path, tag: &str, set: &FeatureSet) -> Result<(), FeaturesError> {
-    let feat_dir = dir.join("CLS_features");
+pub fn write(files: &ModelLayout, tag: &str, set: &FeatureSet) -> Result<(), FeaturesError> {
+    let feat_dir = files.features_dir();
     std::fs::create_dir_all(&feat_dir).map_err(|source| FeaturesError::Io {
         path: feat_dir.clone(),
         source,
@@ -330,14 +325,12 @@ pub fn write(dir: &Path, tag: &str, set: &FeatureSet) -> Result<(), FeaturesErro
         csv.push_str(&line.join(","));
         csv.push('\n');
     }
-    data::tiff_reader::write_atomic(
-        &feat_dir.join(format!("{tag}_features.csv")),
-        csv.as_bytes(),
-    )?;
+    data::tiff_reader::write_atomic(&files.features_csv(tag), csv.as_bytes())?;
     let lines = |v: &[String]| v.iter().map(|s| format!("{s}\n")).collect::<String>();
-    data::tiff_reader::write_atomic(&dir.join("class_labels.csv"), lines(&set.labels).as_bytes())?;
-    data::tiff_reader::write_atomic(&dir.join("image_paths.csv"), lines(&set.paths).as_bytes())?;
-    write_bundle(&feat_dir.join(format!("{tag}_features.safetensors")), set)
+    let labels = lines(&set.labels);
+    data::tiff_reader::write_atomic(&files.class_labels_csv(), labels.as_bytes())?;
+    data::tiff_reader::write_atomic(&files.image_paths_csv(), lines(&set.paths).as_bytes())?;
+    write_bundle(&files.bundle(tag), set)
 }
 
 /// The safetensors bundle alone: features, labels, paths, dataset indices and the checkpoint
@@ -444,13 +437,6 @@ pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
         checkpoint: meta["checkpoint"].as_str().unwrap_or_default().to_string(),
         checkpoint_epoch: meta["checkpoint_epoch"].as_u64().map(|e| e as usize),
     })
-}
-
-/// The bundle file of a feature tag.
-pub fn bundle_path(analyses: &Path, tag: &str) -> PathBuf {
-    analyses
-        .join("CLS_features")
-        .join(format!("{tag}_features.safetensors"))
 }
 
 #[cfg(test)]

@@ -509,27 +509,9 @@ pub fn append_txt(path: &Path, block: &str) -> Result<(), KnnError> {
     write_atomic(path, &content)
 }
 
-/// Writes `bytes` to `dir/.name.tmp-<pid>`, syncs, and renames it over `path`.
+/// [`scdino_base::fs::write_atomic`] with the error naming `path` as a kNN error.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), KnnError> {
-    use std::io::Write;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "knn".into());
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let result = std::fs::File::create(&tmp)
-        .and_then(|mut f| {
-            f.write_all(bytes)?;
-            f.sync_all()
-        })
-        .map_err(|e| KnnError::io(&tmp, "writing temporary file", e))
-        .and_then(|()| {
-            std::fs::rename(&tmp, path).map_err(|e| KnnError::io(path, "renaming temp file", e))
-        });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    scdino_base::fs::write_atomic(path, bytes).map_err(|e| KnnError::io(path, "writing", e))
 }
 
 /// Per-k running tallies.

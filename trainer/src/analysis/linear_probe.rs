@@ -4,7 +4,7 @@
 //! mean cross-entropy + λ/2·‖W‖² with an unpenalised bias (scikit-learn's `C` = 1/(λ·n)).
 //! λ is chosen on a seeded validation split of the training features and the winner is refit
 //! on all of them.
-use crate::train::sampler::SplitMix64;
+use scdino_base::rng::SplitMix64;
 use tch::{Device, Kind, Tensor};
 
 /// A fitted probe: `logits = x · Wᵀ + b`.

@@ -9,8 +9,8 @@
 //! umap-learn's `init="pca"` (the default `"spectral"` needs an eigensolver on the graph
 //! Laplacian). Exact kNN comes from chunked matrix products.
 use crate::config::UmapMetric;
-use crate::train::sampler::SplitMix64;
 use ndarray::Array2;
+use scdino_base::rng::SplitMix64;
 use tch::{Kind, Tensor};
 
 #[derive(Debug, thiserror::Error)]

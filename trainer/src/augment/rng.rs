@@ -8,16 +8,8 @@
 //! The generator is xoshiro256++ (Blackman & Vigna), seeded by SplitMix64
 //! from a SplitMix-style hash of the four words. Not cryptographic.
 
-/// SplitMix64's output function (Stafford's "Mix13"): a bijection of `u64`
-/// with full avalanche.
-#[inline]
-pub const fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+pub use scdino_base::rng::mix64;
+use scdino_base::rng::GOLDEN;
 
 /// One SplitMix64 step.
 #[inline]

@@ -22,7 +22,7 @@ impl MeanStdArgs {
         let cfg = self.config.load()?;
         let source = open_source(&cfg.data)
             .with_context(|| format!("indexing {}", cfg.data.dataset_dir.display()))?;
-        let path = cfg.run_dir().join("mean_and_std_of_dataset.txt");
+        let path = trainer::layout::RunLayout::new(&cfg).mean_std();
         if self.force {
             let _ = std::fs::remove_file(&path);
         }
@@ -64,7 +64,7 @@ fn tags_or_all(t: &Target, tag: Option<String>) -> Result<Vec<String>> {
     anyhow::ensure!(
         !tags.is_empty(),
         "no features in {}: run `trainer features` first",
-        t.analyses.join("CLS_features").display()
+        t.files.features_dir().display()
     );
     Ok(tags)
 }
@@ -82,10 +82,10 @@ fn checkpoints_to_run(
     }
     let kept = t.numbered_checkpoints();
     if kept.is_empty() {
-        let latest = t.model_dir.join(trainer::checkpoint::LATEST);
+        let latest = t.files.latest_checkpoint();
         return Ok(vec![(stages::tag_of_checkpoint(&latest)?, latest)]);
     }
-    let ms = t.mean_std_path();
+    let ms = t.run.mean_std();
     Ok(kept
         .into_iter()
         .filter(|(tag, c)| {
@@ -114,17 +114,11 @@ impl FeaturesArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, |tag| t.bundle(tag))? {
+        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, |tag| t.files.bundle(tag))? {
             let written = stages::run_features(&t, &ckpt, &tag)
                 .with_context(|| format!("features with {}", ckpt.display()))?;
             let Some(rows) = written else { continue };
-            println!(
-                "{rows} rows -> {}",
-                t.analyses
-                    .join("CLS_features")
-                    .join(format!("{tag}_features.csv"))
-                    .display()
-            );
+            println!("{rows} rows -> {}", t.files.features_csv(&tag).display());
         }
         Ok(())
     }
@@ -173,7 +167,9 @@ impl EvaluateArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, |tag| t.evaluation_json(tag))? {
+        for (tag, ckpt) in
+            checkpoints_to_run(&t, self.checkpoint, |tag| t.files.evaluation_json(tag))?
+        {
             let r = stages::run_evaluate(&t, &ckpt, &tag)
                 .with_context(|| format!("evaluation with {}", ckpt.display()))?;
             for k in &r.knn {
@@ -197,7 +193,7 @@ impl EvaluateArgs {
                 r.n_train,
                 r.n_queries,
                 r.queries_from,
-                t.evaluation_json(&tag).display()
+                t.files.evaluation_json(&tag).display()
             );
         }
         Ok(())
@@ -244,14 +240,14 @@ impl AttentionArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        let manifest = |tag: &str| t.attention_dir(tag).join("attention_images.json");
+        let manifest = |tag: &str| t.files.attention_manifest(tag);
         for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, manifest)? {
             let images = stages::run_attention(&t, &ckpt, &tag)
                 .with_context(|| format!("attention maps with {}", ckpt.display()))?;
             println!(
                 "{} images -> {}",
                 images.len(),
-                t.attention_dir(&tag).display()
+                t.files.attention_dir(&tag).display()
             );
         }
         Ok(())

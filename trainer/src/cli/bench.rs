@@ -13,7 +13,6 @@ use trainer::analysis::mean_std;
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
 use trainer::config::{Arch, AugmentOn, Config, Precision};
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
-use trainer::dist::Single;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::input::TrainInput;
 use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
@@ -22,6 +21,7 @@ use trainer::train::run::training_image_fn;
 use trainer::train::sampler::epoch_order;
 use trainer::train::schedule::scaled_lr;
 use trainer::train::step::{Learner, Networks, StepParams};
+use trainer::train::strategy::SingleProcess;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -291,7 +291,7 @@ impl StepBench {
             clip_grad: cfg.train.clip_grad,
             rng_seed: it as i64,
         };
-        let mut group = Single;
+        let mut group = SingleProcess::default();
         let total = self.warmup + self.iters;
         // Per timed step: (wall seconds, data-wait seconds, images).
         let mut timed: Vec<(f64, f64, usize)> = Vec::with_capacity(self.iters);

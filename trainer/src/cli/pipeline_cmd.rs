@@ -49,7 +49,7 @@ impl PipelineArgs {
                     .unwrap_or_else(|| (0..cfg.channel_sets.len()).collect())
                 {
                     let t = trainer::pipeline::stages::Target::new(&cfg, c)?;
-                    println!("{}", t.report_html().display());
+                    println!("{}", t.files.report_html().display());
                 }
                 Ok(())
             }

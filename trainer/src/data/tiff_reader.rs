@@ -17,8 +17,8 @@
 //! images, whose stored values are not channel intensities.
 
 use std::fs::File;
-use std::io::{BufReader, Cursor, Read, Seek, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufReader, Cursor, Read, Seek};
+use std::path::Path;
 
 use tiff::decoder::{Decoder, DecodingResult};
 use tiff::encoder::{colortype, TiffEncoder};
@@ -366,30 +366,9 @@ pub fn write_tiff_u16_chunky(path: &Path, image: &ImageChwU16) -> Result<(), Dat
     write_atomic(path, &bytes)
 }
 
-/// Write `bytes` to `path` via a temporary file + rename.
+/// [`scdino_base::fs::write_atomic`] with the error naming `path` as a data error.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
-    let tmp = temp_path(path);
-    let result = File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes))
-        .map_err(|e| DataError::io(&tmp, "writing temporary file", e))
-        .and_then(|()| {
-            std::fs::rename(&tmp, path)
-                .map_err(|e| DataError::io(path, "renaming temporary file", e))
-        });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// `dir/.name.tmp-<pid>`: hidden, and not ending in `.tif`/`.tiff`, so the
-/// dataset indexer never mistakes it for an image.
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+    scdino_base::fs::write_atomic(path, bytes).map_err(|e| DataError::io(path, "writing", e))
 }
 
 #[cfg(test)]

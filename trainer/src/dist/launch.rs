@@ -4,7 +4,7 @@
 //! rank has exited with the preemption code, the others get the same grace period to follow
 //! and are then killed and counted as stopped: a rank blocked in a rendezvous (a multi-rank
 //! pipeline stopped while rank 0 ran a single-rank stage) cannot see the signal.
-use crate::train::run::EXIT_PREEMPTED;
+use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,11 +1,12 @@
 //! Distributed training on libtorch's own collectives: process groups (c10d through the C++
-//! shim), rank discovery, data-parallel gradient averaging, the local launcher and the collectives
-//! benchmark.
+//! shim), rank discovery, data-parallel gradient averaging, the storage and hook tricks
+//! sharding needs, the local launcher and the collectives benchmark. Nothing here knows about
+//! training: the strategies that combine these with the learner live in
+//! [`crate::train::strategy`].
 pub mod backend;
 pub mod bench;
 pub mod ddp;
 pub mod env;
-pub mod fsdp;
 pub mod group;
 pub mod hooks;
 pub mod launch;
@@ -29,6 +30,7 @@ pub trait Collective {
 }
 
 /// A world of one: every collective is the identity.
+#[derive(Debug, Default, Clone, Copy)]
 pub struct Single;
 
 impl Collective for Single {

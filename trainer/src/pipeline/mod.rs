@@ -211,7 +211,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
     };
     for &combination in &combos {
         let t = Target::new(cfg, combination)?;
-        let ms_path = t.mean_std_path();
+        let ms_path = t.run.mean_std();
         // Rank 0 only: training's ranks wait for it at their rendezvous and read the file.
         r.stage(
             Stage::MeanStd,
@@ -231,7 +231,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         }
 
         // Training decides for itself how far it is (it resumes from checkpoint.safetensors).
-        let latest = t.model_dir.join(crate::checkpoint::LATEST);
+        let latest = t.files.latest_checkpoint();
         let finished = crate::checkpoint::read_meta(&latest)
             .map(|m| m.epoch >= cfg.train.epochs)
             .unwrap_or(false);
@@ -265,12 +265,12 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         if checkpoints.is_empty() {
             return Err(StageError::Invalid(format!(
                 "training finished but {} has no numbered checkpoints",
-                t.model_dir.display()
+                t.files.dir().display()
             )));
         }
         for (tag, ckpt) in &checkpoints {
             let tag = tag.as_str();
-            let bundle = t.bundle(tag);
+            let bundle = t.files.bundle(tag);
             r.stage(
                 Stage::Features,
                 Ranks::All,
@@ -286,7 +286,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &t,
                 Some(tag),
                 std::slice::from_ref(&bundle),
-                &[t.knn_json(tag)],
+                &[t.files.knn_json(tag)],
                 || stages::run_knn(&t, tag).map(|_| ()),
             )?;
             let mut eval_inputs = vec![ckpt.clone(), ms_path.clone()];
@@ -297,7 +297,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &t,
                 Some(tag),
                 &eval_inputs,
-                &[t.evaluation_json(tag)],
+                &[t.files.evaluation_json(tag)],
                 || stages::run_evaluate(&t, ckpt, tag).map(|_| ()),
             )?;
             r.stage(
@@ -306,7 +306,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &t,
                 Some(tag),
                 std::slice::from_ref(&bundle),
-                &[t.umap_json(tag)],
+                &[t.files.umap_json(tag)],
                 || stages::run_umap(&t, tag).map(|_| ()),
             )?;
             r.stage(
@@ -315,19 +315,19 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &t,
                 Some(tag),
                 &[ckpt.clone(), ms_path.clone()],
-                &[t.attention_dir(tag).join("attention_images.json")],
+                &[t.files.attention_manifest(tag)],
                 || stages::run_attention(&t, ckpt, tag).map(|_| ()),
             )?;
             if r.stopped() {
                 return Ok(PipelineOutcome::Preempted(r.runs));
             }
         }
-        let mut report_inputs = vec![ms_path.clone(), t.model_dir.join("log.txt")];
+        let mut report_inputs = vec![ms_path.clone(), t.files.log()];
         for (tag, _) in &checkpoints {
-            report_inputs.push(t.knn_json(tag));
-            report_inputs.push(t.evaluation_json(tag));
-            report_inputs.push(t.umap_json(tag));
-            report_inputs.push(t.attention_dir(tag).join("attention_images.json"));
+            report_inputs.push(t.files.knn_json(tag));
+            report_inputs.push(t.files.evaluation_json(tag));
+            report_inputs.push(t.files.umap_json(tag));
+            report_inputs.push(t.files.attention_manifest(tag));
         }
         r.stage(
             Stage::Report,
@@ -335,7 +335,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             &t,
             None,
             &report_inputs,
-            &[t.report_html()],
+            &[t.files.report_html()],
             || report::write_report(&t).map(|_| ()),
         )?;
     }

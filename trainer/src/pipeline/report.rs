@@ -123,12 +123,12 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
     }
 
     // Training curves.
-    let log = read_log(&t.model_dir.join("log.txt"))?;
+    let log = read_log(&t.files.log())?;
     h.push_str("<h2>Training</h2>");
     if log.epoch.is_empty() {
         h.push_str("<p>No <code>log.txt</code> yet.</p>");
     } else {
-        let assets = t.analyses.join("report_assets");
+        let assets = t.files.report_assets();
         for (name, values, log_y) in [
             ("loss", &log.loss, false),
             ("lr", &log.lr, true),
@@ -169,8 +169,8 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
     sort_tags(&mut tags);
     let reports: Vec<(String, crate::analysis::knn::KnnReport)> = tags
         .iter()
-        .filter(|tag| t.knn_json(tag).exists())
-        .map(|tag| Ok((tag.clone(), read_knn_json(&t.knn_json(tag))?)))
+        .filter(|tag| t.files.knn_json(tag).exists())
+        .map(|tag| Ok((tag.clone(), read_knn_json(&t.files.knn_json(tag))?)))
         .collect::<Result<_, StageError>>()?;
     h.push_str("<h2>Weighted kNN (held-out split)</h2>");
     if let Some((_, first)) = reports.first() {
@@ -207,11 +207,11 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
     // Evaluation: kNN + linear probe on the test folder (or held-out split).
     let evaluations: Vec<(String, crate::analysis::evaluate::EvaluationReport)> = tags
         .iter()
-        .filter(|tag| t.evaluation_json(tag).exists())
+        .filter(|tag| t.files.evaluation_json(tag).exists())
         .map(|tag| {
             Ok((
                 tag.clone(),
-                super::stages::read_evaluation(&t.evaluation_json(tag))?,
+                super::stages::read_evaluation(&t.files.evaluation_json(tag))?,
             ))
         })
         .collect::<Result<_, StageError>>()?;
@@ -318,7 +318,7 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
                 );
             }
             h.push_str("</table>");
-            let png = t.confusion_png(tag);
+            let png = t.files.confusion_png(tag);
             if png.exists() {
                 h.push_str(&img_tag(
                     &png,
@@ -331,9 +331,13 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
 
     // UMAP of the newest tag that has one.
     h.push_str("<h2>UMAP</h2>");
-    match tags.iter().rev().find(|tag| t.umap_json(tag).exists()) {
+    match tags
+        .iter()
+        .rev()
+        .find(|tag| t.files.umap_json(tag).exists())
+    {
         Some(tag) => {
-            let path = t.umap_json(tag);
+            let path = t.files.umap_json(tag);
             let text = std::fs::read_to_string(&path).map_err(|source| StageError::Io {
                 path: path.clone(),
                 source,
@@ -370,10 +374,10 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
     match tags
         .iter()
         .rev()
-        .find(|tag| t.attention_dir(tag).join("attention_images.json").exists())
+        .find(|tag| t.files.attention_manifest(tag).exists())
     {
         Some(tag) => {
-            let dir = t.attention_dir(tag);
+            let dir = t.files.attention_dir(tag);
             let path = dir.join("attention_images.json");
             let text = std::fs::read_to_string(&path).map_err(|source| StageError::Io {
                 path: path.clone(),
@@ -414,9 +418,9 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
         esc(&cfg.to_yaml()),
         env!("CARGO_PKG_VERSION")
     );
-    let out = t.report_html();
-    std::fs::create_dir_all(&t.analyses).map_err(|source| StageError::Io {
-        path: t.analyses.clone(),
+    let out = t.files.report_html();
+    std::fs::create_dir_all(t.files.analyses()).map_err(|source| StageError::Io {
+        path: t.files.analyses().to_path_buf(),
         source,
     })?;
     crate::data::tiff_reader::write_atomic(&out, h.as_bytes())?;

@@ -11,8 +11,8 @@ use crate::config::Config;
 use crate::data::tiff_reader::write_atomic;
 use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
+use crate::layout::{ModelLayout, RunLayout};
 use crate::plot;
-use crate::train::run::model_dir;
 use std::path::{Path, PathBuf};
 
 /// One trained model: a channel combination of a config, and where its files live.
@@ -20,10 +20,9 @@ pub struct Target<'a> {
     pub cfg: &'a Config,
     pub combination: usize,
     pub channels: Vec<usize>,
-    /// `scDINO_ViTs/{model}` (checkpoints, log.txt).
-    pub model_dir: PathBuf,
-    /// `{model}_analyses` (features, kNN, plots, attention, report).
-    pub analyses: PathBuf,
+    pub run: RunLayout,
+    /// Checkpoints, logs and analyses of this combination.
+    pub files: ModelLayout,
 }
 
 impl<'a> Target<'a> {
@@ -34,21 +33,18 @@ impl<'a> Target<'a> {
                 cfg.channel_sets.len()
             ))
         })?;
+        let run = RunLayout::new(cfg);
         Ok(Self {
             cfg,
             combination,
-            model_dir: model_dir(cfg, &channels),
-            analyses: features::analyses_dir(cfg, &channels),
+            files: run.model(cfg, &channels),
+            run,
             channels,
         })
     }
 
-    pub fn mean_std_path(&self) -> PathBuf {
-        self.cfg.run_dir().join("mean_and_std_of_dataset.txt")
-    }
-
     pub fn mean_std(&self) -> Result<MeanStd, StageError> {
-        let path = self.mean_std_path();
+        let path = self.run.mean_std();
         MeanStd::read(&path).map_err(|e| {
             StageError::Invalid(format!(
                 "{e} (run `trainer mean-std` or `trainer pipeline` first)"
@@ -56,59 +52,15 @@ impl<'a> Target<'a> {
         })
     }
 
-    pub fn bundle(&self, tag: &str) -> PathBuf {
-        features::bundle_path(&self.analyses, tag)
-    }
-
-    /// `evaluation/{tag}_evaluation.json`: kNN + linear probe on the test folder (or split).
-    pub fn evaluation_json(&self, tag: &str) -> PathBuf {
-        self.analyses
-            .join("evaluation")
-            .join(format!("{tag}_evaluation.json"))
-    }
-
-    pub fn knn_json(&self, tag: &str) -> PathBuf {
-        self.analyses
-            .join("kNN")
-            .join(format!("{tag}_knn_metrics.json"))
-    }
-
-    pub fn confusion_png(&self, tag: &str) -> PathBuf {
-        self.analyses
-            .join("kNN")
-            .join(format!("{tag}_confusion.png"))
-    }
-
-    pub fn umap_json(&self, tag: &str) -> PathBuf {
-        self.analyses
-            .join("embedding_plots")
-            .join(format!("{tag}_umap.json"))
-    }
-
-    pub fn attention_dir(&self, tag: &str) -> PathBuf {
-        self.analyses.join("attention_images").join(tag)
-    }
-
-    pub fn report_html(&self) -> PathBuf {
-        self.analyses.join("report.html")
-    }
-
     /// The numbered checkpoints training kept (`saveckp_freq` epochs and the last), oldest
     /// first, with their feature tags.
     pub fn numbered_checkpoints(&self) -> Vec<(String, PathBuf)> {
-        let mut found: Vec<(usize, PathBuf)> = std::fs::read_dir(&self.model_dir)
+        let mut found: Vec<(usize, PathBuf)> = std::fs::read_dir(self.files.dir())
             .into_iter()
             .flatten()
             .filter_map(|e| {
                 let path = e.ok()?.path();
-                let name = path.file_name()?.to_str()?;
-                let digits = name
-                    .strip_prefix("checkpoint")?
-                    .strip_suffix(".safetensors")?;
-                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                    return None;
-                }
-                Some((digits.parse().ok()?, path))
+                Some((ModelLayout::numbered_epoch(&path)?, path))
             })
             .collect();
         found.sort();
@@ -120,7 +72,7 @@ impl<'a> Target<'a> {
 
     /// Feature tags with extracted features, in epoch order.
     pub fn feature_tags(&self) -> Vec<String> {
-        let mut tags: Vec<String> = std::fs::read_dir(self.analyses.join("CLS_features"))
+        let mut tags: Vec<String> = std::fs::read_dir(self.files.features_dir())
             .into_iter()
             .flatten()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -208,7 +160,7 @@ fn gather_shards(
 }
 
 fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<usize, StageError> {
-    features::write(&t.analyses, tag, set)?;
+    features::write(&t.files, tag, set)?;
     Ok(set.labels.len())
 }
 
@@ -242,7 +194,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
         }
         None => {
             // The features stage already embedded the held-out split with this checkpoint.
-            let written = features::read_bundle(&t.bundle(tag))
+            let written = features::read_bundle(&t.files.bundle(tag))
                 .ok()
                 .filter(|set| Path::new(&set.checkpoint) == ckpt && set.indices == split.held_out);
             let held_out = match written {
@@ -256,7 +208,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
             )
         }
     };
-    let dir = t.analyses.join("evaluation");
+    let dir = t.files.evaluation_dir();
     std::fs::create_dir_all(&dir).map_err(|source| StageError::Io {
         path: dir.clone(),
         source,
@@ -291,7 +243,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
         );
     }
     let json = serde_json::to_string_pretty(&report).expect("evaluation report serialises");
-    write_atomic(&t.evaluation_json(tag), json.as_bytes())?;
+    write_atomic(&t.files.evaluation_json(tag), json.as_bytes())?;
     Ok(report)
 }
 
@@ -318,7 +270,7 @@ pub fn best_k(report: &KnnReport) -> Option<&knn::KnnKResult> {
 /// `{tag}_confusion.png`, and `global_kNN.txt` rebuilt from every tag's block in epoch order
 /// (scDINO appended; rebuilding keeps reruns from duplicating blocks).
 pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
-    let set = features::read_bundle(&t.bundle(tag))?;
+    let set = features::read_bundle(&t.files.bundle(tag))?;
     let (checkpoint, checkpoint_epoch) = (set.checkpoint.clone(), set.checkpoint_epoch);
     let input = knn::KnnInput::new(set.features, set.labels)?;
     let cfg = knn::KnnConfig {
@@ -333,15 +285,19 @@ pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
     for w in &report.warnings {
         eprintln!("warning: kNN {tag}: {w}");
     }
-    let dir = t.analyses.join("kNN");
+    let dir = t.files.knn_dir();
     std::fs::create_dir_all(&dir).map_err(|source| StageError::Io {
         path: dir.clone(),
         source,
     })?;
     if let Some(best) = best_k(&report) {
-        plot::confusion_png(&t.confusion_png(tag), &best.confusion, &report.classes)?;
+        plot::confusion_png(
+            &t.files.confusion_png(tag),
+            &best.confusion,
+            &report.classes,
+        )?;
     }
-    write_atomic(&t.knn_json(tag), report.to_json().as_bytes())?;
+    write_atomic(&t.files.knn_json(tag), report.to_json().as_bytes())?;
     rebuild_global_knn_txt(t)?;
     Ok(report)
 }
@@ -349,7 +305,7 @@ pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
 fn rebuild_global_knn_txt(t: &Target) -> Result<(), StageError> {
     let mut text = String::new();
     for tag in t.feature_tags() {
-        let path = t.knn_json(&tag);
+        let path = t.files.knn_json(&tag);
         if !path.exists() {
             continue;
         }
@@ -362,7 +318,7 @@ fn rebuild_global_knn_txt(t: &Target) -> Result<(), StageError> {
         text.push_str(&report.txt_block(&run_name));
     }
     write_atomic(
-        &t.analyses.join("kNN").join(knn::GLOBAL_KNN_TXT),
+        &t.files.knn_dir().join(knn::GLOBAL_KNN_TXT),
         text.as_bytes(),
     )?;
     Ok(())
@@ -399,7 +355,7 @@ pub struct UmapSummary {
 /// 2-D UMAP of the features of `tag`: `embedding_plots/{tag}_umap.{png,csv,json}`.
 pub fn run_umap(t: &Target, tag: &str) -> Result<UmapSummary, StageError> {
     let u = &t.cfg.downstream.umap;
-    let set = features::read_bundle(&t.bundle(tag))?;
+    let set = features::read_bundle(&t.files.bundle(tag))?;
     let rows = set.labels.len();
     let n_neighbors = u.n_neighbors.min(rows.saturating_sub(1));
     if n_neighbors < u.n_neighbors {
@@ -429,7 +385,7 @@ pub fn run_umap(t: &Target, tag: &str) -> Result<UmapSummary, StageError> {
         .iter()
         .map(|l| classes.binary_search(l).expect("label present"))
         .collect();
-    let dir = t.analyses.join("embedding_plots");
+    let dir = t.files.umap_dir();
     let png = dir.join(format!("{tag}_umap.png"));
     // scDINO also writes `pdf_format/epoch{E}_umap.pdf`: the same figure, 14×10 in.
     let pdf = dir.join("pdf_format").join(format!("{tag}_umap.pdf"));
@@ -481,7 +437,7 @@ pub fn run_umap(t: &Target, tag: &str) -> Result<UmapSummary, StageError> {
         csv: csv_path.display().to_string(),
     };
     let json = serde_json::to_string_pretty(&summary).expect("serialisable");
-    write_atomic(&t.umap_json(tag), json.as_bytes())?;
+    write_atomic(&t.files.umap_json(tag), json.as_bytes())?;
     Ok(summary)
 }
 
@@ -506,6 +462,6 @@ pub fn run_attention(
         t.combination,
         ckpt,
         &ms,
-        &t.attention_dir(tag),
+        &t.files.attention_dir(tag),
     )?)
 }

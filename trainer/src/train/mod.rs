@@ -1,6 +1,7 @@
 //! DINO training: schedules, loss, optimiser, the iteration, and (in `run`) the epoch loop.
 pub mod ahead;
 pub mod collapse;
+pub mod error;
 pub mod input;
 pub mod loader;
 pub mod loss;
@@ -9,3 +10,4 @@ pub mod run;
 pub mod sampler;
 pub mod schedule;
 pub mod step;
+pub mod strategy;

@@ -8,63 +8,37 @@
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::ahead::ahead;
 use super::collapse::{describe, CollapseWatch, TeacherSnapshot};
+pub use super::error::TrainError;
 use super::input::{ImageFn, TrainInput};
 use super::loader::{BufferPool, EpochLoader, LoadedBatch};
 use super::loss::DinoLoss;
-use super::sampler::{configured_epoch_order, iters_per_epoch, SplitMix64};
+use super::sampler::{configured_epoch_order, iters_per_epoch};
 use super::schedule::{scale_lr, teacher_temp_schedule, Schedules};
 use super::step::{Learner, Networks, StepParams};
+use super::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
 use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{MultiCropAugment, MultiCropConfig};
-use crate::checkpoint::{self, Checkpoint, CheckpointMeta, EpochTotals};
+use crate::checkpoint::{self, CheckpointMeta, EpochTotals};
 use crate::config::OnCollapse;
-use crate::config::{Config, OnCorrupt, Strategy};
+use crate::config::{Config, OnCorrupt};
 use crate::data::preprocess::preprocess_into;
 use crate::data::quality;
 use crate::data::{self, ImageChw, ImageSource, PreprocessOptions, SharedSource};
 use crate::device::CudaFacts;
-use crate::dist::ddp::Ddp;
 use crate::dist::env::DistEnv;
-use crate::dist::fsdp::Fsdp;
 use crate::dist::group::ProcessGroup;
-use crate::dist::{Collective, Single};
+use crate::dist::Collective;
+use crate::layout::RunLayout;
 use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
+use scdino_base::rng::SplitMix64;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Exit code after a checkpoint on SIGUSR1/SIGTERM: EX_TEMPFAIL, "try again" (Slurm requeue).
-pub const EXIT_PREEMPTED: i32 = 75;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error(transparent)]
-    Data(#[from] data::DataError),
-    #[error(transparent)]
-    MeanStd(#[from] mean_std::MeanStdError),
-    #[error(transparent)]
-    Checkpoint(#[from] checkpoint::CheckpointError),
-    #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
-    #[error(transparent)]
-    Step(#[from] super::step::StepError),
-    #[error(transparent)]
-    Dist(#[from] crate::dist::group::DistError),
-    #[error("{0}")]
-    Setup(String),
-    #[error("stopped (train.on_collapse: stop): {0}")]
-    Collapsed(String),
-    #[error("cannot resume from {path}: {reason}")]
-    Resume { path: PathBuf, reason: String },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
+/// Exit code after a checkpoint on SIGUSR1/SIGTERM (Slurm requeues on it).
+pub use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
 
 /// How a `train` call ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,20 +76,14 @@ fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     .to_string()
 }
 
-/// `{output_dir}/{name}/scDINO_ViTs/{model}_channel_{names}` (scDINO's layout).
+/// `{output_dir}/{name}/scDINO_ViTs/{model}_channel_{names}` (see [`crate::layout`]).
 pub fn model_dir(cfg: &Config, channels: &[usize]) -> PathBuf {
-    cfg.run_dir()
-        .join("scDINO_ViTs")
-        .join(cfg.model_dir_name(channels))
+    RunLayout::new(cfg).model(cfg, channels).dir().to_path_buf()
 }
 
 /// Loads `mean_and_std_of_dataset.txt` from the run folder, computing it first if missing.
 pub fn dataset_mean_std(cfg: &Config, source: &dyn ImageSource) -> Result<MeanStd, TrainError> {
-    dataset_mean_std_at(
-        cfg,
-        source,
-        &cfg.run_dir().join("mean_and_std_of_dataset.txt"),
-    )
+    dataset_mean_std_at(cfg, source, &RunLayout::new(cfg).mean_std())
 }
 
 /// [`dataset_mean_std`] with an explicit file.
@@ -165,7 +133,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 opts.combination
             ))
         })?;
-    let out_dir = model_dir(cfg, &channels);
+    let run_files = RunLayout::new(cfg);
+    let files = run_files.model(cfg, &channels);
+    let out_dir = files.dir().to_path_buf();
     std::fs::create_dir_all(&out_dir).map_err(io_err(&out_dir))?;
 
     let source = data::open_source(&cfg.data)?;
@@ -182,7 +152,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     if rank == 0 || device.is_cuda() {
         eprintln!("rank {rank}: training on {device:?}");
     }
-    let mut ddp = if world > 1 {
+    let mut group = if world > 1 {
         let timeout = Duration::from_secs(cfg.train.dist_timeout_seconds);
         let group = ProcessGroup::new(
             &denv.master_addr,
@@ -198,7 +168,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 denv.source, denv.master_addr, denv.master_port
             );
         }
-        Some(Ddp::new(group))
+        Some(group)
     } else {
         None
     };
@@ -208,12 +178,12 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     } else {
         None
     };
-    if let Some(d) = &mut ddp {
-        d.group.barrier()?;
+    if let Some(g) = &mut group {
+        g.barrier()?;
     }
     let ms = match ms {
         Some(ms) => ms,
-        None => MeanStd::read(&cfg.run_dir().join("mean_and_std_of_dataset.txt"))?,
+        None => MeanStd::read(&run_files.mean_std())?,
     };
     if ms.mean.len() != cfg.file_channels() {
         return Err(TrainError::Setup(format!(
@@ -256,7 +226,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let mut meter = EpochTotals::default();
     let resumed = checkpoint::load_latest(&out_dir, &mut |w| eprintln!("warning: {w}"))?;
     if let Some(ck) = &resumed {
-        restore(ck, &fp, &mut learner)?;
+        strategy::restore(ck, &fp, &mut learner)?;
         (epoch, start_batch, iteration) = (ck.meta.epoch, ck.meta.epoch_batch, ck.meta.iteration);
         meter = ck.meta.epoch_totals.clone();
         eprintln!(
@@ -269,89 +239,36 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             }
         }
     }
-    if let Some(d) = &mut ddp {
-        // Every rank starts from rank 0's weights (a resume loads the same file everywhere,
-        // so this changes nothing then).
-        d.broadcast_parameters(&learner.nets.student_vs)?;
-        d.broadcast_parameters(&learner.nets.teacher_vs)?;
-    }
-    let shard_fp = format!("{fp} fsdp rank {rank} of {world}");
-    let shard_dir = out_dir.join("fsdp").join(format!("rank{rank}of{world}"));
-    let mut fsdp = None;
-    if let Some(d) = &mut ddp {
-        match cfg.train.strategy {
-            Strategy::Ddp if cfg.train.ddp_overlap => {
-                let named: Vec<(String, tch::Tensor)> = learner
-                    .optimizer
-                    .params
-                    .iter()
-                    .map(|p| (p.name.clone(), p.tensor.shallow_clone()))
-                    .collect();
-                d.enable_overlap(&named)?;
-            }
-            Strategy::Ddp => {}
-            Strategy::Fsdp => {
-                let mut f = Fsdp::new(&d.group, &mut learner)?;
-                f.set_reshard_after_forward(cfg.train.fsdp_reshard_after_forward);
-                // The shards win over the consolidated checkpoint when every rank has the
-                // same, at least as new, iteration (a crash between the two writes, or a new
-                // world size, falls back to the consolidated one, re-sharded above).
-                let ck = checkpoint::load_latest(&shard_dir, &mut |w| eprintln!("warning: {w}"))?
-                    .filter(|c| c.meta.fingerprint == shard_fp);
-                let mine = ck.as_ref().map_or(-1.0, |c| c.meta.iteration as f64);
-                let (mut lo, mut hi) = (
-                    tch::Tensor::from_slice(&[mine]).to_device(device),
-                    tch::Tensor::from_slice(&[mine]).to_device(device),
-                );
-                d.group.all_reduce(
-                    std::slice::from_mut(&mut lo),
-                    crate::dist::group::ReduceOp::Min,
-                )?;
-                d.group.all_reduce(
-                    std::slice::from_mut(&mut hi),
-                    crate::dist::group::ReduceOp::Max,
-                )?;
-                let full_iter = resumed.as_ref().map_or(-1.0, |c| c.meta.iteration as f64);
-                let (lo, hi) = (lo.double_value(&[0]), hi.double_value(&[0]));
-                if let Some(ck) = ck.filter(|_| lo == hi && lo >= 0.0 && lo >= full_iter) {
-                    f.load_shards(&ck, &mut learner)
-                        .map_err(|reason| TrainError::Resume {
-                            path: ck.path.clone(),
-                            reason,
-                        })?;
-                    learner.loss.center =
-                        ck.get("dino_loss.center")
-                            .ok_or_else(|| TrainError::Resume {
-                                path: ck.path.clone(),
-                                reason: "dino_loss.center is missing".into(),
-                            })?;
-                    (epoch, start_batch, iteration) =
-                        (ck.meta.epoch, ck.meta.epoch_batch, ck.meta.iteration);
-                    meter = ck.meta.epoch_totals.clone();
-                    if rank == 0 {
-                        eprintln!(
-                            "resuming from the FSDP shards {} at epoch {epoch}, batch {start_batch} (iteration {iteration})",
-                            shard_dir.display()
-                        );
-                    }
-                }
-                if rank == 0 {
-                    let units = f.units();
-                    let total: i64 = units.iter().map(|u| u.1).sum();
-                    eprintln!(
-                        "fsdp: {} units ({} parameters) sharded over {world} ranks",
-                        units.len(),
-                        total
-                    );
-                }
-                fsdp = Some(f);
-            }
-        }
+    let Chosen {
+        mut strategy,
+        resumed_shards,
+    } = strategy::choose(
+        cfg.train.strategy,
+        group,
+        &mut learner,
+        &files,
+        &fp,
+        resumed.as_ref().map(|ck| ck.meta.iteration),
+        StrategyOptions {
+            ddp_overlap: cfg.train.ddp_overlap,
+            fsdp_reshard_after_forward: cfg.train.fsdp_reshard_after_forward,
+        },
+    )?;
+    if let Some(meta) = &resumed_shards {
+        (epoch, start_batch, iteration) = (meta.epoch, meta.epoch_batch, meta.iteration);
+        meter = meta.epoch_totals.clone();
     }
     let config_yaml = cfg.to_yaml();
     if rank == 0 {
-        write_run_log(&out_dir, cfg, &channels, niter, peak_lr, resumed.is_some())?;
-        trim_log(&out_dir.join("log.txt"), epoch)?;
+        write_run_log(
+            &files.run_log(),
+            cfg,
+            &channels,
+            niter,
+            peak_lr,
+            resumed.is_some(),
+        )?;
+        trim_log(&files.log(), epoch)?;
     }
 
     let augment = MultiCropAugment::new(MultiCropConfig {
@@ -373,21 +290,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
 
     // Only rank 0 writes files; every rank computes the same global values.
     let mut tb = if rank == 0 {
-        Some(TensorBoardWriter::create(&out_dir.join("tensorboard"))?)
+        Some(TensorBoardWriter::create(&files.tensorboard())?)
     } else {
         None
     };
-    let prom = (rank == 0).then(|| PromTextfile::new(out_dir.join("metrics.prom")));
+    let prom = (rank == 0).then(|| PromTextfile::new(files.metrics_prom()));
     let run_label = cfg.run.name.clone();
 
-    let save = |learner: &Learner,
-                fsdp: Option<&Fsdp>,
+    let save = |strategy: &mut dyn ParallelStrategy,
+                learner: &Learner,
                 (epoch, epoch_batch, iteration): (usize, usize, usize),
                 totals: &EpochTotals,
                 numbered: bool| {
-        if rank != 0 && fsdp.is_none() {
-            return Ok(());
-        }
         let meta = CheckpointMeta {
             format: checkpoint::FORMAT.into(),
             epoch,
@@ -401,42 +315,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             epoch_totals: totals.clone(),
             loss_scaler: learner.scaler.clone(),
         };
-        let tensors = match fsdp {
-            Some(f) => {
-                // Every rank writes its shard, then the consolidated checkpoint is gathered
-                // (its all-gathers complete only once every shard is on disk).
-                let center = (
-                    "dino_loss.center".to_string(),
-                    learner.loss.center.shallow_clone(),
-                );
-                let mut shard = f.shard_tensors(learner);
-                shard.push((center.0.clone(), center.1.shallow_clone()));
-                let shard_meta = CheckpointMeta {
-                    fingerprint: shard_fp.clone(),
-                    ..meta.clone()
-                };
-                checkpoint::save_latest(&shard_dir, &shard, &shard_meta)?;
-                let mut full = f.consolidated_tensors(learner)?;
-                full.push(center);
-                full
-            }
-            None => checkpoint_tensors(learner),
-        };
-        if rank != 0 {
-            return Ok(());
-        }
-        checkpoint::save_latest(&out_dir, &tensors, &meta)?;
-        if numbered {
-            checkpoint::save(
-                &out_dir.join(format!("checkpoint{:04}.safetensors", epoch - 1)),
-                &tensors,
-                &meta,
-            )?;
-        }
-        Ok::<(), TrainError>(())
+        let numbered = numbered.then(|| files.numbered_checkpoint(epoch - 1));
+        strategy.save(learner, &files, &meta, numbered)
     };
 
-    let mut single = Single;
     // Collapse is judged once the lr and teacher-temperature warm-ups are over (and never in
     // the first epoch, where an untrained head can look flat).
     let warmups = (cfg.train.warmup_epochs)
@@ -519,10 +401,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 clip_grad: cfg.train.clip_grad,
                 rng_seed: step_seed(cfg.run.seed, iteration),
             };
-            let out = match (&mut fsdp, ddp.as_mut()) {
-                (Some(f), Some(d)) => f.step(&mut learner, &crops, params, iteration, d)?,
-                _ => learner.step(&crops, params, iteration, collective(&mut ddp, &mut single))?,
-            };
+            let out = learner.step(&crops, params, iteration, strategy.as_mut())?;
             if out.skipped {
                 eprintln!("fp16: gradient overflow at iteration {iteration}; step skipped, loss scale lowered");
             }
@@ -546,11 +425,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             if iteration % cfg.train.log_every == 0 || done_in_epoch == niter {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let imgs_per_s = window.1 as f64 / secs;
-                let teacher = TeacherSnapshot::gather(
-                    &out.teacher.stats(),
-                    out.loss,
-                    collective(&mut ddp, &mut single),
-                )?;
+                let teacher =
+                    TeacherSnapshot::gather(&out.teacher.stats(), out.loss, strategy.collective())?;
                 progress.line(format!(
                     "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}",
                     cfg.train.epochs,
@@ -645,7 +521,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                         OnCollapse::Stop => {
                             let at = (epoch, done_in_epoch, iteration);
                             if done_in_epoch < niter {
-                                save(&learner, fsdp.as_ref(), at, &meter, false)?;
+                                save(strategy.as_mut(), &learner, at, &meter, false)?;
                             }
                             if let Some(tb) = &mut tb {
                                 tb.flush()?;
@@ -657,18 +533,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             }
 
             let stop_requested = agree(
-                collective(&mut ddp, &mut single),
+                strategy.collective(),
                 opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)),
             )?;
             let step_limit = opts.max_steps.is_some_and(|m| iteration >= m);
             if (stop_requested || step_limit) && done_in_epoch < niter {
                 let at = (epoch, done_in_epoch, iteration);
-                save(&learner, fsdp.as_ref(), at, &meter, false)?;
+                save(strategy.as_mut(), &learner, at, &meter, false)?;
                 if let Some(tb) = &mut tb {
                     tb.flush()?;
                 }
                 eprintln!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
-                report_checksum(rank, world, &learner, fsdp.as_ref())?;
+                report_checksum(strategy.as_mut(), &learner)?;
                 return Ok(if stop_requested {
                     TrainOutcome::Preempted
                 } else {
@@ -682,8 +558,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         let numbered = epoch % cfg.train.checkpoint_every == 0 || finished == cfg.train.epochs;
         let at = (finished, 0, iteration);
         save(
+            strategy.as_mut(),
             &learner,
-            fsdp.as_ref(),
             at,
             &EpochTotals::default(),
             numbered,
@@ -696,7 +572,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             "epoch": epoch,
         });
         if let Some(tb) = &mut tb {
-            append_line(&out_dir.join("log.txt"), &line.to_string())?;
+            append_line(&files.log(), &line.to_string())?;
             tb.add_scalars(finished as i64, &[("epoch/loss", (meter.loss / n) as f32)])?;
             tb.flush()?;
         }
@@ -722,57 +598,36 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         start_batch = 0;
         meter = EpochTotals::default();
         let stop_requested = agree(
-            collective(&mut ddp, &mut single),
+            strategy.collective(),
             opts.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)),
         )?;
         if stop_requested && epoch < cfg.train.epochs {
-            report_checksum(rank, world, &learner, fsdp.as_ref())?;
+            report_checksum(strategy.as_mut(), &learner)?;
             return Ok(TrainOutcome::Preempted);
         }
         if opts.max_steps.is_some_and(|m| iteration >= m) && epoch < cfg.train.epochs {
-            report_checksum(rank, world, &learner, fsdp.as_ref())?;
+            report_checksum(strategy.as_mut(), &learner)?;
             return Ok(TrainOutcome::StepLimit);
         }
     }
-    report_checksum(rank, world, &learner, fsdp.as_ref())?;
+    report_checksum(strategy.as_mut(), &learner)?;
     Ok(TrainOutcome::Finished)
 }
 
-/// Lets tests (and people) check that data parallelism kept the ranks identical. With FSDP
-/// the sum is all-reduced from the shards (a collective: every rank calls this).
+/// Lets tests (and people) check that data parallelism kept the ranks identical (a
+/// collective under FSDP: every rank calls this).
 fn report_checksum(
-    rank: usize,
-    world: usize,
+    strategy: &mut dyn ParallelStrategy,
     learner: &Learner,
-    fsdp: Option<&Fsdp>,
 ) -> Result<(), TrainError> {
-    if world > 1 {
-        let sum = match fsdp {
-            Some(f) => f.checksum(learner)?,
-            None => parameter_checksum(&learner.nets.student_vs),
-        };
+    if strategy.world_size() > 1 {
+        let sum = strategy.checksum(learner)?;
         crate::eprint_line(&format!(
-            "rank {rank}: student parameter checksum {sum:.12e}"
+            "rank {}: student parameter checksum {sum:.12e}",
+            strategy.rank()
         ));
     }
     Ok(())
-}
-
-/// The collective of this run: the process group, or the identity for one process.
-fn collective<'a>(ddp: &'a mut Option<Ddp>, single: &'a mut Single) -> &'a mut dyn Collective {
-    match ddp {
-        Some(d) => d,
-        None => single,
-    }
-}
-
-/// Σ|θ| over the student, in f64: equal on all ranks when they hold the same weights.
-fn parameter_checksum(vs: &tch::nn::VarStore) -> f64 {
-    let mut vars: Vec<_> = vs.variables().into_iter().collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    vars.iter()
-        .map(|(_, t)| t.abs().sum(tch::Kind::Double).double_value(&[]))
-        .sum()
 }
 
 /// True on every rank if it is true on any (a stop signal may reach only some ranks first).
@@ -880,90 +735,15 @@ fn step_seed(seed: u64, iteration: usize) -> i64 {
     (r.next_u64() >> 1) as i64
 }
 
-/// Student, teacher, optimizer state and centre under PyTorch-style names.
-fn checkpoint_tensors(learner: &Learner) -> Vec<(String, tch::Tensor)> {
-    let (nets, opt, loss) = (&learner.nets, &learner.optimizer, &learner.loss);
-    let mut out = Vec::new();
-    for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
-        let mut vars: Vec<_> = vs.variables().into_iter().collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
-        out.extend(vars.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)));
-    }
-    out.extend(
-        opt.state_tensors()
-            .into_iter()
-            .map(|(n, t)| (format!("optimizer.{n}"), t)),
-    );
-    out.push(("dino_loss.center".into(), loss.center.shallow_clone()));
-    out
-}
-
-fn restore(ck: &Checkpoint, fp: &str, learner: &mut Learner) -> Result<(), TrainError> {
-    let Learner {
-        nets,
-        optimizer: opt,
-        loss,
-        scaler,
-        ..
-    } = learner;
-    let err = |reason: String| TrainError::Resume {
-        path: ck.path.clone(),
-        reason,
-    };
-    if ck.meta.fingerprint != fp {
-        return Err(err(format!(
-            "it was trained with {} but the config now gives {fp}; restore those settings or start a new run (another run.name)",
-            ck.meta.fingerprint
-        )));
-    }
-    tch::no_grad(|| {
-        for (prefix, vs) in [
-            ("student", &mut nets.student_vs),
-            ("teacher", &mut nets.teacher_vs),
-        ] {
-            for (name, mut t) in vs.variables() {
-                let src = ck
-                    .get(&format!("{prefix}.{name}"))
-                    .ok_or_else(|| err(format!("{prefix}.{name} is missing")))?;
-                if src.size() != t.size() {
-                    return Err(err(format!(
-                        "{prefix}.{name} has shape {:?}, model has {:?}",
-                        src.size(),
-                        t.size()
-                    )));
-                }
-                t.copy_(&src);
-            }
-        }
-        Ok(())
-    })?;
-    opt.load_state(&|n| ck.get(&format!("optimizer.{n}")))
-        .map_err(err)?;
-    let center = ck
-        .get("dino_loss.center")
-        .ok_or_else(|| err("dino_loss.center is missing".into()))?;
-    if center.size() != loss.center.size() {
-        return Err(err("the loss centre has another size".into()));
-    }
-    loss.center = center;
-    if scaler.is_some() {
-        if let Some(saved) = &ck.meta.loss_scaler {
-            *scaler = Some(saved.clone());
-        }
-    }
-    Ok(())
-}
-
 /// scDINO's `run_log.txt`: the seed line, then one `name : value` line per setting.
 fn write_run_log(
-    dir: &Path,
+    path: &Path,
     cfg: &Config,
     channels: &[usize],
     niter: usize,
     lr: f64,
     resumed: bool,
 ) -> Result<(), TrainError> {
-    let path = dir.join("run_log.txt");
     let mut text = format!(
         "successfully computed features with seed {}: \nparameters: \n",
         cfg.run.seed
@@ -976,7 +756,7 @@ fn write_run_log(
         text.push_str(line);
         text.push_str(" \n");
     }
-    data::tiff_reader::write_atomic(&path, text.as_bytes())?;
+    data::tiff_reader::write_atomic(path, text.as_bytes())?;
     Ok(())
 }
 

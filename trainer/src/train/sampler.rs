@@ -7,35 +7,7 @@
 //! for (seed, epoch) on every machine; it is not scDINO's exact order (that came from the
 //! torch RNG state of each process and never repeated across runs either).
 
-/// SplitMix64: tiny, statistically solid, and stable across platforms and versions.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` without modulo bias (Lemire's method with rejection).
-    pub fn below(&mut self, n: u64) -> u64 {
-        assert!(n > 0, "empty range");
-        loop {
-            let m = u128::from(self.next_u64()) * u128::from(n);
-            let low = m as u64;
-            if low >= n.wrapping_neg() % n {
-                return (m >> 64) as u64;
-            }
-        }
-    }
-}
+use scdino_base::rng::SplitMix64;
 
 /// The samples of `rank` for `epoch`, in the order its loader must deliver them.
 pub fn epoch_order(

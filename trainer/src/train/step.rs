@@ -3,10 +3,10 @@
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
 use super::loss::{DinoLoss, TeacherTargets};
-use super::optim::{clip_gradients, ema_update, AdamW};
+use super::optim::AdamW;
+use super::strategy::ParallelStrategy;
 use crate::config::{Config, Precision};
 use crate::dist::group::DistError;
-use crate::dist::Collective;
 use crate::model::{configs_for, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
@@ -107,25 +107,46 @@ impl Learner {
         }
     }
 
-    /// `crops`: `[global1, global2, local1, ...]`, each `[B, C, H, W]`; `group` feeds the
-    /// loss centre update.
+    /// One iteration. `crops`: `[global1, global2, local1, ...]`, each `[B, C, H, W]`. The
+    /// computation is the same for every strategy; `strategy` moves parameters around the
+    /// forwards and does the backward and update (see [`ParallelStrategy`]).
     pub fn step(
         &mut self,
         crops: &[Tensor],
         p: StepParams,
         iteration: usize,
-        group: &mut dyn Collective,
+        strategy: &mut dyn ParallelStrategy,
     ) -> Result<StepOutput, StepError> {
         tch::manual_seed(p.rng_seed);
+        let result = self.step_phases(crops, &p, iteration, strategy);
+        // Also after a failure, so that a strategy never keeps a step's buffers.
+        let end = strategy.end_step();
+        let out = result?;
+        end?;
+        Ok(out)
+    }
+
+    fn step_phases(
+        &mut self,
+        crops: &[Tensor],
+        p: &StepParams,
+        iteration: usize,
+        strategy: &mut dyn ParallelStrategy,
+    ) -> Result<StepOutput, StepError> {
+        strategy.before_teacher()?;
         let nets = &self.nets;
-        let (teacher_out, student_out, loss) = autocast(self.precision, self.device, || {
-            let t = tch::no_grad(|| nets.teacher.forward_t(&crops[..2], true));
-            let s = nets.student.forward_t(crops, true);
-            let l = self.loss.forward(&s, &t, p.epoch);
-            (t, s, l)
+        let teacher_out = autocast(self.precision, self.device, || {
+            tch::no_grad(|| nets.teacher.forward_t(&crops[..2], true))
         });
-        drop(student_out);
+        strategy.before_student()?;
+        let loss_fn = &self.loss;
+        let loss = autocast(self.precision, self.device, || {
+            let s = nets.student.forward_t(crops, true);
+            loss_fn.forward(&s, &teacher_out, p.epoch)
+        });
+        strategy.after_student()?;
         let teacher = self.loss.targets(&teacher_out, p.epoch);
+        let group = strategy.collective();
         self.loss
             .update_center(&teacher_out.to_kind(tch::Kind::Float), group)?;
         // The mean loss over all ranks: every rank logs it and takes the same finite/NaN
@@ -141,42 +162,7 @@ impl Learner {
             }
             .into());
         }
-        self.optimizer.zero_grad();
-        group.begin_backward()?;
-        match &self.scaler {
-            Some(scaler) => scaler.scale_loss(&loss).backward(),
-            None => loss.backward(),
-        }
-        let mut grads: Vec<Tensor> = self
-            .optimizer
-            .params
-            .iter()
-            .map(|q| q.tensor.grad())
-            .collect();
-        group.average_gradients(&mut grads)?;
-        let mut grads: Vec<Tensor> = self
-            .optimizer
-            .params
-            .iter()
-            .map(|q| q.tensor.grad())
-            .collect();
-        let mut skipped = false;
-        if let Some(scaler) = &mut self.scaler {
-            skipped = scaler.unscale(&mut grads);
-        }
-        let grad_norms = if p.clip_grad > 0.0 {
-            clip_gradients(&self.optimizer.params, p.clip_grad)
-        } else {
-            vec![]
-        };
-        if !skipped {
-            let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
-            self.optimizer.step(p.lr, p.weight_decay, &frozen);
-        }
-        if let Some(scaler) = &mut self.scaler {
-            scaler.update(skipped);
-        }
-        ema_update(&self.nets.teacher_vs, &self.nets.student_vs, p.momentum);
+        let (grad_norms, skipped) = strategy.backward_and_update(self, &loss, p)?;
         Ok(StepOutput {
             loss: loss_value,
             grad_norms,

@@ -127,8 +127,9 @@ fn features_match_pytorch_from_the_checkpoint() {
     for (label, path) in set.labels.iter().zip(&set.paths) {
         assert!(path.contains(&format!("/{label}/")), "{label} vs {path}");
     }
-    let out_dir = dir.path().join("analyses");
-    features::write(&out_dir, "epoch0", &set).unwrap();
+    let files = trainer::layout::RunLayout::new(&cfg).model(&cfg, &[2, 4]);
+    features::write(&files, "epoch0", &set).unwrap();
+    let out_dir = files.analyses();
     let out = run_python(
         r#"
 import sys, json, numpy as np, tifffile, torch, torch.nn.functional as F

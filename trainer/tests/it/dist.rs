@@ -384,10 +384,10 @@ fn fsdp_step_inputs(rank: usize) -> (Vec<Tensor>, trainer::train::step::StepPara
 /// under every tensor it keeps, and every module variable is a view of freed memory.
 #[test]
 fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
-    use trainer::dist::fsdp::Fsdp;
     use trainer::dist::hooks::storage_bytes;
     use trainer::train::loss::DinoLoss;
     use trainer::train::step::{Learner, Networks};
+    use trainer::train::strategy::FullySharded;
     let _rng = super::util::torch_rng_lock();
     for (world, port) in [(2usize, 29761u16), (4, 29771)] {
         let results = on_ranks(world, port, move |rank, g| {
@@ -405,11 +405,11 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
             let mut ddp = Ddp::new(g);
             ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
             ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
-            let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
+            let mut sharded = FullySharded::new(ddp, &mut learner).unwrap();
             let (crops, p) = fsdp_step_inputs(rank);
-            let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
+            let out = learner.step(&crops, p, 0, &mut sharded).unwrap();
             assert!(out.loss.is_finite());
-            let mem = fsdp.memory(&learner);
+            let mem = sharded.fsdp().memory(&learner);
             let mut module_bytes = 0;
             for vs in [&learner.nets.student_vs, &learner.nets.teacher_vs] {
                 for (_, t) in vs.variables() {
@@ -448,9 +448,9 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
 /// `reshard_after_forward` off, the old timeline, the whole student is gathered at once.
 #[test]
 fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher() {
-    use trainer::dist::fsdp::Fsdp;
     use trainer::train::loss::DinoLoss;
     use trainer::train::step::{Learner, Networks};
+    use trainer::train::strategy::FullySharded;
     let _rng = super::util::torch_rng_lock();
     // The switch: `train.fsdp_reshard_after_forward`, on by default.
     assert!(fsdp_config().train.fsdp_reshard_after_forward);
@@ -471,18 +471,18 @@ fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher()
             let mut ddp = Ddp::new(g);
             ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
             ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
-            let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
-            fsdp.set_reshard_after_forward(reshard);
+            let mut sharded = FullySharded::new(ddp, &mut learner).unwrap();
+            sharded.fsdp_mut().set_reshard_after_forward(reshard);
             let (crops, p) = fsdp_step_inputs(rank);
             let mut peaks = vec![];
             for _ in 0..2 {
-                let out = fsdp.step(&mut learner, &crops, p, 0, &mut ddp).unwrap();
+                let out = learner.step(&crops, p, 0, &mut sharded).unwrap();
                 assert!(out.loss.is_finite());
-                peaks.push(fsdp.peak());
+                peaks.push(sharded.fsdp().peak());
             }
-            assert_eq!(fsdp.memory(&learner).full_buffers, 0);
-            let sum = fsdp.checksum(&learner).unwrap();
-            (fsdp.units(), peaks, sum)
+            assert_eq!(sharded.fsdp().memory(&learner).full_buffers, 0);
+            let sum = sharded.fsdp().checksum(&learner).unwrap();
+            (sharded.fsdp().units(), peaks, sum)
         });
         let mut checksums = vec![];
         for (units, peaks, sum) in results {
@@ -533,10 +533,10 @@ fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher()
 /// finding must be all-reduced), leaves the student untouched and halves the scale.
 #[test]
 fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
-    use trainer::dist::fsdp::Fsdp;
     use trainer::precision::LossScaler;
     use trainer::train::loss::DinoLoss;
     use trainer::train::step::{Learner, Networks};
+    use trainer::train::strategy::FullySharded;
     let _rng = super::util::torch_rng_lock();
     let world = 2usize;
     // (scale or None, port) → per rank: (checksum before, checksum after, skipped flags,
@@ -562,15 +562,15 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
             let mut ddp = Ddp::new(g);
             ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
             ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
-            let mut fsdp = Fsdp::new(&ddp.group, &mut learner).unwrap();
+            let mut sharded = FullySharded::new(ddp, &mut learner).unwrap();
             let (crops, p) = fsdp_step_inputs(rank);
-            let before = fsdp.checksum(&learner).unwrap();
+            let before = sharded.fsdp().checksum(&learner).unwrap();
             let mut skipped = vec![];
             for it in 0..2 {
-                let out = fsdp.step(&mut learner, &crops, p, it, &mut ddp).unwrap();
+                let out = learner.step(&crops, p, it, &mut sharded).unwrap();
                 skipped.push(out.skipped);
             }
-            let after = fsdp.checksum(&learner).unwrap();
+            let after = sharded.fsdp().checksum(&learner).unwrap();
             (before, after, skipped, learner.scaler.clone())
         });
         results

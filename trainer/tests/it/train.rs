@@ -9,6 +9,7 @@ use trainer::precision::{autocast, LossScaler};
 use trainer::train::loss::DinoLoss;
 use trainer::train::schedule::{cosine_schedule, teacher_temp_schedule};
 use trainer::train::step::{Learner, Networks, StepParams};
+use trainer::train::strategy::SingleProcess;
 
 fn tiny_config() -> Config {
     Config::from_yaml(
@@ -66,7 +67,9 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
             clip_grad: 3.0,
             rng_seed: 1000 + it as i64,
         };
-        let o = learner.step(&crops, params, it, &mut Single).unwrap();
+        let o = learner
+            .step(&crops, params, it, &mut SingleProcess::default())
+            .unwrap();
         assert!(
             (o.loss - expected_losses[it]).abs() <= 1e-6 * expected_losses[it].abs(),
             "step {it}: loss {} vs PyTorch {}",
@@ -285,7 +288,9 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         let nets = Networks::new(&cfg, 4, Device::Cpu);
         let loss = DinoLoss::new(256, 4, vec![0.04], Device::Cpu);
         let mut learner = Learner::new(nets, loss, precision, Device::Cpu);
-        let out = learner.step(&crops, params, 0, &mut Single).unwrap();
+        let out = learner
+            .step(&crops, params, 0, &mut SingleProcess::default())
+            .unwrap();
         assert!(out.loss.is_finite());
         assert!(
             learner

@@ -11,7 +11,7 @@
 //! resumed run skips to the same place; every rank gets `ceil(N / world)` samples (so the
 //! iteration count is unchanged), and together the ranks see every training sample once,
 //! plus the same wrap-around padding as the distributed sampler.
-use crate::train::sampler::SplitMix64;
+use scdino_base::rng::SplitMix64;
 
 /// The samples of `rank` for `epoch`. `layout[s]` lists shard `s`'s sample positions in
 /// member order; `train` is the training split (positions outside it are skipped).

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::data::error::DataError;
 use crate::data::source::ImageSource;
-use crate::train::sampler::SplitMix64;
+use scdino_base::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -183,17 +183,7 @@ pub(crate) fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
     }
 }
 
-/// Writes `bytes` to `path` via a temporary file, fsync and rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
-    let tmp = tmp_name(path);
-    let mut f = File::create(&tmp).map_err(|e| DataError::io(&tmp, "creating", e))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| DataError::io(&tmp, "writing", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, "renaming into place", e))?;
-    sync_dir(path);
-    Ok(())
-}
+use crate::data::tiff_reader::write_atomic;
 
 fn tmp_name(path: &Path) -> PathBuf {
     let name = path

@@ -44,14 +44,12 @@
 //! `reshard_after_forward` a block stays gathered from its first forward until its gradients
 //! are accumulated: one full student from forward to backward, 1 all-gather per block instead
 //! of 4.
-use super::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
-use super::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
-use super::Collective;
 use crate::checkpoint::Checkpoint;
+use crate::dist::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
+use crate::dist::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
 use crate::model::BlockHooks;
-use crate::precision::autocast;
 use crate::train::optim::adamw_update;
-use crate::train::step::{Learner, NonFiniteLoss, StepError, StepOutput, StepParams};
+use crate::train::step::{Learner, StepError, StepParams};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tch::{Kind, Tensor};
@@ -148,6 +146,11 @@ pub struct Peak {
 }
 
 impl Inner {
+    /// The units that are backbone blocks (gathered one at a time by the block hooks).
+    fn block_units(&self) -> Vec<usize> {
+        self.blocks.iter().flatten().copied().collect()
+    }
+
     fn full_bytes(&self, u: usize) -> usize {
         self.units[u].shard as usize * self.world * 4
     }
@@ -436,7 +439,7 @@ impl Fsdp {
             v
         };
         let mut names = trainable.clone();
-        super::ddp::model_order(&mut names);
+        crate::dist::ddp::model_order(&mut names);
         let mut unit_names: Vec<String> = names.iter().map(|n| unit_of(n)).collect();
         unit_names.sort_by_key(|u| unit_rank(u));
         unit_names.dedup();
@@ -631,126 +634,79 @@ impl Fsdp {
         m
     }
 
-    /// One DINO iteration with sharded state; the same computation as [`Learner::step`].
-    pub fn step(
-        &mut self,
-        learner: &mut Learner,
-        crops: &[Tensor],
-        p: StepParams,
-        iteration: usize,
-        coll: &mut dyn Collective,
-    ) -> Result<StepOutput, StepError> {
-        tch::manual_seed(p.rng_seed);
-        let n_units = self.lock().units.len();
-        let blocks: Vec<usize> = self.lock().blocks.iter().flatten().copied().collect();
-        // Teacher: the non-block unit gathered for the whole forward, each block by the
-        // teacher's block hooks for its own forward only.
-        {
-            let mut g = self.lock();
-            g.error = None;
-            g.peak = Peak::default();
-            for u in 0..n_units {
-                if !blocks.contains(&u) {
-                    g.gather_teacher(u);
-                }
-            }
-            g.teacher_armed = true;
-        }
-        let nets = &learner.nets;
-        let teacher_out = autocast(learner.precision, learner.device, || {
-            tch::no_grad(|| nets.teacher.forward_t(&crops[..2], true))
-        });
-        {
-            let mut g = self.lock();
-            g.teacher_armed = false;
-            for u in 0..n_units {
-                g.free(u, true)?;
-                g.units[u].pending = g.units[u].params.len();
-                g.units[u].in_backward = 0;
-            }
-            if let Some(e) = g.error.take() {
-                return Err(e.into());
-            }
-            g.used.iter_mut().for_each(|x| *x = false);
-            g.in_backward = false;
-            // The non-block unit (embeddings, final norm, head) is needed at both ends of
-            // every backbone pass: gathered now, freed when its gradients are accumulated.
-            // Blocks are gathered by the block hooks, one at a time.
-            for u in 0..n_units {
-                if !blocks.contains(&u) {
-                    g.gather_student(u);
-                }
-            }
-            if let Some(e) = g.error.take() {
-                g.armed = false;
-                for u in 0..n_units {
-                    g.free_student(u)?;
-                }
-                return Err(e.into());
-            }
-            let hook_inner = self.inner.clone();
-            g.step_hooks = Some(HookSet::new(Box::new(move |b, _| {
-                hook_inner
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .on_boundary(b);
-            })));
-            g.armed = true;
-        }
-        let loss_fn = &learner.loss;
-        let loss = autocast(learner.precision, learner.device, || {
-            let s = nets.student.forward_t(crops, true);
-            loss_fn.forward(&s, &teacher_out, p.epoch)
-        });
-        let forward_error = self.lock().error.take();
-        let result = match forward_error {
-            Some(e) => Err(e.into()),
-            None => self.after_forward(learner, &teacher_out, &loss, p, iteration, coll),
-        };
-        // Whatever happened, no full buffer outlives the step (and the step's hooks, holding
-        // its activations, go).
+    /// Before the teacher's forward: the non-block unit gathered for the whole forward, each
+    /// block by the teacher's block hooks for its own forward only.
+    pub fn before_teacher(&mut self) -> Result<(), StepError> {
         let mut g = self.lock();
-        g.armed = false;
-        let step_hooks = g.step_hooks.take();
-        drop(g);
-        drop(step_hooks);
-        let mut g = self.lock();
-        for u in 0..n_units {
-            g.free_student(u)?;
-            if let Some(w) = g.units[u].reduce.take() {
-                let _ = w.wait();
+        g.error = None;
+        g.peak = Peak::default();
+        let blocks = g.block_units();
+        for u in 0..g.units.len() {
+            if !blocks.contains(&u) {
+                g.gather_teacher(u);
             }
         }
-        for p in &g.params {
-            set_grad(&p.student, None).map_err(|e| err("freeing a gradient", e))?;
-        }
-        result
+        g.teacher_armed = true;
+        Ok(())
     }
 
-    fn after_forward(
+    /// Between the teacher's and the student's forward: the teacher freed, the student's
+    /// non-block unit gathered and the backward hooks armed.
+    pub fn before_student(&mut self) -> Result<(), StepError> {
+        let mut g = self.lock();
+        g.teacher_armed = false;
+        let n_units = g.units.len();
+        for u in 0..n_units {
+            g.free(u, true)?;
+            g.units[u].pending = g.units[u].params.len();
+            g.units[u].in_backward = 0;
+        }
+        if let Some(e) = g.error.take() {
+            return Err(e.into());
+        }
+        g.used.iter_mut().for_each(|x| *x = false);
+        g.in_backward = false;
+        // The non-block unit (embeddings, final norm, head) is needed at both ends of
+        // every backbone pass: gathered now, freed when its gradients are accumulated.
+        // Blocks are gathered by the block hooks, one at a time.
+        let blocks = g.block_units();
+        for u in 0..n_units {
+            if !blocks.contains(&u) {
+                g.gather_student(u);
+            }
+        }
+        if let Some(e) = g.error.take() {
+            return Err(e.into());
+        }
+        let hook_inner = self.inner.clone();
+        g.step_hooks = Some(HookSet::new(Box::new(move |b, _| {
+            hook_inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .on_boundary(b);
+        })));
+        g.armed = true;
+        Ok(())
+    }
+
+    /// A collective that failed inside a block hook during the student's forward.
+    pub fn after_student(&mut self) -> Result<(), StepError> {
+        match self.lock().error.take() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// From the loss to updated shards: backward (the hooks reduce-scatter each unit's
+    /// gradients as they complete), fp16 unscaling, clipping with norms all-reduced from the
+    /// shards, AdamW and the teacher EMA on this rank's shard segments. Returns the gradient
+    /// norms before clipping and whether an fp16 overflow skipped the update.
+    pub fn backward_and_update(
         &mut self,
         learner: &mut Learner,
-        teacher_out: &Tensor,
         loss: &Tensor,
-        p: StepParams,
-        iteration: usize,
-        coll: &mut dyn Collective,
-    ) -> Result<StepOutput, StepError> {
-        let teacher = learner.loss.targets(teacher_out, p.epoch);
-        learner
-            .loss
-            .update_center(&teacher_out.to_kind(Kind::Float), coll)?;
-        let mut global = loss.detach().to_kind(Kind::Double).reshape([1]);
-        coll.all_reduce_sum(&mut global)?;
-        let loss_value = global.double_value(&[0]) / coll.world_size() as f64;
-        if !loss_value.is_finite() {
-            return Err(NonFiniteLoss {
-                loss: loss_value,
-                epoch: p.epoch,
-                iteration,
-            }
-            .into());
-        }
+        p: &StepParams,
+    ) -> Result<(Vec<f64>, bool), StepError> {
         self.lock().in_backward = true;
         match &learner.scaler {
             Some(scaler) => scaler.scale_loss(loss).backward(),
@@ -850,18 +806,35 @@ impl Fsdp {
         if let Some(scaler) = &mut learner.scaler {
             scaler.update(skipped);
         }
-        // As `Learner::step` (and scDINO with its GradScaler): the teacher EMA runs also
-        // after a skipped step.
+        // As the replicated strategies (and scDINO with its GradScaler): the teacher EMA runs
+        // also after a skipped step.
         self.ema_replicated(learner, p.momentum);
-        Ok(StepOutput {
-            loss: loss_value,
-            grad_norms,
-            skipped,
-            teacher,
-        })
+        Ok((grad_norms, skipped))
     }
 
-    /// The teacher EMA for the variables every rank keeps full (as `ema_update`).
+    /// After every step, also a failed one: no full buffer outlives the step, and the step's
+    /// hooks (holding its activations) go.
+    pub fn end_step(&mut self) -> Result<(), StepError> {
+        let mut g = self.lock();
+        g.armed = false;
+        g.teacher_armed = false;
+        let step_hooks = g.step_hooks.take();
+        drop(g);
+        drop(step_hooks);
+        let mut g = self.lock();
+        for u in 0..g.units.len() {
+            g.free(u, true)?;
+            g.free_student(u)?;
+            if let Some(w) = g.units[u].reduce.take() {
+                let _ = w.wait();
+            }
+        }
+        for p in &g.params {
+            set_grad(&p.student, None).map_err(|e| err("freeing a gradient", e))?;
+        }
+        Ok(())
+    }
+
     fn ema_replicated(&self, learner: &Learner, momentum: f64) {
         let student = learner.nets.student_vs.variables();
         tch::no_grad(|| {

@@ -1,0 +1,212 @@
+//! Every path of a run folder, in one place. Training writes here, the analyses read what
+//! training wrote and write next to it, the pipeline decides from these files what is done, and
+//! the report links them; a file name that differs between two of them would silently break a
+//! resume or a report, so none of them spells a name itself.
+//!
+//! The tree is scDINO's (its outputs stay where its users and scripts look for them):
+//!
+//! ```text
+//! {run.output_dir}/{run.name}/                     RunLayout
+//!   mean_and_std_of_dataset.txt
+//!   scDINO_ViTs/{model}_channel_{names}/           ModelLayout::dir
+//!     checkpoint.safetensors (+ .prev)             latest, for resume
+//!     checkpoint{NNNN}.safetensors                 every checkpoint_every epochs and the last
+//!     log.txt, run_log.txt, metrics.prom, tensorboard/
+//!     fsdp/rank{r}of{w}/checkpoint.safetensors      FSDP shards
+//!   {model}_channel_{names}_analyses/              ModelLayout::analyses
+//!     CLS_features/{tag}_features.{safetensors,csv}, class_labels.csv, image_paths.csv
+//!     kNN/{tag}_knn_metrics.json, {tag}_confusion.png, global_kNN.txt
+//!     evaluation/{tag}_evaluation.json
+//!     embedding_plots/{tag}_umap.{png,csv,json}
+//!     attention_images/{tag}/attention_images.json
+//!     report.html, report_assets/
+//! ```
+use crate::config::Config;
+use std::path::{Path, PathBuf};
+
+/// The folder of one run (`{output_dir}/{name}`): what all channel combinations share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunLayout {
+    root: PathBuf,
+}
+
+impl RunLayout {
+    pub fn new(cfg: &Config) -> Self {
+        Self {
+            root: cfg.run_dir(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// scDINO's dataset statistics, over every channel of the files.
+    pub fn mean_std(&self) -> PathBuf {
+        self.root.join("mean_and_std_of_dataset.txt")
+    }
+
+    /// The files of the model trained on `channels`.
+    pub fn model(&self, cfg: &Config, channels: &[usize]) -> ModelLayout {
+        let name = cfg.model_dir_name(channels);
+        ModelLayout {
+            dir: self.root.join("scDINO_ViTs").join(&name),
+            analyses: self.root.join(format!("{name}_analyses")),
+        }
+    }
+}
+
+/// The files of one model (one channel combination): training outputs and analyses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelLayout {
+    dir: PathBuf,
+    analyses: PathBuf,
+}
+
+impl ModelLayout {
+    /// `scDINO_ViTs/{model}`: checkpoints and training logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `{model}_analyses`: features, kNN, evaluation, plots, attention, report.
+    pub fn analyses(&self) -> &Path {
+        &self.analyses
+    }
+
+    /// The checkpoint a resume starts from (see [`crate::checkpoint::LATEST`]).
+    pub fn latest_checkpoint(&self) -> PathBuf {
+        self.dir.join(crate::checkpoint::LATEST)
+    }
+
+    /// The kept checkpoint after `epoch` (0-based, scDINO's `checkpoint{epoch:04}.pth` names).
+    pub fn numbered_checkpoint(&self, epoch: usize) -> PathBuf {
+        self.dir.join(format!("checkpoint{epoch:04}.safetensors"))
+    }
+
+    /// The epoch of a numbered checkpoint's file name, `None` for any other file.
+    pub fn numbered_epoch(path: &Path) -> Option<usize> {
+        let digits = path
+            .file_name()?
+            .to_str()?
+            .strip_prefix("checkpoint")?
+            .strip_suffix(".safetensors")?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+
+    /// One JSON line per finished epoch (scDINO's `log.txt`).
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("log.txt")
+    }
+
+    /// scDINO's `run_log.txt`: the seed and every setting.
+    pub fn run_log(&self) -> PathBuf {
+        self.dir.join("run_log.txt")
+    }
+
+    /// Prometheus textfile-collector metrics, rewritten at every log step.
+    pub fn metrics_prom(&self) -> PathBuf {
+        self.dir.join("metrics.prom")
+    }
+
+    pub fn tensorboard(&self) -> PathBuf {
+        self.dir.join("tensorboard")
+    }
+
+    /// The FSDP shard of `rank` in a world of `world` (a new world size gets a new folder and
+    /// resumes from the consolidated checkpoint).
+    pub fn fsdp_shards(&self, rank: usize, world: usize) -> PathBuf {
+        self.dir.join("fsdp").join(format!("rank{rank}of{world}"))
+    }
+
+    pub fn features_dir(&self) -> PathBuf {
+        self.analyses.join("CLS_features")
+    }
+
+    /// scDINO's headerless `%.18e` CSV of the features of `tag`.
+    pub fn features_csv(&self, tag: &str) -> PathBuf {
+        self.features_dir().join(format!("{tag}_features.csv"))
+    }
+
+    /// scDINO's label per feature row (of the last features written).
+    pub fn class_labels_csv(&self) -> PathBuf {
+        self.analyses.join("class_labels.csv")
+    }
+
+    /// scDINO's image path per feature row (of the last features written).
+    pub fn image_paths_csv(&self) -> PathBuf {
+        self.analyses.join("image_paths.csv")
+    }
+
+    /// The features of checkpoint `tag` with their labels and paths bound in.
+    pub fn bundle(&self, tag: &str) -> PathBuf {
+        self.features_dir()
+            .join(format!("{tag}_features.safetensors"))
+    }
+
+    pub fn knn_dir(&self) -> PathBuf {
+        self.analyses.join("kNN")
+    }
+
+    pub fn knn_json(&self, tag: &str) -> PathBuf {
+        self.knn_dir().join(format!("{tag}_knn_metrics.json"))
+    }
+
+    pub fn confusion_png(&self, tag: &str) -> PathBuf {
+        self.knn_dir().join(format!("{tag}_confusion.png"))
+    }
+
+    pub fn evaluation_dir(&self) -> PathBuf {
+        self.analyses.join("evaluation")
+    }
+
+    /// kNN + linear probe on the test folder (or the held-out split).
+    pub fn evaluation_json(&self, tag: &str) -> PathBuf {
+        self.evaluation_dir().join(format!("{tag}_evaluation.json"))
+    }
+
+    pub fn umap_dir(&self) -> PathBuf {
+        self.analyses.join("embedding_plots")
+    }
+
+    pub fn umap_json(&self, tag: &str) -> PathBuf {
+        self.umap_dir().join(format!("{tag}_umap.json"))
+    }
+
+    pub fn attention_dir(&self, tag: &str) -> PathBuf {
+        self.analyses.join("attention_images").join(tag)
+    }
+
+    /// Written last by the attention stage: its presence means the stage is done.
+    pub fn attention_manifest(&self, tag: &str) -> PathBuf {
+        self.attention_dir(tag).join("attention_images.json")
+    }
+
+    pub fn report_html(&self) -> PathBuf {
+        self.analyses.join("report.html")
+    }
+
+    /// The PNGs the report embeds.
+    pub fn report_assets(&self) -> PathBuf {
+        self.analyses.join("report_assets")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_epochs_only_from_numbered_checkpoints() {
+        let epoch = |n: &str| ModelLayout::numbered_epoch(Path::new(n));
+        assert_eq!(epoch("/a/checkpoint0007.safetensors"), Some(7));
+        assert_eq!(epoch("checkpoint12345.safetensors"), Some(12345));
+        assert_eq!(epoch("checkpoint.safetensors"), None);
+        assert_eq!(epoch("checkpoint.prev.safetensors"), None);
+        assert_eq!(epoch("checkpoint0007.pth"), None);
+        assert_eq!(epoch("checkpoint-1.safetensors"), None);
+    }
+}

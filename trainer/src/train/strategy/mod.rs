@@ -1,0 +1,547 @@
+//! The parallel strategy of a run: one process, data parallel (DDP) or fully sharded (FSDP).
+//!
+//! It is chosen once, in [`choose`], from `train.strategy` and the world size, and from then on
+//! it alone decides how parameters and gradients move between the ranks, what a checkpoint
+//! holds and who writes it, how a sharded resume finds its shards, and how the ranks prove
+//! they hold the same model. The training step ([`Learner::step`]) and the epoch loop
+//! ([`super::run`]) are the same for all three; they ask the strategy at the few points where
+//! the strategies differ.
+//!
+//! Layering: `dist` provides process groups, collectives, gradient bucketing and the storage
+//! tricks sharding needs, and knows nothing of training; the strategies here combine them with
+//! the [`Learner`] (networks, optimizer, loss).
+pub mod fsdp;
+
+use super::error::TrainError;
+use super::optim::{clip_gradients, ema_update};
+use super::step::{Learner, StepError, StepParams};
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
+use crate::config::Strategy;
+use crate::dist::ddp::Ddp;
+use crate::dist::group::{DistError, ProcessGroup, ReduceOp};
+use crate::dist::{Collective, Single};
+use crate::layout::ModelLayout;
+use fsdp::Fsdp;
+use std::path::PathBuf;
+use tch::Tensor;
+
+/// What differs between one process, DDP and FSDP, at the points where the shared step and
+/// loop need it. Every rank calls every method in the same order (several are collectives).
+pub trait ParallelStrategy {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// The collectives the shared parts use: the loss centre, the global loss, the stop
+    /// agreement and the collapse statistics.
+    fn collective(&mut self) -> &mut dyn Collective;
+    /// Before the teacher's forward (FSDP gathers the teacher's parameters).
+    fn before_teacher(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// Between the teacher's and the student's forward (FSDP frees the teacher, gathers the
+    /// student and arms its backward hooks).
+    fn before_student(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// After the student's forward and the loss (FSDP reports a failure inside a hook).
+    fn after_student(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// From the (finite) loss to updated student and teacher: backward, gradients across
+    /// ranks, fp16 unscaling, per-parameter clipping, AdamW (last layer frozen while
+    /// `p.freeze_last_layer`), loss-scale update and teacher EMA. Returns the gradient norms
+    /// before clipping and whether an fp16 overflow skipped the update.
+    fn backward_and_update(
+        &mut self,
+        learner: &mut Learner,
+        loss: &Tensor,
+        p: &StepParams,
+    ) -> Result<(Vec<f64>, bool), StepError>;
+    /// After every step, also a failed one (FSDP frees what the step gathered).
+    fn end_step(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// Writes the checkpoint `meta` describes: `checkpoint.safetensors` of the model folder,
+    /// and also `numbered` when given. Rank 0 writes the files; FSDP ranks also write their
+    /// shards first.
+    fn save(
+        &mut self,
+        learner: &Learner,
+        files: &ModelLayout,
+        meta: &CheckpointMeta,
+        numbered: Option<PathBuf>,
+    ) -> Result<(), TrainError>;
+    /// Σ|θ| of the student over the whole model, the same on every rank when the ranks agree
+    /// (a collective under FSDP).
+    fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError>;
+}
+
+/// The strategy of this run, and the checkpoint it resumed from if that is not the
+/// consolidated one the caller already restored (FSDP shards newer than it).
+pub struct Chosen {
+    pub strategy: Box<dyn ParallelStrategy>,
+    pub resumed_shards: Option<CheckpointMeta>,
+}
+
+/// Makes the choice once. `group` is `None` for a world of one. With a group, every rank
+/// first takes rank 0's weights (a resume loads the same file everywhere, so that changes
+/// nothing then); FSDP then shards the learner's parameters and optimizer state and resumes
+/// from its shards when every rank has the same, at least as new, iteration as
+/// `resumed_iteration` (a crash between the two writes, or a new world size, falls back to the
+/// consolidated checkpoint, re-sharded here).
+pub fn choose(
+    kind: Strategy,
+    group: Option<ProcessGroup>,
+    learner: &mut Learner,
+    files: &ModelLayout,
+    fingerprint: &str,
+    resumed_iteration: Option<usize>,
+    options: StrategyOptions,
+) -> Result<Chosen, TrainError> {
+    let Some(group) = group else {
+        return Ok(Chosen {
+            strategy: Box::new(SingleProcess::default()),
+            resumed_shards: None,
+        });
+    };
+    let mut ddp = Ddp::new(group);
+    ddp.broadcast_parameters(&learner.nets.student_vs)?;
+    ddp.broadcast_parameters(&learner.nets.teacher_vs)?;
+    match kind {
+        Strategy::Ddp => {
+            if options.ddp_overlap {
+                let named: Vec<(String, Tensor)> = learner
+                    .optimizer
+                    .params
+                    .iter()
+                    .map(|p| (p.name.clone(), p.tensor.shallow_clone()))
+                    .collect();
+                ddp.enable_overlap(&named)?;
+            }
+            Ok(Chosen {
+                strategy: Box::new(DataParallel::new(ddp)),
+                resumed_shards: None,
+            })
+        }
+        Strategy::Fsdp => {
+            let (rank, world) = (ddp.group.rank, ddp.group.world);
+            let mut sharded = FullySharded::new(ddp, learner)?.with_shard_files(
+                files.fsdp_shards(rank, world),
+                format!("{fingerprint} fsdp rank {rank} of {world}"),
+            );
+            sharded
+                .fsdp_mut()
+                .set_reshard_after_forward(options.fsdp_reshard_after_forward);
+            let resumed_shards = sharded.resume_shards(learner, resumed_iteration)?;
+            if rank == 0 {
+                let units = sharded.fsdp.units();
+                let total: i64 = units.iter().map(|u| u.1).sum();
+                eprintln!(
+                    "fsdp: {} units ({} parameters) sharded over {world} ranks",
+                    units.len(),
+                    total
+                );
+            }
+            Ok(Chosen {
+                strategy: Box::new(sharded),
+                resumed_shards,
+            })
+        }
+    }
+}
+
+/// The config keys that shape a strategy beyond its kind.
+#[derive(Debug, Clone, Copy)]
+pub struct StrategyOptions {
+    pub ddp_overlap: bool,
+    pub fsdp_reshard_after_forward: bool,
+}
+
+/// A world of one: the step's collectives are identities (also what a benchmark or a test of
+/// the step uses).
+#[derive(Default)]
+pub struct SingleProcess {
+    single: Single,
+}
+
+/// Every rank holds the whole model; gradients are averaged (bucketed, overlapped with
+/// backward when `train.ddp_overlap`). Rank 0 writes the checkpoints.
+pub struct DataParallel {
+    ddp: Ddp,
+}
+
+/// Every rank holds 1/N of parameters, gradients, optimizer state and teacher (see [`fsdp`]).
+pub struct FullySharded {
+    fsdp: Fsdp,
+    /// The process group's collectives for the step's shared parts.
+    ddp: Ddp,
+    /// This rank's shard folder and the fingerprint its checkpoints carry (`None` in tests
+    /// that only step).
+    shard_files: Option<(PathBuf, String)>,
+}
+
+impl ParallelStrategy for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn collective(&mut self) -> &mut dyn Collective {
+        &mut self.single
+    }
+    fn backward_and_update(
+        &mut self,
+        learner: &mut Learner,
+        loss: &Tensor,
+        p: &StepParams,
+    ) -> Result<(Vec<f64>, bool), StepError> {
+        replicated_update(learner, loss, p, &mut self.single)
+    }
+    fn save(
+        &mut self,
+        learner: &Learner,
+        files: &ModelLayout,
+        meta: &CheckpointMeta,
+        numbered: Option<PathBuf>,
+    ) -> Result<(), TrainError> {
+        save_files(files, &checkpoint_tensors(learner), meta, numbered)
+    }
+    fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError> {
+        Ok(parameter_checksum(&learner.nets.student_vs))
+    }
+}
+
+impl ParallelStrategy for DataParallel {
+    fn rank(&self) -> usize {
+        self.ddp.group.rank
+    }
+    fn world_size(&self) -> usize {
+        self.ddp.group.world
+    }
+    fn collective(&mut self) -> &mut dyn Collective {
+        &mut self.ddp
+    }
+    fn backward_and_update(
+        &mut self,
+        learner: &mut Learner,
+        loss: &Tensor,
+        p: &StepParams,
+    ) -> Result<(Vec<f64>, bool), StepError> {
+        replicated_update(learner, loss, p, &mut self.ddp)
+    }
+    fn save(
+        &mut self,
+        learner: &Learner,
+        files: &ModelLayout,
+        meta: &CheckpointMeta,
+        numbered: Option<PathBuf>,
+    ) -> Result<(), TrainError> {
+        if self.rank() != 0 {
+            return Ok(());
+        }
+        save_files(files, &checkpoint_tensors(learner), meta, numbered)
+    }
+    fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError> {
+        Ok(parameter_checksum(&learner.nets.student_vs))
+    }
+}
+
+impl DataParallel {
+    pub fn new(ddp: Ddp) -> Self {
+        Self { ddp }
+    }
+}
+
+impl FullySharded {
+    /// Shards the learner's (already broadcast) parameters and optimizer state over `ddp`'s
+    /// group.
+    pub fn new(ddp: Ddp, learner: &mut Learner) -> Result<Self, DistError> {
+        let fsdp = Fsdp::new(&ddp.group, learner)?;
+        Ok(Self {
+            fsdp,
+            ddp,
+            shard_files: None,
+        })
+    }
+
+    /// Where this rank's shards are saved and resumed from.
+    pub fn with_shard_files(mut self, dir: PathBuf, fingerprint: String) -> Self {
+        self.shard_files = Some((dir, fingerprint));
+        self
+    }
+
+    pub fn fsdp(&self) -> &Fsdp {
+        &self.fsdp
+    }
+
+    pub fn fsdp_mut(&mut self) -> &mut Fsdp {
+        &mut self.fsdp
+    }
+
+    fn shard_files(&self) -> Result<(PathBuf, String), TrainError> {
+        self.shard_files
+            .clone()
+            .ok_or_else(|| TrainError::Setup("FSDP: no shard folder was given".into()))
+    }
+
+    /// Loads this rank's shards when every rank has them at one iteration, at least as new as
+    /// the consolidated checkpoint's (`resumed_iteration`).
+    fn resume_shards(
+        &mut self,
+        learner: &mut Learner,
+        resumed_iteration: Option<usize>,
+    ) -> Result<Option<CheckpointMeta>, TrainError> {
+        let (shard_dir, shard_fingerprint) = self.shard_files()?;
+        let ck = checkpoint::load_latest(&shard_dir, &mut |w| eprintln!("warning: {w}"))?
+            .filter(|c| c.meta.fingerprint == shard_fingerprint);
+        let mine = ck.as_ref().map_or(-1.0, |c| c.meta.iteration as f64);
+        let device = learner.device;
+        let (mut lo, mut hi) = (
+            Tensor::from_slice(&[mine]).to_device(device),
+            Tensor::from_slice(&[mine]).to_device(device),
+        );
+        let group = &mut self.ddp.group;
+        group.all_reduce(std::slice::from_mut(&mut lo), ReduceOp::Min)?;
+        group.all_reduce(std::slice::from_mut(&mut hi), ReduceOp::Max)?;
+        let full_iter = resumed_iteration.map_or(-1.0, |i| i as f64);
+        let (lo, hi) = (lo.double_value(&[0]), hi.double_value(&[0]));
+        let Some(ck) = ck.filter(|_| lo == hi && lo >= 0.0 && lo >= full_iter) else {
+            return Ok(None);
+        };
+        let resume_err = |reason: String| TrainError::Resume {
+            path: ck.path.clone(),
+            reason,
+        };
+        self.fsdp.load_shards(&ck, learner).map_err(resume_err)?;
+        learner.loss.center = ck
+            .get("dino_loss.center")
+            .ok_or_else(|| resume_err("dino_loss.center is missing".into()))?;
+        if self.ddp.group.rank == 0 {
+            eprintln!(
+                "resuming from the FSDP shards {} at epoch {}, batch {} (iteration {})",
+                shard_dir.display(),
+                ck.meta.epoch,
+                ck.meta.epoch_batch,
+                ck.meta.iteration
+            );
+        }
+        Ok(Some(ck.meta))
+    }
+}
+
+impl ParallelStrategy for FullySharded {
+    fn rank(&self) -> usize {
+        self.ddp.group.rank
+    }
+    fn world_size(&self) -> usize {
+        self.ddp.group.world
+    }
+    fn collective(&mut self) -> &mut dyn Collective {
+        &mut self.ddp
+    }
+    fn before_teacher(&mut self) -> Result<(), StepError> {
+        self.fsdp.before_teacher()
+    }
+    fn before_student(&mut self) -> Result<(), StepError> {
+        self.fsdp.before_student()
+    }
+    fn after_student(&mut self) -> Result<(), StepError> {
+        self.fsdp.after_student()
+    }
+    fn backward_and_update(
+        &mut self,
+        learner: &mut Learner,
+        loss: &Tensor,
+        p: &StepParams,
+    ) -> Result<(Vec<f64>, bool), StepError> {
+        self.fsdp.backward_and_update(learner, loss, p)
+    }
+    fn end_step(&mut self) -> Result<(), StepError> {
+        self.fsdp.end_step()
+    }
+    /// Every rank writes its shard, then the consolidated checkpoint is gathered (its
+    /// all-gathers complete only once every shard is on disk) and rank 0 writes it.
+    fn save(
+        &mut self,
+        learner: &Learner,
+        files: &ModelLayout,
+        meta: &CheckpointMeta,
+        numbered: Option<PathBuf>,
+    ) -> Result<(), TrainError> {
+        let center = (
+            "dino_loss.center".to_string(),
+            learner.loss.center.shallow_clone(),
+        );
+        let mut shard = self.fsdp.shard_tensors(learner);
+        shard.push((center.0.clone(), center.1.shallow_clone()));
+        let (shard_dir, fingerprint) = self.shard_files()?;
+        let shard_meta = CheckpointMeta {
+            fingerprint,
+            ..meta.clone()
+        };
+        checkpoint::save_latest(&shard_dir, &shard, &shard_meta)?;
+        let mut full = self.fsdp.consolidated_tensors(learner)?;
+        full.push(center);
+        if self.rank() != 0 {
+            return Ok(());
+        }
+        save_files(files, &full, meta, numbered)
+    }
+    fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError> {
+        self.fsdp.checksum(learner)
+    }
+}
+
+/// The update when every rank holds the whole model (one process or DDP): `group` averages
+/// the gradients (the identity for one process), then each rank updates its full copy.
+fn replicated_update(
+    learner: &mut Learner,
+    loss: &Tensor,
+    p: &StepParams,
+    group: &mut dyn Collective,
+) -> Result<(Vec<f64>, bool), StepError> {
+    learner.optimizer.zero_grad();
+    group.begin_backward()?;
+    match &learner.scaler {
+        Some(scaler) => scaler.scale_loss(loss).backward(),
+        None => loss.backward(),
+    }
+    let mut grads: Vec<Tensor> = learner
+        .optimizer
+        .params
+        .iter()
+        .map(|q| q.tensor.grad())
+        .collect();
+    group.average_gradients(&mut grads)?;
+    // Re-read: an overlapped implementation wrote the averages into `.grad` itself.
+    let mut grads: Vec<Tensor> = learner
+        .optimizer
+        .params
+        .iter()
+        .map(|q| q.tensor.grad())
+        .collect();
+    let mut skipped = false;
+    if let Some(scaler) = &mut learner.scaler {
+        skipped = scaler.unscale(&mut grads);
+    }
+    let grad_norms = if p.clip_grad > 0.0 {
+        clip_gradients(&learner.optimizer.params, p.clip_grad)
+    } else {
+        vec![]
+    };
+    if !skipped {
+        let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
+        learner.optimizer.step(p.lr, p.weight_decay, &frozen);
+    }
+    if let Some(scaler) = &mut learner.scaler {
+        scaler.update(skipped);
+    }
+    ema_update(
+        &learner.nets.teacher_vs,
+        &learner.nets.student_vs,
+        p.momentum,
+    );
+    Ok((grad_norms, skipped))
+}
+
+/// `checkpoint.safetensors` (the previous one kept) and, when asked, the numbered copy.
+fn save_files(
+    files: &ModelLayout,
+    tensors: &[(String, Tensor)],
+    meta: &CheckpointMeta,
+    numbered: Option<PathBuf>,
+) -> Result<(), TrainError> {
+    checkpoint::save_latest(files.dir(), tensors, meta)?;
+    if let Some(path) = numbered {
+        checkpoint::save(&path, tensors, meta)?;
+    }
+    Ok(())
+}
+
+/// Student, teacher, optimizer state and centre under PyTorch-style names.
+pub fn checkpoint_tensors(learner: &Learner) -> Vec<(String, Tensor)> {
+    let (nets, opt, loss) = (&learner.nets, &learner.optimizer, &learner.loss);
+    let mut out = Vec::new();
+    for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
+        let mut vars: Vec<_> = vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(vars.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)));
+    }
+    out.extend(
+        opt.state_tensors()
+            .into_iter()
+            .map(|(n, t)| (format!("optimizer.{n}"), t)),
+    );
+    out.push(("dino_loss.center".into(), loss.center.shallow_clone()));
+    out
+}
+
+/// Σ|θ| over the student, in f64: equal on all ranks when they hold the same weights.
+fn parameter_checksum(vs: &tch::nn::VarStore) -> f64 {
+    let mut vars: Vec<_> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.iter()
+        .map(|(_, t)| t.abs().sum(tch::Kind::Double).double_value(&[]))
+        .sum()
+}
+
+/// Restores a consolidated checkpoint into a full learner (before any sharding).
+pub fn restore(
+    ck: &Checkpoint,
+    fingerprint: &str,
+    learner: &mut Learner,
+) -> Result<(), TrainError> {
+    let Learner {
+        nets,
+        optimizer: opt,
+        loss,
+        scaler,
+        ..
+    } = learner;
+    let err = |reason: String| TrainError::Resume {
+        path: ck.path.clone(),
+        reason,
+    };
+    if ck.meta.fingerprint != fingerprint {
+        return Err(err(format!(
+            "it was trained with {} but the config now gives {fingerprint}; restore those settings or start a new run (another run.name)",
+            ck.meta.fingerprint
+        )));
+    }
+    tch::no_grad(|| {
+        for (prefix, vs) in [
+            ("student", &mut nets.student_vs),
+            ("teacher", &mut nets.teacher_vs),
+        ] {
+            for (name, mut t) in vs.variables() {
+                let src = ck
+                    .get(&format!("{prefix}.{name}"))
+                    .ok_or_else(|| err(format!("{prefix}.{name} is missing")))?;
+                if src.size() != t.size() {
+                    return Err(err(format!(
+                        "{prefix}.{name} has shape {:?}, model has {:?}",
+                        src.size(),
+                        t.size()
+                    )));
+                }
+                t.copy_(&src);
+            }
+        }
+        Ok(())
+    })?;
+    opt.load_state(&|n| ck.get(&format!("optimizer.{n}")))
+        .map_err(err)?;
+    let center = ck
+        .get("dino_loss.center")
+        .ok_or_else(|| err("dino_loss.center is missing".into()))?;
+    if center.size() != loss.center.size() {
+        return Err(err("the loss centre has another size".into()));
+    }
+    loss.center = center;
+    if scaler.is_some() {
+        if let Some(saved) = &ck.meta.loss_scaler {
+            *scaler = Some(saved.clone());
+        }
+    }
+    Ok(())
+}
