@@ -344,6 +344,11 @@ impl Config {
 
         v.check(train.log_every > 0, "train.log_every", "must be at least 1")?;
         v.check(
+            train.peak_tflops.is_none_or(|p| p.is_finite() && p > 0.0),
+            "train.peak_tflops",
+            "must be a positive number of TFLOP/s (or left out)",
+        )?;
+        v.check(
             train.optimizer == Optimizer::Adamw,
             "train.optimizer",
             "only adamw is implemented (scDINO's default); sgd and lars are not yet",
@@ -663,6 +668,16 @@ mod tests {
         assert_eq!(key, "data.test_dir");
         assert!(msg.contains("only local paths and s3://"), "{msg}");
         assert!(Config::from_yaml("train:\n  on_collapse: ignore\n", "t").is_err());
+        assert_eq!(
+            Config::from_yaml("train:\n  peak_tflops: 989\n", "t")
+                .unwrap()
+                .train
+                .peak_tflops,
+            Some(989.0)
+        );
+        assert_eq!(Config::from_yaml("", "t").unwrap().train.peak_tflops, None);
+        let (key, line, _) = invalid("run:\n  seed: 1\ntrain:\n  peak_tflops: -1\n");
+        assert_eq!((key.as_str(), line), ("train.peak_tflops", Some(4)));
     }
 
     #[test]

@@ -345,6 +345,11 @@ pub struct TrainSection {
     /// writes a checkpoint and ends training with an error, so a cluster job stops burning
     /// GPU hours on a run that learns nothing (see `trainer::train::collapse`).
     pub on_collapse: OnCollapse,
+    /// The peak dense TFLOP/s of one rank's device at the training precision (e.g. 989 for an
+    /// H100 SXM in bf16, 312 for an A100 in bf16, 19.5 for an A100 in fp32). With it, the
+    /// progress lines, Prometheus and TensorBoard report the model FLOPs utilisation (MFU)
+    /// next to the achieved FLOP/s; without it (the default) only the FLOP/s.
+    pub peak_tflops: Option<f64>,
 }
 
 impl Default for TrainSection {
@@ -376,6 +381,7 @@ impl Default for TrainSection {
             fsdp_reshard_after_forward: true,
             lr_scaling: LrScaling::Linear,
             on_collapse: OnCollapse::Warn,
+            peak_tflops: None,
         }
     }
 }

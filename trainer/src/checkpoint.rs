@@ -15,6 +15,38 @@ pub const FORMAT: &str = "scdino-rs/1";
 pub const LATEST: &str = "checkpoint.safetensors";
 pub const PREVIOUS: &str = "checkpoint.prev.safetensors";
 
+/// Why a verified checkpoint does not fit the model it is restored into.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("{0} is missing")]
+    Missing(String),
+    #[error("{name} has shape {found:?}, expected {expected:?}")]
+    Shape {
+        name: String,
+        found: Vec<i64>,
+        expected: Vec<i64>,
+    },
+    #[error("it was trained with {saved} but the config now gives {current}; restore those settings or start a new run (another run.name)")]
+    Fingerprint { saved: String, current: String },
+}
+
+impl RestoreError {
+    /// The named tensor of `ck`, checked against `expected`'s shape.
+    pub fn fetch(ck: &Checkpoint, name: &str, expected: &[i64]) -> Result<Tensor, Self> {
+        let t = ck
+            .get(name)
+            .ok_or_else(|| Self::Missing(name.to_string()))?;
+        if t.size() != expected {
+            return Err(Self::Shape {
+                name: name.to_string(),
+                found: t.size(),
+                expected: expected.to_vec(),
+            });
+        }
+        Ok(t)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("{path}: {context}: {source}")]

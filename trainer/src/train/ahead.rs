@@ -7,18 +7,19 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::time::{Duration, Instant};
 
 /// The prepared items of an iterator, in order, each with the time the consumer waited.
-pub struct Ahead<T> {
-    rx: Receiver<Result<T, String>>,
+pub struct Ahead<T, E> {
+    rx: Receiver<Result<T, E>>,
     done: bool,
 }
 
 /// Runs `prepare` over `items` on a new thread, one item ahead of the consumer. Dropping
 /// the returned iterator stops the thread after the item it is working on.
-pub fn ahead<I, T, F>(items: I, mut prepare: F) -> Ahead<T>
+pub fn ahead<I, T, E, F>(items: I, mut prepare: F) -> Ahead<T, E>
 where
     I: Iterator + Send + 'static,
     T: Send + 'static,
-    F: FnMut(I::Item) -> Result<T, String> + Send + 'static,
+    E: Send + 'static,
+    F: FnMut(I::Item) -> Result<T, E> + Send + 'static,
 {
     let (tx, rx) = sync_channel(0);
     std::thread::spawn(move || {
@@ -33,9 +34,9 @@ where
     Ahead { rx, done: false }
 }
 
-impl<T> Iterator for Ahead<T> {
+impl<T, E> Iterator for Ahead<T, E> {
     /// The prepared item and how long the consumer waited for it.
-    type Item = Result<(T, Duration), String>;
+    type Item = Result<(T, Duration), E>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
@@ -80,7 +81,7 @@ mod tests {
         let p = prepared.clone();
         let mut it = ahead(0..10usize, move |i| {
             p.fetch_add(1, Ordering::SeqCst);
-            Ok(i * 10)
+            Ok::<_, String>(i * 10)
         });
         let (first, _) = it.next().unwrap().unwrap();
         assert_eq!(first, 0);
@@ -114,7 +115,7 @@ mod tests {
         let p = prepared.clone();
         let mut it = ahead(0.., move |i: usize| {
             p.fetch_add(1, Ordering::SeqCst);
-            Ok(i)
+            Ok::<_, String>(i)
         });
         it.next().unwrap().unwrap();
         drop(it);

@@ -18,12 +18,28 @@ pub enum TrainError {
     Step(#[from] super::step::StepError),
     #[error(transparent)]
     Dist(#[from] crate::dist::group::DistError),
+    #[error(transparent)]
+    Load(#[from] super::loader::LoadError),
+    /// The process environment (ranks, device, precision) or the sample order cannot work;
+    /// the message comes from the module that found it.
     #[error("{0}")]
     Setup(String),
+    #[error("channel combination {index} does not exist (data.channel_combinations has {count})")]
+    NoCombination { index: usize, count: usize },
+    #[error("the training split is empty (data.train_fraction leaves no image to train on)")]
+    EmptySplit,
+    #[error("mean/std lists {found} channels but data.channel_names lists {expected}")]
+    MeanStdChannels { found: usize, expected: usize },
+    #[error("augment: {0}")]
+    Augment(crate::augment::AugmentError),
     #[error("stopped (train.on_collapse: stop): {0}")]
     Collapsed(String),
-    #[error("cannot resume from {path}: {reason}")]
-    Resume { path: PathBuf, reason: String },
+    #[error("cannot resume from {path}: {source}")]
+    Resume {
+        path: PathBuf,
+        #[source]
+        source: crate::checkpoint::RestoreError,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -13,7 +13,7 @@
 //!
 //! Workers reuse per-thread buffers for the file bytes, the decoded and the preprocessed
 //! image, and write crops straight into the batch tensors: no allocation per sample.
-use super::loader::{LoadedBatch, Samples};
+use super::loader::{LoadError, LoadedBatch, Samples};
 use crate::augment::{AugmentError, DeviceAugment, MultiCropAugment, SampleKey};
 use crate::config::AugmentOn;
 use crate::data::ImageChw;
@@ -23,7 +23,7 @@ use tch::{Device, Tensor};
 
 /// Reads and preprocesses one dataset index into the given buffer, reusing its allocation
 /// (`Ok(false)`: dropped, e.g. an undecodable image under `data.on_corrupt: skip`).
-pub type ImageFn = dyn Fn(usize, &mut ImageChw) -> Result<bool, String> + Send + Sync;
+pub type ImageFn = dyn Fn(usize, &mut ImageChw) -> Result<bool, LoadError> + Send + Sync;
 
 thread_local! {
     /// A loader thread's preprocessed image, reused for every sample it handles.
@@ -63,7 +63,7 @@ impl Samples for AugmentedSamples {
         &self.shapes
     }
 
-    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
+    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, LoadError> {
         IMAGE.with(|img| {
             let img = &mut *img.borrow_mut();
             if !(self.image)(i, img)? {
@@ -71,7 +71,7 @@ impl Samples for AugmentedSamples {
             }
             self.augment
                 .apply_into(img, SampleKey::new(self.seed, self.epoch, i as u64), out)
-                .map_err(|e| format!("sample {i}: {e}"))?;
+                .map_err(|source| LoadError::Augment { index: i, source })?;
             Ok(true)
         })
     }
@@ -96,14 +96,17 @@ impl ScaledSamples {
         i: usize,
         img: &ImageChw,
         out: &mut [&mut [f32]],
-    ) -> Result<bool, String> {
+    ) -> Result<bool, LoadError> {
         let got = [img.channels, img.height, img.width];
         if got != self.shape[0] {
-            return Err(format!(
-                "sample {i} is {}×{}×{} but the first image of the epoch is {}×{}×{}; \
-                 augment.augment_on: device needs equally sized images (set data.center_crop)",
-                got[0], got[1], got[2], self.shape[0][0], self.shape[0][1], self.shape[0][2]
-            ));
+            return Err(LoadError::Shape {
+                index: i,
+                detail: format!(
+                    "{}×{}×{} but the first image of the epoch is {}×{}×{}; \
+                     augment.augment_on: device needs equally sized images (set data.center_crop)",
+                    got[0], got[1], got[2], self.shape[0][0], self.shape[0][1], self.shape[0][2]
+                ),
+            });
         }
         out[0].copy_from_slice(&img.data);
         Ok(true)
@@ -115,7 +118,7 @@ impl Samples for ScaledSamples {
         &self.shape
     }
 
-    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
+    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, LoadError> {
         IMAGE.with(|img| {
             let img = &mut *img.borrow_mut();
             if !(self.image)(i, img)? {
@@ -159,7 +162,7 @@ impl TrainInput {
         image: Arc<ImageFn>,
         epoch: u64,
         order: &[usize],
-    ) -> Result<Arc<dyn Samples>, String> {
+    ) -> Result<Arc<dyn Samples>, LoadError> {
         if self.device_augment.is_none() {
             return Ok(Arc::new(AugmentedSamples::new(
                 image,
@@ -176,7 +179,7 @@ impl TrainInput {
                 break;
             }
         }
-        let shape = shape.ok_or("no usable image in this epoch's samples")?;
+        let shape = shape.ok_or(LoadError::NoUsableImage)?;
         Ok(Arc::new(ScaledSamples::new(image, shape)))
     }
 

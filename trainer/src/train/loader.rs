@@ -10,8 +10,10 @@
 //! straight into its slot of them: no per-sample output buffers, no second copy into the
 //! batch and no third one into a tensor (at 5×224²×2 + 5×96²×8 floats, 3.5 MB per sample,
 //! those copies and their page faults cost as much as a third of the augmentation).
-use crate::data::ImageChw;
+use crate::augment::AugmentError;
+use crate::data::{DataError, ImageChw};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,12 +27,42 @@ pub trait Samples: Send + Sync {
     /// Writes sample `i`'s outputs into `out[k]` (`C·H·W` values of `shapes()[k]` each).
     /// `Ok(false)`: the image is dropped (e.g. NaN after min–max) and the batch shrinks, as
     /// in scDINO's collate function; `out` may then hold anything.
-    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String>;
+    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, LoadError>;
 }
 
 /// Turns one dataset index into its outputs (`None`: dropped). The closure form of
 /// [`Samples`], for tests and simple callers; it costs one extra copy per sample.
-pub type SampleFn = dyn Fn(usize) -> Result<Option<Vec<ImageChw>>, String> + Send + Sync;
+pub type SampleFn = dyn Fn(usize) -> Result<Option<Vec<ImageChw>>, LoadError> + Send + Sync;
+
+/// Why the loader could not deliver a batch; each variant names the file or sample.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Reading, decoding or scaling an image (the error names the file).
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("{} has {found} channels but data.channel_names lists {expected}", path.display())]
+    ChannelCount {
+        path: PathBuf,
+        found: usize,
+        expected: usize,
+    },
+    #[error("sample {index}: {source}")]
+    Augment {
+        index: usize,
+        #[source]
+        source: AugmentError,
+    },
+    /// A sample whose shape does not fit the batch (names both shapes and the remedy).
+    #[error("sample {index}: {detail}")]
+    Shape { index: usize, detail: String },
+    /// Batched (device) augmentation of a whole batch.
+    #[error("making the batch's crops: {0}")]
+    Crops(AugmentError),
+    #[error("no usable image in this epoch's samples")]
+    NoUsableImage,
+    #[error("loader workers stopped")]
+    WorkersStopped,
+}
 
 /// A [`SampleFn`] with its (fixed) output shapes.
 pub struct FnSamples {
@@ -49,23 +81,25 @@ impl Samples for FnSamples {
         &self.shapes
     }
 
-    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
+    fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, LoadError> {
         let Some(views) = (self.f)(i)? else {
             return Ok(false);
         };
         if views.len() != out.len() {
-            return Err(format!(
-                "sample {i}: {} outputs, expected {}",
-                views.len(),
-                out.len()
-            ));
+            return Err(LoadError::Shape {
+                index: i,
+                detail: format!("{} outputs, expected {}", views.len(), out.len()),
+            });
         }
         for (k, (v, o)) in views.iter().zip(out.iter_mut()).enumerate() {
             if [v.channels, v.height, v.width] != self.shapes[k] {
-                return Err(format!(
-                    "sample {i}: output {k} is {}×{}×{}, expected {:?}",
-                    v.channels, v.height, v.width, self.shapes[k]
-                ));
+                return Err(LoadError::Shape {
+                    index: i,
+                    detail: format!(
+                        "output {k} is {}×{}×{}, expected {:?}",
+                        v.channels, v.height, v.width, self.shapes[k]
+                    ),
+                });
             }
             o.copy_from_slice(&v.data);
         }
@@ -152,8 +186,8 @@ struct RawBatch {
 
 pub struct EpochLoader {
     jobs: Option<Sender<usize>>,
-    results: Receiver<(usize, Result<RawBatch, String>)>,
-    pending: HashMap<usize, Result<RawBatch, String>>,
+    results: Receiver<(usize, Result<RawBatch, LoadError>)>,
+    pending: HashMap<usize, Result<RawBatch, LoadError>>,
     next: usize,
     next_job: usize,
     batches: usize,
@@ -252,7 +286,7 @@ fn collate(
     indices: &[usize],
     samples: &dyn Samples,
     pool: &BufferPool,
-) -> Result<RawBatch, String> {
+) -> Result<RawBatch, LoadError> {
     let shapes = samples.shapes();
     let n = indices.len() as i64;
     let lens: Vec<usize> = shapes.iter().map(|[c, h, w]| c * h * w).collect();
@@ -307,7 +341,7 @@ fn collate(
 }
 
 impl Iterator for EpochLoader {
-    type Item = Result<LoadedBatch, String>;
+    type Item = Result<LoadedBatch, LoadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.next >= self.batches {
@@ -322,7 +356,7 @@ impl Iterator for EpochLoader {
                 Ok((b, r)) => {
                     self.pending.insert(b, r);
                 }
-                Err(_) => return Some(Err("loader workers stopped".into())),
+                Err(_) => return Some(Err(LoadError::WorkersStopped)),
             }
         };
         let wait = start.elapsed();
@@ -404,7 +438,11 @@ mod tests {
     fn sample_errors_surface() {
         let f: Arc<SampleFn> = Arc::new(|i: usize| {
             if i == 5 {
-                Err("bad.tiff: truncated".into())
+                Err(LoadError::ChannelCount {
+                    path: "bad.tiff".into(),
+                    found: 2,
+                    expected: 3,
+                })
             } else {
                 Ok(None)
             }
@@ -415,7 +453,7 @@ mod tests {
         assert!(results[1]
             .as_ref()
             .err()
-            .is_some_and(|e| e.contains("bad.tiff")));
+            .is_some_and(|e| e.to_string().contains("bad.tiff has 2 channels")));
     }
 
     /// Writes its index into every value; drops multiples of 5. Allocates nothing.
@@ -426,7 +464,7 @@ mod tests {
             &[[2, 8, 8], [2, 8, 8], [2, 4, 4], [2, 4, 4]]
         }
 
-        fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, String> {
+        fn write(&self, i: usize, out: &mut [&mut [f32]]) -> Result<bool, LoadError> {
             for o in out.iter_mut() {
                 o.fill(i as f32);
             }

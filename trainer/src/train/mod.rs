@@ -2,6 +2,7 @@
 pub mod ahead;
 pub mod collapse;
 pub mod error;
+pub mod flops;
 pub mod input;
 pub mod loader;
 pub mod loss;
@@ -11,3 +12,4 @@ pub mod sampler;
 pub mod schedule;
 pub mod step;
 pub mod strategy;
+pub mod telemetry;

@@ -1,6 +1,7 @@
 //! AdamW with scDINO's two parameter groups, per-parameter gradient clipping and the
 //! last-layer freeze. The update is written op for op as PyTorch's single-tensor AdamW (the
 //! CPU default), so results match it bit for bit on CPU.
+use crate::checkpoint::{Checkpoint, RestoreError};
 use tch::{nn, Tensor};
 
 const BETA1: f64 = 0.9;
@@ -97,17 +98,17 @@ impl AdamW {
     }
 
     /// Restores what [`AdamW::state_tensors`] wrote; `get` looks a tensor up by that name.
-    pub fn load_state(&mut self, get: &dyn Fn(&str) -> Option<Tensor>) -> Result<(), String> {
+    /// Restores the state saved under `optimizer.{name}.{exp_avg,exp_avg_sq,step}` in `ck`.
+    pub fn load_state(&mut self, ck: &Checkpoint) -> Result<(), RestoreError> {
         tch::no_grad(|| {
             for p in &mut self.params {
-                let fetch = |suffix: &str| {
-                    get(&format!("{}.{suffix}", p.name))
-                        .ok_or_else(|| format!("optimizer state of {} is missing {suffix}", p.name))
-                };
-                let (m, v, s) = (fetch("exp_avg")?, fetch("exp_avg_sq")?, fetch("step")?);
-                if m.size() != p.tensor.size() || v.size() != p.tensor.size() {
-                    return Err(format!("optimizer state of {} has the wrong shape", p.name));
-                }
+                let name = |suffix: &str| format!("optimizer.{}.{suffix}", p.name);
+                let shape = p.tensor.size();
+                let m = RestoreError::fetch(ck, &name("exp_avg"), &shape)?;
+                let v = RestoreError::fetch(ck, &name("exp_avg_sq"), &shape)?;
+                let s = ck
+                    .get(&name("step"))
+                    .ok_or_else(|| RestoreError::Missing(name("step")))?;
                 p.exp_avg.copy_(&m);
                 p.exp_avg_sq.copy_(&v);
                 p.step = s.int64_value(&[0]) as u64;

@@ -9,13 +9,15 @@
 use super::ahead::ahead;
 use super::collapse::{describe, CollapseWatch, TeacherSnapshot};
 pub use super::error::TrainError;
+use super::flops::{step_flops, Utilisation};
 use super::input::{ImageFn, TrainInput};
-use super::loader::{BufferPool, EpochLoader, LoadedBatch};
+use super::loader::{BufferPool, EpochLoader, LoadError, LoadedBatch};
 use super::loss::DinoLoss;
 use super::sampler::{configured_epoch_order, iters_per_epoch};
 use super::schedule::{scale_lr, teacher_temp_schedule, Schedules};
 use super::step::{Learner, Networks, StepParams};
 use super::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
+use super::telemetry::{StepRecord, Telemetry};
 use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{MultiCropAugment, MultiCropConfig};
 use crate::checkpoint::{self, CheckpointMeta, EpochTotals};
@@ -29,9 +31,7 @@ use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use crate::dist::Collective;
 use crate::layout::RunLayout;
-use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
 use scdino_base::rng::SplitMix64;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -123,16 +123,14 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
 
 /// Trains one channel combination of `cfg` on this process (single-process for now).
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainError> {
-    let channels = cfg
-        .channel_sets
-        .get(opts.combination)
-        .cloned()
-        .ok_or_else(|| {
-            TrainError::Setup(format!(
-                "channel combination {} does not exist",
-                opts.combination
-            ))
-        })?;
+    let channels =
+        cfg.channel_sets
+            .get(opts.combination)
+            .cloned()
+            .ok_or(TrainError::NoCombination {
+                index: opts.combination,
+                count: cfg.channel_sets.len(),
+            })?;
     let run_files = RunLayout::new(cfg);
     let files = run_files.model(cfg, &channels);
     let out_dir = files.dir().to_path_buf();
@@ -143,7 +141,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
     if split.train.is_empty() {
-        return Err(TrainError::Setup("the training split is empty".into()));
+        return Err(TrainError::EmptySplit);
     }
     let denv = DistEnv::from_process_env().map_err(TrainError::Setup)?;
     let (world, rank) = (denv.world, denv.rank);
@@ -186,11 +184,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         None => MeanStd::read(&run_files.mean_std())?,
     };
     if ms.mean.len() != cfg.file_channels() {
-        return Err(TrainError::Setup(format!(
-            "mean/std lists {} channels but data.channel_names lists {}",
-            ms.mean.len(),
-            cfg.file_channels()
-        )));
+        return Err(TrainError::MeanStdChannels {
+            found: ms.mean.len(),
+            expected: cfg.file_channels(),
+        });
     }
     let (mean, std) = ms.select(&channels, &cfg.data.channel_names);
 
@@ -280,7 +277,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         mean: mean.clone(),
         std: std.clone(),
     })
-    .map_err(|e| TrainError::Setup(e.to_string()))?;
+    .map_err(TrainError::Augment)?;
     let input = TrainInput::new(Arc::new(augment), cfg.augment.augment_on, cfg.run.seed);
     let prep = PreprocessOptions {
         selected_channels: Some(channels.clone()),
@@ -288,14 +285,9 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     };
     let file_channels = cfg.file_channels();
 
-    // Only rank 0 writes files; every rank computes the same global values.
-    let mut tb = if rank == 0 {
-        Some(TensorBoardWriter::create(&files.tensorboard())?)
-    } else {
-        None
-    };
-    let prom = (rank == 0).then(|| PromTextfile::new(files.metrics_prom()));
-    let run_label = cfg.run.name.clone();
+    let mut telemetry = Telemetry::new(rank, &files, &cfg.run.name)?;
+    // FLOPs grow linearly with the batch, so a window's work is this times its images.
+    let flops_per_image = step_flops(cfg, channels.len(), 1).total();
 
     let save = |strategy: &mut dyn ParallelStrategy,
                 learner: &Learner,
@@ -352,9 +344,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             cfg.data.channel_names.clone(),
             skip_corrupt,
         );
-        let sample = input
-            .samples(images, epoch as u64, &order)
-            .map_err(TrainError::Setup)?;
+        let sample = input.samples(images, epoch as u64, &order)?;
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(
             order,
@@ -368,21 +358,21 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         // Crops (and with `augment_on: device`, the augmentation) of the next batch are made
         // on their own thread while this one runs the current step.
         let (crop_input, crop_epoch) = (input.clone(), epoch as u64);
-        let batches = ahead(loader, move |loaded| {
+        let batches = ahead(loader, move |loaded| -> Result<_, LoadError> {
             let b = loaded?;
             if b.indices.is_empty() {
                 return Ok((b, Vec::new()));
             }
             let crops = crop_input
                 .crops(&b, crop_epoch, device)
-                .map_err(|e| e.to_string())?;
+                .map_err(LoadError::Crops)?;
             Ok((b, crops))
         });
         let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)
         let progress = Progress::new(epoch, cfg.train.epochs, niter, start_batch, rank == 0);
         let epoch_start = Instant::now();
         for prepared in batches {
-            let ((mut b, crops), wait) = prepared.map_err(TrainError::Setup)?;
+            let ((mut b, crops), wait) = prepared?;
             b.wait = wait;
             if b.indices.is_empty() {
                 eprintln!(
@@ -427,8 +417,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 let imgs_per_s = window.1 as f64 / secs;
                 let teacher =
                     TeacherSnapshot::gather(&out.teacher.stats(), out.loss, strategy.collective())?;
+                let utilisation = Utilisation::measure(
+                    flops_per_image,
+                    window.1 as f64,
+                    secs,
+                    cfg.train.peak_tflops,
+                );
+                let mfu = utilisation
+                    .mfu
+                    .map(|m| format!("  MFU: {:.1}%", 100.0 * m))
+                    .unwrap_or_default();
                 progress.line(format!(
-                    "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}",
+                    "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}  TFLOP/s: {:.3}{mfu}",
                     cfg.train.epochs,
                     out.loss,
                     meter.loss / meter.steps as f64,
@@ -440,73 +440,21 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                     teacher.kl,
                     teacher.prototypes_in_use,
                     teacher.out_dim,
+                    utilisation.flops_per_second / 1e12,
                 ));
-                if let Some(tb) = &mut tb {
-                    tb.add_scalars(
-                        iteration as i64,
-                        &[
-                            ("train/loss", out.loss as f32),
-                            ("train/lr", params.lr as f32),
-                            ("train/wd", params.weight_decay as f32),
-                            ("train/momentum", params.momentum as f32),
-                            (
-                                "train/teacher_temp",
-                                learner.loss.teacher_temp(epoch) as f32,
-                            ),
-                            ("train/images_per_second", imgs_per_s as f32),
-                            ("train/data_wait_seconds", window.2 as f32),
-                            ("train/teacher_entropy", teacher.teacher_entropy as f32),
-                            ("train/student_teacher_kl", teacher.kl as f32),
-                            ("train/prototypes_in_use", teacher.prototypes_in_use as f32),
-                        ],
-                    )?;
-                }
-                let m = |name: &str, help: &str, v: f64| {
-                    Metric::gauge(name, help, v)
-                        .label("run", &run_label)
-                        .label("rank", rank.to_string())
-                };
-                if let Some(prom) = &prom {
-                    prom.write(&[
-                        m(
-                            "scdino_train_loss",
-                            "DINO loss of the last iteration",
-                            out.loss,
-                        ),
-                        m("scdino_train_lr", "learning rate", params.lr),
-                        m("scdino_train_epoch", "current epoch", epoch as f64),
-                        m(
-                            "scdino_train_iteration",
-                            "global iteration done",
-                            iteration as f64,
-                        ),
-                        m(
-                            "scdino_train_images_per_second",
-                            "training throughput over the last window",
-                            imgs_per_s,
-                        ),
-                        m(
-                            "scdino_train_data_wait_seconds",
-                            "time spent waiting for the loader in the last window",
-                            window.2,
-                        ),
-                        m(
-                            "scdino_train_teacher_entropy",
-                            "mean entropy (nats) of the centred, sharpened teacher output",
-                            teacher.teacher_entropy,
-                        ),
-                        m(
-                            "scdino_train_student_teacher_kl",
-                            "mean KL(teacher || student) of the last iteration",
-                            teacher.kl,
-                        ),
-                        m(
-                            "scdino_train_prototypes_in_use",
-                            "distinct teacher argmax prototypes in the last global batch",
-                            teacher.prototypes_in_use as f64,
-                        ),
-                    ])?;
-                }
+                telemetry.step(&StepRecord {
+                    iteration,
+                    epoch,
+                    loss: out.loss,
+                    lr: params.lr,
+                    weight_decay: params.weight_decay,
+                    momentum: params.momentum,
+                    teacher_temp: learner.loss.teacher_temp(epoch),
+                    images_per_second: imgs_per_s,
+                    data_wait_seconds: window.2,
+                    teacher: &teacher,
+                    utilisation,
+                })?;
                 window = (Instant::now(), 0, 0.0);
                 if let Some(kind) = collapse_watch.observe(iteration, &teacher) {
                     let text = describe(kind, &teacher, iteration);
@@ -523,9 +471,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                             if done_in_epoch < niter {
                                 save(strategy.as_mut(), &learner, at, &meter, false)?;
                             }
-                            if let Some(tb) = &mut tb {
-                                tb.flush()?;
-                            }
+                            telemetry.flush()?;
                             return Err(TrainError::Collapsed(text));
                         }
                     }
@@ -540,9 +486,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             if (stop_requested || step_limit) && done_in_epoch < niter {
                 let at = (epoch, done_in_epoch, iteration);
                 save(strategy.as_mut(), &learner, at, &meter, false)?;
-                if let Some(tb) = &mut tb {
-                    tb.flush()?;
-                }
+                telemetry.flush()?;
                 eprintln!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
                 report_checksum(strategy.as_mut(), &learner)?;
                 return Ok(if stop_requested {
@@ -571,11 +515,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             "train_wd": meter.wd / n,
             "epoch": epoch,
         });
-        if let Some(tb) = &mut tb {
-            append_line(&files.log(), &line.to_string())?;
-            tb.add_scalars(finished as i64, &[("epoch/loss", (meter.loss / n) as f32)])?;
-            tb.flush()?;
-        }
+        telemetry.epoch(finished, &line, meter.loss / n)?;
         if rank == 0 {
             eprintln!(
                 "Epoch: [{epoch}/{}] Total time: {:.1}s ({:.3} s / it)",
@@ -668,17 +608,16 @@ pub fn training_image_fn(
                     eprintln!("warning: skipping corrupt image (data.on_corrupt: skip): {e}");
                     return Ok(false);
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.into()),
             }
             if raw.channels != file_channels {
-                let path = &source.index().samples[i].path;
-                return Err(format!(
-                    "{} has {} channels but data.channel_names lists {file_channels}",
-                    path.display(),
-                    raw.channels
-                ));
+                return Err(LoadError::ChannelCount {
+                    path: source.index().samples[i].path.clone(),
+                    found: raw.channels,
+                    expected: file_channels,
+                });
             }
-            let notes = preprocess_into(raw, &prep, out).map_err(|e| e.to_string())?;
+            let notes = preprocess_into(raw, &prep, out)?;
             if notes.first_constant_channel.is_some() || notes.nonfinite_pixels > 0 {
                 let path = &source.index().samples[i].path;
                 if let Some(k) = notes.first_constant_channel {
@@ -779,16 +718,6 @@ fn trim_log(path: &Path, epoch: usize) -> Result<(), TrainError> {
         data::tiff_reader::write_atomic(path, kept.as_bytes())?;
     }
     Ok(())
-}
-
-fn append_line(path: &Path, line: &str) -> Result<(), TrainError> {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(io_err(path))?;
-    writeln!(f, "{line}").map_err(io_err(path))?;
-    f.sync_data().map_err(io_err(path))
 }
 
 /// Progress for a person at a terminal; plain lines for Slurm logs and pipes. The lines are

@@ -44,7 +44,7 @@
 //! `reshard_after_forward` a block stays gathered from its first forward until its gradients
 //! are accumulated: one full student from forward to backward, 1 all-gather per block instead
 //! of 4.
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, RestoreError};
 use crate::dist::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
 use crate::dist::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
 use crate::model::BlockHooks;
@@ -917,7 +917,11 @@ impl Fsdp {
     }
 
     /// Restores what [`Fsdp::shard_tensors`] wrote (same world size and model).
-    pub fn load_shards(&mut self, ck: &Checkpoint, learner: &mut Learner) -> Result<(), String> {
+    pub fn load_shards(
+        &mut self,
+        ck: &Checkpoint,
+        learner: &mut Learner,
+    ) -> Result<(), RestoreError> {
         let mut g = self.lock();
         tch::no_grad(|| {
             for u in &mut g.units {
@@ -928,27 +932,18 @@ impl Fsdp {
                     ("exp_avg_sq", &mut u.exp_avg_sq),
                 ] {
                     let name = format!("fsdp.{}.{role}", u.name);
-                    let src = ck.get(&name).ok_or_else(|| format!("{name} is missing"))?;
-                    if src.size() != t.size() {
-                        return Err(format!(
-                            "{name} has shape {:?}, expected {:?}",
-                            src.size(),
-                            t.size()
-                        ));
-                    }
-                    t.copy_(&src);
+                    t.copy_(&RestoreError::fetch(ck, &name, &t.size())?);
                 }
             }
             for p in &mut g.params {
                 let name = format!("optimizer.{}.step", p.name);
                 p.step = ck
                     .get(&name)
-                    .ok_or_else(|| format!("{name} is missing"))?
+                    .ok_or(RestoreError::Missing(name))?
                     .int64_value(&[0]) as u64;
             }
             for (name, mut t) in self.replicated_tensors(learner) {
-                let src = ck.get(&name).ok_or_else(|| format!("{name} is missing"))?;
-                t.copy_(&src);
+                t.copy_(&RestoreError::fetch(ck, &name, &t.size())?);
             }
             Ok(())
         })

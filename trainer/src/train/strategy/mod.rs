@@ -15,7 +15,7 @@ pub mod fsdp;
 use super::error::TrainError;
 use super::optim::{clip_gradients, ema_update};
 use super::step::{Learner, StepError, StepParams};
-use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta, RestoreError};
 use crate::config::Strategy;
 use crate::dist::ddp::Ddp;
 use crate::dist::group::{DistError, ProcessGroup, ReduceOp};
@@ -308,14 +308,14 @@ impl FullySharded {
         let Some(ck) = ck.filter(|_| lo == hi && lo >= 0.0 && lo >= full_iter) else {
             return Ok(None);
         };
-        let resume_err = |reason: String| TrainError::Resume {
+        let resume_err = |source: RestoreError| TrainError::Resume {
             path: ck.path.clone(),
-            reason,
+            source,
         };
         self.fsdp.load_shards(&ck, learner).map_err(resume_err)?;
-        learner.loss.center = ck
-            .get("dino_loss.center")
-            .ok_or_else(|| resume_err("dino_loss.center is missing".into()))?;
+        let shape = learner.loss.center.size();
+        learner.loss.center =
+            RestoreError::fetch(&ck, "dino_loss.center", &shape).map_err(resume_err)?;
         if self.ddp.group.rank == 0 {
             eprintln!(
                 "resuming from the FSDP shards {} at epoch {}, batch {} (iteration {})",
@@ -491,22 +491,29 @@ pub fn restore(
     fingerprint: &str,
     learner: &mut Learner,
 ) -> Result<(), TrainError> {
+    restore_tensors(ck, fingerprint, learner).map_err(|source| TrainError::Resume {
+        path: ck.path.clone(),
+        source,
+    })
+}
+
+fn restore_tensors(
+    ck: &Checkpoint,
+    fingerprint: &str,
+    learner: &mut Learner,
+) -> Result<(), RestoreError> {
     let Learner {
         nets,
-        optimizer: opt,
+        optimizer,
         loss,
         scaler,
         ..
     } = learner;
-    let err = |reason: String| TrainError::Resume {
-        path: ck.path.clone(),
-        reason,
-    };
     if ck.meta.fingerprint != fingerprint {
-        return Err(err(format!(
-            "it was trained with {} but the config now gives {fingerprint}; restore those settings or start a new run (another run.name)",
-            ck.meta.fingerprint
-        )));
+        return Err(RestoreError::Fingerprint {
+            saved: ck.meta.fingerprint.clone(),
+            current: fingerprint.to_string(),
+        });
     }
     tch::no_grad(|| {
         for (prefix, vs) in [
@@ -514,30 +521,17 @@ pub fn restore(
             ("teacher", &mut nets.teacher_vs),
         ] {
             for (name, mut t) in vs.variables() {
-                let src = ck
-                    .get(&format!("{prefix}.{name}"))
-                    .ok_or_else(|| err(format!("{prefix}.{name} is missing")))?;
-                if src.size() != t.size() {
-                    return Err(err(format!(
-                        "{prefix}.{name} has shape {:?}, model has {:?}",
-                        src.size(),
-                        t.size()
-                    )));
-                }
-                t.copy_(&src);
+                t.copy_(&RestoreError::fetch(
+                    ck,
+                    &format!("{prefix}.{name}"),
+                    &t.size(),
+                )?);
             }
         }
-        Ok(())
+        Ok::<(), RestoreError>(())
     })?;
-    opt.load_state(&|n| ck.get(&format!("optimizer.{n}")))
-        .map_err(err)?;
-    let center = ck
-        .get("dino_loss.center")
-        .ok_or_else(|| err("dino_loss.center is missing".into()))?;
-    if center.size() != loss.center.size() {
-        return Err(err("the loss centre has another size".into()));
-    }
-    loss.center = center;
+    optimizer.load_state(ck)?;
+    loss.center = RestoreError::fetch(ck, "dino_loss.center", &loss.center.size())?;
     if scaler.is_some() {
         if let Some(saved) = &ck.meta.loss_scaler {
             *scaler = Some(saved.clone());

@@ -1,0 +1,104 @@
+//! The arithmetic of one training step, counted analytically from the configured ViT, DINO
+//! head and multi-crop, so that every logged interval can report achieved FLOP/s and the model
+//! FLOPs utilisation (MFU) without a profiler in the loop.
+//!
+//! Counted as `torch.utils.flop_counter` counts (and as MFU is conventionally defined): two
+//! FLOPs per multiply–add of the matrix products (linear layers, the patch-embedding
+//! convolution, attention's two batched products); element-wise work (norms, softmax, GELU,
+//! the loss) is not counted. The backward pass of a product computes the gradient of its input
+//! and of its weight, twice the forward, except the patch embedding whose input (the image)
+//! needs no gradient. The teacher runs forward only on the two global crops; the student
+//! forward and backward on all crops.
+use crate::config::Config;
+use crate::model::{configs_for, HeadConfig, VitConfig};
+
+/// FLOPs of one step on one rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepFlops {
+    pub teacher_forward: f64,
+    pub student_forward: f64,
+    pub student_backward: f64,
+}
+
+impl StepFlops {
+    pub fn total(&self) -> f64 {
+        self.teacher_forward + self.student_forward + self.student_backward
+    }
+}
+
+/// Forward FLOPs of the backbone for one image of `size`×`size` pixels, split as (patch
+/// embedding, everything after it).
+pub fn vit_forward(vit: &VitConfig, size: usize) -> (f64, f64) {
+    let d = vit.embed_dim as f64;
+    let p = vit.patch_size as f64;
+    let patches = (size as f64 / p).floor().powi(2);
+    let n = patches + 1.0; // + CLS token
+    let embed = 2.0 * patches * d * vit.in_chans as f64 * p * p;
+    let hidden = (d * vit.mlp_ratio).floor();
+    // qkv (3d) + projection (d) + MLP (2 · hidden), and q·kᵀ and attn·v (n² · d each).
+    let per_block = 2.0 * n * d * (3.0 * d + d + 2.0 * hidden) + 4.0 * n * n * d;
+    (embed, vit.depth as f64 * per_block)
+}
+
+/// Forward FLOPs of the DINO head for one image (the CLS token only).
+pub fn head_forward(head: &HeadConfig) -> f64 {
+    let (i, h, b, k) = (
+        head.in_dim as f64,
+        head.hidden_dim as f64,
+        head.bottleneck_dim as f64,
+        head.out_dim as f64,
+    );
+    let mlp = if head.nlayers <= 1 {
+        i * b
+    } else {
+        i * h + (head.nlayers - 2).max(0) as f64 * h * h + h * b
+    };
+    2.0 * (mlp + b * k)
+}
+
+/// One step with `batch` images per crop on this rank.
+pub fn step_flops(cfg: &Config, in_chans: usize, batch: usize) -> StepFlops {
+    let (student_vit, student_head) = configs_for(cfg, in_chans, true);
+    let (teacher_vit, teacher_head) = configs_for(cfg, in_chans, false);
+    let a = &cfg.augment;
+    let crops = [
+        (2, a.global_crop_size),
+        (a.local_crops_number, a.local_crop_size),
+    ];
+    let b = batch as f64;
+    let mut flops = StepFlops {
+        teacher_forward: 0.0,
+        student_forward: 0.0,
+        student_backward: 0.0,
+    };
+    let (embed, rest) = vit_forward(&teacher_vit, a.global_crop_size);
+    flops.teacher_forward = 2.0 * b * (embed + rest + head_forward(&teacher_head));
+    for (count, size) in crops {
+        let (embed, rest) = vit_forward(&student_vit, size);
+        let head = head_forward(&student_head);
+        let images = count as f64 * b;
+        flops.student_forward += images * (embed + rest + head);
+        // The patch embedding's backward computes its weight gradient only.
+        flops.student_backward += images * (embed + 2.0 * (rest + head));
+    }
+    flops
+}
+
+/// Achieved FLOP/s and, with a peak, the MFU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Utilisation {
+    pub flops_per_second: f64,
+    /// Fraction of `train.peak_tflops` (absent when no peak is configured).
+    pub mfu: Option<f64>,
+}
+
+impl Utilisation {
+    /// `steps` steps of `per_step` FLOPs in `seconds`, against `peak_tflops` per rank.
+    pub fn measure(per_step: f64, steps: f64, seconds: f64, peak_tflops: Option<f64>) -> Self {
+        let flops_per_second = per_step * steps / seconds.max(1e-9);
+        Self {
+            flops_per_second,
+            mfu: peak_tflops.map(|peak| flops_per_second / (peak * 1e12)),
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Where the epoch loop's numbers go besides the progress line: TensorBoard scalars, the
+//! Prometheus textfile and scDINO's `log.txt`. Only rank 0 writes (every rank computes the same
+//! global values); on other ranks every call is a no-op.
+use super::collapse::TeacherSnapshot;
+use super::error::TrainError;
+use super::flops::Utilisation;
+use crate::layout::ModelLayout;
+use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The values of one logged step.
+pub struct StepRecord<'a> {
+    pub iteration: usize,
+    pub epoch: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub momentum: f64,
+    pub teacher_temp: f64,
+    pub images_per_second: f64,
+    pub data_wait_seconds: f64,
+    pub teacher: &'a TeacherSnapshot,
+    /// Achieved FLOP/s and MFU of this rank over the window (see [`super::flops`]).
+    pub utilisation: Utilisation,
+}
+
+pub struct Telemetry {
+    sinks: Option<Sinks>,
+}
+
+struct Sinks {
+    tb: TensorBoardWriter,
+    prom: PromTextfile,
+    log: PathBuf,
+    run_label: String,
+    rank: usize,
+}
+
+impl Telemetry {
+    pub fn new(rank: usize, files: &ModelLayout, run_label: &str) -> Result<Self, TrainError> {
+        if rank != 0 {
+            return Ok(Self { sinks: None });
+        }
+        Ok(Self {
+            sinks: Some(Sinks {
+                tb: TensorBoardWriter::create(&files.tensorboard())?,
+                prom: PromTextfile::new(files.metrics_prom()),
+                log: files.log(),
+                run_label: run_label.to_string(),
+                rank,
+            }),
+        })
+    }
+
+    /// TensorBoard scalars at `iteration` and a rewrite of the Prometheus textfile.
+    pub fn step(&mut self, r: &StepRecord) -> Result<(), TrainError> {
+        let Some(s) = &mut self.sinks else {
+            return Ok(());
+        };
+        let t = r.teacher;
+        s.tb.add_scalars(
+            r.iteration as i64,
+            &[
+                ("train/loss", r.loss as f32),
+                ("train/lr", r.lr as f32),
+                ("train/wd", r.weight_decay as f32),
+                ("train/momentum", r.momentum as f32),
+                ("train/teacher_temp", r.teacher_temp as f32),
+                ("train/images_per_second", r.images_per_second as f32),
+                ("train/data_wait_seconds", r.data_wait_seconds as f32),
+                ("train/teacher_entropy", t.teacher_entropy as f32),
+                ("train/student_teacher_kl", t.kl as f32),
+                ("train/prototypes_in_use", t.prototypes_in_use as f32),
+                (
+                    "train/tflops_per_second",
+                    (r.utilisation.flops_per_second / 1e12) as f32,
+                ),
+            ],
+        )?;
+        if let Some(mfu) = r.utilisation.mfu {
+            s.tb.add_scalars(r.iteration as i64, &[("train/mfu", mfu as f32)])?;
+        }
+        let m = |name: &str, help: &str, v: f64| {
+            Metric::gauge(name, help, v)
+                .label("run", &s.run_label)
+                .label("rank", s.rank.to_string())
+        };
+        let mut metrics =
+            vec![
+            m("scdino_train_loss", "DINO loss of the last iteration", r.loss),
+            m("scdino_train_lr", "learning rate", r.lr),
+            m("scdino_train_epoch", "current epoch", r.epoch as f64),
+            m(
+                "scdino_train_iteration",
+                "global iteration done",
+                r.iteration as f64,
+            ),
+            m(
+                "scdino_train_images_per_second",
+                "training throughput over the last window",
+                r.images_per_second,
+            ),
+            m(
+                "scdino_train_data_wait_seconds",
+                "time spent waiting for the loader in the last window",
+                r.data_wait_seconds,
+            ),
+            m(
+                "scdino_train_teacher_entropy",
+                "mean entropy (nats) of the centred, sharpened teacher output",
+                t.teacher_entropy,
+            ),
+            m(
+                "scdino_train_student_teacher_kl",
+                "mean KL(teacher || student) of the last iteration",
+                t.kl,
+            ),
+            m(
+                "scdino_train_prototypes_in_use",
+                "distinct teacher argmax prototypes in the last global batch",
+                t.prototypes_in_use as f64,
+            ),
+            m(
+                "scdino_train_flops_per_second",
+                "model FLOP/s of this rank over the last window (matrix products, analytic count)",
+                r.utilisation.flops_per_second,
+            ),
+        ];
+        if let Some(mfu) = r.utilisation.mfu {
+            metrics.push(m(
+                "scdino_train_mfu",
+                "model FLOPs utilisation: achieved FLOP/s over train.peak_tflops",
+                mfu,
+            ));
+        }
+        s.prom.write(&metrics)?;
+        Ok(())
+    }
+
+    /// The end of an epoch: scDINO's `log.txt` line (appended and synced) and the epoch's
+    /// mean loss in TensorBoard.
+    pub fn epoch(
+        &mut self,
+        finished: usize,
+        line: &serde_json::Value,
+        mean_loss: f64,
+    ) -> Result<(), TrainError> {
+        let Some(s) = &mut self.sinks else {
+            return Ok(());
+        };
+        append_line(&s.log, &line.to_string())?;
+        s.tb.add_scalars(finished as i64, &[("epoch/loss", mean_loss as f32)])?;
+        s.tb.flush()?;
+        Ok(())
+    }
+
+    /// Before the loop returns early (stop signal, step limit, collapse).
+    pub fn flush(&mut self) -> Result<(), TrainError> {
+        if let Some(s) = &mut self.sinks {
+            s.tb.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn append_line(path: &Path, line: &str) -> Result<(), TrainError> {
+    let io = |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    writeln!(f, "{line}").map_err(io)?;
+    f.sync_data().map_err(io)
+}
