@@ -37,10 +37,6 @@ impl RunLayout {
         }
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// scDINO's dataset statistics, over every channel of the files.
     pub fn mean_std(&self) -> PathBuf {
         self.root.join("mean_and_std_of_dataset.txt")
@@ -182,7 +178,8 @@ impl ModelLayout {
 
     /// Written last by the attention stage: its presence means the stage is done.
     pub fn attention_manifest(&self, tag: &str) -> PathBuf {
-        self.attention_dir(tag).join("attention_images.json")
+        self.attention_dir(tag)
+            .join(crate::analysis::attention::MANIFEST)
     }
 
     pub fn report_html(&self) -> PathBuf {

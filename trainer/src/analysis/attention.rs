@@ -109,6 +109,9 @@ fn save_grey(path: &Path, m: &Tensor) -> Result<(), PlotError> {
     plot::write_png(path, &rgb, w, h)
 }
 
+/// Written last into the output folder: its presence means every map of the set is there.
+pub const MANIFEST: &str = "attention_images.json";
+
 /// Writes `{out}/{class}/{file}/image_size_{S}/attn-head{j}.png` and
 /// `original_img_channel_{name}.png` for the picked held-out images, for each size in
 /// `sizes` (scDINO: the features' resize length, and the attention image size when
@@ -202,6 +205,6 @@ pub fn write_attention_maps(
         }
     }
     let manifest = serde_json::to_string_pretty(&written).expect("serialisable");
-    data::tiff_reader::write_atomic(&out.join("attention_images.json"), manifest.as_bytes())?;
+    data::tiff_reader::write_atomic(&out.join(MANIFEST), manifest.as_bytes())?;
     Ok(written)
 }

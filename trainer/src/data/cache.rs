@@ -12,6 +12,7 @@
 //! identical content), and a `{key}.lock` file created with `O_EXCL` makes the others wait
 //! for the one already fetching an object instead of fetching it again.
 use super::error::DataError;
+use scdino_base::fs::write_atomic;
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -40,8 +41,6 @@ fn sidecar(path: &Path) -> PathBuf {
 fn hex(d: &[u8]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
-
-use scdino_base::fs::write_atomic;
 
 /// Writes `bytes` as a verified entry at `path` (creating parent folders).
 pub fn write_verified(path: &Path, bytes: &[u8]) -> Result<(), DataError> {

@@ -356,6 +356,10 @@ impl Collective for Ddp {
         self.group.world
     }
 
+    fn rank(&self) -> usize {
+        self.group.rank
+    }
+
     fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), DistError> {
         self.group
             .all_reduce(std::slice::from_mut(t), ReduceOp::Sum)

@@ -17,6 +17,10 @@ use tch::Tensor;
 /// What one training iteration needs from the other processes. One process: [`Single`].
 pub trait Collective {
     fn world_size(&self) -> usize;
+    /// This process's rank (0 in a world of one).
+    fn rank(&self) -> usize {
+        0
+    }
     /// Sums `t` across processes, in place.
     fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), DistError>;
     /// Called right before backward: overlapped implementations arm their gradient hooks.

@@ -378,7 +378,7 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
     {
         Some(tag) => {
             let dir = t.files.attention_dir(tag);
-            let path = dir.join("attention_images.json");
+            let path = t.files.attention_manifest(tag);
             let text = std::fs::read_to_string(&path).map_err(|source| StageError::Io {
                 path: path.clone(),
                 source,

@@ -13,6 +13,7 @@ use super::{
 };
 use crate::data::error::DataError;
 use crate::data::source::ImageSource;
+use crate::data::tiff_reader::write_atomic;
 use scdino_base::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -183,23 +184,12 @@ pub(crate) fn sha256_file(path: &Path) -> std::io::Result<(u64, String)> {
     }
 }
 
-use crate::data::tiff_reader::write_atomic;
-
 fn tmp_name(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp"))
-}
-
-/// Makes a rename durable; best effort (some file systems refuse to open directories).
-fn sync_dir(path: &Path) {
-    if let Some(dir) = path.parent() {
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
 }
 
 fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -399,7 +389,9 @@ pub fn pack(
             .map_err(|e| DataError::io(&tmp, "syncing shard", e))?;
         drop(f);
         std::fs::rename(&tmp, &path).map_err(|e| DataError::io(&path, "renaming shard", e))?;
-        sync_dir(&path);
+        if let Some(dir) = path.parent() {
+            scdino_base::fs::sync_dir(dir);
+        }
         done.push(JournalShard {
             entry: ShardEntry {
                 file,

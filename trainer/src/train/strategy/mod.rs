@@ -156,17 +156,23 @@ pub struct StrategyOptions {
     pub fsdp_reshard_after_forward: bool,
 }
 
-/// A world of one: the step's collectives are identities (also what a benchmark or a test of
-/// the step uses).
+/// Every rank holds the whole model and updates its own copy; `group` averages the gradients
+/// (bucketed, overlapped with backward when `train.ddp_overlap`) and rank 0 writes the
+/// checkpoints. One process is the same with identity collectives.
 #[derive(Default)]
-pub struct SingleProcess {
-    single: Single,
+pub struct Replicated<C: Collective> {
+    group: C,
 }
 
-/// Every rank holds the whole model; gradients are averaged (bucketed, overlapped with
-/// backward when `train.ddp_overlap`). Rank 0 writes the checkpoints.
-pub struct DataParallel {
-    ddp: Ddp,
+/// A world of one (also what a benchmark or a test of the step uses).
+pub type SingleProcess = Replicated<Single>;
+/// DDP.
+pub type DataParallel = Replicated<Ddp>;
+
+impl<C: Collective> Replicated<C> {
+    pub fn new(group: C) -> Self {
+        Self { group }
+    }
 }
 
 /// Every rank holds 1/N of parameters, gradients, optimizer state and teacher (see [`fsdp`]).
@@ -179,15 +185,15 @@ pub struct FullySharded {
     shard_files: Option<(PathBuf, String)>,
 }
 
-impl ParallelStrategy for SingleProcess {
+impl<C: Collective> ParallelStrategy for Replicated<C> {
     fn rank(&self) -> usize {
-        0
+        self.group.rank()
     }
     fn world_size(&self) -> usize {
-        1
+        self.group.world_size()
     }
     fn collective(&mut self) -> &mut dyn Collective {
-        &mut self.single
+        &mut self.group
     }
     fn backward_and_update(
         &mut self,
@@ -195,39 +201,7 @@ impl ParallelStrategy for SingleProcess {
         loss: &Tensor,
         p: &StepParams,
     ) -> Result<(Vec<f64>, bool), StepError> {
-        replicated_update(learner, loss, p, &mut self.single)
-    }
-    fn save(
-        &mut self,
-        learner: &Learner,
-        files: &ModelLayout,
-        meta: &CheckpointMeta,
-        numbered: Option<PathBuf>,
-    ) -> Result<(), TrainError> {
-        save_files(files, &checkpoint_tensors(learner), meta, numbered)
-    }
-    fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError> {
-        Ok(parameter_checksum(&learner.nets.student_vs))
-    }
-}
-
-impl ParallelStrategy for DataParallel {
-    fn rank(&self) -> usize {
-        self.ddp.group.rank
-    }
-    fn world_size(&self) -> usize {
-        self.ddp.group.world
-    }
-    fn collective(&mut self) -> &mut dyn Collective {
-        &mut self.ddp
-    }
-    fn backward_and_update(
-        &mut self,
-        learner: &mut Learner,
-        loss: &Tensor,
-        p: &StepParams,
-    ) -> Result<(Vec<f64>, bool), StepError> {
-        replicated_update(learner, loss, p, &mut self.ddp)
+        replicated_update(learner, loss, p, &mut self.group)
     }
     fn save(
         &mut self,
@@ -243,12 +217,6 @@ impl ParallelStrategy for DataParallel {
     }
     fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError> {
         Ok(parameter_checksum(&learner.nets.student_vs))
-    }
-}
-
-impl DataParallel {
-    pub fn new(ddp: Ddp) -> Self {
-        Self { ddp }
     }
 }
 
