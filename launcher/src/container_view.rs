@@ -25,6 +25,8 @@ pub enum ViewError {
         line: Option<usize>,
         message: String,
     },
+    #[error(transparent)]
+    Config(#[from] scdino_config::ConfigError),
     #[error("{0}")]
     Other(String),
 }
@@ -162,8 +164,9 @@ pub fn container_dir(cluster: &Cluster, host: &Path, what: &str) -> Result<PathB
 /// [`map`] without writing anything: the config with container paths.
 pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, ViewError> {
     let origin = host.trainer_config.display().to_string();
-    let mut config = Config::from_yaml(host.trainer_text, &origin)
-        .map_err(|e| ViewError::Other(e.to_string()))?;
+    let config = Config::from_yaml(host.trainer_text, &origin)?;
+    // The paths are rewritten in the sections, which are then validated as a new config.
+    let mut sections = config.sections();
     let host_workdir = cluster
         .workdir
         .clone()
@@ -214,23 +217,24 @@ pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, V
         }
         Ok(())
     };
-    each("run.output_dir", &mut config.run.output_dir)?;
-    if !config
+    each("run.output_dir", &mut sections.run.output_dir)?;
+    if !sections
         .data
         .dataset_dir
         .to_string_lossy()
         .starts_with("s3://")
     {
-        each("data.dataset_dir", &mut config.data.dataset_dir)?;
+        each("data.dataset_dir", &mut sections.data.dataset_dir)?;
     }
-    if let Some(dir) = config.data.test_dir.as_mut() {
+    if let Some(dir) = sections.data.test_dir.as_mut() {
         if !dir.to_string_lossy().starts_with("s3://") {
             each("data.test_dir", dir)?;
         }
     }
-    if let Some(dir) = config.data.cache.dir.as_mut() {
+    if let Some(dir) = sections.data.cache.dir.as_mut() {
         each("data.cache.dir", dir)?;
     }
+    let config = Config::from_sections(sections, &origin)?;
     Ok(MappedConfig {
         config_path,
         config,

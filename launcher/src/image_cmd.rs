@@ -154,7 +154,7 @@ pub fn image(cmd: ImageCommand) -> Result<()> {
                 let local = match engine::connect().await {
                     Ok(d) => inspect::from_engine(&d, &image).await?,
                     Err(e) => {
-                        eprintln!("[launcher] {e}; reading the registry");
+                        tracing::info!("[launcher] {e}; reading the registry");
                         None
                     }
                 };
@@ -178,7 +178,7 @@ pub fn image(cmd: ImageCommand) -> Result<()> {
             let docker = engine::connect().await?;
             let t = std::time::Instant::now();
             let s = squash::squash(&docker, &image, &out, &squash_options).await?;
-            eprintln!(
+            tracing::info!(
                 "[squash] {} {} ({:.1} MiB, sha256 {}) in {:.1} s",
                 if s.reused { "reused" } else { "wrote" },
                 s.path.display(),
@@ -250,7 +250,7 @@ pub async fn build_and_push(
 ) -> Result<(String, Vec<String>)> {
     let prepared = builder::prepare(req)?;
     if let Some(c) = &req.config {
-        eprintln!(
+        tracing::info!(
             "[launcher] {} is valid; baking it into {} (sha256 {})",
             c.display(),
             launcher::image::BAKED_CONFIG_PATH,
@@ -261,7 +261,7 @@ pub async fn build_and_push(
     let mut log = builder::BuildLog::new(std::io::stderr().is_terminal());
     let t = std::time::Instant::now();
     let id = builder::build(&docker, req, prepared, &mut log).await?;
-    eprintln!(
+    tracing::info!(
         "[launcher] built {} as {} in {:.1} s",
         id,
         req.tags
@@ -354,7 +354,7 @@ impl SubmitBuildArgs {
             let dir = std::path::absolute(self.squash_dir.as_ref().expect("checked"))?;
             let docker = engine::connect().await?;
             let s = squash::squash(&docker, &id, &dir, squash::DEFAULT_OPTIONS).await?;
-            eprintln!(
+            tracing::info!(
                 "[squash] {} {}",
                 if s.reused { "reused" } else { "wrote" },
                 s.path.display()

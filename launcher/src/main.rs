@@ -15,6 +15,10 @@ mod image_cmd;
     about = "Build and run the scDINO image; submit the pipeline to Slurm with Pyxis/Enroot"
 )]
 struct Cli {
+    /// `text` (readable lines) or `json` (one object per line, for log shipping); levels via
+    /// `SCDINO_LOG` or `RUST_LOG`. Only a command's result goes to stdout.
+    #[arg(long, global = true, env = scdino_base::log::FORMAT_ENV, value_name = "FORMAT")]
+    log_format: Option<scdino_base::log::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -405,13 +409,44 @@ fn do_render(a: &RenderArgs, image: Option<String>) -> Result<(PathBuf, Rendered
     };
     let r = render::render(&cluster, &inputs)?;
     for w in &r.warnings {
-        eprintln!("warning: {w}");
+        tracing::warn!("{w}");
     }
     Ok((out, r))
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    use scdino_base::log::{self, Identity, LogFormat};
+    let cli = Cli::parse();
+    let format = match log::format_from(cli.log_format).and_then(|f| {
+        log::init(
+            f,
+            Identity::local(),
+            &["launcher", "scdino_config", "scdino_base"],
+            None,
+        )?;
+        Ok(f)
+    }) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // As `fn main() -> anyhow::Result` prints it in text; one JSON line otherwise.
+            match format {
+                LogFormat::Text => eprintln!("Error: {e:?}"),
+                LogFormat::Json => tracing::error!("{e:#}"),
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
         Command::NcclTest(a) => nccl_test(a)?,
         Command::Selftest(a) => selftest(a)?,
         Command::Scaling(a) => scaling(a)?,

@@ -9,16 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The pipeline's stages in order; each runs `trainer <stage> --config FILE`.
-pub const STAGES: [&str; 8] = [
-    "mean-std",
-    "train",
-    "features",
-    "knn",
-    "evaluate",
-    "umap",
-    "attention",
-    "report",
-];
+pub use scdino_config::PIPELINE_STAGES as STAGES;
 
 /// Variables of the job's environment that reach a Pyxis container even when the image sets
 /// them (a `case` pattern): the fabric's tunables, which a cluster's modules or the user set.

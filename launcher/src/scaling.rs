@@ -86,9 +86,10 @@ pub fn render(
     let mut prev: Option<String> = None;
     for (i, size) in sizes.iter().enumerate() {
         let name = size.name();
-        let mut cfg = base.clone();
-        cfg.run.output_dir = config_dir.join("runs").join(&name);
-        cfg.train.log_every = 1;
+        let cfg = base.edit(&format!("{name} (scaling)"), |s| {
+            s.run.output_dir = config_dir.join("runs").join(&name);
+            s.train.log_every = 1;
+        })?;
         let config_file = format!("{name}.yaml");
         files.push((
             config_file.clone(),
@@ -166,7 +167,8 @@ pub struct Measured {
     pub batch_per_task: Option<u64>,
 }
 
-/// Reads rank 0's progress lines (`... imgs/s: X ...`) and the lr line
+/// Reads rank 0's progress lines (`... imgs/s: X ...`, with or without the rank prefix of
+/// a distributed run) and the lr line
 /// (`... global batch G (W x B): peak lr L`).
 pub fn parse_log(log: &str) -> Measured {
     let number_after = |line: &str, key: &str| -> Option<f64> {
@@ -182,7 +184,7 @@ pub fn parse_log(log: &str) -> Measured {
         peak_lr: None,
         batch_per_task: None,
     };
-    for line in log.lines() {
+    for line in log.lines().map(scdino_base::log::without_rank_prefix) {
         if line.starts_with("Epoch: [") && line.contains("imgs/s: ") {
             if let Some(v) = number_after(line, "imgs/s: ") {
                 m.per_step.push(v);
@@ -382,9 +384,9 @@ mod tests {
     use super::*;
 
     const LOG: &str = "[launcher] scaling-1x2 job 5 restart 0 on n1, master n1:61005
-rank 0: training on Cpu
-lr: 0.005 per 256 images, Linear scaling to the global batch 32 (2 x 16): peak lr 6.25e-4
-Epoch: [0/3]  [1/7]  loss: 4.9 (4.9)  lr: 1e-4  wd: 0.04  imgs/s: 2.0  data: 0.1s  step: 8.0s
+[rank 0/2 local 0 n1] training on Cpu
+[rank 0/2 local 0 n1] lr: 0.005 per 256 images, Linear scaling to the global batch 32 (2 x 16): peak lr 6.25e-4
+[rank 0/2 local 0 n1] Epoch: [0/3]  [1/7]  loss: 4.9 (4.9)  lr: 1e-4  wd: 0.04  imgs/s: 2.0  data: 0.1s  step: 8.0s
 Epoch: [0/3]  [2/7]  loss: 4.9 (4.9)  lr: 1e-4  wd: 0.04  imgs/s: 7.0  data: 0.0s  step: 2.3s
 Epoch: [0/3]  [3/7]  loss: 4.9 (4.9)  lr: 1e-4  wd: 0.04  imgs/s: 8.0  data: 0.0s  step: 2.0s
 Epoch: [0/3]  [4/7]  loss: 4.9 (4.9)  lr: 1e-4  wd: 0.04  imgs/s: 10.0  data: 0.0s  step: 1.6s

@@ -16,6 +16,20 @@ pub use sections::*;
 /// trainer's commands read it when `--config` is absent.
 pub const BAKED_CONFIG_PATH: &str = "/opt/scdino/config.yaml";
 
+/// The pipeline's stages in order, as `trainer` subcommands: the trainer runs them
+/// (`trainer pipeline`, `trainer pipeline --list-stages`) and the launcher renders one job per
+/// stage, so both read this one list.
+pub const PIPELINE_STAGES: [&str; 8] = [
+    "mean-std",
+    "train",
+    "features",
+    "knn",
+    "evaluate",
+    "umap",
+    "attention",
+    "report",
+];
+
 /// `train.device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -51,9 +65,31 @@ pub enum ConfigError {
     },
 }
 
-/// A validated configuration.
+/// A validated configuration. Its values are read through `Deref` (`cfg.train.epochs`) and
+/// cannot change after validation, so every stage sees what was checked; a different
+/// configuration (a benchmark's, a scaling run's) is a new one, made by [`Config::edit`],
+/// which validates again. Clones share the values.
+///
+/// ```compile_fail,E0594
+/// let mut cfg = scdino_config::Config::from_yaml("", "defaults").unwrap();
+/// cfg.train.epochs = 3; // no DerefMut: a validated config cannot be changed in place
+/// ```
 #[derive(Debug, Clone, PartialEq)]
-pub struct Config {
+pub struct Config(std::sync::Arc<Values>);
+
+impl std::ops::Deref for Config {
+    type Target = Values;
+
+    fn deref(&self) -> &Values {
+        &self.0
+    }
+}
+
+/// The values of a validated [`Config`]. Only validation builds them (non-exhaustive: no
+/// struct literal outside this crate).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Values {
     pub run: RunSection,
     pub data: DataSection,
     pub model: ModelSection,
@@ -85,6 +121,23 @@ impl Config {
         };
         let lines = KeyLines::scan(text);
         Self::validate(sections, origin, &lines)
+    }
+
+    /// A copy with `change` applied to its sections, validated as a file would be; `origin`
+    /// names it in errors (e.g. `<bench step>`).
+    pub fn edit(
+        &self,
+        origin: &str,
+        change: impl FnOnce(&mut Sections),
+    ) -> Result<Self, ConfigError> {
+        let mut sections = self.sections();
+        change(&mut sections);
+        Self::from_sections(sections, origin)
+    }
+
+    /// Validates sections built in code (errors name `origin`, without line numbers).
+    pub fn from_sections(sections: Sections, origin: &str) -> Result<Self, ConfigError> {
+        Self::validate(sections, origin, &KeyLines::scan(""))
     }
 
     /// The sections as they would be written back (for `config show` and round trips).
@@ -482,7 +535,7 @@ impl Config {
             "must be at least 1",
         )?;
 
-        Ok(Config {
+        Ok(Config(std::sync::Arc::new(Values {
             run: s.run,
             data: s.data,
             model: s.model,
@@ -490,7 +543,7 @@ impl Config {
             augment: s.augment,
             downstream: s.downstream,
             channel_sets,
-        })
+        })))
     }
 }
 
@@ -590,6 +643,23 @@ mod tests {
             Err(ConfigError::Invalid {
                 key, line, message, ..
             }) => (key, line, message),
+            other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_edit_is_validated_and_leaves_the_original_alone() {
+        let c = Config::from_yaml("train:\n  epochs: 6\n", "t").unwrap();
+        let longer = c.edit("longer", |s| s.train.epochs = 8).unwrap();
+        assert_eq!((c.train.epochs, longer.train.epochs), (6, 8));
+        assert_eq!(longer.channel_sets, c.channel_sets);
+        match c.edit("bad edit", |s| s.data.train_fraction = 1.5) {
+            Err(ConfigError::Invalid { origin, key, .. }) => {
+                assert_eq!(
+                    (origin.as_str(), key.as_str()),
+                    ("bad edit", "data.train_fraction")
+                )
+            }
             other => panic!("expected a validation error, got {other:?}"),
         }
     }

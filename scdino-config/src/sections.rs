@@ -444,6 +444,16 @@ pub struct AugmentSection {
     /// parameters, bicubic `grid_sample` instead of crop + `interpolate` (differs only at
     /// crop edges). Needs equally sized images (use `data.center_crop` otherwise).
     pub augment_on: AugmentOn,
+    /// Horizontal and vertical flips, p 0.5 each (scDINO: always). Off where orientation
+    /// carries meaning (digits: a flipped 6 is a 9; oriented tissue).
+    pub flips: bool,
+    /// Per-channel brightness, p 0.8 (scDINO: always).
+    pub brightness: bool,
+    /// Gaussian blur, p 1.0/0.1/0.5 on global 1/global 2/locals (scDINO: always).
+    pub blur: bool,
+    /// Solarisation of global crop 2, p 0.2 (scDINO: always). Off for small, low-contrast
+    /// images, where it inverts most of the signal.
+    pub solarize: bool,
 }
 
 /// `augment.augment_on`.
@@ -464,6 +474,10 @@ impl Default for AugmentSection {
             local_crops_scale: (0.05, 0.14),
             local_crop_size: 96,
             augment_on: AugmentOn::Cpu,
+            flips: true,
+            brightness: true,
+            blur: true,
+            solarize: true,
         }
     }
 }

@@ -84,6 +84,15 @@ fn launch_train(world: usize, port: &str, cfg: &str, steps: &[&str]) -> Vec<f64>
     let out = run("trainer", &args);
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
+    // Every line of a rank says which rank wrote it (the launcher itself printed nothing).
+    for rank in 0..world {
+        let prefix = format!("[rank {rank}/{world} local {rank} ");
+        assert!(
+            err.lines().any(|l| l.starts_with(&prefix)),
+            "{prefix}: {err}"
+        );
+    }
+    assert!(err.lines().all(|l| l.starts_with("[rank ")), "{err}");
     let sums = checksums(&err);
     assert_eq!(sums.len(), world, "{err}");
     assert!(
@@ -471,4 +480,89 @@ fn features_on_three_ranks_equal_one_process_without_duplicates() {
     }
     assert_eq!(read(&analyses.join("class_labels.csv")), single_labels);
     assert_eq!(read(&analyses.join("image_paths.csv")), single_paths);
+}
+
+/// `--log-format json` on the launcher reaches the ranks; every stderr line is one JSON
+/// object naming its rank, local rank, world size and host; the progress line's fields agree
+/// with its text; `SCDINO_LOG=warn` silences a successful command's stderr while its result
+/// stays on stdout.
+#[test]
+fn json_logs_name_rank_and_host_and_the_filter_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path());
+    let cfg = config(dir.path(), &data, "json", 2, "  log_every: 1\n");
+    let out = run(
+        "trainer",
+        &[
+            "--log-format",
+            "json",
+            "launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            "29737",
+            "--",
+            "train",
+            "--config",
+            &cfg,
+            "--threads",
+            "1",
+            "--max-steps",
+            "2",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.len() >= 8, "{err}");
+    for v in &lines {
+        let rank = v["rank"].as_u64().unwrap_or_else(|| panic!("{v}"));
+        assert!(
+            rank < 2 && v["local_rank"] == rank && v["world_size"] == 2,
+            "{v}"
+        );
+        assert_eq!(v["host"], host.trim(), "{v}");
+        let ts = v["timestamp"].as_str().unwrap();
+        assert!(
+            ts.len() == 24 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T',
+            "{ts}"
+        );
+        assert!(v["level"] == "INFO" || v["level"] == "WARN", "{v}");
+    }
+    let progress: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|v| v["target"] == "trainer::progress")
+        .collect();
+    assert_eq!(progress.len(), 2, "rank 0 logs every step: {err}");
+    for p in &progress {
+        assert_eq!(p["rank"], 0);
+        let loss = p["fields"]["loss"].as_f64().unwrap();
+        let said = step_losses(p["message"].as_str().unwrap());
+        assert_eq!(said.len(), 1);
+        assert!((said[0] - loss).abs() <= 1e-6 * loss.abs(), "{p}");
+        assert!(
+            p["fields"]["flops_per_second"].as_f64().unwrap() > 0.0,
+            "{p}"
+        );
+    }
+    let sums: Vec<f64> = lines
+        .iter()
+        .filter_map(|v| v["fields"]["checksum"].as_f64())
+        .collect();
+    assert_eq!(sums.len(), 2, "{err}");
+    assert_eq!(sums[0], sums[1]);
+
+    let quiet = Command::new(bin("trainer"))
+        .args(["mean-std", "--config", &cfg])
+        .env("SCDINO_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(quiet.status.success(), "{}", text(&quiet.stderr));
+    assert_eq!(text(&quiet.stderr), "");
+    let ms: serde_json::Value = serde_json::from_str(text(&quiet.stdout).trim()).unwrap();
+    assert!(ms.is_object() || ms.is_array(), "{ms}");
 }

@@ -191,19 +191,14 @@ fn y(p: &Path) -> String {
     serde_json::to_string(s(p)).unwrap()
 }
 
-/// Every stage the launcher renders; each must be a trainer subcommand (a missing one fails).
-fn all_stages() -> Vec<&'static str> {
-    let stages = [
-        "mean-std",
-        "train",
-        "features",
-        "knn",
-        "evaluate",
-        "umap",
-        "attention",
-        "report",
-    ];
-    for st in stages {
+/// The stages the trainer runs (`trainer pipeline --list-stages`), each checked to be a
+/// trainer subcommand. The chain test renders all of them, and the launcher refuses a stage
+/// it does not know, so a stage missing on either side fails the test.
+fn all_stages() -> Vec<String> {
+    let listed = ok("trainer", &["pipeline", "--list-stages"]);
+    let stages: Vec<String> = listed.lines().map(|l| l.trim().to_string()).collect();
+    assert!(stages.len() >= 8, "{listed}");
+    for st in &stages {
         let o = run("trainer", &[st, "--help"]);
         assert!(
             o.status.success(),
@@ -211,7 +206,7 @@ fn all_stages() -> Vec<&'static str> {
             text(&o.stderr)
         );
     }
-    stages.to_vec()
+    stages
 }
 
 /// A folder with a space, a quote and a `$` in its name: every path of the test lives in it.
@@ -319,7 +314,8 @@ fn slurm_chain_runs_every_stage_in_order() {
     require_slurm();
     let tmp = tempfile::tempdir().unwrap();
     let root = hostile_dir(tmp.path());
-    let stages = all_stages();
+    let listed = all_stages();
+    let stages: Vec<&str> = listed.iter().map(String::as_str).collect();
     // Training runs as 2 srun tasks (2 Gloo ranks meeting on the allocation's first node).
     let cfg = setup(&root, "  epochs: 2\n");
     let cluster = cluster_file(&root, &stages, "  max_steps: 3\n");

@@ -32,24 +32,37 @@ impl CudaFacts {
     }
 }
 
-/// The device for the process with `local_rank`, or a message saying what is missing.
+/// Why the configured device cannot be used, with what to check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("train.device is cuda but this trainer was built without CUDA: rebuild with `cargo build --release -p trainer --features nccl` (it links libtorch_cuda)")]
+    NotBuiltWithCuda,
+    #[error("train.device is cuda but libtorch sees no GPU in this process (check the driver, CUDA_VISIBLE_DEVICES, and --gpus/--gres in the job)")]
+    NoGpu,
+    #[error("local rank {local_rank} has no GPU: this node shows {devices} to the process (one task per GPU; check CUDA_VISIBLE_DEVICES and --ntasks-per-node)")]
+    NoGpuForRank { local_rank: usize, devices: usize },
+    #[error(transparent)]
+    Env(#[from] crate::dist::env::DistEnvError),
+}
+
+/// The device for the process with `local_rank`.
 pub fn resolve(
     choice: DeviceChoice,
     local_rank: usize,
     facts: CudaFacts,
-) -> Result<Device, String> {
-    let gpu = || -> Result<Device, String> {
+) -> Result<Device, DeviceError> {
+    let gpu = || -> Result<Device, DeviceError> {
         if !facts.cuda_built {
-            return Err("train.device is cuda but this trainer was built without CUDA: rebuild with `cargo build --release -p trainer --features nccl` (it links libtorch_cuda)".into());
+            return Err(DeviceError::NotBuiltWithCuda);
         }
         if facts.devices == 0 {
-            return Err("train.device is cuda but libtorch sees no GPU in this process (check the driver, CUDA_VISIBLE_DEVICES, and --gpus/--gres in the job)".into());
+            return Err(DeviceError::NoGpu);
         }
         if local_rank >= facts.devices {
-            return Err(format!(
-                "local rank {local_rank} has no GPU: this node shows {} to the process (one task per GPU; check CUDA_VISIBLE_DEVICES and --ntasks-per-node)",
-                facts.devices
-            ));
+            return Err(DeviceError::NoGpuForRank {
+                local_rank,
+                devices: facts.devices,
+            });
         }
         Ok(Device::Cuda(local_rank))
     };
@@ -63,7 +76,7 @@ pub fn resolve(
 
 /// The device of this process for `choice`: its local rank (torchrun, `trainer launch` or
 /// Slurm variables) picks the GPU. For the analyses, which do not set up a process group.
-pub fn resolve_for_this_process(choice: DeviceChoice) -> Result<Device, String> {
+pub fn resolve_for_this_process(choice: DeviceChoice) -> Result<Device, DeviceError> {
     let local_rank = crate::dist::env::DistEnv::from_process_env()?.local_rank;
     resolve(choice, local_rank, CudaFacts::probe())
 }
@@ -98,13 +111,13 @@ mod tests {
     fn auto_falls_back_to_cpu_but_cuda_says_what_is_missing() {
         assert_eq!(resolve(Auto, 0, NO_GPU), Ok(Device::Cpu));
         assert_eq!(resolve(Auto, 1, CPU_BUILD), Ok(Device::Cpu));
-        let e = resolve(Cuda, 0, CPU_BUILD).unwrap_err();
+        let e = resolve(Cuda, 0, CPU_BUILD).unwrap_err().to_string();
         assert!(e.contains("--features nccl"), "{e}");
-        let e = resolve(Cuda, 0, NO_GPU).unwrap_err();
+        let e = resolve(Cuda, 0, NO_GPU).unwrap_err().to_string();
         assert!(e.contains("sees no GPU"), "{e}");
         // More tasks than GPUs on a node is an error, not two ranks on one GPU (NCCL
         // would refuse that later with a less helpful message).
-        let e = resolve(Auto, 4, FOUR).unwrap_err();
+        let e = resolve(Auto, 4, FOUR).unwrap_err().to_string();
         assert!(
             e.contains("local rank 4 has no GPU") && e.contains("shows 4"),
             "{e}"

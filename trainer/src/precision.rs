@@ -109,13 +109,17 @@ impl LossScaler {
     }
 }
 
-/// Checks that `precision` can run on `device`, with a message that says what to do.
-pub fn check_supported(precision: Precision, device: Device) -> Result<(), String> {
+/// A precision the device cannot train in, with what to do instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrecisionError {
+    #[error("train.precision fp16 needs a CUDA GPU (loss-scaled half precision); use bf16 or fp32 on CPU")]
+    Fp16OnCpu,
+}
+
+/// Checks that `precision` can run on `device`.
+pub fn check_supported(precision: Precision, device: Device) -> Result<(), PrecisionError> {
     match (precision, device) {
-        (Precision::Fp16, Device::Cpu) => Err(
-            "train.precision fp16 needs a CUDA GPU (loss-scaled half precision); use bf16 or fp32 on CPU"
-                .into(),
-        ),
+        (Precision::Fp16, Device::Cpu) => Err(PrecisionError::Fp16OnCpu),
         _ => Ok(()),
     }
 }

@@ -232,7 +232,8 @@ pub struct BuildLog {
 
 impl BuildLog {
     pub fn new(terminal: bool) -> Self {
-        let bar = terminal.then(|| {
+        let text_log = scdino_base::log::current_format() == scdino_base::log::LogFormat::Text;
+        let bar = (terminal && text_log).then(|| {
             let b = indicatif::ProgressBar::new(0);
             b.set_style(
                 indicatif::ProgressStyle::with_template(
@@ -262,7 +263,7 @@ impl BuildLog {
         }
         match &self.bar {
             Some(b) => b.println(line),
-            None => eprintln!("{line}"),
+            None => tracing::info!("{line}"),
         }
     }
 

@@ -109,11 +109,11 @@ pub async fn push(
 ) -> Result<String, ImageError> {
     if image.registry.is_none() {
         // Pushing a bare name goes to Docker Hub: almost never what a cluster user wants.
-        eprintln!("[launcher] {image} names no registry: pushing to Docker Hub");
+        tracing::info!("[launcher] {image} names no registry: pushing to Docker Hub");
     }
     let found = credentials::lookup(image.registry_host())?;
     if let Some(f) = &found {
-        eprintln!(
+        tracing::info!(
             "[launcher] credentials for {} from {}",
             image.registry_host(),
             f.source
@@ -145,7 +145,7 @@ pub async fn push(
             }
             // Per-layer byte counts ("Pushing") would flood a log; the rest is one line each.
             if status != "Pushing" {
-                eprintln!("[push] {status}");
+                tracing::info!("[push] {status}");
             }
         }
     }

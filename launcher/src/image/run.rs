@@ -135,7 +135,7 @@ pub fn memlock_limit() -> i64 {
     if !ok || r.rlim_max == libc::RLIM_INFINITY {
         return -1;
     }
-    eprintln!(
+    tracing::info!(
         "[launcher] warning: locked memory is limited to {} KiB on this machine (ulimit -Hl), so the container gets that instead of unlimited; NCCL/EFA on GPUs want unlimited",
         r.rlim_max / 1024
     );
@@ -257,7 +257,7 @@ async fn run_created(docker: &Docker, id: &str) -> Result<i64, ImageError> {
         }
         // First signal: the trainer's stop (checkpoint at the next step, exit 75). Second: kill.
         let sig = if stops == 1 { "SIGTERM" } else { "SIGKILL" };
-        eprintln!("[launcher] forwarding {sig} to the container");
+        tracing::info!("[launcher] forwarding {sig} to the container");
         let _ = docker
             .kill_container(
                 id,

@@ -66,7 +66,7 @@ pub async fn squash(
                 });
             }
             Err(why) => {
-                eprintln!(
+                tracing::info!(
                     "[squash] {} is not a good copy ({why}): rebuilding it",
                     path.display()
                 );

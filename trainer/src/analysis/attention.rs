@@ -25,6 +25,8 @@ pub enum AttentionError {
     Data(#[from] data::DataError),
     #[error(transparent)]
     Plot(#[from] PlotError),
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -128,8 +130,7 @@ pub fn write_attention_maps(
     })?;
     let weights = BackboneWeights::load(checkpoint_path, cfg.downstream.features.checkpoint_key)
         .map_err(FeaturesError::from)?;
-    let device = crate::device::resolve_for_this_process(cfg.train.device)
-        .map_err(AttentionError::Invalid)?;
+    let device = crate::device::resolve_for_this_process(cfg.train.device)?;
     let (_vs, vit) = features::load_backbone(cfg, &weights, &channels, device)?;
     let source = data::open_source(&cfg.data)?;
     let index = source.index();

@@ -24,6 +24,8 @@ pub enum FeaturesError {
     Backbone(#[from] BackboneError),
     #[error(transparent)]
     MeanStd(#[from] crate::analysis::mean_std::MeanStdError),
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
     #[error("{0}")]
     Invalid(String),
     #[error("{path}: {source}")]
@@ -201,8 +203,7 @@ pub fn extract_indices(
     let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
     // The forward passes run on `train.device` (this process's GPU on a GPU node); images are
     // prepared and features collected on the CPU.
-    let device = crate::device::resolve_for_this_process(cfg.train.device)
-        .map_err(FeaturesError::Invalid)?;
+    let device = crate::device::resolve_for_this_process(cfg.train.device)?;
     let (_vs, vit) = load_backbone(cfg, &weights, &channels, device)?;
     let index = source.index();
     let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);

@@ -163,8 +163,8 @@ pub fn compute_with(
                     for &i in *chunk {
                         let raw = match source.read(i) {
                             Err(e) if on_corrupt == OnCorrupt::Skip && e.is_corrupt_image() => {
-                                eprintln!(
-                                    "warning: skipping corrupt image (data.on_corrupt: skip): {e}"
+                                tracing::warn!(
+                                    "skipping corrupt image (data.on_corrupt: skip): {e}"
                                 );
                                 acc.3 += 1;
                                 continue;

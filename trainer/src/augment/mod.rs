@@ -36,7 +36,7 @@ pub mod rng;
 
 pub use device::DeviceAugment;
 pub use multicrop::{
-    AugmentScratch, CropParams, CropPolicy, MultiCropAugment, MultiCropConfig, BLUR_P,
+    AugmentOps, AugmentScratch, CropParams, CropPolicy, MultiCropAugment, MultiCropConfig, BLUR_P,
     BLUR_SIGMA_RANGE, BRIGHTNESS_P, BRIGHTNESS_RANGE, FLIP_P, SOLARIZE_P, SOLARIZE_THRESHOLD,
 };
 pub use ops::{

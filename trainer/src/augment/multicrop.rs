@@ -67,6 +67,42 @@ pub struct MultiCropConfig {
     pub mean: Vec<f32>,
     /// Dataset std of each (selected) channel.
     pub std: Vec<f32>,
+    /// Which random transforms apply (scDINO: all).
+    pub ops: AugmentOps,
+}
+
+/// The random transforms that can be switched off (`augment.flips`, ...). A switched-off
+/// transform still draws its random numbers, so the other transforms of a sample (and its
+/// crops) stay the same whether it is on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AugmentOps {
+    pub flips: bool,
+    pub brightness: bool,
+    pub blur: bool,
+    pub solarize: bool,
+}
+
+impl From<&crate::config::AugmentSection> for AugmentOps {
+    fn from(a: &crate::config::AugmentSection) -> Self {
+        Self {
+            flips: a.flips,
+            brightness: a.brightness,
+            blur: a.blur,
+            solarize: a.solarize,
+        }
+    }
+}
+
+impl Default for AugmentOps {
+    /// scDINO: every transform on.
+    fn default() -> Self {
+        Self {
+            flips: true,
+            brightness: true,
+            blur: true,
+            solarize: true,
+        }
+    }
 }
 
 impl MultiCropConfig {
@@ -82,6 +118,7 @@ impl MultiCropConfig {
             local_crops_number: 8,
             mean,
             std,
+            ops: AugmentOps::default(),
         }
     }
 
@@ -233,18 +270,23 @@ impl MultiCropAugment {
         let mut rng = key.rng(k as u64);
         p.rect = random_resized_crop_params(height, width, pol.scale, SCDINO_RATIO, &mut rng);
         p.out_size = pol.size;
-        p.hflip = rng.bernoulli(FLIP_P);
-        p.vflip = rng.bernoulli(FLIP_P);
+        let ops = self.cfg.ops;
+        p.hflip = rng.bernoulli(FLIP_P) && ops.flips;
+        p.vflip = rng.bernoulli(FLIP_P) && ops.flips;
         p.brightness.clear();
         if rng.bernoulli(BRIGHTNESS_P) {
             let (lo, hi) = BRIGHTNESS_RANGE;
             p.brightness
                 .extend((0..self.channels()).map(|_| rng.uniform_range(lo, hi) as f32));
+            if !ops.brightness {
+                p.brightness.clear();
+            }
         }
         // GaussianBlur_forGreyscaleMultiChan: `random.random() <= p`.
         p.blur_sigma = (rng.uniform() <= pol.blur_p)
-            .then(|| rng.uniform_range_f32(BLUR_SIGMA_RANGE.0, BLUR_SIGMA_RANGE.1));
-        p.solarize = pol.solarize_p > 0.0 && rng.bernoulli(pol.solarize_p);
+            .then(|| rng.uniform_range_f32(BLUR_SIGMA_RANGE.0, BLUR_SIGMA_RANGE.1))
+            .filter(|_| ops.blur);
+        p.solarize = pol.solarize_p > 0.0 && rng.bernoulli(pol.solarize_p) && ops.solarize;
     }
 
     /// Parameters of all crops of one sample, in crop order.
@@ -480,5 +522,56 @@ fn render_impl(
         gaussian_blur_with(out, Dims::new(img.channels, s, s), sigma, blur, |c, row| {
             normalize_row(row, mean[c], std[c], solar)
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn augment(ops: AugmentOps) -> MultiCropAugment {
+        let mut cfg = MultiCropConfig::scdino(vec![0.5; 2], vec![0.25; 2]);
+        cfg.ops = ops;
+        MultiCropAugment::new(cfg).unwrap()
+    }
+
+    /// A switched-off transform never fires, and the crops and the other transforms of every
+    /// sample stay exactly what they are with everything on.
+    #[test]
+    fn switched_off_transforms_never_fire_and_change_nothing_else() {
+        let all = augment(AugmentOps::default());
+        let off = |ops: AugmentOps| augment(ops);
+        let no_flips = off(AugmentOps {
+            flips: false,
+            ..Default::default()
+        });
+        let none = off(AugmentOps {
+            flips: false,
+            brightness: false,
+            blur: false,
+            solarize: false,
+        });
+        let (mut fired, mut solarised) = (0, 0);
+        for i in 0..200 {
+            let key = SampleKey::new(3, 1, i);
+            let (a, f, n) = (
+                all.plan(40, 40, key),
+                no_flips.plan(40, 40, key),
+                none.plan(40, 40, key),
+            );
+            for ((a, f), n) in a.iter().zip(&f).zip(&n) {
+                fired += usize::from(a.hflip || a.vflip);
+                solarised += usize::from(a.solarize);
+                assert_eq!((a.rect, f.rect, n.rect), (a.rect, a.rect, a.rect));
+                assert!(!f.hflip && !f.vflip && !n.hflip && !n.vflip);
+                assert_eq!(
+                    (&f.brightness, f.blur_sigma, f.solarize),
+                    (&a.brightness, a.blur_sigma, a.solarize)
+                );
+                assert!(n.brightness.is_empty() && n.blur_sigma.is_none() && !n.solarize);
+            }
+        }
+        // With everything on, the transforms did fire (the checks above are not vacuous).
+        assert!(fired > 1000 && solarised > 10, "{fired} {solarised}");
     }
 }

@@ -28,7 +28,7 @@ impl MeanStdArgs {
         }
         let ms = dataset_mean_std_at(&cfg, source.as_ref(), &path)?;
         println!("{}", serde_json::to_string(&ms)?);
-        eprintln!("mean/std: {}", path.display());
+        tracing::info!("mean/std: {}", path.display());
         Ok(())
     }
 }
@@ -91,7 +91,7 @@ fn checkpoints_to_run(
         .filter(|(tag, c)| {
             let fresh = up_to_date(&[output(tag)], &[c.clone(), ms.clone()]);
             if fresh {
-                eprintln!("{tag}: up to date, skipped");
+                tracing::info!("{tag}: up to date, skipped");
             }
             !fresh
         })

@@ -11,7 +11,7 @@ use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use trainer::analysis::mean_std;
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
-use trainer::config::{Arch, AugmentOn, Config, Precision};
+use trainer::config::{Arch, AugmentOn, Config, Precision, Sections};
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::input::TrainInput;
@@ -248,19 +248,19 @@ pub struct StepBench {
 impl StepBench {
     /// A validated default config with this bench's model and crop settings.
     fn config(&self) -> Result<Config> {
-        let mut cfg = Config::from_yaml("", "<bench step>")?;
-        cfg.model.arch = self.arch;
-        cfg.model.patch_size = self.patch;
-        cfg.model.out_dim = self.out_dim;
-        cfg.train.precision = Precision::Fp32;
-        cfg.train.batch_size_per_gpu = self.batch;
-        cfg.augment.global_crop_size = self.global_size;
-        cfg.augment.local_crop_size = self.local_size;
-        cfg.augment.local_crops_number = self.local_crops;
+        let mut s = Sections::default();
+        s.model.arch = self.arch;
+        s.model.patch_size = self.patch;
+        s.model.out_dim = self.out_dim;
+        s.train.precision = Precision::Fp32;
+        s.train.batch_size_per_gpu = self.batch;
+        s.augment.global_crop_size = self.global_size;
+        s.augment.local_crop_size = self.local_size;
+        s.augment.local_crops_number = self.local_crops;
         // scDINO's argparse defaults (also the published model and the AWS runs).
-        cfg.augment.global_crops_scale = (0.4, 1.0);
-        cfg.augment.local_crops_scale = (0.05, 0.4);
-        Ok(cfg)
+        s.augment.global_crops_scale = (0.4, 1.0);
+        s.augment.local_crops_scale = (0.05, 0.4);
+        Ok(Config::from_sections(s, "<bench step>")?)
     }
 
     fn run(self) -> Result<()> {
@@ -422,6 +422,7 @@ impl StepBench {
             local_crops_number: a.local_crops_number,
             mean,
             std,
+            ops: a.into(),
         })?);
         let prep = PreprocessOptions {
             selected_channels: Some(all),
@@ -611,6 +612,7 @@ impl LoaderBench {
             local_crops_number: self.local_crops,
             mean,
             std,
+            ops: Default::default(),
         })?);
         let prep = PreprocessOptions {
             selected_channels: Some(all),

@@ -65,7 +65,7 @@ pub struct CollectivesArgs {
 
 impl CollectivesArgs {
     pub fn run(self) -> Result<()> {
-        let denv = DistEnv::from_process_env().map_err(anyhow::Error::msg)?;
+        let denv = DistEnv::from_process_env()?;
         let choice = match self.backend {
             BackendArg::Auto => BackendChoice::Auto,
             BackendArg::Gloo => BackendChoice::Gloo,
@@ -101,9 +101,12 @@ impl CollectivesArgs {
         )
         .with_context(|| format!("joining the process group ({})", denv.source))?;
         if denv.rank == 0 {
-            eprintln!(
+            tracing::info!(
                 "collectives-bench: {} ranks ({}), master {}:{}, backend {backend}",
-                denv.world, denv.source, denv.master_addr, denv.master_port
+                denv.world,
+                denv.source,
+                denv.master_addr,
+                denv.master_port
             );
             // Gloo's reduce_scatter reduces with ATen ops on its worker threads, whose OpenMP
             // pool size comes from the environment at start-up: with every rank using every
@@ -112,8 +115,8 @@ impl CollectivesArgs {
                 && denv.world > 1
                 && std::env::var_os("OMP_NUM_THREADS").is_none()
             {
-                eprintln!(
-                    "warning: OMP_NUM_THREADS is not set, so every rank's Gloo reductions use every core; set OMP_NUM_THREADS=1 (as torchrun does) for representative numbers"
+                tracing::warn!(
+                    "OMP_NUM_THREADS is not set, so every rank's Gloo reductions use every core; set OMP_NUM_THREADS=1 (as torchrun does) for representative numbers"
                 );
             }
         }

@@ -35,8 +35,8 @@ impl ConfigCommand {
                 {
                     Some(d) => {
                         if !d.skipped_other_images.is_empty() {
-                            eprintln!(
-                                "warning: {} non-TIFF image(s) skipped (e.g. {}); scDINO's ImageFolder would have counted them, so its split indices differ from ours",
+                            tracing::warn!(
+                                "{} non-TIFF image(s) skipped (e.g. {}); scDINO's ImageFolder would have counted them, so its split indices differ from ours",
                                 d.skipped_other_images.len(),
                                 d.skipped_other_images[0].display()
                             );
@@ -81,15 +81,15 @@ impl ConfigCommand {
                     imported.config.to_yaml()
                 );
                 for n in &imported.notes {
-                    eprintln!("note: {n}");
+                    tracing::info!("note: {n}");
                 }
                 for u in &imported.unmapped {
-                    eprintln!("not mapped: {u}");
+                    tracing::info!("not mapped: {u}");
                 }
                 if imported.unmapped.is_empty() {
-                    eprintln!("all fields mapped");
+                    tracing::info!("all fields mapped");
                 } else {
-                    eprintln!("{} field(s) could not be mapped", imported.unmapped.len());
+                    tracing::info!("{} field(s) could not be mapped", imported.unmapped.len());
                 }
                 Ok(())
             }

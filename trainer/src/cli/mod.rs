@@ -44,7 +44,7 @@ fn resolve_config(given: Option<&Path>, baked: &Path) -> Result<PathBuf> {
     if baked.is_file() {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| {
-            eprintln!(
+            tracing::info!(
                 "[trainer] no --config given: using the run config baked into this image, {}",
                 baked.display()
             )
@@ -64,6 +64,11 @@ fn resolve_config(given: Option<&Path>, baked: &Path) -> Result<PathBuf> {
     about = "scDINO ViT-DINO training on multi-channel microscopy"
 )]
 pub struct Cli {
+    /// `text` (readable lines; `[rank R/W local L HOST]` in front when distributed) or `json`
+    /// (one object per line, for log shipping). Levels: `SCDINO_LOG` or `RUST_LOG` (`info`,
+    /// `debug`, `info,trainer::data=debug`, ...).
+    #[arg(long, global = true, env = scdino_base::log::FORMAT_ENV, value_name = "FORMAT")]
+    pub log_format: Option<scdino_base::log::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }

@@ -91,7 +91,7 @@ impl PackArgs {
         let t0 = Instant::now();
         let source = open_source(&cfg.data)
             .with_context(|| format!("opening {}", cfg.data.dataset_dir.display()))?;
-        eprintln!(
+        tracing::info!(
             "packing {} into {} (shards of at most {} bytes{})",
             source.describe(),
             local_out.display(),
@@ -114,9 +114,11 @@ impl PackArgs {
                 shard,
                 samples,
                 bytes,
-            } => eprintln!("shard {shard:6}: verified ({samples} samples, {bytes} bytes), kept"),
+            } => {
+                tracing::info!("shard {shard:6}: verified ({samples} samples, {bytes} bytes), kept")
+            }
             PackEvent::Damaged { shard, reason } => {
-                eprintln!("shard {shard:6}: {reason}; rewriting from here")
+                tracing::info!("shard {shard:6}: {reason}; rewriting from here")
             }
             PackEvent::Written {
                 shard,
@@ -126,7 +128,7 @@ impl PackArgs {
                 total,
             } => {
                 let secs = t0.elapsed().as_secs_f64().max(1e-9);
-                eprintln!(
+                tracing::info!(
                     "shard {shard:6}: {samples} samples, {:.1} MB written [{done}/{total} images, {:.0} images/s]",
                     bytes as f64 / 1e6,
                     done as f64 / secs
@@ -157,10 +159,10 @@ impl PackArgs {
                 .with_context(|| format!("opening {}", self.out))?;
             let mut report = |e: UploadEvent| match e {
                 UploadEvent::Skipped { shard, bytes } => {
-                    eprintln!("shard {shard:6}: already in the bucket ({bytes} bytes, same sha256), skipped")
+                    tracing::info!("shard {shard:6}: already in the bucket ({bytes} bytes, same sha256), skipped")
                 }
                 UploadEvent::Uploaded { shard, bytes } => {
-                    eprintln!("shard {shard:6}: uploaded ({:.1} MB)", bytes as f64 / 1e6)
+                    tracing::info!("shard {shard:6}: uploaded ({:.1} MB)", bytes as f64 / 1e6)
                 }
             };
             let u = upload(&local_out, &remote, &mut report)

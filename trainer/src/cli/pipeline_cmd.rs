@@ -14,10 +14,20 @@ pub struct PipelineArgs {
     /// Threads for libtorch's intra-op pool (default: libtorch's choice).
     #[arg(long)]
     threads: Option<i32>,
+    /// Print the stages this trainer runs, in order, one per line (each is a subcommand),
+    /// and exit.
+    #[arg(long)]
+    list_stages: bool,
 }
 
 impl PipelineArgs {
     pub fn run(self) -> Result<()> {
+        if self.list_stages {
+            for stage in trainer::pipeline::Stage::ALL {
+                println!("{}", stage.name());
+            }
+            return Ok(());
+        }
         if let Some(t) = self.threads {
             tch::set_num_threads(t);
         }
@@ -26,21 +36,19 @@ impl PipelineArgs {
             combinations: self.combination.map(|c| vec![c]),
             stop: Some(super::train_cmd::stop_flag()?),
         };
-        let rank = trainer::dist::env::DistEnv::from_process_env()
-            .map_err(anyhow::Error::msg)?
-            .rank;
+        let rank = trainer::dist::env::DistEnv::from_process_env()?.rank;
         match run_pipeline(&cfg, &opts)? {
             // Other ranks only took part in the collective stages; rank 0 reports.
             PipelineOutcome::Finished(runs) if rank != 0 => {
-                trainer::eprint_line(&format!(
+                tracing::info!(
                     "rank {rank}: pipeline finished ({} collective stages ran)",
                     runs.iter().filter(|r| r.ran).count()
-                ));
+                );
                 Ok(())
             }
             PipelineOutcome::Finished(runs) => {
                 let ran = runs.iter().filter(|r| r.ran).count();
-                eprintln!(
+                tracing::info!(
                     "pipeline finished: {ran} stages ran, {} were up to date",
                     runs.len() - ran
                 );
@@ -54,7 +62,7 @@ impl PipelineArgs {
                 Ok(())
             }
             PipelineOutcome::Preempted(_) => {
-                eprintln!("pipeline stopped by signal; rerun to continue");
+                tracing::info!("pipeline stopped by signal; rerun to continue");
                 std::process::exit(EXIT_PREEMPTED);
             }
         }

@@ -18,7 +18,7 @@ pub struct SelftestArgs {
 
 impl SelftestArgs {
     pub fn run(self) -> Result<()> {
-        let env = DistEnv::from_process_env().map_err(anyhow::Error::msg)?;
+        let env = DistEnv::from_process_env()?;
         let report = selftest::run(
             &env,
             &Options {

@@ -49,12 +49,12 @@ impl TrainArgs {
             .unwrap_or_default();
         let outcome = train(&cfg, &opts).with_context(|| format!("training {}", dir.display()))?;
         match outcome {
-            TrainOutcome::Finished => eprintln!("training finished: {}", dir.display()),
+            TrainOutcome::Finished => tracing::info!("training finished: {}", dir.display()),
             TrainOutcome::StepLimit => {
-                eprintln!("step limit reached; rerun to continue: {}", dir.display())
+                tracing::info!("step limit reached; rerun to continue: {}", dir.display())
             }
             TrainOutcome::Preempted => {
-                eprintln!(
+                tracing::info!(
                     "stopped by signal after a checkpoint; rerun to resume: {}",
                     dir.display()
                 );
@@ -90,8 +90,7 @@ impl LaunchArgs {
             master_port: self.master_port,
             args: self.args,
             grace: std::time::Duration::from_secs(self.grace),
-        })
-        .map_err(anyhow::Error::msg)?;
+        })?;
         std::process::exit(code);
     }
 }

@@ -233,8 +233,8 @@ impl NodeCache {
         if !reserved {
             self.not_cached_full.fetch_add(1, Ordering::Relaxed);
             if !self.full.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "warning: cache {} reached data.cache.max_bytes; further images are streamed without caching",
+                tracing::warn!(
+                    "cache {} reached data.cache.max_bytes; further images are streamed without caching",
                     self.dir.display()
                 );
             }
@@ -247,9 +247,7 @@ impl NodeCache {
             Err(e) => {
                 self.budget.fetch_add(n, Ordering::Relaxed);
                 if !self.full.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "warning: cannot write to the cache ({e}); streaming without caching"
-                    );
+                    tracing::warn!("cannot write to the cache ({e}); streaming without caching");
                 }
             }
         }

@@ -268,8 +268,8 @@ fn assemble(
     if !empty.is_empty() {
         // torchvision raises here; a class folder emptied by a filter or a failed copy should
         // not stop a run, so it is named and keeps its class index (`allow_empty=True`).
-        eprintln!(
-            "warning: {}: no .tif/.tiff files in the class folder(s) {}; they keep their class \
+        tracing::warn!(
+            "{}: no .tif/.tiff files in the class folder(s) {}; they keep their class \
              index and have no images",
             root.display(),
             empty.join(", ")

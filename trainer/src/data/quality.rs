@@ -23,7 +23,7 @@ pub fn warn_once(key: &str, message: impl FnOnce() -> String) -> bool {
     if !seen.insert(key.to_owned()) {
         return false;
     }
-    eprintln!("warning: {}", message());
+    tracing::warn!("{}", message());
     true
 }
 

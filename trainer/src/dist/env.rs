@@ -12,6 +12,34 @@ pub struct DistEnv {
     pub source: &'static str,
 }
 
+/// A rank variable that cannot be used, named with its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DistEnvError {
+    #[error("{var}={value:?} is not a whole number")]
+    NotANumber { var: &'static str, value: String },
+    #[error("MASTER_PORT={0:?} is not a port number")]
+    NotAPort(String),
+    #[error("SLURM_JOB_NODELIST is not set")]
+    NoNodeList,
+    #[error("SLURM_JOB_NODELIST is empty")]
+    EmptyNodeList,
+    #[error("SLURM_JOB_NODELIST: {0}")]
+    Hostlist(#[from] HostlistError),
+    #[error("rank {rank} is outside a world of {world}")]
+    RankOutsideWorld { rank: usize, world: usize },
+}
+
+/// A Slurm hostlist that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostlistError {
+    #[error("unclosed '[' in {0:?}")]
+    Unclosed(String),
+    #[error("bad range {range:?} in {item:?}")]
+    BadRange { range: String, item: String },
+    #[error("descending range {range:?} in {item:?}")]
+    Descending { range: String, item: String },
+}
+
 impl DistEnv {
     pub fn single() -> Self {
         Self {
@@ -24,29 +52,32 @@ impl DistEnv {
         }
     }
 
-    pub fn from_process_env() -> Result<Self, String> {
+    pub fn from_process_env() -> Result<Self, DistEnvError> {
         Self::from_vars(&std::env::vars().collect())
     }
 
     /// torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) wins over Slurm
     /// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, first host of SLURM_JOB_NODELIST, a port
     /// from SLURM_JOB_ID unless MASTER_PORT/MASTER_ADDR are set).
-    pub fn from_vars(v: &HashMap<String, String>) -> Result<Self, String> {
-        let num = |k: &str| -> Result<Option<usize>, String> {
+    pub fn from_vars(v: &HashMap<String, String>) -> Result<Self, DistEnvError> {
+        let num = |k: &'static str| -> Result<Option<usize>, DistEnvError> {
             v.get(k)
                 .map(|s| {
                     s.trim()
                         .parse::<usize>()
-                        .map_err(|_| format!("{k}={s:?} is not a whole number"))
+                        .map_err(|_| DistEnvError::NotANumber {
+                            var: k,
+                            value: s.clone(),
+                        })
                 })
                 .transpose()
         };
-        let port = |default: u16| -> Result<u16, String> {
+        let port = |default: u16| -> Result<u16, DistEnvError> {
             match v.get("MASTER_PORT") {
                 Some(p) => p
                     .trim()
                     .parse()
-                    .map_err(|_| format!("MASTER_PORT={p:?} is not a port number")),
+                    .map_err(|_| DistEnvError::NotAPort(p.clone())),
                 None => Ok(default),
             }
         };
@@ -69,11 +100,11 @@ impl DistEnv {
                     let list = v
                         .get("SLURM_JOB_NODELIST")
                         .or_else(|| v.get("SLURM_NODELIST"))
-                        .ok_or("SLURM_JOB_NODELIST is not set")?;
+                        .ok_or(DistEnvError::NoNodeList)?;
                     expand_hostlist(list)?
                         .into_iter()
                         .next()
-                        .ok_or("SLURM_JOB_NODELIST is empty")?
+                        .ok_or(DistEnvError::EmptyNodeList)?
                 }
             };
             let job = num("SLURM_JOB_ID")?.unwrap_or(0);
@@ -90,10 +121,10 @@ impl DistEnv {
             return Ok(Self::single());
         };
         if env.world == 0 || env.rank >= env.world {
-            return Err(format!(
-                "rank {} is outside a world of {}",
-                env.rank, env.world
-            ));
+            return Err(DistEnvError::RankOutsideWorld {
+                rank: env.rank,
+                world: env.world,
+            });
         }
         Ok(env)
     }
@@ -102,7 +133,7 @@ impl DistEnv {
 /// Slurm hostlist expansion: `gpu-st-[1-3,7]` → gpu-st-1, gpu-st-2, gpu-st-3, gpu-st-7;
 /// zero padding (`n[08-10]`), several bracket groups (`r[1-2]n[1-2]`) and comma-separated
 /// lists (`a1,b[2-3]`).
-pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
+pub fn expand_hostlist(list: &str) -> Result<Vec<String>, HostlistError> {
     let mut out = Vec::new();
     for item in split_top_level(list) {
         out.extend(expand_one(&item)?);
@@ -132,28 +163,33 @@ fn split_top_level(s: &str) -> Vec<String> {
     parts
 }
 
-fn expand_one(item: &str) -> Result<Vec<String>, String> {
+fn expand_one(item: &str) -> Result<Vec<String>, HostlistError> {
     let Some(open) = item.find('[') else {
         return Ok(vec![item.to_string()]);
     };
     let close = item[open..]
         .find(']')
         .map(|c| open + c)
-        .ok_or_else(|| format!("unclosed '[' in {item:?}"))?;
+        .ok_or_else(|| HostlistError::Unclosed(item.into()))?;
     let (prefix, ranges, rest) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
     let tails = expand_one(rest)?;
     let mut out = Vec::new();
     for r in ranges.split(',') {
         let (lo, hi) = r.split_once('-').unwrap_or((r, r));
         let width = lo.len();
+        let bad = || HostlistError::BadRange {
+            range: r.into(),
+            item: item.into(),
+        };
         let (a, b): (u64, u64) = (
-            lo.parse()
-                .map_err(|_| format!("bad range {r:?} in {item:?}"))?,
-            hi.parse()
-                .map_err(|_| format!("bad range {r:?} in {item:?}"))?,
+            lo.parse().map_err(|_| bad())?,
+            hi.parse().map_err(|_| bad())?,
         );
         if b < a {
-            return Err(format!("descending range {r:?} in {item:?}"));
+            return Err(HostlistError::Descending {
+                range: r.into(),
+                item: item.into(),
+            });
         }
         for n in a..=b {
             for t in &tails {
@@ -246,11 +282,15 @@ mod tests {
         .unwrap();
         assert_eq!(s2.master_port, 4000);
         assert_eq!(DistEnv::from_vars(&vars(&[])).unwrap(), DistEnv::single());
-        assert!(DistEnv::from_vars(&vars(&[("RANK", "2"), ("WORLD_SIZE", "2")])).is_err());
-        assert!(
+        assert_eq!(
+            DistEnv::from_vars(&vars(&[("RANK", "2"), ("WORLD_SIZE", "2")])),
+            Err(DistEnvError::RankOutsideWorld { rank: 2, world: 2 })
+        );
+        assert_eq!(
             DistEnv::from_vars(&vars(&[("RANK", "x"), ("WORLD_SIZE", "2")]))
                 .unwrap_err()
-                .contains("RANK")
+                .to_string(),
+            "RANK=\"x\" is not a whole number"
         );
     }
 }

@@ -66,7 +66,7 @@ extern "C" fn trampoline(ctx: *mut c_void, idx: i64, grad: *mut c_void) {
         f(idx as usize, g.as_ref());
     }));
     if result.is_err() {
-        eprintln!("a gradient hook panicked inside backward; aborting");
+        tracing::error!("a gradient hook panicked inside backward; aborting");
         std::process::abort();
     }
 }

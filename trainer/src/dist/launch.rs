@@ -5,6 +5,7 @@
 //! and are then killed and counted as stopped: a rank blocked in a rendezvous (a multi-rank
 //! pipeline stopped while rank 0 ran a single-rank stage) cannot see the signal.
 use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
+use scdino_base::log::{current_format, FORMAT_ENV};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,9 +32,19 @@ extern "C" {
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("cannot find this executable: {0}")]
+    Executable(std::io::Error),
+    #[error("cannot start rank {rank}: {source}")]
+    Spawn { rank: usize, source: std::io::Error },
+    #[error("cannot install signal handler: {0}")]
+    Signal(std::io::Error),
+}
+
 /// Runs the ranks to completion; returns the exit code the launcher should use.
-pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+pub fn launch(opts: &LaunchOptions) -> Result<i32, LaunchError> {
+    let exe = std::env::current_exe().map_err(LaunchError::Executable)?;
     let mut children = Vec::with_capacity(opts.nproc);
     // As torchrun: N ranks each with a full OpenMP pool oversubscribe the cores (Gloo's
     // reduce_scatter measured 10x slower), so one thread per rank unless the user chose.
@@ -48,8 +59,10 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
             .env("LOCAL_WORLD_SIZE", opts.nproc.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", opts.master_port.to_string())
+            // The ranks log as this process was asked to (`--log-format` is not in `args`).
+            .env(FORMAT_ENV, current_format().as_str())
             .spawn()
-            .map_err(|e| format!("cannot start rank {rank}: {e}"))?;
+            .map_err(|source| LaunchError::Spawn { rank, source })?;
         children.push(child);
     }
     // Forward SIGTERM/SIGUSR1/SIGINT: the handler records the signal, this loop relays it.
@@ -68,7 +81,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
                 seen.store(true, Ordering::SeqCst);
             })
         }
-        .map_err(|e| format!("cannot install signal handler: {e}"))?;
+        .map_err(LaunchError::Signal)?;
     }
     let mut codes: Vec<Option<i32>> = vec![None; opts.nproc];
     let mut failed_at: Option<Instant> = None;
@@ -93,7 +106,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
                         stopped_at = Some(Instant::now());
                     }
                     if code != 0 && failed_at.is_none() && code != EXIT_PREEMPTED {
-                        eprintln!(
+                        tracing::error!(
                             "launch: rank {rank} exited with {status}; stopping the other ranks"
                         );
                         newly_failed = true;
@@ -124,7 +137,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, String> {
             if t.elapsed() > opts.grace {
                 for (rank, c) in children.iter_mut().enumerate() {
                     if codes[rank].is_none() && !killed_after_stop[rank] {
-                        eprintln!(
+                        tracing::warn!(
                             "launch: rank {rank} did not stop within {:?} of the others; killing it",
                             opts.grace
                         );

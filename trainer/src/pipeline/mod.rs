@@ -41,6 +41,8 @@ pub enum StageError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    DistEnv(#[from] crate::dist::env::DistEnvError),
     #[error("{0}")]
     Invalid(String),
     /// A stage failed; the source stays typed so callers can tell, e.g., a dead rank from a
@@ -66,6 +68,19 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// In pipeline order.
+    pub const ALL: [Stage; 8] = [
+        Stage::MeanStd,
+        Stage::Train,
+        Stage::Features,
+        Stage::Knn,
+        Stage::Evaluate,
+        Stage::Umap,
+        Stage::Attention,
+        Stage::Report,
+    ];
+
+    /// The stage's subcommand, as `scdino_config::PIPELINE_STAGES` spells it.
     pub fn name(self) -> &'static str {
         match self {
             Stage::MeanStd => "mean-std",
@@ -138,7 +153,7 @@ struct Runner<'a> {
 impl Runner<'_> {
     fn log(&self, what: &str) {
         if self.lead {
-            crate::eprint_line(&format!("[pipeline] {what}"));
+            tracing::info!("[pipeline] {what}");
         }
     }
 
@@ -203,7 +218,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         .combinations
         .clone()
         .unwrap_or_else(|| (0..cfg.channel_sets.len()).collect());
-    let env = crate::dist::env::DistEnv::from_process_env().map_err(StageError::Invalid)?;
+    let env = crate::dist::env::DistEnv::from_process_env()?;
     let mut r = Runner {
         runs: Vec::new(),
         stop: opts.stop.as_deref(),
@@ -340,4 +355,15 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         )?;
     }
     Ok(PipelineOutcome::Finished(r.runs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stage;
+
+    #[test]
+    fn the_stages_are_the_list_the_launcher_renders() {
+        let names: Vec<&str> = Stage::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names, crate::config::PIPELINE_STAGES);
+    }
 }

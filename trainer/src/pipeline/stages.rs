@@ -109,7 +109,7 @@ pub fn tag_of_checkpoint(path: &Path) -> Result<String, StageError> {
 /// alone writes: the same rows, once each, as one process would write.
 pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>, StageError> {
     let ms = t.mean_std()?;
-    let env = DistEnv::from_process_env().map_err(StageError::Invalid)?;
+    let env = DistEnv::from_process_env()?;
     if env.world <= 1 {
         let set = features::extract(t.cfg, t.combination, ckpt, &ms)?;
         return write_features(t, tag, &set).map(Some);
@@ -237,8 +237,8 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
         queries_from,
     );
     for (class, count) in &report.unseen_classes {
-        eprintln!(
-            "warning: evaluate {tag}: {count} query image(s) of class {class:?}, which no \
+        tracing::warn!(
+            "evaluate {tag}: {count} query image(s) of class {class:?}, which no \
              training image has; every method gets them wrong"
         );
     }
@@ -283,7 +283,7 @@ pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
     report.checkpoint = (!checkpoint.is_empty()).then_some(checkpoint);
     report.checkpoint_epoch = checkpoint_epoch;
     for w in &report.warnings {
-        eprintln!("warning: kNN {tag}: {w}");
+        tracing::warn!("kNN {tag}: {w}");
     }
     let dir = t.files.knn_dir();
     std::fs::create_dir_all(&dir).map_err(|source| StageError::Io {
@@ -359,8 +359,8 @@ pub fn run_umap(t: &Target, tag: &str) -> Result<UmapSummary, StageError> {
     let rows = set.labels.len();
     let n_neighbors = u.n_neighbors.min(rows.saturating_sub(1));
     if n_neighbors < u.n_neighbors {
-        eprintln!(
-            "warning: UMAP {tag}: only {rows} rows; n_neighbors lowered from {} to {n_neighbors}",
+        tracing::warn!(
+            "UMAP {tag}: only {rows} rows; n_neighbors lowered from {} to {n_neighbors}",
             u.n_neighbors
         );
     }

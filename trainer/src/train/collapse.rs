@@ -162,10 +162,11 @@ pub fn describe(kind: CollapseKind, s: &TeacherSnapshot, iteration: usize) -> St
     };
     let remedies = match kind {
         CollapseKind::Uniform => {
-            "remedies: a sharper teacher (lower train.teacher_temp and \
-             train.warmup_teacher_temp, e.g. 0.02), a smaller model.out_dim for small \
-             datasets, a lower train.momentum_teacher for short runs (e.g. 0.99), or a lower \
-             train.lr; see README, \"Collapse\""
+            "remedies: BatchNorm in the head (model.use_bn_in_head: true), a sharper \
+             teacher (lower train.teacher_temp and train.warmup_teacher_temp, e.g. 0.02), a \
+             smaller model.out_dim for small datasets, a lower train.momentum_teacher for \
+             short runs (e.g. 0.99), or a lower train.lr; configs/digits.yaml is a recipe \
+             that learns on a small dataset; see README, \"Collapse\""
         }
         CollapseKind::OnePrototype => {
             "remedies: a softer teacher (higher train.teacher_temp), a higher \

@@ -20,10 +20,17 @@ pub enum TrainError {
     Dist(#[from] crate::dist::group::DistError),
     #[error(transparent)]
     Load(#[from] super::loader::LoadError),
-    /// The process environment (ranks, device, precision) or the sample order cannot work;
-    /// the message comes from the module that found it.
-    #[error("{0}")]
-    Setup(String),
+    #[error(transparent)]
+    DistEnv(#[from] crate::dist::env::DistEnvError),
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
+    #[error(transparent)]
+    Precision(#[from] crate::precision::PrecisionError),
+    #[error(transparent)]
+    SampleOrder(#[from] super::sampler::NotPacked),
+    /// A strategy asked to restore shards without a shard folder (a bug, not a user error).
+    #[error("FSDP: no shard folder was given")]
+    NoShardFolder,
     #[error("channel combination {index} does not exist (data.channel_combinations has {count})")]
     NoCombination { index: usize, count: usize },
     #[error("the training split is empty (data.train_fraction leaves no image to train on)")]

@@ -241,6 +241,7 @@ mod tests {
                 local_crops_number: 4,
                 mean: vec![0.5; 3],
                 std: vec![0.25; 3],
+                ops: Default::default(),
             })
             .unwrap(),
         );

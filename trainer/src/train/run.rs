@@ -19,7 +19,7 @@ use super::step::{Learner, Networks, StepParams};
 use super::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
 use super::telemetry::{StepRecord, Telemetry};
 use crate::analysis::mean_std::{self, MeanStd};
-use crate::augment::{MultiCropAugment, MultiCropConfig};
+use crate::augment::{AugmentOps, MultiCropAugment, MultiCropConfig};
 use crate::checkpoint::{self, CheckpointMeta, EpochTotals};
 use crate::config::OnCollapse;
 use crate::config::{Config, OnCorrupt};
@@ -96,7 +96,7 @@ pub fn dataset_mean_std_at(
     if path.exists() {
         return Ok(MeanStd::read(&path)?);
     }
-    eprintln!("computing dataset mean/std -> {}", path.display());
+    tracing::info!("computing dataset mean/std -> {}", path.display());
     let threads = cfg.data.num_workers.max(1);
     let (ms, quality) = mean_std::compute_with(
         source,
@@ -143,12 +143,11 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     if split.train.is_empty() {
         return Err(TrainError::EmptySplit);
     }
-    let denv = DistEnv::from_process_env().map_err(TrainError::Setup)?;
+    let denv = DistEnv::from_process_env()?;
     let (world, rank) = (denv.world, denv.rank);
-    let device = crate::device::resolve(cfg.train.device, denv.local_rank, CudaFacts::probe())
-        .map_err(TrainError::Setup)?;
+    let device = crate::device::resolve(cfg.train.device, denv.local_rank, CudaFacts::probe())?;
     if rank == 0 || device.is_cuda() {
-        eprintln!("rank {rank}: training on {device:?}");
+        tracing::info!("training on {device:?}");
     }
     let mut group = if world > 1 {
         let timeout = Duration::from_secs(cfg.train.dist_timeout_seconds);
@@ -161,9 +160,11 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             device.is_cuda(),
         )?;
         if rank == 0 {
-            eprintln!(
+            tracing::info!(
                 "distributed: {world} ranks ({}), master {}:{}",
-                denv.source, denv.master_addr, denv.master_port
+                denv.source,
+                denv.master_addr,
+                denv.master_port
             );
         }
         Some(group)
@@ -195,7 +196,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let niter = iters_per_epoch(split.train.len(), world, batch);
     let peak_lr = scale_lr(cfg.train.lr_scaling, cfg.train.lr, batch, world);
     if rank == 0 {
-        eprintln!(
+        tracing::info!(
             "lr: {} per 256 images, {:?} scaling to the global batch {} ({world} x {batch}): peak lr {peak_lr:e}",
             cfg.train.lr,
             cfg.train.lr_scaling,
@@ -213,7 +214,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let ncrops = 2 + cfg.augment.local_crops_number;
 
     tch::manual_seed(cfg.run.seed as i64);
-    crate::precision::check_supported(cfg.train.precision, device).map_err(TrainError::Setup)?;
+    crate::precision::check_supported(cfg.train.precision, device)?;
     let nets = Networks::new(cfg, channels.len(), device);
     let loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
     let mut learner = Learner::new(nets, loss_fn, cfg.train.precision, device);
@@ -221,18 +222,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
 
     let (mut epoch, mut start_batch, mut iteration) = (0usize, 0usize, 0usize);
     let mut meter = EpochTotals::default();
-    let resumed = checkpoint::load_latest(&out_dir, &mut |w| eprintln!("warning: {w}"))?;
+    let resumed = checkpoint::load_latest(&out_dir, &mut |w| tracing::warn!("{w}"))?;
     if let Some(ck) = &resumed {
         strategy::restore(ck, &fp, &mut learner)?;
         (epoch, start_batch, iteration) = (ck.meta.epoch, ck.meta.epoch_batch, ck.meta.iteration);
         meter = ck.meta.epoch_totals.clone();
-        eprintln!(
+        tracing::info!(
             "resuming from {} at epoch {epoch}, batch {start_batch} (iteration {iteration})",
             ck.path.display()
         );
         if rank == 0 {
             if let Some(note) = schedule_change_note(&ck.meta.config_yaml, cfg, iteration) {
-                eprintln!("warning: {note}");
+                tracing::warn!("{note}");
             }
         }
     }
@@ -276,6 +277,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         local_crops_number: cfg.augment.local_crops_number,
         mean: mean.clone(),
         std: std.clone(),
+        ops: AugmentOps::from(&cfg.augment),
     })
     .map_err(TrainError::Augment)?;
     let input = TrainInput::new(Arc::new(augment), cfg.augment.augment_on, cfg.run.seed);
@@ -288,6 +290,30 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let mut telemetry = Telemetry::new(rank, &files, &cfg.run.name)?;
     // FLOPs grow linearly with the batch, so a window's work is this times its images.
     let flops_per_image = step_flops(cfg, channels.len(), 1).total();
+    let gpu = match device {
+        tch::Device::Cuda(i) => crate::gpu::GpuMonitor::open(i),
+        _ => None,
+    };
+    let peak_tflops = match (cfg.train.peak_tflops, &gpu) {
+        (Some(p), _) => Some(p),
+        (None, Some(g)) => {
+            let p = crate::gpu::peak_tflops(g.name(), cfg.train.precision);
+            match p {
+                Some(p) => tracing::info!(
+                    "MFU against {p} TFLOP/s, the {:?} peak of the {} (train.peak_tflops overrides)",
+                    cfg.train.precision,
+                    g.name()
+                ),
+                None => tracing::info!(
+                    "no {:?} peak known for the {}: set train.peak_tflops for MFU",
+                    cfg.train.precision,
+                    g.name()
+                ),
+            }
+            p
+        }
+        (None, None) => None,
+    };
 
     let save = |strategy: &mut dyn ParallelStrategy,
                 learner: &Learner,
@@ -321,7 +347,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     // Enough sets for every batch in flight: 2 per worker prefetched, one prepared ahead,
     // one in the step, one being handed back.
     let batch_pool = BufferPool::new(2 * cfg.data.num_workers.max(1) + 3);
-    eprintln!("data: {}", source.describe());
+    tracing::info!("data: {}", source.describe());
     while epoch < cfg.train.epochs {
         let order = configured_epoch_order(
             &cfg.data,
@@ -331,8 +357,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             epoch as u64,
             rank,
             world,
-        )
-        .map_err(TrainError::Setup)?;
+        )?;
         // A resumed epoch starts at `start_batch`: announce only what will be read.
         source.will_read(&order[(start_batch * batch).min(order.len())..]);
         let skip_corrupt =
@@ -375,8 +400,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             let ((mut b, crops), wait) = prepared?;
             b.wait = wait;
             if b.indices.is_empty() {
-                eprintln!(
-                    "warning: batch {} of epoch {epoch} has no usable image; skipped",
+                tracing::warn!(
+                    "batch {} of epoch {epoch} has no usable image; skipped",
                     b.batch_no
                 );
                 iteration += 1;
@@ -393,7 +418,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             };
             let out = learner.step(&crops, params, iteration, strategy.as_mut())?;
             if out.skipped {
-                eprintln!("fp16: gradient overflow at iteration {iteration}; step skipped, loss scale lowered");
+                tracing::warn!("fp16: gradient overflow at iteration {iteration}; step skipped, loss scale lowered");
             }
             meter.loss += out.loss;
             meter.lr += params.lr;
@@ -417,31 +442,57 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 let imgs_per_s = window.1 as f64 / secs;
                 let teacher =
                     TeacherSnapshot::gather(&out.teacher.stats(), out.loss, strategy.collective())?;
-                let utilisation = Utilisation::measure(
-                    flops_per_image,
-                    window.1 as f64,
-                    secs,
-                    cfg.train.peak_tflops,
-                );
+                let utilisation =
+                    Utilisation::measure(flops_per_image, window.1 as f64, secs, peak_tflops);
                 let mfu = utilisation
                     .mfu
                     .map(|m| format!("  MFU: {:.1}%", 100.0 * m))
                     .unwrap_or_default();
-                progress.line(format!(
-                    "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}  TFLOP/s: {:.3}{mfu}",
-                    cfg.train.epochs,
-                    out.loss,
-                    meter.loss / meter.steps as f64,
-                    params.lr,
-                    params.weight_decay,
-                    window.2,
-                    secs / (window.1 as f64 / batch as f64).max(1.0),
-                    teacher.teacher_entropy,
-                    teacher.kl,
-                    teacher.prototypes_in_use,
-                    teacher.out_dim,
-                    utilisation.flops_per_second / 1e12,
-                ));
+                let gpu_now = gpu.as_ref().and_then(|g| g.sample());
+                let gpu_text = gpu_now
+                    .map(|g| {
+                        format!(
+                            "  GPU: {:.0}% {:.1}/{:.1} GB",
+                            g.utilization_percent,
+                            g.memory_used_bytes / 1e9,
+                            g.memory_total_bytes / 1e9
+                        )
+                    })
+                    .unwrap_or_default();
+                if progress.shown() {
+                    tracing::info!(
+                        target: "trainer::progress",
+                        epoch,
+                        iteration,
+                        loss = out.loss,
+                        lr = params.lr,
+                        weight_decay = params.weight_decay,
+                        images_per_second = imgs_per_s,
+                        teacher_entropy = teacher.teacher_entropy,
+                        kl = teacher.kl,
+                        prototypes = teacher.prototypes_in_use,
+                        flops_per_second = utilisation.flops_per_second,
+                        mfu = utilisation.mfu,
+                        gpu_utilization_percent = gpu_now.map(|g| g.utilization_percent),
+                        gpu_memory_used_bytes = gpu_now.map(|g| g.memory_used_bytes),
+                        "{}",
+                        format_args!(
+                            "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}  TFLOP/s: {:.3}{mfu}{gpu_text}",
+                            cfg.train.epochs,
+                            out.loss,
+                            meter.loss / meter.steps as f64,
+                            params.lr,
+                            params.weight_decay,
+                            window.2,
+                            secs / (window.1 as f64 / batch as f64).max(1.0),
+                            teacher.teacher_entropy,
+                            teacher.kl,
+                            teacher.prototypes_in_use,
+                            teacher.out_dim,
+                            utilisation.flops_per_second / 1e12,
+                        )
+                    );
+                }
                 telemetry.step(&StepRecord {
                     iteration,
                     epoch,
@@ -454,6 +505,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                     data_wait_seconds: window.2,
                     teacher: &teacher,
                     utilisation,
+                    gpu: gpu_now,
                 })?;
                 window = (Instant::now(), 0, 0.0);
                 if let Some(kind) = collapse_watch.observe(iteration, &teacher) {
@@ -461,8 +513,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                     match cfg.train.on_collapse {
                         OnCollapse::Warn => {
                             if rank == 0 {
-                                eprintln!(
-                                    "warning: {text} (train.on_collapse: stop would end the run here)"
+                                tracing::warn!(
+                                    "{text} (train.on_collapse: stop would end the run here)"
                                 );
                             }
                         }
@@ -487,7 +539,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 let at = (epoch, done_in_epoch, iteration);
                 save(strategy.as_mut(), &learner, at, &meter, false)?;
                 telemetry.flush()?;
-                eprintln!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
+                tracing::info!("checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})");
                 report_checksum(strategy.as_mut(), &learner)?;
                 return Ok(if stop_requested {
                     TrainOutcome::Preempted
@@ -517,7 +569,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         });
         telemetry.epoch(finished, &line, meter.loss / n)?;
         if rank == 0 {
-            eprintln!(
+            tracing::info!(
                 "Epoch: [{epoch}/{}] Total time: {:.1}s ({:.3} s / it)",
                 cfg.train.epochs,
                 epoch_start.elapsed().as_secs_f64(),
@@ -526,12 +578,12 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         }
         // Every rank reports its own transfers (each fetches only its own samples).
         if let Some(r) = source.report() {
-            eprintln!("rank {rank} epoch {epoch}: {r}");
+            tracing::info!("epoch {epoch}: {r}");
         }
         let skipped = corrupt_skipped.swap(0, Ordering::Relaxed);
         if skipped > 0 {
-            eprintln!(
-                "rank {rank} epoch {epoch}: skipped {skipped} corrupt image(s) (data.on_corrupt: skip)"
+            tracing::info!(
+                "epoch {epoch}: skipped {skipped} corrupt image(s) (data.on_corrupt: skip)"
             );
         }
         epoch = finished;
@@ -562,10 +614,7 @@ fn report_checksum(
 ) -> Result<(), TrainError> {
     if strategy.world_size() > 1 {
         let sum = strategy.checksum(learner)?;
-        crate::eprint_line(&format!(
-            "rank {}: student parameter checksum {sum:.12e}",
-            strategy.rank()
-        ));
+        tracing::info!(checksum = sum, "student parameter checksum {sum:.12e}");
     }
     Ok(())
 }
@@ -605,7 +654,7 @@ pub fn training_image_fn(
                     if let Some(n) = &skip_corrupt {
                         n.fetch_add(1, Ordering::Relaxed);
                     }
-                    eprintln!("warning: skipping corrupt image (data.on_corrupt: skip): {e}");
+                    tracing::warn!("skipping corrupt image (data.on_corrupt: skip): {e}");
                     return Ok(false);
                 }
                 Err(e) => return Err(e.into()),
@@ -737,7 +786,8 @@ impl Progress {
                 quiet: true,
             };
         }
-        if !std::io::stderr().is_terminal() {
+        let text_log = scdino_base::log::current_format() == scdino_base::log::LogFormat::Text;
+        if !text_log || !std::io::stderr().is_terminal() {
             return Self {
                 bar: None,
                 quiet: false,
@@ -752,6 +802,7 @@ impl Progress {
         bar.set_style(style);
         bar.set_prefix(format!("{epoch}/{epochs}"));
         bar.set_position(done as u64);
+        crate::logging::show_bar(Some(bar.clone()));
         Self {
             bar: Some(bar),
             quiet: false,
@@ -765,18 +816,15 @@ impl Progress {
         }
     }
 
-    fn line(&self, text: String) {
-        if self.quiet {
-            return;
-        }
-        match &self.bar {
-            Some(b) => b.println(text),
-            None => eprintln!("{text}"),
-        }
+    /// Whether this rank prints progress lines (its lines go above the bar, through
+    /// `logging::show_bar`).
+    fn shown(&self) -> bool {
+        !self.quiet
     }
 
     fn finish(&self) {
         if let Some(b) = &self.bar {
+            crate::logging::show_bar(None);
             b.finish_and_clear();
         }
     }

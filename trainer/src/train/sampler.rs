@@ -41,6 +41,16 @@ pub fn iters_per_epoch(train_len: usize, world: usize, batch: usize) -> usize {
     train_len.div_ceil(world).div_ceil(batch)
 }
 
+/// `data.order: shard_sequential` on a dataset that is not packed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "data.order: shard_sequential needs a packed dataset, but {} is not one (pack it with `trainer data pack`)",
+    dataset.display()
+)]
+pub struct NotPacked {
+    pub dataset: std::path::PathBuf,
+}
+
 /// The epoch order for `data.order`: [`epoch_order`] (`exact`) or the shard-streaming order
 /// of [`crate::data::shards::shard_sequential_order`], which needs a packed source.
 pub fn configured_epoch_order(
@@ -51,17 +61,13 @@ pub fn configured_epoch_order(
     epoch: u64,
     rank: usize,
     world: usize,
-) -> Result<Vec<usize>, String> {
+) -> Result<Vec<usize>, NotPacked> {
     use crate::config::SampleOrder;
     match data.order {
         SampleOrder::Exact => Ok(epoch_order(train, seed, epoch, rank, world)),
         SampleOrder::ShardSequential => {
-            let layout = source.shard_layout().ok_or_else(|| {
-                format!(
-                    "data.order: shard_sequential needs a packed dataset, but {} is not one \
-                     (pack it with `trainer data pack`)",
-                    data.dataset_dir.display()
-                )
+            let layout = source.shard_layout().ok_or_else(|| NotPacked {
+                dataset: data.dataset_dir.clone(),
             })?;
             Ok(crate::data::shards::shard_sequential_order(
                 layout,

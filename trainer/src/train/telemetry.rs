@@ -4,6 +4,7 @@
 use super::collapse::TeacherSnapshot;
 use super::error::TrainError;
 use super::flops::Utilisation;
+use crate::gpu::GpuSample;
 use crate::layout::ModelLayout;
 use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
 use std::io::Write;
@@ -23,6 +24,8 @@ pub struct StepRecord<'a> {
     pub teacher: &'a TeacherSnapshot,
     /// Achieved FLOP/s and MFU of this rank over the window (see [`super::flops`]).
     pub utilisation: Utilisation,
+    /// NVML's reading of this rank's GPU (absent on CPU and without a driver).
+    pub gpu: Option<GpuSample>,
 }
 
 pub struct Telemetry {
@@ -81,6 +84,15 @@ impl Telemetry {
         if let Some(mfu) = r.utilisation.mfu {
             s.tb.add_scalars(r.iteration as i64, &[("train/mfu", mfu as f32)])?;
         }
+        if let Some(g) = r.gpu {
+            s.tb.add_scalars(
+                r.iteration as i64,
+                &[
+                    ("gpu/utilization_percent", g.utilization_percent as f32),
+                    ("gpu/memory_used_bytes", g.memory_used_bytes as f32),
+                ],
+            )?;
+        }
         let m = |name: &str, help: &str, v: f64| {
             Metric::gauge(name, help, v)
                 .label("run", &s.run_label)
@@ -132,6 +144,23 @@ impl Telemetry {
                 "scdino_train_mfu",
                 "model FLOPs utilisation: achieved FLOP/s over train.peak_tflops",
                 mfu,
+            ));
+        }
+        if let Some(g) = r.gpu {
+            metrics.push(m(
+                "scdino_gpu_utilization_percent",
+                "percent of the last NVML sample period in which a kernel ran on this rank's GPU",
+                g.utilization_percent,
+            ));
+            metrics.push(m(
+                "scdino_gpu_memory_used_bytes",
+                "memory in use on this rank's GPU (NVML)",
+                g.memory_used_bytes,
+            ));
+            metrics.push(m(
+                "scdino_gpu_memory_total_bytes",
+                "memory of this rank's GPU (NVML)",
+                g.memory_total_bytes,
             ));
         }
         s.prom.write(&metrics)?;

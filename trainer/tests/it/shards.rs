@@ -405,7 +405,9 @@ fn configured_order_follows_data_order() {
             shard_sequential_order(layout, &train, 3, 9, 2, rank, world)
         );
         assert_ne!(seq, epoch_order(&train, 9, 2, rank, world));
-        let err = configured_epoch_order(&data, &local, &train, 9, 2, rank, world).unwrap_err();
+        let err = configured_epoch_order(&data, &local, &train, 9, 2, rank, world)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("data.order") && err.contains("trainer data pack"),
             "{err}"

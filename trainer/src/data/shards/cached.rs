@@ -213,7 +213,7 @@ impl Shared {
             Ok(Some(f)) => ShardState::Local(f),
             Ok(None) => ShardState::Remote, // cache full or unwritable
             Err(e) => {
-                eprintln!("warning: shard {name} not cached, reading it by ranged GETs: {e}");
+                tracing::warn!("shard {name} not cached, reading it by ranged GETs: {e}");
                 ShardState::Remote
             }
         }

@@ -373,8 +373,8 @@ impl Shared {
                         match got {
                             Ok(b) => a.states[c] = ChunkState::Ready(Arc::new(b)),
                             Err(e) => {
-                                eprintln!(
-                                    "warning: streaming {} bytes {}..{} failed, its samples are read one by one: {e}",
+                                tracing::warn!(
+                                    "streaming {} bytes {}..{} failed, its samples are read one by one: {e}",
                                     chunk.name, chunk.start, chunk.end
                                 );
                                 a.window.finish(c);

@@ -135,7 +135,7 @@ pub fn choose(
             if rank == 0 {
                 let units = sharded.fsdp.units();
                 let total: i64 = units.iter().map(|u| u.1).sum();
-                eprintln!(
+                tracing::info!(
                     "fsdp: {} units ({} parameters) sharded over {world} ranks",
                     units.len(),
                     total
@@ -247,9 +247,7 @@ impl FullySharded {
     }
 
     fn shard_files(&self) -> Result<(PathBuf, String), TrainError> {
-        self.shard_files
-            .clone()
-            .ok_or_else(|| TrainError::Setup("FSDP: no shard folder was given".into()))
+        self.shard_files.clone().ok_or(TrainError::NoShardFolder)
     }
 
     /// Loads this rank's shards when every rank has them at one iteration, at least as new as
@@ -260,7 +258,7 @@ impl FullySharded {
         resumed_iteration: Option<usize>,
     ) -> Result<Option<CheckpointMeta>, TrainError> {
         let (shard_dir, shard_fingerprint) = self.shard_files()?;
-        let ck = checkpoint::load_latest(&shard_dir, &mut |w| eprintln!("warning: {w}"))?
+        let ck = checkpoint::load_latest(&shard_dir, &mut |w| tracing::warn!("{w}"))?
             .filter(|c| c.meta.fingerprint == shard_fingerprint);
         let mine = ck.as_ref().map_or(-1.0, |c| c.meta.iteration as f64);
         let device = learner.device;
@@ -285,7 +283,7 @@ impl FullySharded {
         learner.loss.center =
             RestoreError::fetch(&ck, "dino_loss.center", &shape).map_err(resume_err)?;
         if self.ddp.group.rank == 0 {
-            eprintln!(
+            tracing::info!(
                 "resuming from the FSDP shards {} at epoch {}, batch {} (iteration {})",
                 shard_dir.display(),
                 ck.meta.epoch,
