@@ -415,31 +415,24 @@ fn do_render(a: &RenderArgs, image: Option<String>) -> Result<(PathBuf, Rendered
 }
 
 fn main() -> std::process::ExitCode {
-    use scdino_base::log::{self, Identity, LogFormat};
+    use scdino_base::log::{self, Identity};
     let cli = Cli::parse();
-    let format = match log::format_from(cli.log_format).and_then(|f| {
+    let installed = log::format_from(cli.log_format).and_then(|f| {
         log::init(
             f,
             Identity::local(),
             &["launcher", "scdino_config", "scdino_base"],
             None,
-        )?;
-        Ok(f)
-    }) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("Error: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
+        )
+    });
+    if let Err(e) = installed {
+        eprintln!("Error: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // As `fn main() -> anyhow::Result` prints it in text; one JSON line otherwise.
-            match format {
-                LogFormat::Text => eprintln!("Error: {e:?}"),
-                LogFormat::Json => tracing::error!("{e:#}"),
-            }
+            log::report_error(&format!("{e:?}"), &format!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

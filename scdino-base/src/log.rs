@@ -137,6 +137,16 @@ pub fn current_format() -> LogFormat {
     FORMAT.get().copied().unwrap_or_default()
 }
 
+/// A binary's final error: in text as `fn main() -> anyhow::Result` prints it (`Error: ` and
+/// `chain`, the causes one per line), in JSON as one error line (`one_line`, the causes
+/// joined by `: `).
+pub fn report_error(chain: &str, one_line: &str) {
+    match current_format() {
+        LogFormat::Text => eprintln!("Error: {chain}"),
+        LogFormat::Json => tracing::error!("{one_line}"),
+    }
+}
+
 /// The format given on the command line, else [`FORMAT_ENV`], else text.
 pub fn format_from(flag: Option<LogFormat>) -> Result<LogFormat, LogInitError> {
     if let Some(f) = flag {
