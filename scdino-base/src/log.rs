@@ -215,10 +215,11 @@ impl<S: Subscriber> Layer<S> for Lines {
         let meta = event.metadata();
         let line = match self.format {
             LogFormat::Text => {
-                let own = self
-                    .own_targets
-                    .iter()
-                    .any(|t| meta.target() == *t || meta.target().starts_with(&format!("{t}::")));
+                let own = self.own_targets.iter().any(|t| {
+                    meta.target()
+                        .strip_prefix(t)
+                        .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+                });
                 text_line(
                     self.prefix.as_deref(),
                     *meta.level(),

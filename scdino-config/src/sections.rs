@@ -348,7 +348,9 @@ pub struct TrainSection {
     /// The peak dense TFLOP/s of one rank's device at the training precision (e.g. 989 for an
     /// H100 SXM in bf16, 312 for an A100 in bf16, 19.5 for an A100 in fp32). With it, the
     /// progress lines, Prometheus and TensorBoard report the model FLOPs utilisation (MFU)
-    /// next to the achieved FLOP/s; without it (the default) only the FLOP/s.
+    /// next to the achieved FLOP/s. Without it (the default), a GPU the trainer's peak table
+    /// knows by name (`trainer::gpu::peak_tflops`) gets its peak from there; anything else
+    /// reports only the FLOP/s.
     pub peak_tflops: Option<f64>,
 }
 

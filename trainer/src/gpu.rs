@@ -44,6 +44,31 @@ pub fn peak_tflops(name: &str, precision: Precision) -> Option<f64> {
     }
 }
 
+/// The peak MFU is measured against: `train.peak_tflops` when set, else the table's peak for
+/// the GPU NVML names (said once at start, as is a GPU the table does not know), else none.
+pub fn mfu_peak(
+    configured: Option<f64>,
+    gpu: Option<&GpuMonitor>,
+    precision: Precision,
+) -> Option<f64> {
+    if configured.is_some() {
+        return configured;
+    }
+    let g = gpu?;
+    let peak = peak_tflops(g.name(), precision);
+    match peak {
+        Some(p) => tracing::info!(
+            "MFU against {p} TFLOP/s, the {precision:?} peak of the {} (train.peak_tflops overrides)",
+            g.name()
+        ),
+        None => tracing::info!(
+            "no {precision:?} peak known for the {}: set train.peak_tflops for MFU",
+            g.name()
+        ),
+    }
+    peak
+}
+
 /// One reading of the GPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuSample {
@@ -127,6 +152,12 @@ mod tests {
         for (name, p, want) in cases {
             assert_eq!(peak_tflops(name, p), want, "{name} {p:?}");
         }
+    }
+
+    #[test]
+    fn the_configured_peak_wins_and_no_gpu_gives_none() {
+        assert_eq!(mfu_peak(Some(42.0), None, Bf16), Some(42.0));
+        assert_eq!(mfu_peak(None, None, Bf16), None);
     }
 
     /// This machine has no NVIDIA driver: the monitor is absent, quietly. (On a GPU machine

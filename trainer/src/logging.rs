@@ -11,12 +11,14 @@ const OWN_TARGETS: &[&str] = &["trainer", "scdino_config", "scdino_base"];
 
 static BAR: Mutex<Option<indicatif::ProgressBar>> = Mutex::new(None);
 
-/// Installs the subscriber for `flag` (else `SCDINO_LOG_FORMAT`, else text) and returns the
-/// format chosen.
-pub fn init(flag: Option<LogFormat>) -> Result<LogFormat, LogInitError> {
-    let format = log::format_from(flag)?;
-    log::init(format, identity(), OWN_TARGETS, Some(write_line))?;
-    Ok(format)
+/// Installs the subscriber for `flag` (else `SCDINO_LOG_FORMAT`, else text).
+pub fn init(flag: Option<LogFormat>) -> Result<(), LogInitError> {
+    log::init(
+        log::format_from(flag)?,
+        identity(),
+        OWN_TARGETS,
+        Some(write_line),
+    )
 }
 
 /// Rank, local rank and world size when this process is one rank of several. A broken

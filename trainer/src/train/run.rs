@@ -294,26 +294,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         tch::Device::Cuda(i) => crate::gpu::GpuMonitor::open(i),
         _ => None,
     };
-    let peak_tflops = match (cfg.train.peak_tflops, &gpu) {
-        (Some(p), _) => Some(p),
-        (None, Some(g)) => {
-            let p = crate::gpu::peak_tflops(g.name(), cfg.train.precision);
-            match p {
-                Some(p) => tracing::info!(
-                    "MFU against {p} TFLOP/s, the {:?} peak of the {} (train.peak_tflops overrides)",
-                    cfg.train.precision,
-                    g.name()
-                ),
-                None => tracing::info!(
-                    "no {:?} peak known for the {}: set train.peak_tflops for MFU",
-                    cfg.train.precision,
-                    g.name()
-                ),
-            }
-            p
-        }
-        (None, None) => None,
-    };
+    let peak_tflops =
+        crate::gpu::mfu_peak(cfg.train.peak_tflops, gpu.as_ref(), cfg.train.precision);
 
     let save = |strategy: &mut dyn ParallelStrategy,
                 learner: &Learner,
