@@ -8,10 +8,12 @@ VENV=${SCDINO_VENV:-$ROOT/.venv}
 REQ=$ROOT/scripts/requirements.txt
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# System packages: a C++ compiler for torch-sys and the venv module. Installed only if missing.
+# System packages: a C++ compiler for torch-sys, the venv module, patchelf. Installed only if missing.
 missing=()
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v make >/dev/null 2>&1 || missing+=(make)
+# patchelf: scripts/stage-runtime.sh rewrites the staged binaries' rpath for the image.
+command -v patchelf >/dev/null 2>&1 || missing+=(patchelf)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if ((${#missing[@]})); then

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Stages what the runtime image needs of a build: the binaries into OUT/bin and every shared
 # library they load that is not part of the base system (libtorch, c10, the CUDA/NCCL wheels'
-# libraries, the wheel's libgomp) into OUT/lib, flat. The binaries carry the rpath
-# $ORIGIN/../lib (trainer/build.rs), and the torch wheel's libraries carry $ORIGIN, so OUT runs
-# from any prefix with no LD_LIBRARY_PATH and no path of the build machine.
+# libraries, the wheel's libgomp) into OUT/lib, flat. The built binaries carry two rpaths
+# (trainer/build.rs): $ORIGIN/../lib and the build machine's venv torch/lib, so they run from
+# target/ too; the staged copies are rewritten (patchelf) to $ORIGIN/../lib alone, and checked.
+# The torch wheel's libraries carry $ORIGIN, so OUT runs from any prefix with no
+# LD_LIBRARY_PATH and no library path of the build machine.
 #
 # usage: scripts/stage-runtime.sh OUT BINARY...
 # Used by the Containerfile's source build and by `launcher image build` for BINARIES=prebuilt
@@ -55,9 +57,16 @@ stage_deps() {
   done < <(ldd "$file" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 }
 
+command -v patchelf >/dev/null || { echo "stage-runtime: patchelf is missing (apt-get install patchelf)" >&2; exit 1; }
 for bin in "$@"; do
   [[ -x $bin ]] || { echo "stage-runtime: $bin is not an executable" >&2; exit 1; }
-  cp -L "$bin" "$OUT/bin/"
+  staged=$OUT/bin/${bin##*/}
+  cp -L "$bin" "$staged"
   stage_deps "$bin"
+  # shellcheck disable=SC2016 # $ORIGIN is for the dynamic loader, not the shell
+  patchelf --set-rpath '$ORIGIN/../lib' "$staged"
+  # shellcheck disable=SC2016
+  [[ $(patchelf --print-rpath "$staged") == '$ORIGIN/../lib' ]] ||
+    { echo "stage-runtime: $staged kept rpath $(patchelf --print-rpath "$staged")" >&2; exit 1; }
 done
 echo "stage-runtime: $(ls "$OUT/bin" | wc -l) binaries, $(ls "$OUT/lib" | wc -l) libraries, $(du -sh "$OUT" | cut -f1) in $OUT" >&2

@@ -263,26 +263,54 @@ pub fn state(job: &Job) -> Result<JobState> {
         s.end_time = kv.get("EndTime").cloned().unwrap_or_default();
         return Ok(s);
     }
-    // The controller forgot the job (MinJobAge); accounting may still know it.
+    // Only "Invalid job id" means the controller forgot the job (MinJobAge); any other
+    // failure is the Slurm client or controller failing, which is no job state.
+    let err = text(&o.stderr);
+    if !err.contains("Invalid job id specified") {
+        bail!(
+            "scontrol show job -o {id} failed ({}): {err}{}",
+            o.status,
+            client_hint(&err)
+        );
+    }
     s.state = "UNKNOWN".into();
     s.reason = "not known to slurmctld any more and no accounting (sacct) to ask".into();
-    if let Ok(o) = run(
+    let Ok(o) = run(
         "sacct",
         &["-n", "-P", "-X", "-j", id, "-o", "State,ExitCode,Elapsed"],
-    ) {
-        if o.status.success() {
-            if let Some(l) = text(&o.stdout).lines().next() {
-                let f: Vec<&str> = l.split('|').collect();
-                if f.len() == 3 {
-                    s.state = f[0].split_whitespace().next().unwrap_or("").to_string();
-                    s.exit_code = f[1].to_string();
-                    s.run_time = f[2].to_string();
-                    s.reason = "from sacct".into();
-                }
-            }
+    ) else {
+        return Ok(s); // no sacct on this node: no accounting to ask
+    };
+    let err = text(&o.stderr);
+    if !o.status.success() {
+        if err.contains("accounting storage is disabled") {
+            return Ok(s);
+        }
+        bail!(
+            "sacct -j {id} failed ({}): {err}{}",
+            o.status,
+            client_hint(&err)
+        );
+    }
+    if let Some(l) = text(&o.stdout).lines().next() {
+        let f: Vec<&str> = l.split('|').collect();
+        if f.len() == 3 {
+            s.state = f[0].split_whitespace().next().unwrap_or("").to_string();
+            s.exit_code = f[1].to_string();
+            s.run_time = f[2].to_string();
+            s.reason = "from sacct".into();
         }
     }
     Ok(s)
+}
+
+/// What to look at when a Slurm client command fails for want of its configuration.
+fn client_hint(stderr: &str) -> &'static str {
+    if stderr.contains("configuration") || stderr.contains("slurm.conf") {
+        " (the Slurm client found no configuration: set SLURM_CONF to the cluster's slurm.conf, or run where the login node's client is set up)"
+    } else {
+        ""
+    }
 }
 
 pub fn status(manifest: &Manifest) -> Result<Vec<JobState>> {

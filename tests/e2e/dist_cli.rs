@@ -296,6 +296,53 @@ fn fsdp_resumes_from_shards_after_a_kill_and_its_consolidated_checkpoint_feeds_f
     assert!(rows
         .iter()
         .all(|r| r.len() == 192 && r.iter().all(|v| v.is_finite())));
+
+    // Without shards (lost, or another world size) a resume re-shards the consolidated
+    // checkpoint, optimizer state included: the same parameters as the straight run.
+    let resharded = config(dir.path(), &data, "resharded", 2, fsdp);
+    launch_train(
+        2,
+        "29679",
+        &resharded,
+        &["--threads", "1", "--max-steps", "2"],
+    );
+    let model = dir
+        .path()
+        .join("out/resharded/scDINO_ViTs/m_channel_APC_DAPI");
+    std::fs::remove_dir_all(model.join("fsdp")).unwrap();
+    let out = run(
+        "trainer",
+        &[
+            "launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            "29683",
+            "--",
+            "train",
+            "--config",
+            &resharded,
+            "--threads",
+            "1",
+            "--max-steps",
+            "4",
+        ],
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("resuming from the FSDP shards"), "{err}");
+    assert!(
+        err.contains("resuming from") && err.contains("(iteration 2)"),
+        "{err}"
+    );
+    assert_eq!(
+        compare(
+            &checkpoint(dir.path(), "resharded"),
+            &checkpoint(dir.path(), "straight")
+        ),
+        (0.0, 0.0),
+        "re-sharded resume vs straight FSDP run"
+    );
 }
 
 /// The per-iteration losses of rank 0's progress lines.

@@ -315,6 +315,35 @@ fn image_builds_runs_the_baked_pipeline_pushes_inspects_and_squashes() {
     );
     assert!(cat("etc/environment").contains("NVIDIA_DRIVER_CAPABILITIES=compute,utility\n"));
     assert_eq!(cat("opt/scdino/config.yaml"), RUN_CONFIG);
+    // No library path of the build machine in the image: the binaries search
+    // $ORIGIN/../lib alone (the host build also carries the venv's torch/lib), nothing sets
+    // LD_LIBRARY_PATH, and the EFA libraries are in the loader's configuration instead.
+    let environment = cat("etc/environment");
+    assert!(!environment.contains("LD_LIBRARY_PATH"), "{environment}");
+    let image_env = docker(&["image", "inspect", "-f", "{{json .Config.Env}}", local]);
+    assert!(!image_env.contains("LD_LIBRARY_PATH"), "{image_env}");
+    let efa_conf = cat("etc/ld.so.conf.d/scdino-efa.conf");
+    for d in [
+        "/opt/amazon/efa/lib",
+        "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu",
+    ] {
+        assert!(efa_conf.lines().any(|l| l == d), "{d} not in {efa_conf}");
+    }
+    let host_path = host_torch_rpath();
+    let extracted = dir.path().join("in-image");
+    let un = Command::new("unsquashfs")
+        .arg("-d")
+        .arg(&extracted)
+        .arg(&path)
+        .arg("opt/scdino/bin")
+        .output()
+        .unwrap();
+    assert!(un.status.success(), "{}", text(&un.stderr));
+    for name in ["trainer", "launcher"] {
+        let file = extracted.join("opt/scdino/bin").join(name);
+        assert_eq!(runpath(&file), ["$ORIGIN/../lib"], "{name} in the image");
+        assert_no_bytes(&file, &host_path);
+    }
     let again = launcher(&["image", "squash", local, "--out", sq.to_str().unwrap()]);
     assert!(
         text(&again.stderr).contains("[squash] reused"),
@@ -763,4 +792,90 @@ fn submit_built(base: &str, cluster: &Path, jobs: &Path, build: &[&str]) -> (Out
         .map(|e| std::fs::read_to_string(e.path()).unwrap())
         .expect("a mean-std script");
     (out, script)
+}
+
+/// The DT_RUNPATH (or DT_RPATH) entries of an ELF file, as `readelf -d` reads them.
+fn runpath(file: &Path) -> Vec<String> {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(file)
+        .output()
+        .expect("readelf (binutils) runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("(RUNPATH)") || l.contains("(RPATH)"))
+        .filter_map(|l| Some(l.split_once('[')?.1.trim_end_matches(']').to_string()))
+        .flat_map(|p| p.split(':').map(String::from).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The build machine's torch/lib folder that the host-built trainer's rpath names (so the
+/// checks against it are not vacuous).
+fn host_torch_rpath() -> String {
+    let host = runpath(&bin("trainer"));
+    assert_eq!(host.len(), 2, "{host:?}");
+    assert_eq!(host[0], "$ORIGIN/../lib");
+    assert!(
+        host[1].starts_with('/') && host[1].ends_with("torch/lib"),
+        "{host:?}"
+    );
+    host[1].clone()
+}
+
+fn assert_no_bytes(file: &Path, needle: &str) {
+    let bytes = std::fs::read(file).unwrap();
+    assert!(
+        !bytes.windows(needle.len()).any(|w| w == needle.as_bytes()),
+        "{} holds the build machine's {needle}",
+        file.display()
+    );
+}
+
+/// `scripts/stage-runtime.sh` (the staging of both image builds) leaves the copies it stages
+/// with the rpath `$ORIGIN/../lib` only, and they still resolve every library from the staged
+/// folder alone.
+#[test]
+fn staged_binaries_carry_no_build_machine_path() {
+    let host_path = host_torch_rpath();
+    let out = tempfile::tempdir().unwrap();
+    let staged = Command::new(repo_root().join("scripts/stage-runtime.sh"))
+        .arg(out.path())
+        .arg(bin("trainer"))
+        .arg(bin("launcher"))
+        .output()
+        .unwrap();
+    assert!(staged.status.success(), "{}", text(&staged.stderr));
+    for name in ["trainer", "launcher"] {
+        let file = out.path().join("bin").join(name);
+        assert_eq!(runpath(&file), ["$ORIGIN/../lib"], "{name}");
+        assert_no_bytes(&file, &host_path);
+    }
+    // The staged trainer loads libtorch from the staged lib/ (no LD_LIBRARY_PATH, and no
+    // way back to the venv).
+    let ldd = Command::new("ldd")
+        .arg(out.path().join("bin/trainer"))
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let ldd = text(&ldd.stdout);
+    let torch = ldd
+        .lines()
+        .find(|l| l.trim_start().starts_with("libtorch_cpu.so"))
+        .unwrap_or_else(|| panic!("{ldd}"));
+    assert!(
+        torch.contains(
+            &out.path()
+                .join("bin/../lib/libtorch_cpu.so")
+                .display()
+                .to_string()
+        ),
+        "{torch}"
+    );
+    let version = Command::new(out.path().join("bin/trainer"))
+        .arg("--version")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    assert!(version.status.success(), "{}", text(&version.stderr));
 }

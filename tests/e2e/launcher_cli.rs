@@ -433,6 +433,29 @@ fn slurm_chain_runs_every_stage_in_order() {
     // A second submit into the same folder is fine once everything has ended; status works.
     let table = ok("launcher", &["status", "--out", s(&out)]);
     assert!(table.contains("COMPLETED"), "{table}");
+    // A Slurm client that cannot configure itself is an error with Slurm's own words, never
+    // a table of UNKNOWN jobs. (An empty slurm.conf fails at once; a missing one makes the
+    // client retry for a minute, and an unset SLURM_CONF makes it ask DNS.)
+    let broken = root.join("empty-slurm.conf");
+    std::fs::write(&broken, "").unwrap();
+    for args in [
+        vec!["status", "--out", s(&out)],
+        vec!["status", "--out", s(&out), "--json"],
+    ] {
+        let o = launcher(&args, &[("SLURM_CONF", s(&broken))]);
+        let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+        assert!(
+            !o.status.success(),
+            "{args:?} exited 0:\n{stdout}\n{stderr}"
+        );
+        assert!(!stdout.contains("UNKNOWN"), "{stdout}");
+        assert!(stderr.contains("scontrol show job -o"), "{stderr}");
+        assert!(
+            stderr.contains("Unable to process configuration file"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("set SLURM_CONF"), "{stderr}");
+    }
     // Every job marked itself done: the same submission again submits nothing.
     let again = || {
         launcher(

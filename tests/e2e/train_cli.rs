@@ -1,6 +1,8 @@
 //! `trainer train` end to end: exact resume, preemption by signal, refused resumes, NaN stop,
 //! and a loss that falls.
-use super::util::{bin, model_dir, ok, run, synth, tensor_digests, text, write_yaml};
+use super::util::{
+    bin, logged_epochs, model_dir, ok, run, synth, tensor_digests, text, write_yaml,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -229,6 +231,37 @@ fn non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint() {
     assert!(err.contains("epoch 2"), "{err}");
     let ck = model_dir(dir.path(), "nan").join("checkpoint.safetensors");
     assert!(ck.exists(), "the last good checkpoint is kept");
+    // It is the state after the last finite step (iteration 2, the end of epoch 1), tensor for
+    // tensor: the same run stopped there by --max-steps writes the same file contents.
+    let stopped = config(
+        dir.path(),
+        &data,
+        "nan_stopped",
+        "  epochs: 3\n  batch_size_per_gpu: 8\n  warmup_epochs: 1\n  lr: 1.0e+30\n  clip_grad: 0\n",
+    );
+    ok(
+        "trainer",
+        &[
+            "train",
+            "--config",
+            &stopped,
+            "--threads",
+            "1",
+            "--max-steps",
+            "2",
+        ],
+    );
+    let kept = tensor_digests(&ck);
+    assert!(kept.len() > 100, "{} tensors", kept.len());
+    assert_eq!(
+        kept,
+        tensor_digests(&model_dir(dir.path(), "nan_stopped").join("checkpoint.safetensors")),
+        "the kept checkpoint is not the state after the last finite step"
+    );
+    assert_eq!(
+        logged_epochs(&model_dir(dir.path(), "nan").join("log.txt")),
+        [0, 1]
+    );
 }
 
 #[test]

@@ -8,34 +8,44 @@ use nvml_wrapper::Nvml;
 /// Peak dense TFLOP/s of one GPU at the training precision, from the vendor's data sheets
 /// (tensor cores without sparsity for bf16/fp16; plain FP32 for fp32, since PyTorch and this
 /// trainer do not let matmuls fall back to TF32). `name` is what NVML or `nvidia-smi`
-/// reports. None for an unknown GPU (set `train.peak_tflops`) or an unsupported precision.
+/// reports. None for a GPU the table does not know (set `train.peak_tflops`) or a precision
+/// it has no tensor cores for.
+///
+/// The pattern, so that no model is taken for another: the vendor prefix (`NVIDIA `,
+/// `Tesla `) is dropped, the rest is split at spaces and hyphens, and the first word is the
+/// model, compared whole ("L40S" is not "L4", "A10G" is not "A10"); the form factor of the
+/// H100/H200/V100 comes from a later word (`PCIe`, `NVL`; SXM otherwise).
 pub fn peak_tflops(name: &str, precision: Precision) -> Option<f64> {
-    let n = name.to_ascii_uppercase();
-    let has = |s: &str| n.contains(s);
+    let upper = name.trim().to_ascii_uppercase();
+    let rest = ["NVIDIA ", "TESLA "]
+        .iter()
+        .find_map(|p| upper.strip_prefix(p))
+        .unwrap_or(&upper);
+    let mut words = rest.split([' ', '-']).filter(|w| !w.is_empty());
+    let model = words.next()?;
+    let variant = |v: &str| rest.split([' ', '-']).any(|w| w == v);
+    let (pcie, nvl) = (variant("PCIE"), variant("NVL"));
     // (fp32, bf16, fp16); bf16 None where the GPU has no bf16 tensor cores.
-    let (fp32, bf16, fp16): (f64, Option<f64>, f64) = if has("H200") || has("H100") {
-        if has("NVL") {
-            (60.0, Some(835.0), 835.0)
-        } else if has("PCIE") {
-            (51.0, Some(756.0), 756.0)
-        } else {
-            // SXM (NVML: "NVIDIA H100 80GB HBM3", "NVIDIA H200").
-            (67.0, Some(989.0), 989.0)
-        }
-    } else if has("A100") {
-        (19.5, Some(312.0), 312.0)
-    } else if has(" L4") || n.ends_with("L4") {
-        (30.3, Some(121.0), 121.0)
-    } else if has("T4") {
-        (8.1, None, 65.0)
-    } else if has("V100") {
-        if has("PCIE") {
-            (14.0, None, 112.0)
-        } else {
-            (15.7, None, 125.0)
-        }
-    } else {
-        return None;
+    let (fp32, bf16, fp16): (f64, Option<f64>, f64) = match model {
+        // NVML: "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+        // "NVIDIA H200", "NVIDIA H200 NVL".
+        "H100" | "H200" if nvl => (60.0, Some(835.0), 835.0),
+        "H100" | "H200" if pcie => (51.0, Some(756.0), 756.0),
+        "H100" | "H200" => (67.0, Some(989.0), 989.0),
+        // "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB",
+        // "NVIDIA A100 80GB PCIe": one peak for all.
+        "A100" => (19.5, Some(312.0), 312.0),
+        "A10" => (31.2, Some(125.0), 125.0),
+        "L4" => (30.3, Some(121.0), 121.0),
+        "L40" => (90.5, Some(181.0), 181.0),
+        "L40S" => (91.6, Some(362.0), 362.0),
+        "T4" => (8.1, None, 65.0),
+        // "Tesla V100-SXM2-16GB", "Tesla V100-PCIE-32GB", "Tesla V100S-PCIE-32GB".
+        "V100" if pcie => (14.0, None, 112.0),
+        "V100" => (15.7, None, 125.0),
+        "V100S" => (16.4, None, 130.0),
+        // The A10G (AWS g5) has no public vendor data sheet: no peak is guessed for it.
+        _ => return None,
     };
     match precision {
         Precision::Fp32 => Some(fp32),
@@ -142,15 +152,51 @@ mod tests {
             ("NVIDIA H200", Bf16, Some(989.0)),
             ("NVIDIA H200 NVL", Bf16, Some(835.0)),
             ("NVIDIA A100-SXM4-80GB", Bf16, Some(312.0)),
+            ("NVIDIA A100-SXM4-40GB", Fp16, Some(312.0)),
             ("NVIDIA A100-PCIE-40GB", Fp32, Some(19.5)),
+            ("NVIDIA A100 80GB PCIe", Bf16, Some(312.0)),
+            ("NVIDIA A10", Bf16, Some(125.0)),
             ("NVIDIA L4", Bf16, Some(121.0)),
+            ("NVIDIA L4", Fp32, Some(30.3)),
+            ("NVIDIA L40", Bf16, Some(181.0)),
+            ("NVIDIA L40S", Bf16, Some(362.0)),
+            ("NVIDIA L40S", Fp32, Some(91.6)),
             ("Tesla T4", Fp16, Some(65.0)),
             ("Tesla T4", Bf16, None),
             ("Tesla V100-SXM2-16GB", Fp16, Some(125.0)),
-            ("NVIDIA GeForce RTX 4090", Bf16, None),
+            ("Tesla V100-SXM2-32GB", Fp32, Some(15.7)),
+            ("Tesla V100-PCIE-32GB", Fp16, Some(112.0)),
+            ("Tesla V100S-PCIE-32GB", Fp16, Some(130.0)),
+            ("  NVIDIA L4\n", Bf16, Some(121.0)),
         ];
         for (name, p, want) in cases {
             assert_eq!(peak_tflops(name, p), want, "{name} {p:?}");
+        }
+    }
+
+    /// Names that contain a known model's name but are another GPU get no peak (FLOP/s
+    /// without MFU), never a neighbour's.
+    #[test]
+    fn near_misses_get_no_peak() {
+        for name in [
+            "NVIDIA A10G",
+            "NVIDIA A100X",
+            "NVIDIA A40",
+            "NVIDIA L40G",
+            "NVIDIA L4S",
+            "NVIDIA H800",
+            "NVIDIA H100X",
+            "NVIDIA GeForce RTX 4090",
+            "NVIDIA RTX A6000",
+            "NVIDIA RTX 6000 Ada Generation",
+            "Tesla T40",
+            "Tesla V1000",
+            "NVIDIA",
+            "",
+        ] {
+            for p in [Fp32, Bf16, Fp16] {
+                assert_eq!(peak_tflops(name, p), None, "{name:?} {p:?}");
+            }
         }
     }
 

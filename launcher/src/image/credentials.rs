@@ -301,4 +301,64 @@ mod tests {
         .to_string();
         assert_eq!(e, "c.json: auths.r.io.auth is not base64 of USER:PASSWORD");
     }
+
+    /// No formatting of anything that holds a credential shows it: Debug (plain and pretty)
+    /// and Display of the secret, of both kinds of credentials and of what a lookup found,
+    /// and the errors of a config whose broken JSON or auth field contains it.
+    #[test]
+    fn no_rendering_shows_a_secret() {
+        const PW: &str = "pa55-Wd_7f3c";
+        const TOKEN: &str = "tok-9a8b7c";
+        let secret = Secret::new(PW.into());
+        let basic = Credentials::Basic {
+            username: "ci".into(),
+            password: Secret::new(PW.into()),
+        };
+        let token = Credentials::IdentityToken(Secret::new(TOKEN.into()));
+        let found = Found {
+            credentials: basic.clone(),
+            source: "c.json: auths.r.io".into(),
+        };
+        let shown = [
+            format!("{secret}"),
+            format!("{secret:?}"),
+            format!("{secret:#?}"),
+            format!("{basic:?}"),
+            format!("{basic:#?}"),
+            format!("{token:?}"),
+            format!("{token:#?}"),
+            format!("{found:?}"),
+            format!("{found:#?}"),
+            format!("{:?}", Some(found.clone())),
+        ];
+        for text in &shown {
+            assert!(!text.contains(PW) && !text.contains(TOKEN), "{text}");
+        }
+        assert!(
+            shown[3].contains("ci") && shown[3].contains("***"),
+            "{}",
+            shown[3]
+        );
+        assert_eq!(secret.expose(), PW);
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("ci:{PW}"));
+        let configs = [
+            format!(r#"{{"auths": {{"r.io": {{"auth": "{auth}""#),
+            format!(r#"{{"auths": {{"r.io": {{"auth": "{PW}%"}}}}}}"#),
+            format!(r#"{{"auths": {{"r.io": {{"identitytoken": "{TOKEN}", }}}}}}"#),
+        ];
+        for text in &configs {
+            let e = from_config(text, "c.json", "r.io", &no_helper).unwrap_err();
+            for shown in [e.to_string(), format!("{e:?}")] {
+                assert!(
+                    !shown.contains(PW) && !shown.contains(TOKEN) && !shown.contains(&auth),
+                    "{shown}"
+                );
+            }
+        }
+        let helper = |_: &str, _: &str| Ok(Some(("ci".to_string(), Secret::new(PW.into()))));
+        let f = from_config(r#"{"credsStore": "x"}"#, "c", "r.io", &helper)
+            .unwrap()
+            .unwrap();
+        assert!(!format!("{f:?} {f:#?}").contains(PW));
+    }
 }

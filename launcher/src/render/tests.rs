@@ -34,6 +34,48 @@ fn example() -> Rendered {
     render(&cluster, &inputs).unwrap()
 }
 
+/// The docs name every stage the launcher renders (the one stage list): slurm/README.md's
+/// job list and the `stages:` line of cluster.example.yaml.
+#[test]
+fn docs_list_every_rendered_stage() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../slurm");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let jobs = readme
+        .split("\n- ")
+        .find(|item| item.starts_with("Jobs"))
+        .expect("slurm/README.md has a `- Jobs` item");
+    let example_yaml = std::fs::read_to_string(root.join("cluster.example.yaml")).unwrap();
+    let stages_line = example_yaml
+        .lines()
+        .find(|l| l.trim_start().starts_with("# stages:"))
+        .expect("cluster.example.yaml documents `stages:`");
+    let listed: Vec<&str> = stages_line
+        .split('[')
+        .nth(1)
+        .and_then(|t| t.split(']').next())
+        .unwrap()
+        .split(',')
+        .map(str::trim)
+        .collect();
+    assert_eq!(listed, scdino_config::PIPELINE_STAGES, "{stages_line}");
+    let rendered: Vec<String> = example()
+        .manifest
+        .jobs
+        .iter()
+        .map(|j| j.stage.clone())
+        .collect();
+    for stage in scdino_config::PIPELINE_STAGES {
+        assert!(
+            rendered.iter().any(|r| r == stage),
+            "{stage} is not rendered"
+        );
+        assert!(
+            jobs.contains(&format!("`{stage}`")),
+            "slurm/README.md's job list lacks {stage}:\n{jobs}"
+        );
+    }
+}
+
 /// `slurm/example/` is `slurm/cluster.example.yaml` rendered as shipped. Regenerate with
 /// `LAUNCHER_BLESS=1 cargo test -p launcher` after a deliberate change, and review the diff.
 #[test]

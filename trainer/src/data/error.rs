@@ -83,12 +83,23 @@ pub enum DataError {
     ShardIndex { path: PathBuf, reason: String },
     /// A request to the object store failed after its retries (`url` names the object or
     /// the listed prefix).
-    #[error("{url}: {context}: {source}")]
+    #[error("{url}: {context}: {source}{note}")]
     ObjectStore {
         url: String,
         context: &'static str,
         #[source]
         source: Box<object_store::Error>,
+        /// Empty, or what else helps (where the credentials of a refused request came from).
+        note: String,
+    },
+
+    /// The S3 client could not get credentials (`credentials` says from where; never a
+    /// value).
+    #[error("{url}: no S3 credentials: {credentials}: {reason}")]
+    Credentials {
+        url: String,
+        credentials: String,
+        reason: String,
     },
 
     /// An object-store URL or client setting we cannot use.
@@ -130,6 +141,7 @@ impl DataError {
             url: url.into(),
             context,
             source: Box::new(source),
+            note: String::new(),
         }
     }
 

@@ -13,7 +13,7 @@
 //! (`eval "$(aws configure export-credentials --format env)"`).
 use super::error::DataError;
 use crate::config::S3Section;
-use ::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use ::object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use ::object_store::path::Path as ObjPath;
 use ::object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
 use futures_util::StreamExt;
@@ -91,22 +91,137 @@ pub struct Remote {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn ObjectStore>,
     pub url: S3Url,
+    credentials: CredentialSource,
     backoff: (Duration, Duration),
     retry_timeout: Duration,
     /// Whole operations repeated after `object_store`'s own retries gave up.
     pub outer_retries: std::sync::atomic::AtomicU64,
 }
 
-/// Worth trying again later: `Generic` carries 5xx/throttling after the client's retries,
-/// and connection failures; missing objects, permissions and bad requests are final.
-fn transient(e: &::object_store::Error) -> bool {
-    matches!(e, ::object_store::Error::Generic { .. })
+/// Whether a failed request may succeed if tried again later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// 5xx, 429/503 throttling, 408, connection refused or reset, timeouts.
+    Later,
+    /// Everything else: 4xx (bad request, wrong region, missing object, permissions,
+    /// credentials), redirects, malformed responses.
+    Never,
+}
+
+/// Classifies `e` by what the server or the connection said. `object_store` folds HTTP 400,
+/// wrong-region redirects and credential-provider failures into `Error::Generic` beside the
+/// 5xx and connection errors that are worth riding out, so a `Generic` error's source chain
+/// is read: the HTTP status the server answered (in the text of the client's request error,
+/// "status code: NNN"; the type holding it is private to `object_store`) decides, and a
+/// transport error without a status (connect, send, timeout, reset) is transient.
+pub fn retry_class(e: &::object_store::Error) -> Retry {
+    if !matches!(e, ::object_store::Error::Generic { .. }) {
+        return Retry::Never;
+    }
+    let mut transport = false;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(cause) = next {
+        if let Some(status) = http_status(&cause.to_string()) {
+            return if status >= 500 || status == 429 || status == 408 {
+                Retry::Later
+            } else {
+                Retry::Never
+            };
+        }
+        if let Some(h) = cause.downcast_ref::<::object_store::client::HttpError>() {
+            use ::object_store::client::HttpErrorKind as K;
+            transport |= !matches!(h.kind(), K::Decode);
+        }
+        next = cause.source();
+    }
+    if transport {
+        Retry::Later
+    } else {
+        Retry::Never
+    }
+}
+
+/// The status in `object_store`'s "Server returned non-2xx status code: 503 Service
+/// Unavailable: …" text.
+fn http_status(text: &str) -> Option<u16> {
+    let at = text.find("status code: ")? + "status code: ".len();
+    text.get(at..at + 3)?.parse().ok()
+}
+
+/// Where the S3 client's credentials come from, in `object_store`'s order of precedence;
+/// named in credential and permission errors. Holds variable names and endpoints only,
+/// never a key, token or role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredentialSource {
+    /// `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`).
+    Keys { session_token: bool },
+    /// IRSA: `AWS_WEB_IDENTITY_TOKEN_FILE` + `AWS_ROLE_ARN`, exchanged at STS.
+    WebIdentity,
+    /// ECS task role: `AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`.
+    EcsTask,
+    /// EKS Pod Identity: `AWS_CONTAINER_CREDENTIALS_FULL_URI` + its token file.
+    EksPodIdentity,
+    /// No variables: the EC2 instance metadata service (IMDS) at this endpoint.
+    InstanceMetadata { endpoint: String },
+}
+
+impl CredentialSource {
+    fn of(b: &AmazonS3Builder) -> Self {
+        let has = |k: AmazonS3ConfigKey| b.get_config_value(&k).is_some();
+        if has(AmazonS3ConfigKey::AccessKeyId) || has(AmazonS3ConfigKey::SecretAccessKey) {
+            CredentialSource::Keys {
+                session_token: has(AmazonS3ConfigKey::Token),
+            }
+        } else if has(AmazonS3ConfigKey::WebIdentityTokenFile) && has(AmazonS3ConfigKey::RoleArn) {
+            CredentialSource::WebIdentity
+        } else if has(AmazonS3ConfigKey::ContainerCredentialsRelativeUri) {
+            CredentialSource::EcsTask
+        } else if has(AmazonS3ConfigKey::ContainerCredentialsFullUri)
+            && has(AmazonS3ConfigKey::ContainerAuthorizationTokenFile)
+        {
+            CredentialSource::EksPodIdentity
+        } else {
+            CredentialSource::InstanceMetadata {
+                endpoint: b
+                    .get_config_value(&AmazonS3ConfigKey::MetadataEndpoint)
+                    .unwrap_or_else(|| "http://169.254.169.254".into()),
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for CredentialSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CredentialSource::Keys { session_token } => write!(
+                f,
+                "credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY{}",
+                if *session_token { " with AWS_SESSION_TOKEN" } else { "" }
+            ),
+            CredentialSource::WebIdentity => write!(
+                f,
+                "credentials from the web identity token (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN) exchanged at STS"
+            ),
+            CredentialSource::EcsTask => write!(
+                f,
+                "credentials from the ECS task role (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI)"
+            ),
+            CredentialSource::EksPodIdentity => write!(
+                f,
+                "credentials from EKS Pod Identity (AWS_CONTAINER_CREDENTIALS_FULL_URI)"
+            ),
+            CredentialSource::InstanceMetadata { endpoint } => write!(
+                f,
+                "no AWS_* credential variables set, so credentials from the instance metadata service at {endpoint}"
+            ),
+        }
+    }
 }
 
 /// The S3 client for `url` (bucket and prefix taken from it) with `data.s3`'s endpoint,
 /// region, plain-HTTP permission, timeouts and retry policy; credentials from the
-/// environment. Reusable by anything that reads or writes the dataset's bucket.
-pub fn build_store(url: &S3Url, s3: &S3Section) -> Result<Arc<dyn ObjectStore>, DataError> {
+/// environment (and where from).
+fn build_store(url: &S3Url, s3: &S3Section) -> Result<(AmazonS3, CredentialSource), DataError> {
     static TLS: Once = Once::new();
     // rustls is built with ring only (aws-lc-rs would add a slow C/cmake build); make it the
     // process default so reqwest finds it.
@@ -149,6 +264,7 @@ pub fn build_store(url: &S3Url, s3: &S3Section) -> Result<Arc<dyn ObjectStore>, 
         max_retries: s3.max_retries,
         retry_timeout: Duration::from_secs(s3.retry_timeout_seconds),
     };
+    let credentials = CredentialSource::of(&b);
     let store = b
         .with_retry(retry)
         .build()
@@ -156,22 +272,32 @@ pub fn build_store(url: &S3Url, s3: &S3Section) -> Result<Arc<dyn ObjectStore>, 
             url: url.root(),
             reason: e.to_string(),
         })?;
-    Ok(Arc::new(store))
+    Ok((store, credentials))
 }
 
 impl Remote {
     pub fn open(url: &str, s3: &S3Section) -> Result<Self, DataError> {
         let url = S3Url::parse(url)?;
-        let store = build_store(&url, s3)?;
+        let (store, credentials) = build_store(&url, s3)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("object-store")
             .enable_all()
             .build()
             .map_err(|e| DataError::io(url.root(), "starting the object-store runtime", e))?;
+        // Credentials are fetched once here, so that a missing or refused credential fails
+        // at once, named as such, instead of inside every request's retries.
+        let provider = store.credentials().clone();
+        rt.block_on(provider.get_credential())
+            .map_err(|e| DataError::Credentials {
+                url: url.root(),
+                credentials: credentials.to_string(),
+                reason: e.to_string(),
+            })?;
         Ok(Self {
             rt,
-            store,
+            store: Arc::new(store),
+            credentials,
             url,
             backoff: (
                 Duration::from_millis(s3.retry_initial_backoff_ms.max(1)),
@@ -196,7 +322,10 @@ impl Remote {
         let (mut delay, max) = self.backoff;
         loop {
             match self.rt.block_on(op()) {
-                Err(e) if transient(&e) && start.elapsed() + delay < self.retry_timeout => {
+                Err(e)
+                    if retry_class(&e) == Retry::Later
+                        && start.elapsed() + delay < self.retry_timeout =>
+                {
                     self.outer_retries
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     std::thread::sleep(delay);
@@ -205,6 +334,29 @@ impl Remote {
                 r => return r,
             }
         }
+    }
+
+    /// The error for a failed request on `url`; a refusal (400, 401, 403) also names where
+    /// the credentials came from.
+    pub fn error(
+        &self,
+        url: impl Into<String>,
+        context: &'static str,
+        e: ::object_store::Error,
+    ) -> DataError {
+        use ::object_store::Error as E;
+        let refused = match &e {
+            E::PermissionDenied { .. } | E::Unauthenticated { .. } => true,
+            E::Generic { .. } => retry_class(&e) == Retry::Never,
+            _ => false,
+        };
+        let mut err = DataError::store(url, context, e);
+        if refused {
+            if let DataError::ObjectStore { note, .. } = &mut err {
+                *note = format!(" (the client used {})", self.credentials);
+            }
+        }
+        err
     }
 
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
@@ -233,7 +385,7 @@ impl Remote {
                 }
                 Ok(out)
             })
-            .map_err(|e| DataError::store(self.url.root(), "listing", e))?;
+            .map_err(|e| self.error(self.url.root(), "listing", e))?;
         Ok(metas
             .into_iter()
             .map(|meta| {
@@ -253,7 +405,7 @@ impl Remote {
     pub fn get(&self, location: &ObjPath, expected: Option<u64>) -> Result<Vec<u8>, DataError> {
         let url = || format!("s3://{}/{}", self.url.bucket, location.as_ref());
         let bytes = self.retrying(|| async { self.store.get(location).await?.bytes().await });
-        let bytes = bytes.map_err(|e| DataError::store(url(), "reading object", e))?;
+        let bytes = bytes.map_err(|e| self.error(url(), "reading object", e))?;
         if let Some(n) = expected {
             if bytes.len() as u64 != n {
                 return Err(DataError::CorruptObject {
@@ -272,7 +424,7 @@ impl Remote {
         match self.retrying(|| async { self.store.head(&key).await }) {
             Ok(meta) => Ok(Some(meta.size)),
             Err(::object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(DataError::store(self.url.url_of(rel), "checking object", e)),
+            Err(e) => Err(self.error(self.url.url_of(rel), "checking object", e)),
         }
     }
 
@@ -283,7 +435,7 @@ impl Remote {
         let range = offset..offset + len as u64;
         let bytes = self
             .retrying(|| async { self.store.get_range(&key, range.clone()).await })
-            .map_err(|e| DataError::store(self.url.url_of(rel), "reading byte range", e))?;
+            .map_err(|e| self.error(self.url.url_of(rel), "reading byte range", e))?;
         if bytes.len() != len {
             return Err(DataError::CorruptObject {
                 url: self.url.url_of(rel),
@@ -301,7 +453,7 @@ impl Remote {
         let key = self.url.key(rel);
         self.rt
             .block_on(self.store.put(&ObjPath::from(key.as_str()), bytes.into()))
-            .map_err(|e| DataError::store(self.url.url_of(rel), "writing object", e))?;
+            .map_err(|e| self.error(self.url.url_of(rel), "writing object", e))?;
         Ok(())
     }
 }
@@ -309,6 +461,18 @@ impl Remote {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_is_read_from_the_client_error_text() {
+        let text = "Error performing GET http://127.0.0.1:9/b/k in 2ms - Server returned non-2xx status code: 400 Bad Request: <Error>status code: 503</Error>";
+        assert_eq!(http_status(text), Some(400));
+        assert_eq!(
+            http_status("Server returned non-2xx status code: 503 Service Unavailable"),
+            Some(503)
+        );
+        assert_eq!(http_status("Received redirect without LOCATION"), None);
+        assert_eq!(http_status("status code: 4"), None);
+    }
 
     #[test]
     fn urls() {

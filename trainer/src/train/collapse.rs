@@ -215,6 +215,50 @@ mod tests {
         assert_eq!(few.collapse(), None);
     }
 
+    /// The documented thresholds, at their edges (README, "Collapse"): within 2 % of
+    /// ln(out_dim) on both sides for loss and teacher entropy, at least 8 teacher rows for one
+    /// prototype, and 3 logged intervals in a row. A change to any constant fails here.
+    #[test]
+    fn thresholds_hold_at_their_edges() {
+        let ln = 1024f64.ln();
+        for f in [0.981, 0.99, 1.0, 1.01, 1.019] {
+            assert_eq!(
+                snap(ln * f, ln * f, 40).collapse(),
+                Some(CollapseKind::Uniform),
+                "{f}"
+            );
+        }
+        for f in [0.979, 1.021] {
+            assert_eq!(snap(ln * f, ln, 40).collapse(), None, "loss at {f}");
+            assert_eq!(snap(ln, ln * f, 40).collapse(), None, "entropy at {f}");
+        }
+        let mut rows = snap(0.3, 0.01, 1);
+        rows.rows = 8;
+        assert_eq!(rows.collapse(), Some(CollapseKind::OnePrototype));
+        rows.rows = 7;
+        assert_eq!(rows.collapse(), None);
+        let mut two = snap(0.3, 0.01, 2);
+        two.rows = 1000;
+        assert_eq!(
+            two.collapse(),
+            None,
+            "two prototypes in use are no collapse"
+        );
+        for kind_snap in [snap(ln, ln, 40), snap(0.3, 0.01, 1)] {
+            let mut w = CollapseWatch::new(0);
+            assert_eq!(w.observe(1, &kind_snap), None);
+            assert_eq!(w.observe(2, &kind_snap), None);
+            assert!(w.observe(3, &kind_snap).is_some(), "third interval");
+        }
+        // Judging starts at the given iteration, inclusive.
+        let mut w = CollapseWatch::new(5);
+        let flat = snap(ln, ln, 2);
+        assert_eq!(w.observe(4, &flat), None);
+        assert_eq!(w.observe(5, &flat), None);
+        assert_eq!(w.observe(6, &flat), None);
+        assert_eq!(w.observe(7, &flat), Some(CollapseKind::Uniform));
+    }
+
     #[test]
     fn reports_after_patience_once_and_not_before_the_start() {
         let ln = 1024f64.ln();

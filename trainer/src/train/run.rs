@@ -325,6 +325,8 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         .max(cfg.train.warmup_teacher_temp_epochs)
         .max(1);
     let mut collapse_watch = CollapseWatch::new(warmups * niter);
+    // A collapse to stop on, seen on an epoch's last batch (stopped after the epoch's save).
+    let mut collapsed: Option<String> = None;
     let corrupt_skipped = Arc::new(AtomicU64::new(0));
     // Enough sets for every batch in flight: 2 per worker prefetched, one prepared ahead,
     // one in the step, one being handed back.
@@ -500,14 +502,15 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                                 );
                             }
                         }
-                        OnCollapse::Stop => {
+                        OnCollapse::Stop if done_in_epoch < niter => {
                             let at = (epoch, done_in_epoch, iteration);
-                            if done_in_epoch < niter {
-                                save(strategy.as_mut(), &learner, at, &meter, false)?;
-                            }
+                            save(strategy.as_mut(), &learner, at, &meter, false)?;
                             telemetry.flush()?;
                             return Err(TrainError::Collapsed(text));
                         }
+                        // On an epoch's last batch the end-of-epoch checkpoint and log line
+                        // below are the exact position; the run stops after them.
+                        OnCollapse::Stop => collapsed = Some(text),
                     }
                 }
             }
@@ -550,6 +553,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             "epoch": epoch,
         });
         telemetry.epoch(finished, &line, meter.loss / n)?;
+        if let Some(text) = collapsed.take() {
+            telemetry.flush()?;
+            return Err(TrainError::Collapsed(text));
+        }
         if rank == 0 {
             tracing::info!(
                 "Epoch: [{epoch}/{}] Total time: {:.1}s ({:.3} s / it)",

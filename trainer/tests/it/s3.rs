@@ -109,8 +109,10 @@ struct Logged {
 #[derive(Default)]
 struct ProxyState {
     upstream: AtomicU16,
-    /// Requests still to be answered with 503 SlowDown.
+    /// Requests still to be answered with `fault_status` (503 SlowDown unless set).
     throttle: AtomicUsize,
+    /// The status those requests get; 0 means 503.
+    fault_status: AtomicU16,
     log: Mutex<Vec<Logged>>,
 }
 
@@ -202,11 +204,27 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if throttled {
-            log(503);
-            let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+            let status = match st.fault_status.load(Ordering::SeqCst) {
+                0 => 503,
+                s => s,
+            };
+            log(status);
+            // What S3 answers with each status (codes from the S3 error reference); a
+            // wrong-region 301 carries no Location header.
+            let (reason, code) = match status {
+                301 => ("Moved Permanently", "PermanentRedirect"),
+                400 => ("Bad Request", "AuthorizationHeaderMalformed"),
+                401 => ("Unauthorized", "Unauthorized"),
+                403 => ("Forbidden", "InvalidAccessKeyId"),
+                429 => ("Too Many Requests", "SlowDown"),
+                500 => ("Internal Server Error", "InternalError"),
+                502 => ("Bad Gateway", "BadGateway"),
+                _ => ("Slow Down", "SlowDown"),
+            };
+            let xml = format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code><Message>{reason}</Message></Error>");
             write!(
                 client,
-                "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{xml}",
+                "HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{xml}",
                 xml.len()
             )?;
             continue;
@@ -618,6 +636,138 @@ fn s3_throttling_is_retried_with_backoff() {
         t.elapsed() >= Duration::from_millis(20),
         "{:?}",
         t.elapsed()
+    );
+}
+
+/// Each status a server may answer, from a local server that answers it: throttling
+/// (429, 503), server errors (500, 502) are retried until the object arrives; a bad request
+/// (400), a refused credential (401, 403) and a wrong-region redirect (301) fail on the first
+/// answer, long before `retry_timeout_seconds`, naming the bucket, the key and where the
+/// credentials came from, never their values.
+#[test]
+fn s3_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
+    use trainer::data::object_store::Remote;
+    fake_credentials();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let moto = Moto::start(&root);
+    let proxy = Proxy::start(moto.port);
+    let cfg = config(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}/Training"),
+        &format!("{}    retry_timeout_seconds: 120\n", s3_yaml(proxy.port)),
+        1,
+    );
+    let url = format!("s3://{BUCKET}/{PREFIX}/Training");
+    let remote = Remote::open(&url, &cfg.data.s3).unwrap();
+    let listed = remote.list().unwrap();
+    let first = &listed[0];
+    let want = std::fs::read(root.join("Training").join(&first.rel)).unwrap();
+    let key = format!("{PREFIX}/Training/{}", first.rel);
+    for status in [429u16, 500, 502, 503] {
+        proxy.clear();
+        proxy.st.fault_status.store(status, Ordering::SeqCst);
+        proxy.st.throttle.store(3, Ordering::SeqCst);
+        let got = remote.get(&first.location, Some(first.size));
+        let log = proxy.log();
+        assert_eq!(got.unwrap(), want, "status {status}: {log:?}");
+        let statuses: Vec<u16> = log.iter().map(|r| r.status).collect();
+        assert_eq!(statuses, [status, status, status, 200], "status {status}");
+    }
+    for status in [301u16, 400, 401, 403] {
+        proxy.clear();
+        proxy.st.fault_status.store(status, Ordering::SeqCst);
+        proxy.st.throttle.store(usize::MAX, Ordering::SeqCst);
+        let t = Instant::now();
+        let e = remote
+            .get(&first.location, Some(first.size))
+            .expect_err("a refusal is final");
+        let took = t.elapsed();
+        let text = e.to_string();
+        let log = proxy.log();
+        assert_eq!(log.len(), 1, "status {status} was retried: {log:?}\n{text}");
+        assert!(took < Duration::from_secs(10), "status {status}: {took:?}");
+        assert!(text.contains(&format!("s3://{BUCKET}/{key}")), "{text}");
+        assert!(
+            text.contains("credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("testing"),
+            "a credential value leaked: {text}"
+        );
+    }
+    proxy.st.throttle.store(0, Ordering::SeqCst);
+    assert_eq!(remote.get(&first.location, Some(first.size)).unwrap(), want);
+}
+
+/// Without credential variables the client asks the instance metadata service; when that
+/// answers no role (404), the trainer fails at once with an error that says so and where it
+/// looked, not after minutes of retries. The metadata service here is a local server.
+#[test]
+fn s3_missing_credentials_fail_at_once_naming_their_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let imds = TcpListener::bind("127.0.0.1:0").unwrap();
+    let imds_port = imds.local_addr().unwrap().port();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let asked2 = asked.clone();
+    std::thread::spawn(move || {
+        for conn in imds.incoming() {
+            let Ok(mut conn) = conn else { return };
+            asked2.fetch_add(1, Ordering::SeqCst);
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                line.clear();
+            }
+            let _ = conn.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    let yaml = config_yaml(
+        dir.path(),
+        &format!("s3://{BUCKET}/{PREFIX}/Training"),
+        &format!("{}    retry_timeout_seconds: 120\n", s3_yaml(free_port())),
+        1,
+    );
+    let cfg_path = dir.path().join("c.yaml");
+    std::fs::write(&cfg_path, yaml).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") {
+            cmd.env_remove(k);
+        }
+    }
+    let t = Instant::now();
+    let out = cmd
+        .args(["config", "check"])
+        .arg(&cfg_path)
+        .env(
+            "AWS_METADATA_ENDPOINT",
+            format!("http://127.0.0.1:{imds_port}"),
+        )
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(took < Duration::from_secs(20), "{took:?}\n{err}");
+    assert!(
+        asked.load(Ordering::SeqCst) >= 1,
+        "the metadata service was not asked"
+    );
+    assert!(
+        err.contains(&format!("s3://{BUCKET}/{PREFIX}/Training")),
+        "{err}"
+    );
+    assert!(err.contains("no S3 credentials"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no AWS_* credential variables set, so credentials from the instance metadata service at http://127.0.0.1:{imds_port}"
+        )),
+        "{err}"
     );
 }
 

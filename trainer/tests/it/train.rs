@@ -371,20 +371,12 @@ fn training_with_device_augmentation_runs_and_is_deterministic() {
     );
 }
 
-/// A teacher far softer than the student (temperature 2.0) flattens the targets: the loss
-/// settles at ln(out_dim) and `train.on_collapse: stop` ends the run with a checkpoint after
-/// three logged intervals past the first epoch; with `warn` it goes on. The same data with
-/// scDINO's temperatures trains to the end with `stop` (nothing is flagged). The teacher
-/// signals are in metrics.prom.
-#[test]
-fn collapse_is_detected_and_stops_only_a_collapsing_run() {
+/// The collapse tests' data: 4 classes of 12 synthetic 3-channel 32 px images (39 for
+/// training: 5 iterations per epoch at batch 8).
+fn collapse_data(dir: &std::path::Path) {
     use trainer::data::{generate_synthetic, SynthOptions};
-    use trainer::train::run::{model_dir, train, TrainError, TrainOptions, TrainOutcome};
-    let _rng = super::util::torch_rng_lock();
-    tch::set_num_threads(2);
-    let dir = tempfile::tempdir().unwrap();
     generate_synthetic(&SynthOptions {
-        out: dir.path().join("data"),
+        out: dir.join("data"),
         seed: 3,
         classes: 4,
         per_class: 12,
@@ -393,6 +385,35 @@ fn collapse_is_detected_and_stops_only_a_collapsing_run() {
         ..SynthOptions::default()
     })
     .unwrap();
+}
+
+/// The iteration a uniform-collapse stop names (asserting that it is one).
+fn collapse_iteration(e: &trainer::train::run::TrainError) -> usize {
+    let text = e.to_string();
+    assert!(
+        matches!(e, trainer::train::run::TrainError::Collapsed(_)),
+        "{text}"
+    );
+    assert!(text.contains("uniform collapse at iteration"), "{text}");
+    text.split("iteration ")
+        .nth(1)
+        .and_then(|t| t.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no iteration in {text}"))
+}
+
+/// A teacher far softer than the student (temperature 2.0) flattens the targets: the loss
+/// settles at ln(out_dim) and `train.on_collapse: stop` ends the run with a checkpoint after
+/// three logged intervals past the first epoch; with `warn` it goes on. The same data with
+/// scDINO's temperatures trains to the end with `stop` (nothing is flagged). The teacher
+/// signals are in metrics.prom.
+#[test]
+fn collapse_is_detected_and_stops_only_a_collapsing_run() {
+    use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome};
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    collapse_data(dir.path());
     let yaml = |name: &str, train: &str| {
         format!(
             "run: {{name: {name}, output_dir: {out}, seed: 1}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [\"012\"], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 256}}\ntrain: {{epochs: 4, batch_size_per_gpu: 8, precision: fp32, log_every: 1, {train}}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 2}}\n",
@@ -404,20 +425,16 @@ fn collapse_is_detected_and_stops_only_a_collapsing_run() {
     let cfg = Config::from_yaml(&yaml("flat", &format!("{flat}, on_collapse: stop")), "t").unwrap();
     let e = train(&cfg, &TrainOptions::default()).expect_err("the run collapses");
     let text = e.to_string();
-    assert!(matches!(e, TrainError::Collapsed(_)), "{text}");
-    assert!(text.contains("uniform collapse at iteration"), "{text}");
     assert!(text.contains("ln(out_dim) = 5.5452"), "{text}");
-    let iteration: usize = text
-        .split("iteration ")
-        .nth(1)
-        .and_then(|t| t.split(':').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap();
+    let iteration = collapse_iteration(&e);
     // 39 training images at batch 8 → 5 iterations per epoch; judged from epoch 1 on, after
     // three logged intervals in a row.
     assert!((7..20).contains(&iteration), "{text}");
     let out_dir = model_dir(&cfg, &[0, 1, 2]);
-    assert!(out_dir.join("checkpoint.safetensors").exists());
+    // The checkpoint holds the exact position of the stop (5 iterations per epoch).
+    let meta = trainer::checkpoint::read_meta(&out_dir.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(meta.iteration, iteration, "{meta:?}");
+    assert_eq!(meta.epoch * 5 + meta.epoch_batch, iteration, "{meta:?}");
     let prom = std::fs::read_to_string(out_dir.join("metrics.prom")).unwrap();
     for name in [
         "scdino_train_teacher_entropy",
@@ -444,6 +461,61 @@ fn collapse_is_detected_and_stops_only_a_collapsing_run() {
         train(&healthy, &TrainOptions::default()).unwrap(),
         TrainOutcome::Finished
     );
+}
+
+/// Logged only at each epoch's last batch (`log_every` past the epoch), a collapse is seen
+/// exactly there: `stop` writes the end-of-epoch checkpoint and `log.txt` line (the whole
+/// epoch is kept, not the one before), and a rerun with `warn` resumes from that position.
+#[test]
+fn collapse_stop_on_an_epochs_last_batch_keeps_the_epoch_and_resumes() {
+    use trainer::checkpoint::read_meta;
+    use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome};
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    collapse_data(dir.path());
+    let yaml = |on_collapse: &str| {
+        format!(
+            "run: {{name: flat, output_dir: {out}, seed: 1}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [\"012\"], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 256}}\ntrain: {{epochs: 5, batch_size_per_gpu: 8, precision: fp32, log_every: 100, checkpoint_every: 1, warmup_epochs: 0, teacher_temp: 2.0, warmup_teacher_temp: 2.0, on_collapse: {on_collapse}}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 2}}\n",
+            out = dir.path().join("out").display(),
+            data = dir.path().join("data/Training").display(),
+        )
+    };
+    let cfg = Config::from_yaml(&yaml("stop"), "t").unwrap();
+    let e = train(&cfg, &TrainOptions::default()).expect_err("the run collapses");
+    let iteration = collapse_iteration(&e);
+    // 5 iterations per epoch, judged from iteration 5 on, three logged intervals in a row:
+    // the epochs ending at iterations 5, 10 and 15.
+    assert_eq!(iteration, 15, "{e}");
+    let out_dir = model_dir(&cfg, &[0, 1, 2]);
+    let meta = read_meta(&out_dir.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(
+        (meta.epoch, meta.epoch_batch, meta.iteration),
+        (3, 0, 15),
+        "the collapsed epoch must be kept"
+    );
+    let log = std::fs::read_to_string(out_dir.join("log.txt")).unwrap();
+    assert_eq!(log.lines().count(), 3, "{log}");
+    // The numbered checkpoint of the last finished epoch is written too.
+    assert!(out_dir.join("checkpoint0002.safetensors").exists());
+
+    let warn = Config::from_yaml(&yaml("warn"), "t").unwrap();
+    assert_eq!(
+        train(&warn, &TrainOptions::default()).unwrap(),
+        TrainOutcome::Finished
+    );
+    let meta = read_meta(&out_dir.join("checkpoint.safetensors")).unwrap();
+    assert_eq!((meta.epoch, meta.epoch_batch, meta.iteration), (5, 0, 25));
+    let log = std::fs::read_to_string(out_dir.join("log.txt")).unwrap();
+    let epochs: Vec<u64> = log
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["epoch"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(epochs, [0, 1, 2, 3, 4], "{log}");
 }
 
 /// A resume with other `epochs` says that the schedules change from the resumed iteration; an

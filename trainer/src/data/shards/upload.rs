@@ -64,11 +64,7 @@ pub fn remote_state(
             Ok(Some((r.meta.size, sha)))
         }
         Err(::object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(DataError::store(
-            remote.url.url_of(rel),
-            "checking object",
-            e,
-        )),
+        Err(e) => Err(remote.error(remote.url.url_of(rel), "checking object", e)),
     }
 }
 
@@ -105,7 +101,7 @@ pub fn upload_file_with(
         };
         remote
             .block_on(remote.store().put_opts(&key, bytes.into(), opts))
-            .map_err(|e| DataError::store(url, "uploading shard", e))?;
+            .map_err(|e| remote.error(url, "uploading shard", e))?;
         return Ok(());
     }
     let opts = PutMultipartOptions {
@@ -118,7 +114,7 @@ pub fn upload_file_with(
             .store()
             .put_multipart_opts(&key, opts)
             .await
-            .map_err(|e| DataError::store(url.clone(), "starting multipart upload", e))?;
+            .map_err(|e| remote.error(url.clone(), "starting multipart upload", e))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, part_size);
         let mut file =
             std::fs::File::open(path).map_err(|e| DataError::io(path, "reading shard", e))?;
@@ -133,13 +129,13 @@ pub fn upload_file_with(
             writer
                 .wait_for_capacity(4)
                 .await
-                .map_err(|e| DataError::store(url.clone(), "uploading shard part", e))?;
+                .map_err(|e| remote.error(url.clone(), "uploading shard part", e))?;
             writer.write(&buf[..n]);
         }
         writer
             .finish()
             .await
-            .map_err(|e| DataError::store(url.clone(), "finishing multipart upload", e))?;
+            .map_err(|e| remote.error(url.clone(), "finishing multipart upload", e))?;
         Ok(())
     })
 }
@@ -163,21 +159,13 @@ pub fn upload(
         match remote.block_on(async { remote.store().get(&index_key).await?.bytes().await }) {
             Ok(b) => Some(b),
             Err(::object_store::Error::NotFound { .. }) => None,
-            Err(e) => {
-                return Err(DataError::store(
-                    remote.url.url_of(INDEX_FILE),
-                    "reading",
-                    e,
-                ))
-            }
+            Err(e) => return Err(remote.error(remote.url.url_of(INDEX_FILE), "reading", e)),
         };
     let index_same = old_index.as_deref() == Some(raw.as_slice());
     if old_index.is_some() && !index_same {
         remote
             .block_on(remote.store().delete(&index_key))
-            .map_err(|e| {
-                DataError::store(remote.url.url_of(INDEX_FILE), "deleting old index", e)
-            })?;
+            .map_err(|e| remote.error(remote.url.url_of(INDEX_FILE), "deleting old index", e))?;
     }
     let mut summary = UploadSummary {
         shards: index.shards.len(),
