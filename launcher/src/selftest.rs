@@ -1,7 +1,8 @@
 //! `launcher selftest`: one job that runs `trainer selftest` on every task of an allocation
 //! (the nodes and tasks training would use), through the same script renderer as training
-//! (srun, Pyxis, env, rendezvous). Every task prints its table and a JSON line; the launcher
-//! reads them all back from the job's log and reports one table, check by check.
+//! (srun, Pyxis, env, rendezvous). Every task prints its table and its JSON report (as
+//! `scdino_base::report` lines, which survive the tasks' output being interleaved); the
+//! launcher reads them all back from the job's log and reports one table, check by check.
 use crate::cluster::Cluster;
 use crate::render::{Allocation, Rendered};
 use serde::Deserialize;
@@ -43,9 +44,9 @@ pub fn render(
 
 /// Every task's report in the log, one per rank (the last one a rank printed).
 pub fn find_reports(log: &str) -> BTreeMap<usize, Report> {
-    log.lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-        .filter_map(|l| serde_json::from_str::<Report>(l.trim()).ok())
+    scdino_base::report::decode(log, REPORT_KIND)
+        .into_values()
+        .filter_map(|text| serde_json::from_str::<Report>(&text).ok())
         .filter(|r| r.kind == REPORT_KIND)
         .map(|r| (r.rank, r))
         .collect()
@@ -117,16 +118,30 @@ pub fn table(reports: &BTreeMap<usize, Report>) -> String {
 mod tests {
     use super::*;
 
-    const LOG: &str = r#"[launcher] selftest job 9 restart 0 on n1, master n1:61009
-# selftest on n1 (rank 1/2, local rank 1)
-{"kind":"scdino.selftest","host":"n1","rank":1,"local_rank":1,"world":2,"checks":[{"name":"cuda","status":"skip","detail":"no CUDA device visible (a CPU node)"},{"name":"all-reduce","status":"fail","detail":"Gloo over 2 ranks, 1048576 float32 elements, 3 wrong"}],"passed":false}
-{"kind":"scdino.collectives_bench","world":2}
-{"kind":"scdino.selftest","host":"n1","rank":0,"local_rank":0,"world":2,"checks":[{"name":"cuda","status":"skip","detail":"no CUDA device visible (a CPU node)"},{"name":"all-reduce","status":"pass","detail":"Gloo over 2 ranks, 1048576 float32 elements, 0 wrong"}],"passed":true}
-"#;
+    const RANK1: &str = r#"{"kind":"scdino.selftest","host":"n1","rank":1,"local_rank":1,"world":2,"checks":[{"name":"cuda","status":"skip","detail":"no CUDA device visible (a CPU node)"},{"name":"all-reduce","status":"fail","detail":"Gloo over 2 ranks, 1048576 float32 elements, 3 wrong"}],"passed":false}"#;
+    const RANK0: &str = r#"{"kind":"scdino.selftest","host":"n1","rank":0,"local_rank":0,"world":2,"checks":[{"name":"cuda","status":"skip","detail":"no CUDA device visible (a CPU node)"},{"name":"all-reduce","status":"pass","detail":"Gloo over 2 ranks, 1048576 float32 elements, 0 wrong"}],"passed":true}"#;
+
+    /// A job log as two tasks write it: their report lines interleaved with each other and
+    /// with other output.
+    fn log() -> String {
+        use scdino_base::report::encode;
+        let (r1, r0) = (encode(REPORT_KIND, 1, RANK1), encode(REPORT_KIND, 0, RANK0));
+        let mut lines = vec![
+            "[launcher] selftest job 9 restart 0 on n1, master n1:61009".to_string(),
+            "# selftest on n1 (rank 1/2, local rank 1)".to_string(),
+        ];
+        for i in 0..r1.len().max(r0.len()) {
+            lines.extend(r1.get(i).cloned());
+            lines.push("# selftest on n1 (rank 0/2, local rank 0)".into());
+            lines.extend(r0.get(i).cloned());
+        }
+        lines.extend(encode("scdino.collectives_bench", 0, r#"{"world":2}"#));
+        lines.join("\n")
+    }
 
     #[test]
     fn reports_of_every_rank_are_read_and_failures_named() {
-        let r = find_reports(LOG);
+        let r = find_reports(&log());
         assert_eq!(r.len(), 2);
         let why = judge(&r, 2);
         assert_eq!(

@@ -5,4 +5,5 @@
 pub mod exit;
 pub mod fs;
 pub mod log;
+pub mod report;
 pub mod rng;

@@ -157,11 +157,27 @@ impl Config {
         serde_saphyr::to_string(&self.sections()).expect("config sections always serialize")
     }
 
-    /// The file channels some combination selects, ascending: only they can matter.
+    /// The file channels some model sees, ascending: only they can matter. With an adaptive
+    /// `model.channels` that is every channel (the one model trains on all of them).
     pub fn used_channels(&self) -> Vec<usize> {
+        if self.model.channels.is_adaptive() {
+            return (0..self.file_channels()).collect();
+        }
         let set: std::collections::BTreeSet<usize> =
             self.channel_sets.iter().flatten().copied().collect();
         set.into_iter().collect()
+    }
+
+    /// The channels the model behind combination `combination` trains on: the combination's
+    /// own (`fixed`), or every channel of the files (`bag`, `tokens`: one model serves every
+    /// combination). None for a combination the config does not have.
+    pub fn training_channels(&self, combination: usize) -> Option<Vec<usize>> {
+        let own = self.channel_sets.get(combination)?;
+        Some(if self.model.channels.is_adaptive() {
+            (0..self.file_channels()).collect()
+        } else {
+            own.clone()
+        })
     }
 
     /// Number of channels each image file must have.
@@ -175,12 +191,18 @@ impl Config {
     }
 
     /// scDINO's model folder name, e.g. `name_of_model_channel_aTub_BF` for channels [0, 1].
+    /// With an adaptive `model.channels` the mode follows the model name
+    /// (`name_of_model_tokens_channel_aTub_BF`), so its folders never mix with a fixed
+    /// model's.
     pub fn model_dir_name(&self, channels: &[usize]) -> String {
         let names: String = channels
             .iter()
             .map(|&c| format!("_{}", self.data.channel_names[c]))
             .collect();
-        format!("{}_channel{}", self.model.name, names)
+        match self.model.channels {
+            ChannelMode::Fixed => format!("{}_channel{}", self.model.name, names),
+            mode => format!("{}_{}_channel{}", self.model.name, mode.name(), names),
+        }
     }
 
     fn validate(s: Sections, origin: &str, lines: &KeyLines) -> Result<Self, ConfigError> {
@@ -318,6 +340,14 @@ impl Config {
         )?;
         v.check(model.out_dim > 0, "model.out_dim", "must be positive")?;
         v.check(
+            model.channels.is_fixed() || n_channels <= 64,
+            "model.channels",
+            &format!(
+                "{} takes at most 64 channels (the images have {n_channels})",
+                model.channels.name()
+            ),
+        )?;
+        v.check(
             (0.0..1.0).contains(&model.drop_path_rate),
             "model.drop_path_rate",
             "must be in [0, 1)",
@@ -444,6 +474,25 @@ impl Config {
             "downstream.features.custom_embedding_map",
             "cannot be combined with use_mean_patch_embedding: choose one way to adapt the patch embedding",
         )?;
+        for (set, key) in [
+            (
+                f.use_mean_patch_embedding,
+                "downstream.features.use_mean_patch_embedding",
+            ),
+            (
+                !f.custom_embedding_map.is_empty(),
+                "downstream.features.custom_embedding_map",
+            ),
+        ] {
+            v.check(
+                !set || model.channels.is_fixed(),
+                key,
+                &format!(
+                    "adapts a fixed model's patch embedding to other channels; model.channels: {} takes any subset of channels as it is",
+                    model.channels.name()
+                ),
+            )?;
+        }
         for &c in f.custom_embedding_map.keys() {
             v.check(
                 c < n_channels,
@@ -794,6 +843,56 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("use_custom_embedding_map"), "{e}");
+    }
+
+    /// `model.channels`: fixed stays scDINO (not even written out); the adaptive modes train
+    /// one model on every channel, name their folders by mode and refuse scDINO's
+    /// patch-embedding adapters.
+    #[test]
+    fn channel_modes() {
+        let five = "data:\n  channel_names: [a, b, c, d, e]\n  channel_combinations: [\"01234\", \"0\", \"13\"]\n";
+        let fixed = Config::from_yaml(five, "t").unwrap();
+        assert_eq!(fixed.model.channels, ChannelMode::Fixed);
+        assert!(!fixed.to_yaml().contains("channels: fixed"));
+        assert_eq!(fixed.training_channels(2), Some(vec![1, 3]));
+        assert_eq!(fixed.used_channels(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(fixed.model_dir_name(&[1, 3]), "name_of_model_channel_b_d");
+        let only = Config::from_yaml(
+            "data:\n  channel_names: [a, b, c, d, e]\n  channel_combinations: [\"13\"]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(only.used_channels(), vec![1, 3]);
+        for (mode, name) in [(ChannelMode::Bag, "bag"), (ChannelMode::Tokens, "tokens")] {
+            let text = format!("model:\n  channels: {name}\n{five}");
+            let c = Config::from_yaml(&text, "t").unwrap();
+            assert_eq!(c.model.channels, mode);
+            assert!(c.to_yaml().contains(&format!("channels: {name}")));
+            assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+            for combination in 0..3 {
+                assert_eq!(c.training_channels(combination), Some(vec![0, 1, 2, 3, 4]));
+            }
+            assert_eq!(c.training_channels(3), None);
+            assert_eq!(
+                c.model_dir_name(&[1, 3]),
+                format!("name_of_model_{name}_channel_b_d")
+            );
+            let (key, line, msg) = invalid(&format!(
+                "{text}downstream:\n  features:\n    use_mean_patch_embedding: true\n"
+            ));
+            assert_eq!(
+                (key.as_str(), line),
+                ("downstream.features.use_mean_patch_embedding", Some(8))
+            );
+            assert!(msg.contains(&format!("model.channels: {name}")), "{msg}");
+        }
+        let e = Config::from_yaml("model:\n  channels: rgb\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rgb") && e.contains("tokens") && e.contains("line 2"),
+            "{e}"
+        );
     }
 
     #[test]

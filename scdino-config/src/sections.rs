@@ -249,6 +249,46 @@ pub struct ModelSection {
     pub use_bn_in_head: bool,
     /// `hyperparameters.drop_path_rate`: stochastic depth of the student only.
     pub drop_path_rate: f64,
+    /// How the model takes channels (new; scDINO has `fixed` only). Written out only when
+    /// not `fixed`, so scDINO-style configs serialise as before.
+    #[serde(skip_serializing_if = "ChannelMode::is_fixed")]
+    pub channels: ChannelMode,
+}
+
+/// `model.channels`: one model per channel combination, or one for all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChannelMode {
+    /// scDINO: a combination's channels are the ViT's input channels; one model per entry of
+    /// `data.channel_combinations`.
+    #[default]
+    Fixed,
+    /// DINO Bag-of-Channels: one single-channel ViT trained on every channel of every image
+    /// as its own image; a combination's feature is its channels' CLS tokens, concatenated.
+    Bag,
+    /// ChannelViT: one shared single-channel patch projection, a learned embedding per
+    /// channel, one token per channel and patch; trained with hierarchical channel sampling.
+    Tokens,
+}
+
+impl ChannelMode {
+    pub fn is_fixed(&self) -> bool {
+        *self == ChannelMode::Fixed
+    }
+
+    /// One model for every combination (`bag`, `tokens`).
+    pub fn is_adaptive(&self) -> bool {
+        !self.is_fixed()
+    }
+
+    /// The YAML spelling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ChannelMode::Fixed => "fixed",
+            ChannelMode::Bag => "bag",
+            ChannelMode::Tokens => "tokens",
+        }
+    }
 }
 
 impl Default for ModelSection {
@@ -261,6 +301,7 @@ impl Default for ModelSection {
             norm_last_layer: true,
             use_bn_in_head: false,
             drop_path_rate: 0.1,
+            channels: ChannelMode::Fixed,
         }
     }
 }

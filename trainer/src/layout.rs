@@ -21,6 +21,9 @@
 //!     attention_images/{tag}/attention_images.json
 //!     report.html, report_assets/
 //! ```
+//!
+//! With `model.channels: bag | tokens` the one model is `{model}_{mode}_channel_{all names}`
+//! and each combination's analyses are in `{model}_{mode}_channel_{its names}_analyses`.
 use crate::config::Config;
 use std::path::{Path, PathBuf};
 
@@ -42,12 +45,23 @@ impl RunLayout {
         self.root.join("mean_and_std_of_dataset.txt")
     }
 
-    /// The files of the model trained on `channels`.
+    /// The files of the model for the combination `channels`: trained on them (`fixed`), or
+    /// the one model trained on every channel (`bag`, `tokens`), with the analyses of this
+    /// combination in their own folder.
     pub fn model(&self, cfg: &Config, channels: &[usize]) -> ModelLayout {
-        let name = cfg.model_dir_name(channels);
+        let trained: Vec<usize> = if cfg.model.channels.is_adaptive() {
+            (0..cfg.file_channels()).collect()
+        } else {
+            channels.to_vec()
+        };
         ModelLayout {
-            dir: self.root.join("scDINO_ViTs").join(&name),
-            analyses: self.root.join(format!("{name}_analyses")),
+            dir: self
+                .root
+                .join("scDINO_ViTs")
+                .join(cfg.model_dir_name(&trained)),
+            analyses: self
+                .root
+                .join(format!("{}_analyses", cfg.model_dir_name(channels))),
         }
     }
 }

@@ -401,6 +401,7 @@ fn step_on(
         freeze_last_layer: false,
         clip_grad: 3.0,
         rng_seed: 1,
+        channels: None,
     };
     let out = learner
         .step(&step_batch(device), p, 0, &mut SingleProcess::default())

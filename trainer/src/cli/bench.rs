@@ -290,6 +290,7 @@ impl StepBench {
             freeze_last_layer: false,
             clip_grad: cfg.train.clip_grad,
             rng_seed: it as i64,
+            channels: None,
         };
         let mut group = SingleProcess::default();
         let total = self.warmup + self.iters;

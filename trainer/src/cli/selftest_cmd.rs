@@ -8,7 +8,9 @@ use trainer::selftest::{self, Options};
 
 #[derive(Debug, Args)]
 pub struct SelftestArgs {
-    /// Also print the report as one JSON line after the table.
+    /// Also print the report as JSON after the table, in `@scdino-report` lines of under
+    /// 512 bytes (`scdino_base::report`), which survive the output of several tasks being
+    /// interleaved in one job log.
     #[arg(long)]
     json: bool,
     /// Seconds the all-reduce's rendezvous and collective may take.
@@ -27,7 +29,10 @@ impl SelftestArgs {
         );
         print!("{}", report.table());
         if self.json {
-            println!("{}", serde_json::to_string(&report)?);
+            let json = serde_json::to_string(&report)?;
+            for line in scdino_base::report::encode(selftest::REPORT_KIND, report.rank, &json) {
+                println!("{line}");
+            }
         }
         if !report.passed {
             std::process::exit(1);

@@ -20,3 +20,16 @@ pub(crate) fn pytorch_default_uniform(fan_in: i64) -> nn::Init {
         up: bound,
     }
 }
+
+/// A `[rows, dim]` matrix (rows ≤ dim) with orthonormal rows scaled to `row_norm`:
+/// DiChaViT's orthogonal channel embeddings, at the size a trunc-normal(0.02) row has on
+/// average (0.02·√dim), so they start as large as ChannelViT's. The QR of a Gaussian with
+/// R's diagonal signs folded in, as PyTorch's `orthogonal_` does.
+pub(crate) fn orthogonal_rows(rows: i64, dim: i64, row_norm: f64, device: tch::Device) -> Tensor {
+    tch::no_grad(|| {
+        let g = Tensor::randn([dim, rows], (tch::Kind::Float, device));
+        let (q, r) = Tensor::linalg_qr(&g, "reduced");
+        let signs = r.diagonal(0, 0, 1).sign();
+        (q * signs.unsqueeze(0)).transpose(0, 1) * row_norm
+    })
+}

@@ -7,9 +7,9 @@ mod vit;
 
 pub use head::{DinoHead, HeadConfig};
 pub use multicrop::MultiCropNet;
-pub use vit::{BlockHooks, VisionTransformer, VitConfig};
+pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
 
-use crate::config::Config;
+use crate::config::{ChannelMode, Config};
 use std::collections::BTreeSet;
 use std::path::Path;
 use tch::{nn, Tensor};
@@ -26,10 +26,16 @@ pub enum WeightsError {
     Mismatch { path: String, detail: String },
 }
 
-/// The student and teacher architecture for one channel combination of a config.
+/// The student and teacher architecture for a model over `in_chans` channels: the input
+/// channels of a `fixed` model, the channels a `tokens` model knows (one embedding each);
+/// a `bag` model is a single-channel ViT whatever `in_chans` is.
 pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, HeadConfig) {
     let m = &cfg.model;
-    let mut vit = VitConfig::new(m.arch, m.patch_size, in_chans);
+    let mut vit = match m.channels {
+        ChannelMode::Fixed => VitConfig::new(m.arch, m.patch_size, in_chans),
+        ChannelMode::Bag => VitConfig::new(m.arch, m.patch_size, 1),
+        ChannelMode::Tokens => VitConfig::new(m.arch, m.patch_size, in_chans).with_channel_tokens(),
+    };
     if student {
         vit = vit.with_drop_path(m.drop_path_rate);
     }
@@ -37,6 +43,21 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
     let norm_last = !student || m.norm_last_layer;
     let head = HeadConfig::new(vit.embed_dim, m.out_dim as i64, m.use_bn_in_head, norm_last);
     (vit, head)
+}
+
+/// DINO Bag-of-Channels features of `x` (`[B, k, H, W]`) from a single-channel backbone: the
+/// channels go through the batch dimension, and the per-channel CLS tokens are returned
+/// concatenated in channel order (`[B, k·D]`, what kNN and the probe use, as DINO-BoC does)
+/// and averaged (`[B, D]`).
+pub fn bag_features(vit: &VisionTransformer, x: &Tensor) -> (Tensor, Tensor) {
+    let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
+    let cls = vit.forward_t(&x.reshape([b * k, 1, h, w]), false);
+    let d = cls.size()[1];
+    let per_channel = cls.reshape([b, k, d]);
+    (
+        per_channel.reshape([b, k * d]),
+        per_channel.mean_dim(1, false, None),
+    )
 }
 
 /// Total element count of the variables whose name starts with `prefix`.

@@ -24,6 +24,17 @@ impl MultiCropNet {
     /// Consecutive crops with the same last-dimension size form one group (as in DINO, which
     /// groups by width only), concatenated along the batch for a single backbone pass.
     pub fn forward_t(&self, crops: &[Tensor], train: bool) -> Tensor {
+        self.forward_channels_t(crops, None, train)
+    }
+
+    /// [`MultiCropNet::forward_t`] on crops holding the model's channels `channels` (channel
+    /// tokens only; None: all of them, in order).
+    pub fn forward_channels_t(
+        &self,
+        crops: &[Tensor],
+        channels: Option<&[i64]>,
+        train: bool,
+    ) -> Tensor {
         let mut features = Vec::new();
         let mut start = 0;
         while start < crops.len() {
@@ -34,7 +45,7 @@ impl MultiCropNet {
                     .take_while(|c| c.size()[3] == width)
                     .count();
             let batch = Tensor::cat(&crops[start..end], 0);
-            features.push(self.backbone.forward_t(&batch, train));
+            features.push(self.backbone.forward_channels_t(&batch, channels, train));
             start = end;
         }
         self.head.forward_t(&Tensor::cat(&features, 0), train)

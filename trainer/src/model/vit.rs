@@ -1,7 +1,12 @@
 //! Vision Transformer backbone as in DINO / scDINO (`vision_transformer.py`): pre-norm blocks,
 //! a CLS token, learned position embeddings interpolated bicubically for other input sizes.
-//! Variable names mirror the PyTorch state dict so checkpoints load by name.
-use super::init::{pytorch_default_uniform, trunc_normal_};
+//! With `channel_tokens` the patches are ChannelViT's instead (Bao et al., ICLR 2024): every
+//! channel is cut into patches by one shared single-channel projection, a learned embedding
+//! per channel is added, and the position embedding is shared by the channels, so an image
+//! with k of the model's channels gives k·N patch tokens and any subset of channels is a valid
+//! input. Variable names mirror the PyTorch state dicts (DINO's; ChannelViT's
+//! `patch_embed.channel_embed`) so checkpoints load by name.
+use super::init::{orthogonal_rows, pytorch_default_uniform, trunc_normal_};
 use crate::config::Arch;
 use std::sync::Arc;
 use tch::{nn, nn::Module, Kind, Tensor};
@@ -18,6 +23,9 @@ pub struct VitConfig {
     /// The training resolution that fixes the number of position embeddings.
     pub img_size: i64,
     pub drop_path_rate: f64,
+    /// ChannelViT tokens: `in_chans` is the number of channels the model knows (one
+    /// channel embedding each), an input may hold any subset of them.
+    pub channel_tokens: bool,
 }
 
 impl VitConfig {
@@ -36,7 +44,13 @@ impl VitConfig {
             in_chans: in_chans as i64,
             img_size: 224,
             drop_path_rate: 0.0,
+            channel_tokens: false,
         }
+    }
+
+    pub fn with_channel_tokens(mut self) -> Self {
+        self.channel_tokens = true;
+        self
     }
 
     pub fn with_drop_path(mut self, rate: f64) -> Self {
@@ -102,6 +116,92 @@ impl PatchEmbed {
             .flatten(2, -1)
             .transpose(1, 2)
     }
+}
+
+/// ChannelViT's `PatchEmbedPerChannel`: one projection of single-channel patches shared by
+/// every channel, plus a learned offset per channel (`channel_embed`). Both keep ChannelViT's
+/// shapes (`proj` is its `Conv3d` with kernel `(1, P, P)`, weight `[D, 1, 1, P, P]`;
+/// `channel_embed` is `[1, D, C, 1, 1]`), so its state dicts load by name; the projection runs
+/// as the equivalent `Conv2d` over single-channel images.
+#[derive(Debug)]
+pub struct ChannelPatchEmbed {
+    weight: Tensor,
+    bias: Tensor,
+    channel_embed: Tensor,
+    patch_size: i64,
+}
+
+impl ChannelPatchEmbed {
+    fn new(p: nn::Path, cfg: &VitConfig) -> Self {
+        let fan_in = cfg.patch_size * cfg.patch_size;
+        let proj = &p / "proj";
+        let weight = proj.var(
+            "weight",
+            &[cfg.embed_dim, 1, 1, cfg.patch_size, cfg.patch_size],
+            pytorch_default_uniform(fan_in),
+        );
+        let bias = proj.var("bias", &[cfg.embed_dim], pytorch_default_uniform(fan_in));
+        let channel_embed = p.var(
+            "channel_embed",
+            &[1, cfg.embed_dim, cfg.in_chans, 1, 1],
+            nn::Init::Const(0.0),
+        );
+        // DiChaViT: orthogonal channel embeddings (distinct channels start distinguishable).
+        let rows = orthogonal_rows(
+            cfg.in_chans,
+            cfg.embed_dim,
+            0.02 * (cfg.embed_dim as f64).sqrt(),
+            channel_embed.device(),
+        );
+        tch::no_grad(|| {
+            channel_embed
+                .shallow_clone()
+                .copy_(
+                    &rows
+                        .transpose(0, 1)
+                        .reshape([1, cfg.embed_dim, cfg.in_chans, 1, 1]),
+                )
+        });
+        Self {
+            weight,
+            bias,
+            channel_embed,
+            patch_size: cfg.patch_size,
+        }
+    }
+
+    /// `x`: `[B, k, H, W]` holding the model's channels `channels` (k indices, in the order of
+    /// x's channels) → `[B, k·(H/P)·(W/P), D]`, channel-major (all patches of the first channel,
+    /// then the next), as ChannelViT orders them.
+    fn forward(&self, x: &Tensor, channels: &Tensor) -> Tensor {
+        let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
+        let p = [self.patch_size, self.patch_size];
+        let d = self.weight.size()[0];
+        let weight = self
+            .weight
+            .reshape([d, 1, self.patch_size, self.patch_size]);
+        let y = x
+            .reshape([b * k, 1, h, w])
+            .conv2d(&weight, Some(&self.bias), p, [0, 0], [1, 1], 1);
+        let n = y.size()[2] * y.size()[3];
+        // [B·k, D, h', w'] → [B, k, n, D], plus channel c's embedding on each of its tokens.
+        let tokens = y.reshape([b, k, d, n]).transpose(2, 3);
+        let embed = self
+            .channel_embed
+            .reshape([d, -1])
+            .index_select(1, channels)
+            .transpose(0, 1)
+            .reshape([1, k, 1, d]);
+        (tokens + embed).reshape([b, k * n, d])
+    }
+}
+
+/// How images become patch tokens: DINO's patch embedding over all input channels, or
+/// ChannelViT's per-channel tokens.
+#[derive(Debug)]
+enum Tokenizer {
+    Image(PatchEmbed),
+    PerChannel(ChannelPatchEmbed),
 }
 
 /// Multi-head self-attention with one fused `qkv` projection.
@@ -247,7 +347,7 @@ impl std::fmt::Debug for HookSlot {
 /// The ViT backbone; its output is the CLS token after the final LayerNorm.
 #[derive(Debug)]
 pub struct VisionTransformer {
-    patch_embed: PatchEmbed,
+    patch_embed: Tokenizer,
     cls_token: Tensor,
     pos_embed: Tensor,
     blocks: Vec<Block>,
@@ -260,7 +360,11 @@ impl VisionTransformer {
     pub fn new(p: nn::Path, cfg: VitConfig) -> Self {
         let d = cfg.embed_dim;
         let grid = cfg.grid();
-        let patch_embed = PatchEmbed::new(&p / "patch_embed", &cfg);
+        let patch_embed = if cfg.channel_tokens {
+            Tokenizer::PerChannel(ChannelPatchEmbed::new(&p / "patch_embed", &cfg))
+        } else {
+            Tokenizer::Image(PatchEmbed::new(&p / "patch_embed", &cfg))
+        };
         let cls_token = p.var("cls_token", &[1, 1, d], nn::Init::Const(0.0));
         let pos_embed = p.var("pos_embed", &[1, grid * grid + 1, d], nn::Init::Const(0.0));
         trunc_normal_(&pos_embed, 0.02);
@@ -332,19 +436,52 @@ impl VisionTransformer {
         Tensor::cat(&[class_pos, patch_pos], 1)
     }
 
-    /// `[B, C, H, W]` → `[B, 1 + patches, D]`: CLS token prepended, positions added.
-    pub fn prepare_tokens(&self, x: &Tensor) -> Tensor {
-        let (b, _c, h, w) = x.size4().expect("images are [B, C, H, W]");
-        let patches = self.patch_embed.forward(x);
+    /// `[B, C, H, W]` → `[B, 1 + patches, D]`: CLS token prepended, positions added. With
+    /// channel tokens, `x`'s channels are the model's channels `channels` (all of them, in
+    /// order, when None), and each channel's patches get the same position embeddings.
+    pub fn prepare_tokens(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
+        let (b, c, h, w) = x.size4().expect("images are [B, C, H, W]");
         let cls = self.cls_token.expand([b, -1, -1], false);
-        let tokens = Tensor::cat(&[cls, patches], 1);
-        let npatch = tokens.size()[1] - 1;
-        tokens + self.interpolate_pos_encoding(npatch, h, w)
+        match &self.patch_embed {
+            Tokenizer::Image(embed) => {
+                let patches = embed.forward(x);
+                let npatch = patches.size()[1];
+                Tensor::cat(&[cls, patches], 1) + self.interpolate_pos_encoding(npatch, h, w)
+            }
+            Tokenizer::PerChannel(embed) => {
+                let all: Vec<i64>;
+                let channels = match channels {
+                    Some(ch) => ch,
+                    None => {
+                        all = (0..c).collect();
+                        &all
+                    }
+                };
+                assert_eq!(
+                    channels.len() as i64,
+                    c,
+                    "the channel list must name each of the input's channels"
+                );
+                let index = Tensor::from_slice(channels).to_device(x.device());
+                let patches = embed.forward(x, &index);
+                let per_channel = patches.size()[1] / c;
+                let pos = self.interpolate_pos_encoding(per_channel, h, w);
+                let cls_pos = pos.narrow(1, 0, 1);
+                let patch_pos = pos.narrow(1, 1, per_channel).repeat([1, c, 1]);
+                Tensor::cat(&[cls + cls_pos, patches + patch_pos], 1)
+            }
+        }
     }
 
     /// `[B, C, H, W]` → CLS features `[B, D]`.
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let mut t = self.prepare_tokens(x);
+        self.forward_channels_t(x, None, train)
+    }
+
+    /// [`VisionTransformer::forward_t`] on an input holding the model's channels `channels`
+    /// (channel tokens only; None: all of them, in order).
+    pub fn forward_channels_t(&self, x: &Tensor, channels: Option<&[i64]>, train: bool) -> Tensor {
+        let mut t = self.prepare_tokens(x, channels);
         for (i, block) in self.blocks.iter().enumerate() {
             match &self.hooks.0 {
                 Some(h) => {
@@ -361,7 +498,13 @@ impl VisionTransformer {
 
     /// The last block's softmax attention, `[B, heads, N, N]` (inference only).
     pub fn last_selfattention(&self, x: &Tensor) -> Tensor {
-        let mut t = self.prepare_tokens(x);
+        self.last_selfattention_channels(x, None)
+    }
+
+    /// [`VisionTransformer::last_selfattention`] for an input holding the model's channels
+    /// `channels` (channel tokens: the tokens after the CLS are channel-major).
+    pub fn last_selfattention_channels(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
+        let mut t = self.prepare_tokens(x, channels);
         let (last, rest) = self
             .blocks
             .split_last()

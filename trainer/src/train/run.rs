@@ -7,6 +7,7 @@
 //! state, loss centre and the position (epoch, batch, iteration) for a resumed run to
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::ahead::ahead;
+use super::channels::hierarchical_sample;
 use super::collapse::{describe, CollapseWatch, TeacherSnapshot};
 pub use super::error::TrainError;
 use super::flops::{step_flops, Utilisation};
@@ -15,14 +16,13 @@ use super::loader::{BufferPool, EpochLoader, LoadError, LoadedBatch};
 use super::loss::DinoLoss;
 use super::sampler::{configured_epoch_order, iters_per_epoch};
 use super::schedule::{scale_lr, teacher_temp_schedule, Schedules};
-use super::step::{Learner, Networks, StepParams};
+use super::step::{ChannelSubset, Learner, Networks, StepParams};
 use super::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
 use super::telemetry::{StepRecord, Telemetry};
 use crate::analysis::mean_std::{self, MeanStd};
 use crate::augment::{AugmentOps, MultiCropAugment, MultiCropConfig};
 use crate::checkpoint::{self, CheckpointMeta, EpochTotals};
-use crate::config::OnCollapse;
-use crate::config::{Config, OnCorrupt};
+use crate::config::{ChannelMode, Config, OnCollapse, OnCorrupt};
 use crate::data::preprocess::preprocess_into;
 use crate::data::quality;
 use crate::data::{self, ImageChw, ImageSource, PreprocessOptions, SharedSource};
@@ -62,9 +62,11 @@ pub struct TrainOptions {
 }
 
 /// The fields a resume must agree on: they change the shape or meaning of the weights.
+/// `model.channels` is in it only when not `fixed`, so that checkpoints written before the
+/// key existed still resume.
 fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     let m = &cfg.model;
-    serde_json::json!({
+    let mut fp = serde_json::json!({
         "arch": m.arch,
         "patch_size": m.patch_size,
         "out_dim": m.out_dim,
@@ -72,8 +74,11 @@ fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
         "norm_last_layer": m.norm_last_layer,
         "channels": channels,
         "channel_names": channels.iter().map(|&c| &cfg.data.channel_names[c]).collect::<Vec<_>>(),
-    })
-    .to_string()
+    });
+    if m.channels.is_adaptive() {
+        fp["model_channels"] = m.channels.name().into();
+    }
+    fp.to_string()
 }
 
 /// `{output_dir}/{name}/scDINO_ViTs/{model}_channel_{names}` (see [`crate::layout`]).
@@ -123,14 +128,12 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
 
 /// Trains one channel combination of `cfg` on this process (single-process for now).
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainError> {
-    let channels =
-        cfg.channel_sets
-            .get(opts.combination)
-            .cloned()
-            .ok_or(TrainError::NoCombination {
-                index: opts.combination,
-                count: cfg.channel_sets.len(),
-            })?;
+    let channels = cfg
+        .training_channels(opts.combination)
+        .ok_or(TrainError::NoCombination {
+            index: opts.combination,
+            count: cfg.channel_sets.len(),
+        })?;
     let run_files = RunLayout::new(cfg);
     let files = run_files.model(cfg, &channels);
     let out_dir = files.dir().to_path_buf();
@@ -399,6 +402,13 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
                 freeze_last_layer: epoch < cfg.train.freeze_last_layer,
                 clip_grad: cfg.train.clip_grad,
                 rng_seed: step_seed(cfg.run.seed, iteration),
+                channels: (cfg.model.channels == ChannelMode::Tokens).then(|| {
+                    ChannelSubset::from_indices(&hierarchical_sample(
+                        cfg.run.seed,
+                        iteration,
+                        channels.len(),
+                    ))
+                }),
             };
             let out = learner.step(&crops, params, iteration, strategy.as_mut())?;
             if out.skipped {

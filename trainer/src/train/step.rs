@@ -54,6 +54,26 @@ pub struct StepParams {
     pub clip_grad: f64,
     /// Seeds libtorch's generator (drop path) so a resumed run draws what a straight one would.
     pub rng_seed: i64,
+    /// `model.channels: tokens`: the channels this step trains on (hierarchical channel
+    /// sampling); None: every channel the crops hold.
+    pub channels: Option<ChannelSubset>,
+}
+
+/// A set of at most 64 channel indices, ascending (`Copy`, so [`StepParams`] stays plain data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelSubset(u64);
+
+impl ChannelSubset {
+    pub fn from_indices(indices: &[i64]) -> Self {
+        Self(indices.iter().fold(0u64, |m, &c| {
+            assert!((0..64).contains(&c), "channel index {c} out of 0..64");
+            m | (1 << c)
+        }))
+    }
+
+    pub fn indices(&self) -> Vec<i64> {
+        (0..64).filter(|c| self.0 >> c & 1 == 1).collect()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,15 +153,27 @@ impl Learner {
         iteration: usize,
         strategy: &mut dyn ParallelStrategy,
     ) -> Result<StepOutput, StepError> {
+        // Channel tokens: the step's channel subset, for the teacher and every crop alike.
+        let subset = p.channels.map(|c| c.indices());
+        let selected: Vec<Tensor>;
+        let crops = match &subset {
+            Some(idx) => {
+                let index = Tensor::from_slice(idx).to_device(crops[0].device());
+                selected = crops.iter().map(|c| c.index_select(1, &index)).collect();
+                &selected[..]
+            }
+            None => crops,
+        };
+        let channels = subset.as_deref();
         strategy.before_teacher()?;
         let nets = &self.nets;
         let teacher_out = autocast(self.precision, self.device, || {
-            tch::no_grad(|| nets.teacher.forward_t(&crops[..2], true))
+            tch::no_grad(|| nets.teacher.forward_channels_t(&crops[..2], channels, true))
         });
         strategy.before_student()?;
         let loss_fn = &self.loss;
         let loss = autocast(self.precision, self.device, || {
-            let s = nets.student.forward_t(crops, true);
+            let s = nets.student.forward_channels_t(crops, channels, true);
             loss_fn.forward(&s, &teacher_out, p.epoch)
         });
         strategy.after_student()?;

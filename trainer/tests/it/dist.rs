@@ -375,6 +375,7 @@ fn fsdp_step_inputs(rank: usize) -> (Vec<Tensor>, trainer::train::step::StepPara
         freeze_last_layer: false,
         clip_grad: 3.0,
         rng_seed: 1,
+        channels: None,
     };
     (crops, p)
 }

@@ -276,3 +276,116 @@ fn loading_refuses_missing_or_misshaped_weights() {
         "{err}"
     );
 }
+
+/// `model.channels: tokens` (ChannelViT tokens) and `bag` (single-channel ViT, channels
+/// through the batch) against the PyTorch references of tests/py/channel_reference.py, on the
+/// same weights: CLS at the training grid, at another size, non-square, on a subset of the
+/// channels, the last attention, and the bag features (concatenated and mean). The tokens
+/// state dict is ChannelViT's, name for name and shape for shape.
+#[test]
+fn channel_adaptive_backbones_match_pytorch() {
+    use trainer::model::{bag_features, VisionTransformer};
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("channels.safetensors");
+    let out_s = out.to_str().unwrap();
+    run_py_file("channel_parity.py", &[out_s, "vit_tiny", "16", "4"]);
+    let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let tokens = VisionTransformer::new(
+        vs.root(),
+        VitConfig::new(Arch::VitTiny, 16, 4)
+            .with_drop_path(0.1)
+            .with_channel_tokens(),
+    );
+    load_safetensors_strict(
+        &mut vs,
+        &dir.path().join("channels.safetensors.tokens.safetensors"),
+    )
+    .expect("a ChannelViT state dict loads by name");
+    let mut bag_vs = nn::VarStore::new(Device::Cpu);
+    let bag = VisionTransformer::new(
+        bag_vs.root(),
+        VitConfig::new(Arch::VitTiny, 16, 1).with_drop_path(0.1),
+    );
+    load_safetensors_strict(
+        &mut bag_vs,
+        &dir.path().join("channels.safetensors.bag.safetensors"),
+    )
+    .unwrap();
+    let subset: Vec<i64> = Vec::<i64>::try_from(&t["in.subset"]).unwrap();
+    let tol = 1e-4;
+    tch::no_grad(|| {
+        let (concat, mean) = bag_features(&bag, &t["in.x96"]);
+        let cases = [
+            ("tokens.cls224", tokens.forward_t(&t["in.x224"], false)),
+            ("tokens.cls96", tokens.forward_t(&t["in.x96"], false)),
+            ("tokens.cls_rect", tokens.forward_t(&t["in.x_rect"], false)),
+            (
+                "tokens.cls_sub",
+                tokens.forward_channels_t(&t["in.x_sub"], Some(&subset), false),
+            ),
+            ("tokens.attn96", tokens.last_selfattention(&t["in.x96"])),
+            (
+                "tokens.attn_sub",
+                tokens.last_selfattention_channels(&t["in.x_sub"], Some(&subset)),
+            ),
+            ("bag.concat96", concat),
+            ("bag.mean96", mean),
+        ];
+        for (name, ours) in cases {
+            let err = max_abs_diff(&ours, &t[&format!("out.{name}")]);
+            assert!(err <= tol, "{name}: max abs error {err:e} > {tol:e}");
+        }
+        // A subset is not the full input with channels zeroed: the tokens differ.
+        let zeroed = Tensor::zeros([2, 4, 96, 96], (Kind::Float, Device::Cpu));
+        for (k, &c) in subset.iter().enumerate() {
+            zeroed
+                .select(1, c)
+                .copy_(&t["in.x_sub"].select(1, k as i64));
+        }
+        let full = tokens.forward_t(&zeroed, false);
+        assert!(max_abs_diff(&full, &t["out.tokens.cls_sub"]) > 1e-3);
+    });
+    let vars = vs.variables();
+    for (name, shape) in [
+        ("patch_embed.proj.weight", vec![192, 1, 1, 16, 16]),
+        ("patch_embed.proj.bias", vec![192]),
+        ("patch_embed.channel_embed", vec![1, 192, 4, 1, 1]),
+        ("pos_embed", vec![1, 197, 192]),
+    ] {
+        assert_eq!(vars[name].size(), shape, "{name}");
+    }
+}
+
+/// The channel embeddings start orthogonal (DiChaViT), each as long as a trunc-normal(0.02)
+/// row on average; the shared projection keeps PyTorch's conv init with fan-in P·P.
+#[test]
+fn channel_tokens_initialisation() {
+    let _rng = super::util::torch_rng_lock();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _ = trainer::model::VisionTransformer::new(
+        vs.root(),
+        VitConfig::new(Arch::VitSmall, 16, 5).with_channel_tokens(),
+    );
+    let v = vs.variables();
+    let e = v["patch_embed.channel_embed"]
+        .reshape([384, 5])
+        .transpose(0, 1);
+    let gram = e.matmul(&e.transpose(0, 1));
+    let want = 0.02f64.powi(2) * 384.0;
+    let eye = Tensor::eye(5, (Kind::Float, Device::Cpu)) * want;
+    assert!(
+        max_abs_diff(&gram, &eye) < 1e-6,
+        "channel embeddings are not orthogonal rows of norm² {want}: {gram}"
+    );
+    let bound = 1.0 / 256f64.sqrt();
+    let w = &v["patch_embed.proj.weight"];
+    assert!(w.abs().max().double_value(&[]) <= bound);
+    assert!((std_of(w) - bound / 3f64.sqrt()).abs() < 0.03 * bound);
+}

@@ -22,6 +22,12 @@ fn tiny_config() -> Config {
 /// K full iterations (teacher, student with drop path, loss + centre, clipping, freeze,
 /// AdamW with two groups, EMA) from the same initial weights and crops as PyTorch.
 fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
+    check_steps_against_pytorch_in(steps, freeze_epochs, "fixed");
+}
+
+/// [`check_steps_against_pytorch`] for `model.channels: fixed` or `tokens` (ChannelViT
+/// backbones, step i on the reference's channel subset i, as hierarchical sampling draws one).
+fn check_steps_against_pytorch_in(steps: usize, freeze_epochs: usize, mode: &str) {
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
@@ -32,13 +38,20 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
             out.to_str().unwrap(),
             &steps.to_string(),
             &freeze_epochs.to_string(),
+            mode,
         ],
     );
     let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
         .unwrap()
         .into_iter()
         .collect();
-    let cfg = tiny_config();
+    let cfg = tiny_config()
+        .edit("tokens", |s| {
+            if mode == "tokens" {
+                s.model.channels = trainer::config::ChannelMode::Tokens;
+            }
+        })
+        .unwrap();
     let mut nets = Networks::new(&cfg, 4, Device::Cpu);
     load_safetensors_strict(
         &mut nets.student_vs,
@@ -66,6 +79,9 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
             freeze_last_layer: epoch < freeze_epochs,
             clip_grad: 3.0,
             rng_seed: 1000 + it as i64,
+            channels: t.get(&format!("in.step{it}.channels")).map(|c| {
+                trainer::train::step::ChannelSubset::from_indices(&Vec::<i64>::try_from(c).unwrap())
+            }),
         };
         let o = learner
             .step(&crops, params, it, &mut SingleProcess::default())
@@ -121,6 +137,13 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
 #[test]
 fn training_steps_match_pytorch() {
     check_steps_against_pytorch(6, 1);
+}
+
+/// ChannelViT tokens: six steps, each on another channel subset (all four, two, one, three,
+/// ...), against the same iterations in PyTorch.
+#[test]
+fn channel_token_training_steps_match_pytorch() {
+    check_steps_against_pytorch_in(6, 1, "tokens");
 }
 
 #[test]
@@ -281,6 +304,7 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         freeze_last_layer: true,
         clip_grad: 3.0,
         rng_seed: 5,
+        channels: None,
     };
     let mut losses = vec![];
     for precision in [Precision::Fp32, Precision::Bf16] {

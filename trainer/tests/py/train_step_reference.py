@@ -1,8 +1,11 @@
 """scDINO's training iteration in PyTorch (main_dino.py train_one_epoch + utils), as the oracle
 for the Rust step: K iterations from one initialisation on given crops and schedule values.
 
-usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS
+usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens]
 Writes OUT (inputs, per-step losses, final weights) and OUT.init.safetensors (initial student).
+With `tokens` the backbones are ChannelViT (channel_reference.py) and step i trains on the
+channel subset SUBSETS[i] of the crops (as hierarchical channel sampling would draw it), for
+the teacher and every crop alike.
 """
 import sys
 
@@ -12,17 +15,21 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 import dino_reference
+from channel_reference import ChannelVisionTransformer
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer
 
 dino_reference.USE_SDPA = True
 out, steps, freeze_epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+mode = sys.argv[4] if len(sys.argv) > 4 else "fixed"
+SUBSETS = [[0, 1, 2, 3], [1, 3], [2], [0, 2, 3], [0, 1], [3]]
 torch.set_num_threads(2)
 torch.manual_seed(0)
 OUT_DIM, B, C = 256, 3, 4
 
 
 def net(drop):
-    vit = VisionTransformer("vit_tiny", 16, C, drop_path_rate=drop)
+    backbone = ChannelVisionTransformer if mode == "tokens" else VisionTransformer
+    vit = backbone("vit_tiny", 16, C, drop_path_rate=drop)
     return MultiCropWrapper(vit, DINOHead(vit.embed_dim, OUT_DIM))
 
 
@@ -98,6 +105,11 @@ for it in range(steps):
         g["lr"] = lr
         if i == 0:
             g["weight_decay"] = wd
+    if mode == "tokens":
+        ch = SUBSETS[it % len(SUBSETS)]
+        tensors[f"in.step{it}.channels"] = torch.tensor(ch, dtype=torch.int64)
+        crops = [c[:, ch] for c in crops]
+        student.backbone.channels = teacher.backbone.channels = ch
     torch.manual_seed(1000 + it)
     teacher_output = teacher(crops[:2])
     student_output = student(crops)
