@@ -135,7 +135,7 @@ pub struct Rendered {
 }
 
 /// The jobs of the pipeline, in submission order, with their dependencies.
-fn plan(cluster: &Cluster, combinations: usize) -> Vec<(String, String, Vec<Dependency>)> {
+fn plan(cluster: &Cluster, models: usize) -> Vec<(String, String, Vec<Dependency>)> {
     let enabled = |s: &str| cluster.stages.iter().any(|x| x == s);
     // The jobs that stand for a stage once it is planned (training: the last segments).
     let mut finals: Vec<(String, Vec<String>)> = Vec::new();
@@ -173,7 +173,7 @@ fn plan(cluster: &Cluster, combinations: usize) -> Vec<(String, String, Vec<Depe
         if *stage == "train" {
             let segs = cluster.training.segments;
             let mut lasts = Vec::new();
-            for c in 0..combinations {
+            for c in 0..models {
                 let mut prev: Option<String> = None;
                 for s in 1..=segs {
                     let name = if segs > 1 {
@@ -204,9 +204,9 @@ fn plan(cluster: &Cluster, combinations: usize) -> Vec<(String, String, Vec<Depe
 
 pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
     let origin = inputs.trainer_config.display().to_string();
-    let combinations = scdino_config::Config::from_yaml(&inputs.trainer_text, &origin)?
-        .channel_sets
-        .len();
+    // One training job per model: per combination (`fixed`), or one for all (`bag`,
+    // `tokens`), whose analyses then run for every combination.
+    let models = scdino_config::Config::from_yaml(&inputs.trainer_text, &origin)?.trained_models();
     let config_sha256 = sha256_hex(inputs.trainer_text.as_bytes());
     let mut warnings = Vec::new();
     let mut files = Vec::new();
@@ -245,7 +245,7 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
     };
     let mut jobs = Vec::new();
     let mut scripts = Vec::new();
-    for (i, (name, stage, after)) in plan(cluster, combinations).into_iter().enumerate() {
+    for (i, (name, stage, after)) in plan(cluster, models).into_iter().enumerate() {
         let file = format!("{:02}-{name}.sbatch", i + 1);
         let log = log_dir.join(format!("{name}-%j.out"));
         let combination = name

@@ -168,6 +168,16 @@ impl Config {
         set.into_iter().collect()
     }
 
+    /// How many models the run trains: one per combination (`fixed`), or one for all of them
+    /// (`bag`, `tokens`; the one `trainer train --combination 0` trains).
+    pub fn trained_models(&self) -> usize {
+        if self.model.channels.is_adaptive() {
+            1
+        } else {
+            self.channel_sets.len()
+        }
+    }
+
     /// The channels the model behind combination `combination` trains on: the combination's
     /// own (`fixed`), or every channel of the files (`bag`, `tokens`: one model serves every
     /// combination). None for a combination the config does not have.
@@ -339,6 +349,11 @@ impl Config {
             "must be between 1 and 64 pixels (scDINO uses 8 or 16)",
         )?;
         v.check(model.out_dim > 0, "model.out_dim", "must be positive")?;
+        v.check(
+            model.channels != ChannelMode::Bag || data.order == SampleOrder::Exact,
+            "model.channels",
+            "bag trains on every channel of every image as its own sample, in an exact shuffle of those; data.order: shard_sequential is not supported with it",
+        )?;
         v.check(
             model.channels.is_fixed() || n_channels <= 64,
             "model.channels",
@@ -855,6 +870,7 @@ mod tests {
         assert_eq!(fixed.model.channels, ChannelMode::Fixed);
         assert!(!fixed.to_yaml().contains("channels: fixed"));
         assert_eq!(fixed.training_channels(2), Some(vec![1, 3]));
+        assert_eq!(fixed.trained_models(), 3);
         assert_eq!(fixed.used_channels(), vec![0, 1, 2, 3, 4]);
         assert_eq!(fixed.model_dir_name(&[1, 3]), "name_of_model_channel_b_d");
         let only = Config::from_yaml(
@@ -872,6 +888,7 @@ mod tests {
             for combination in 0..3 {
                 assert_eq!(c.training_channels(combination), Some(vec![0, 1, 2, 3, 4]));
             }
+            assert_eq!(c.trained_models(), 1);
             assert_eq!(c.training_channels(3), None);
             assert_eq!(
                 c.model_dir_name(&[1, 3]),

@@ -586,6 +586,14 @@ pub struct FeaturesSection {
     pub custom_embedding_map: BTreeMap<usize, usize>,
 }
 
+impl FeaturesSection {
+    /// Neither of scDINO's patch-embedding adapters is configured: a fixed model is used on
+    /// exactly the channels it was trained on.
+    pub fn is_unadapted(&self) -> bool {
+        !self.use_mean_patch_embedding && self.custom_embedding_map.is_empty()
+    }
+}
+
 impl Default for FeaturesSection {
     fn default() -> Self {
         Self {

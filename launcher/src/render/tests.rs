@@ -604,3 +604,29 @@ fn pyxis_script_passes_job_tunables_and_binds_only_where_the_cluster_can() {
     let args = run("task/affinity,task/cgroup");
     assert_eq!(args[1], "--cpu-bind=none", "{args:?}");
 }
+
+/// A channel-adaptive trainer config (`model.channels: tokens`) trains one model for all its
+/// combinations: one training job, whatever the number of combinations.
+#[test]
+fn an_adaptive_model_is_trained_by_one_job() {
+    let cluster = Cluster::from_yaml(HOST, "c.yaml").unwrap();
+    let mut inputs = host_inputs(3);
+    inputs.trainer_text.push_str("model:\n  channels: tokens\n");
+    let r = render(&cluster, &inputs).unwrap();
+    let names: Vec<&str> = r.manifest.jobs.iter().map(|j| j.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["mean-std", "train-c0-s1", "train-c0-s2", "knn", "report"],
+        "{names:?}"
+    );
+    let fixed = render(&cluster, &host_inputs(3)).unwrap();
+    assert_eq!(
+        fixed
+            .manifest
+            .jobs
+            .iter()
+            .filter(|j| j.stage == "train")
+            .count(),
+        6
+    );
+}

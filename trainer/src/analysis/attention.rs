@@ -1,12 +1,14 @@
 //! Attention maps (scDINO `visualise_attention.py`): for a few held-out images per class, the
 //! last block's CLS→patch attention of every head, upsampled ×P (nearest) to the image, saved
-//! as viridis PNGs next to each selected channel of the image.
+//! as viridis PNGs next to each selected channel of the image. A channel-adaptive model
+//! (`model.channels: tokens | bag`) gets one map per channel instead (see
+//! [`attention_maps`]).
 //!
 //! Differences from scDINO, on purpose: images are picked with a seeded shuffle (`run.seed`)
 //! instead of Python's unseeded `random.sample`, so reruns and reports are reproducible; and
 //! `attention_images.json` lists what was written, for the report.
 use crate::analysis::backbone::BackboneWeights;
-use crate::analysis::features::{self, resized_hw, to_tensor, FeaturesError};
+use crate::analysis::features::{self, resized_hw, to_tensor, Embedder, FeaturesError};
 use crate::analysis::mean_std::MeanStd;
 use crate::config::Config;
 use crate::data::preprocess::preprocess;
@@ -81,6 +83,61 @@ pub fn cls_attention_maps(vit: &crate::model::VisionTransformer, x: &Tensor) -> 
         .squeeze_dim(0)
 }
 
+/// The maps one image gets, named: scDINO's one per head of a `fixed` model
+/// (`attn-head{j}`), or, for `tokens` and `bag`, one per channel of the combination, the
+/// CLS attention to that channel's patches averaged over the heads (`attn-channel_{name}`):
+/// which stain the model looks at, and where. `x`: `[k, h, w]`, normalised.
+pub fn attention_maps(
+    embedder: &Embedder,
+    x: &Tensor,
+    channel_names: &[&str],
+) -> Vec<(String, Tensor)> {
+    match embedder {
+        Embedder::Fixed(vit) => {
+            let maps = cls_attention_maps(vit, x);
+            (0..maps.size()[0])
+                .map(|j| (format!("attn-head{j}"), maps.get(j)))
+                .collect()
+        }
+        Embedder::Tokens { vit, channels } => {
+            let p = vit.config().patch_size;
+            let (k, h, w) = (x.size()[0], x.size()[1], x.size()[2]);
+            let (h, w) = (h - h % p, w - w % p);
+            let x = x.narrow(1, 0, h).narrow(2, 0, w).unsqueeze(0);
+            let attn = tch::no_grad(|| vit.last_selfattention_channels(&x, Some(channels)));
+            let n = (h / p) * (w / p);
+            let per_channel = attn
+                .get(0)
+                .select(1, 0)
+                .narrow(1, 1, k * n)
+                .mean_dim(0, false, None)
+                .reshape([k, 1, h / p, w / p])
+                .upsample_nearest2d([h, w], Some(p as f64), Some(p as f64));
+            channel_names
+                .iter()
+                .enumerate()
+                .map(|(c, name)| {
+                    (
+                        format!("attn-channel_{name}"),
+                        per_channel.get(c as i64).squeeze_dim(0),
+                    )
+                })
+                .collect()
+        }
+        Embedder::Bag(vit) => channel_names
+            .iter()
+            .enumerate()
+            .map(|(c, name)| {
+                let one = x.narrow(0, c as i64, 1);
+                (
+                    format!("attn-channel_{name}"),
+                    cls_attention_maps(vit, &one).mean_dim(0, false, None),
+                )
+            })
+            .collect(),
+    }
+}
+
 /// Min–max scales a `[h, w]` map to [0, 1] (matplotlib `imsave`'s default normalisation and
 /// torchvision `make_grid(normalize=True, scale_each=True)`).
 fn unit_range(m: &Tensor) -> Vec<f32> {
@@ -131,7 +188,11 @@ pub fn write_attention_maps(
     let weights = BackboneWeights::load(checkpoint_path, cfg.downstream.features.checkpoint_key)
         .map_err(FeaturesError::from)?;
     let device = crate::device::resolve_for_this_process(cfg.train.device)?;
-    let (_vs, vit) = features::load_backbone(cfg, &weights, &channels, device)?;
+    let (_vs, embedder) = features::load_embedder(cfg, &weights, &channels, device)?;
+    let names: Vec<&str> = channels
+        .iter()
+        .map(|&c| cfg.data.channel_names[c].as_str())
+        .collect();
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
     let split =
@@ -195,11 +256,9 @@ pub fn write_attention_maps(
             } else {
                 x.shallow_clone()
             };
-            let maps =
-                cls_attention_maps(&vit, &normalized.to_device(device)).to_device(Device::Cpu);
-            for head in 0..maps.size()[0] {
-                let name = format!("attn-head{head}.png");
-                save_viridis(&dir.join(&name), &maps.get(head))?;
+            for (stem, map) in attention_maps(&embedder, &normalized.to_device(device), &names) {
+                let name = format!("{stem}.png");
+                save_viridis(&dir.join(&name), &map.to_device(Device::Cpu))?;
                 entry.head_pngs.push(rel.join(name).display().to_string());
             }
             written.push(entry);

@@ -5,7 +5,7 @@
 //! `student`, strip `module.` then `backbone.`, drop the head), so the rest of the code sees
 //! backbone-relative names (`patch_embed.proj.weight`) whatever the file was.
 use crate::checkpoint::{self, CheckpointError};
-use crate::config::CheckpointKey;
+use crate::config::{ChannelMode, CheckpointKey};
 use crate::pth::{self, FileKind, PthError, PthFile, TrainingArgs, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -34,6 +34,55 @@ pub struct BackboneWeights {
     pub epoch: Option<usize>,
     /// scDINO's training `args`, when the file has them.
     pub args: Option<TrainingArgs>,
+    /// Our checkpoints only: the channels the model was trained on, and how it takes them.
+    pub trained: Option<TrainedChannels>,
+}
+
+/// What one of our checkpoints records of its channels (its fingerprint), so a model can be
+/// used on a combination without the training config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainedChannels {
+    pub mode: ChannelMode,
+    /// The names of the channels the model was trained on, in its channel order.
+    pub names: Vec<String>,
+}
+
+impl TrainedChannels {
+    fn from_fingerprint(fingerprint: &str) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(fingerprint).ok()?;
+        let names = v["channel_names"]
+            .as_array()?
+            .iter()
+            .map(|n| n.as_str().map(String::from))
+            .collect::<Option<Vec<_>>>()?;
+        let mode = match v["model_channels"].as_str() {
+            None => ChannelMode::Fixed,
+            Some(m) => serde_json::from_value(serde_json::Value::String(m.into())).ok()?,
+        };
+        Some(Self { mode, names })
+    }
+
+    /// The model's channel index of each of `wanted` (channel names), or an error naming the
+    /// first channel the model never saw.
+    pub fn indices_of(&self, wanted: &[&str], path: &Path) -> Result<Vec<i64>, BackboneError> {
+        wanted
+            .iter()
+            .map(|w| {
+                self.names
+                    .iter()
+                    .position(|n| n == w)
+                    .map(|i| i as i64)
+                    .ok_or_else(|| BackboneError::Invalid {
+                        path: path.to_path_buf(),
+                        what: format!(
+                            "channel {w} was never seen by this model (model.channels: {}, trained on {})",
+                            self.mode.name(),
+                            self.names.join(", ")
+                        ),
+                    })
+            })
+            .collect()
+    }
 }
 
 fn key_name(key: CheckpointKey) -> &'static str {
@@ -123,6 +172,7 @@ impl BackboneWeights {
                 .and_then(|e| e.as_int())
                 .and_then(|e| usize::try_from(e).ok()),
             args: root.get("args").and_then(|a| TrainingArgs::from_value(&a)),
+            trained: None,
         })
     }
 
@@ -150,6 +200,7 @@ impl BackboneWeights {
             tensors,
             epoch: epoch_known.then_some(ck.meta.epoch),
             args: None,
+            trained: TrainedChannels::from_fingerprint(&ck.meta.fingerprint),
         })
     }
 

@@ -6,7 +6,7 @@
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
-use crate::config::Config;
+use crate::config::{ChannelMode, Config};
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
@@ -111,6 +111,137 @@ pub fn load_backbone(
 }
 
 /// torchvision `Resize(size)` with an int: the shorter side becomes `size`.
+/// How a batch of one combination's images becomes features, per `model.channels`.
+pub enum Embedder {
+    /// `fixed`: the backbone over the combination's channels as its input channels.
+    Fixed(VisionTransformer),
+    /// `tokens`: ChannelViT over the model's channels `channels` (indices into what it was
+    /// trained on).
+    Tokens {
+        vit: VisionTransformer,
+        channels: Vec<i64>,
+    },
+    /// `bag`: the single-channel backbone on every channel; the per-channel CLS features,
+    /// each L2-normalised, concatenated in channel order (so every channel weighs the same).
+    Bag(VisionTransformer),
+}
+
+impl Embedder {
+    /// `[B, k, H, W]` → features `[B, D]` (`[B, k·D]` for `bag`), rows not yet normalised.
+    pub fn embed(&self, x: &Tensor) -> Tensor {
+        tch::no_grad(|| match self {
+            Embedder::Fixed(vit) => vit.forward_t(x, false),
+            Embedder::Tokens { vit, channels } => vit.forward_channels_t(x, Some(channels), false),
+            Embedder::Bag(vit) => {
+                let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
+                let cls = vit.forward_t(&x.reshape([b * k, 1, h, w]), false);
+                let cls = &cls / cls.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12);
+                cls.reshape([b, -1])
+            }
+        })
+    }
+
+    /// Feature dimension for `k` channels.
+    pub fn dim(&self, k: usize) -> i64 {
+        match self {
+            Embedder::Fixed(vit) | Embedder::Tokens { vit, .. } => vit.config().embed_dim,
+            Embedder::Bag(vit) => vit.config().embed_dim * k as i64,
+        }
+    }
+}
+
+/// The backbone of `weights` ready to embed the combination `channels` (file channel
+/// indices) as `model.channels` says; a `bag`/`tokens` checkpoint is read as it was trained
+/// (no patch-embedding adapter), its channels matched to the combination by name.
+pub fn load_embedder(
+    cfg: &Config,
+    weights: &BackboneWeights,
+    channels: &[usize],
+    device: Device,
+) -> Result<(nn::VarStore, Embedder), FeaturesError> {
+    let mode = cfg.model.channels;
+    let path = weights.path.display();
+    if let Some(t) = &weights.trained {
+        if t.mode != mode {
+            return Err(FeaturesError::Invalid(format!(
+                "{path} was trained with model.channels: {}, the config says {}",
+                t.mode.name(),
+                mode.name()
+            )));
+        }
+    } else if mode.is_adaptive() {
+        return Err(FeaturesError::Invalid(format!(
+            "{path} does not record how it takes channels; model.channels: {} needs a checkpoint trained here with it",
+            mode.name()
+        )));
+    }
+    if mode.is_fixed() {
+        if let (Some(t), true) = (&weights.trained, cfg.downstream.features.is_unadapted()) {
+            let wanted: Vec<&str> = channels
+                .iter()
+                .map(|&c| cfg.data.channel_names[c].as_str())
+                .collect();
+            if t.names
+                .iter()
+                .map(String::as_str)
+                .ne(wanted.iter().copied())
+            {
+                return Err(FeaturesError::Invalid(format!(
+                    "{path} is a model.channels: fixed model trained on [{}]; it takes exactly those channels, not [{}] (train a model for this combination, or one model for every combination with model.channels: tokens or bag)",
+                    t.names.join(", "),
+                    wanted.join(", ")
+                )));
+            }
+        }
+        let (vs, vit) = load_backbone(cfg, weights, channels, device)?;
+        return Ok((vs, Embedder::Fixed(vit)));
+    }
+    let trained = weights.trained.as_ref().expect("checked above");
+    let wanted: Vec<&str> = channels
+        .iter()
+        .map(|&c| cfg.data.channel_names[c].as_str())
+        .collect();
+    let model_channels = trained.indices_of(&wanted, &weights.path)?;
+    let m = &cfg.model;
+    let vit_cfg = match mode {
+        ChannelMode::Tokens => {
+            VitConfig::new(m.arch, m.patch_size, trained.names.len()).with_channel_tokens()
+        }
+        _ => VitConfig::new(m.arch, m.patch_size, 1),
+    };
+    let mut vs = nn::VarStore::new(device);
+    let vit = VisionTransformer::new(vs.root() / "backbone", vit_cfg);
+    tch::no_grad(|| {
+        for (name, mut t) in vs.variables() {
+            let short = name.strip_prefix("backbone.").unwrap_or(&name);
+            let src = weights.tensors.get(short).ok_or_else(|| {
+                FeaturesError::Invalid(format!("{path}: backbone tensor {short} is missing"))
+            })?;
+            if src.size() != t.size() {
+                return Err(FeaturesError::Invalid(format!(
+                    "{path}: backbone tensor {short} has shape {:?}, the configured model ({:?}, patch {}, model.channels: {}) needs {:?}",
+                    src.size(),
+                    m.arch,
+                    m.patch_size,
+                    mode.name(),
+                    t.size()
+                )));
+            }
+            t.copy_(src);
+        }
+        Ok(())
+    })?;
+    vs.freeze();
+    let embedder = match mode {
+        ChannelMode::Tokens => Embedder::Tokens {
+            vit,
+            channels: model_channels,
+        },
+        _ => Embedder::Bag(vit),
+    };
+    Ok((vs, embedder))
+}
+
 pub(crate) fn resized_hw(h: usize, w: usize, size: usize) -> (i64, i64) {
     if h <= w {
         (size as i64, (size * w / h) as i64)
@@ -204,7 +335,7 @@ pub fn extract_indices(
     // The forward passes run on `train.device` (this process's GPU on a GPU node); images are
     // prepared and features collected on the CPU.
     let device = crate::device::resolve_for_this_process(cfg.train.device)?;
-    let (_vs, vit) = load_backbone(cfg, &weights, &channels, device)?;
+    let (_vs, embedder) = load_embedder(cfg, &weights, &channels, device)?;
     let index = source.index();
     let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);
     let opts = PreprocessOptions {
@@ -232,11 +363,13 @@ pub fn extract_indices(
             batch.push(prepare(&img, cfg, &mean, &std));
         }
         let x = Tensor::stack(&batch, 0).to_device(device);
-        let feats = tch::no_grad(|| vit.forward_t(&x, false));
-        rows.push(feats.to_device(Device::Cpu));
+        rows.push(embedder.embed(&x).to_device(Device::Cpu));
     }
     let features = if rows.is_empty() {
-        Tensor::zeros([0, vit.config().embed_dim], (Kind::Float, tch::Device::Cpu))
+        Tensor::zeros(
+            [0, embedder.dim(channels.len())],
+            (Kind::Float, tch::Device::Cpu),
+        )
     } else {
         Tensor::cat(&rows, 0)
     };

@@ -9,7 +9,13 @@
 //! and of its weight, twice the forward, except the patch embedding whose input (the image)
 //! needs no gradient. The teacher runs forward only on the two global crops; the student
 //! forward and backward on all crops.
-use crate::config::Config;
+//!
+//! The channel-adaptive layouts: `tokens` has k·N patch tokens for k channels (the shared
+//! projection runs once per channel and patch), and under hierarchical channel sampling k is
+//! uniform on 1..=C, so a step's expected FLOPs are the mean over k (attention grows with k²,
+//! so this is not the count at the mean k). `bag` counts per item, one channel of one image
+//! (C items per image).
+use crate::config::{ChannelMode, Config};
 use crate::model::{configs_for, HeadConfig, VitConfig};
 
 /// FLOPs of one step on one rank.
@@ -29,11 +35,22 @@ impl StepFlops {
 /// Forward FLOPs of the backbone for one image of `size`×`size` pixels, split as (patch
 /// embedding, everything after it).
 pub fn vit_forward(vit: &VitConfig, size: usize) -> (f64, f64) {
+    vit_forward_channels(vit, size, vit.in_chans as usize)
+}
+
+/// [`vit_forward`] for an input of `k` channels: with channel tokens, k·N patch tokens from
+/// a single-channel projection; otherwise `k` must be the input channels.
+pub fn vit_forward_channels(vit: &VitConfig, size: usize, k: usize) -> (f64, f64) {
     let d = vit.embed_dim as f64;
     let p = vit.patch_size as f64;
-    let patches = (size as f64 / p).floor().powi(2);
+    let per_channel = (size as f64 / p).floor().powi(2);
+    let (patches, proj_chans) = if vit.channel_tokens {
+        (k as f64 * per_channel, 1.0)
+    } else {
+        (per_channel, vit.in_chans as f64)
+    };
     let n = patches + 1.0; // + CLS token
-    let embed = 2.0 * patches * d * vit.in_chans as f64 * p * p;
+    let embed = 2.0 * patches * d * proj_chans * p * p;
     let hidden = (d * vit.mlp_ratio).floor();
     // qkv (3d) + projection (d) + MLP (2 · hidden), and q·kᵀ and attn·v (n² · d each).
     let per_block = 2.0 * n * d * (3.0 * d + d + 2.0 * hidden) + 4.0 * n * n * d;
@@ -56,8 +73,26 @@ pub fn head_forward(head: &HeadConfig) -> f64 {
     2.0 * (mlp + b * k)
 }
 
-/// One step with `batch` images per crop on this rank.
+/// One step with `batch` images (`bag`: items) per crop on this rank, for a model over
+/// `in_chans` channels; for `tokens` the expectation under hierarchical channel sampling.
 pub fn step_flops(cfg: &Config, in_chans: usize, batch: usize) -> StepFlops {
+    if cfg.model.channels != ChannelMode::Tokens {
+        return step_flops_on(cfg, in_chans, batch, in_chans);
+    }
+    let each: Vec<StepFlops> = (1..=in_chans)
+        .map(|k| step_flops_on(cfg, in_chans, batch, k))
+        .collect();
+    let mean = |f: fn(&StepFlops) -> f64| each.iter().map(f).sum::<f64>() / each.len() as f64;
+    StepFlops {
+        teacher_forward: mean(|s| s.teacher_forward),
+        student_forward: mean(|s| s.student_forward),
+        student_backward: mean(|s| s.student_backward),
+    }
+}
+
+/// One step whose crops hold `k` of the model's `in_chans` channels (k = in_chans except for
+/// `tokens`).
+pub fn step_flops_on(cfg: &Config, in_chans: usize, batch: usize, k: usize) -> StepFlops {
     let (student_vit, student_head) = configs_for(cfg, in_chans, true);
     let (teacher_vit, teacher_head) = configs_for(cfg, in_chans, false);
     let a = &cfg.augment;
@@ -71,10 +106,15 @@ pub fn step_flops(cfg: &Config, in_chans: usize, batch: usize) -> StepFlops {
         student_forward: 0.0,
         student_backward: 0.0,
     };
-    let (embed, rest) = vit_forward(&teacher_vit, a.global_crop_size);
+    let k = if teacher_vit.channel_tokens {
+        k
+    } else {
+        teacher_vit.in_chans as usize
+    };
+    let (embed, rest) = vit_forward_channels(&teacher_vit, a.global_crop_size, k);
     flops.teacher_forward = 2.0 * b * (embed + rest + head_forward(&teacher_head));
     for (count, size) in crops {
-        let (embed, rest) = vit_forward(&student_vit, size);
+        let (embed, rest) = vit_forward_channels(&student_vit, size, k);
         let head = head_forward(&student_head);
         let images = count as f64 * b;
         flops.student_forward += images * (embed + rest + head);

@@ -1,5 +1,6 @@
 //! DINO training: schedules, loss, optimiser, the iteration, and (in `run`) the epoch loop.
 pub mod ahead;
+pub mod bag;
 pub mod channels;
 pub mod collapse;
 pub mod error;

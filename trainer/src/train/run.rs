@@ -7,6 +7,7 @@
 //! state, loss centre and the position (epoch, batch, iteration) for a resumed run to
 //! continue bit for bit as if it had never stopped (CPU, fixed thread count).
 use super::ahead::ahead;
+use super::bag::BagOfChannels;
 use super::channels::hierarchical_sample;
 use super::collapse::{describe, CollapseWatch, TeacherSnapshot};
 pub use super::error::TrainError;
@@ -195,8 +196,15 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     }
     let (mean, std) = ms.select(&channels, &cfg.data.channel_names);
 
+    // Bag-of-Channels trains on (image, channel) items; every other mode on images.
+    let bag =
+        (cfg.model.channels == ChannelMode::Bag).then(|| Arc::new(BagOfChannels::new(&mean, &std)));
+    let train_items = match &bag {
+        Some(b) => b.items(&split.train),
+        None => split.train.clone(),
+    };
     let batch = cfg.train.batch_size_per_gpu;
-    let niter = iters_per_epoch(split.train.len(), world, batch);
+    let niter = iters_per_epoch(train_items.len(), world, batch);
     let peak_lr = scale_lr(cfg.train.lr_scaling, cfg.train.lr, batch, world);
     if rank == 0 {
         tracing::info!(
@@ -278,8 +286,12 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         global_size: cfg.augment.global_crop_size,
         local_size: cfg.augment.local_crop_size,
         local_crops_number: cfg.augment.local_crops_number,
-        mean: mean.clone(),
-        std: std.clone(),
+        mean: bag
+            .as_ref()
+            .map_or_else(|| mean.clone(), |_| BagOfChannels::augment_mean_std().0),
+        std: bag
+            .as_ref()
+            .map_or_else(|| std.clone(), |_| BagOfChannels::augment_mean_std().1),
         ops: AugmentOps::from(&cfg.augment),
     })
     .map_err(TrainError::Augment)?;
@@ -339,14 +351,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         let order = configured_epoch_order(
             &cfg.data,
             source.as_ref(),
-            &split.train,
+            &train_items,
             cfg.run.seed,
             epoch as u64,
             rank,
             world,
         )?;
         // A resumed epoch starts at `start_batch`: announce only what will be read.
-        source.will_read(&order[(start_batch * batch).min(order.len())..]);
+        let ahead_items = &order[(start_batch * batch).min(order.len())..];
+        match &bag {
+            Some(b) => source.will_read(&b.images_of(ahead_items)),
+            None => source.will_read(ahead_items),
+        }
         let skip_corrupt =
             (cfg.data.on_corrupt == OnCorrupt::Skip).then(|| corrupt_skipped.clone());
         let images = training_image_fn(
@@ -356,6 +372,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             cfg.data.channel_names.clone(),
             skip_corrupt,
         );
+        let images = match &bag {
+            Some(b) => b.image_fn(images),
+            None => images,
+        };
         let sample = input.samples(images, epoch as u64, &order)?;
         let workers = cfg.data.num_workers.max(1);
         let loader = EpochLoader::new(
@@ -370,6 +390,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         // Crops (and with `augment_on: device`, the augmentation) of the next batch are made
         // on their own thread while this one runs the current step.
         let (crop_input, crop_epoch) = (input.clone(), epoch as u64);
+        let crop_bag = bag.clone();
         let batches = ahead(loader, move |loaded| -> Result<_, LoadError> {
             let b = loaded?;
             if b.indices.is_empty() {
@@ -378,6 +399,10 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
             let crops = crop_input
                 .crops(&b, crop_epoch, device)
                 .map_err(LoadError::Crops)?;
+            let crops = match &crop_bag {
+                Some(bag) => bag.normalise(&b.indices, crops),
+                None => crops,
+            };
             Ok((b, crops))
         });
         let mut window = (Instant::now(), 0usize, 0.0f64); // (since, images, data wait s)

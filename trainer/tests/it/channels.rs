@@ -1,0 +1,179 @@
+//! `model.channels: bag | tokens`: one model trained on every channel serves every channel
+//! combination, and the inputs that cannot work are refused with what and why.
+use std::path::Path;
+use trainer::analysis::features;
+use trainer::analysis::mean_std::MeanStd;
+use trainer::config::Config;
+use trainer::data::{generate_synthetic, SynthOptions};
+use trainer::layout::RunLayout;
+use trainer::train::run::{train, TrainError, TrainOptions, TrainOutcome};
+
+fn data(dir: &Path) {
+    generate_synthetic(&SynthOptions {
+        out: dir.join("data"),
+        seed: 4,
+        classes: 3,
+        per_class: 6,
+        size: 32,
+        channels: 3,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+}
+
+fn config(dir: &Path, name: &str, mode: &str, names: &str, combinations: &str) -> Config {
+    Config::from_yaml(
+        &format!(
+            "run: {{name: {name}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [{names}], channel_combinations: [{combinations}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16}}}}\n",
+            out = dir.join("out").display(),
+            data = dir.join("data/Training").display(),
+        ),
+        "test",
+    )
+    .unwrap()
+}
+
+/// Trains once (the first combination's call trains the one model on all channels, the other
+/// combinations find it done), then embeds every combination from that checkpoint: `tokens`
+/// gives D features whatever the combination, `bag` k·D, every row of unit length, and a
+/// single channel or a pair (never seen as a whole in training) gives features of its own.
+#[test]
+fn one_adaptive_model_trains_once_and_embeds_every_combination() {
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    data(dir.path());
+    for mode in ["tokens", "bag"] {
+        let cfg = config(dir.path(), mode, mode, "a, b, c", "\"012\", \"0\", \"12\"");
+        assert_eq!(
+            train(&cfg, &TrainOptions::default()).unwrap(),
+            TrainOutcome::Finished
+        );
+        let layout = RunLayout::new(&cfg);
+        let model = layout.model(&cfg, &[0, 1, 2]);
+        assert!(model
+            .dir()
+            .ends_with(format!("scDINO_ViTs/m_{mode}_channel_a_b_c")));
+        let ck = model.latest_checkpoint();
+        let before = std::fs::read(&ck).unwrap();
+        for combination in [1, 2] {
+            let again = TrainOptions {
+                combination,
+                ..TrainOptions::default()
+            };
+            assert_eq!(train(&cfg, &again).unwrap(), TrainOutcome::Finished);
+            assert_eq!(
+                layout.model(&cfg, &cfg.channel_sets[combination]).dir(),
+                model.dir()
+            );
+        }
+        assert_eq!(std::fs::read(&ck).unwrap(), before, "{mode}: trained twice");
+        let ms = MeanStd::read(&layout.mean_std()).unwrap();
+        let mut sets = Vec::new();
+        for (combination, k) in [(0usize, 3i64), (1, 1), (2, 2)] {
+            let set = features::extract(&cfg, combination, &ck, &ms).unwrap();
+            let dim = if mode == "bag" { 192 * k } else { 192 };
+            assert_eq!(
+                set.features.size()[1],
+                dim,
+                "{mode} combination {combination}"
+            );
+            let norms = set.features.norm_scalaropt_dim(2.0, [1], false);
+            assert!(
+                (norms - 1.0).abs().max().double_value(&[]) < 1e-5,
+                "{mode}: rows are not unit length"
+            );
+            let analyses = layout.model(&cfg, &cfg.channel_sets[combination]);
+            assert!(analyses.analyses().ends_with(format!(
+                "m_{mode}_channel_{}_analyses",
+                ["a_b_c", "a", "b_c"][combination]
+            )));
+            sets.push(set.features);
+        }
+        if mode == "tokens" {
+            assert!((&sets[0] - &sets[1]).abs().max().double_value(&[]) > 1e-3);
+        } else {
+            // BoC: the single-channel part of the concatenation is that channel's feature.
+            let a_part = sets[0].narrow(1, 0, 192) * 3f64.sqrt();
+            assert!((a_part - &sets[1]).abs().max().double_value(&[]) < 1e-4);
+        }
+    }
+}
+
+/// A combination naming a channel the checkpoint never saw is an error naming the channel and
+/// the checkpoint; a `fixed` checkpoint asked for another combination says which channels it
+/// takes; a checkpoint of one mode read as another is refused with both.
+#[test]
+fn checkpoints_refuse_what_they_cannot_embed() {
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    data(dir.path());
+    let cfg = config(dir.path(), "r", "tokens", "a, b, c", "\"012\"");
+    train(&cfg, &TrainOptions::default()).unwrap();
+    let layout = RunLayout::new(&cfg);
+    let ck = layout.model(&cfg, &[0, 1, 2]).latest_checkpoint();
+    let ms = MeanStd::read(&layout.mean_std()).unwrap();
+    let renamed = config(dir.path(), "r", "tokens", "a, b, x", "\"02\"");
+    let e = features::extract(&renamed, 0, &ck, &ms)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("channel x was never seen"), "{e}");
+    assert!(e.contains(&ck.display().to_string()), "{e}");
+    assert!(e.contains("trained on a, b, c"), "{e}");
+    let as_bag = config(dir.path(), "r", "bag", "a, b, c", "\"012\"");
+    let e = features::extract(&as_bag, 0, &ck, &ms)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("was trained with model.channels: tokens, the config says bag"),
+        "{e}"
+    );
+
+    let fixed = config(dir.path(), "f", "fixed", "a, b, c", "\"01\", \"0\"");
+    train(&fixed, &TrainOptions::default()).unwrap();
+    let fixed_ck = RunLayout::new(&fixed)
+        .model(&fixed, &[0, 1])
+        .latest_checkpoint();
+    let fixed_ms = MeanStd::read(&RunLayout::new(&fixed).mean_std()).unwrap();
+    let e = features::extract(&fixed, 1, &fixed_ck, &fixed_ms)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("is a model.channels: fixed model trained on [a, b]; it takes exactly those channels, not [a]"),
+        "{e}"
+    );
+}
+
+/// A checkpoint of one mode found where a run of another resumes (a folder copied or renamed
+/// by hand) is refused, naming both.
+#[test]
+fn resume_refuses_another_channel_mode() {
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    data(dir.path());
+    let tokens = config(dir.path(), "s", "tokens", "a, b, c", "\"012\"");
+    train(&tokens, &TrainOptions::default()).unwrap();
+    let bag = config(dir.path(), "s", "bag", "a, b, c", "\"012\"");
+    let from = RunLayout::new(&tokens)
+        .model(&tokens, &[0, 1, 2])
+        .dir()
+        .to_path_buf();
+    let to = RunLayout::new(&bag)
+        .model(&bag, &[0, 1, 2])
+        .dir()
+        .to_path_buf();
+    std::fs::rename(&from, &to).unwrap();
+    let e = train(&bag, &TrainOptions::default()).err().unwrap();
+    let text = e.to_string();
+    assert!(matches!(e, TrainError::Resume { .. }), "{text}");
+    assert!(
+        text.contains("\"model_channels\":\"tokens\"")
+            && text.contains("\"model_channels\":\"bag\""),
+        "{text}"
+    );
+}
