@@ -12,6 +12,11 @@ trainer/tests/py/dino_reference.py with `USE_SDPA = True` (the kernel the Rust m
   channel with the zero-max rule, NaN image → None dropped by the collate function,
   torchvision-based DataAugmentationDINO for multi-channel images, Normalize); times the wall
   clock of each step including the wait for its batch.
+--channel-mode fixed|bag|tokens (with --loader none): the model of `model.channels`, as in
+  `trainer bench step`: `tokens` is ChannelViT (trainer/tests/py/channel_reference.py) with each
+  step's channel subset drawn by hierarchical sampling (k uniform on 1..C, then k channels;
+  Python's `random`, seeded, so not the Rust draws, the same distribution); `bag` is a
+  single-channel ViT on batch × channels single-channel items per crop. imgs/s counts images.
 --count-flops: also counts the FLOPs of student forward+backward and teacher forward with
   torch.utils.flop_counter.FlopCounterMode (matmul/conv/attention; elementwise ops are not
   counted). FlopCounterMode does not see the CPU SDPA kernel, so the count is taken once with
@@ -33,6 +38,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
+from channel_reference import ChannelVisionTransformer  # noqa: E402
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
 from scdino_input import DataAugmentationDINO, TiffImageFolder, collate_fn  # noqa: E402
 
@@ -55,7 +61,10 @@ p.add_argument("--data", help="ImageFolder root of TIFFs (with --loader real)")
 p.add_argument("--workers", type=int, default=1)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--count-flops", action="store_true")
+p.add_argument("--channel-mode", choices=["fixed", "bag", "tokens"], default="fixed")
 a = p.parse_args()
+if a.channel_mode != "fixed" and a.loader != "none":
+    sys.exit("--channel-mode bag|tokens is measured with --loader none")
 
 # scDINO defaults (argparse / yaml): lr 5e-4 per 256 images, wd 0.04, momentum 0.996,
 # clip 3.0, teacher temp 0.04, crop scales of the argparse defaults.
@@ -137,9 +146,15 @@ def dataset_mean_std(ds, n):
 torch.set_num_threads(a.threads)
 torch.manual_seed(a.seed)
 random.seed(a.seed)
-vit_s = VisionTransformer(a.arch, a.patch, a.channels, drop_path_rate=0.1)
+def backbone(**kw):
+    if a.channel_mode == "tokens":
+        return ChannelVisionTransformer(a.arch, a.patch, a.channels, **kw)
+    return VisionTransformer(a.arch, a.patch, 1 if a.channel_mode == "bag" else a.channels, **kw)
+
+
+vit_s = backbone(drop_path_rate=0.1)
 student = MultiCropWrapper(vit_s, DINOHead(vit_s.embed_dim, a.out_dim, norm_last_layer=True))
-vit_t = VisionTransformer(a.arch, a.patch, a.channels)
+vit_t = backbone()
 teacher = MultiCropWrapper(vit_t, DINOHead(vit_t.embed_dim, a.out_dim))
 teacher.load_state_dict(student.state_dict())
 for q in teacher.parameters():
@@ -172,9 +187,15 @@ def step(images, epoch=0):
 
 
 def random_crops():
-    return ([torch.randn(a.batch, a.channels, a.global_size, a.global_size) for _ in range(2)]
-            + [torch.randn(a.batch, a.channels, a.local_size, a.local_size)
-               for _ in range(a.local_crops)])
+    b, c = (a.batch * a.channels, 1) if a.channel_mode == "bag" else (a.batch, a.channels)
+    return ([torch.randn(b, c, a.global_size, a.global_size) for _ in range(2)]
+            + [torch.randn(b, c, a.local_size, a.local_size) for _ in range(a.local_crops)])
+
+
+def hierarchical_channels():
+    """The step's channel subset: k uniform on 1..C, then k of the C channels, ascending."""
+    k = random.randint(1, a.channels)
+    return sorted(random.sample(range(a.channels), k))
 
 
 def count_flops():
@@ -205,8 +226,13 @@ total = a.warmup + a.iters
 if a.loader == "none":
     crops = random_crops()
     for it in range(total):
+        step_crops = crops
+        if a.channel_mode == "tokens":
+            ch = hierarchical_channels()
+            vit_s.channels = vit_t.channels = ch
+            step_crops = [c[:, ch] for c in crops]
         t = time.perf_counter()
-        last_loss = step(crops)
+        last_loss = step(step_crops)
         dt = time.perf_counter() - t
         if it >= a.warmup:
             timed.append((dt, 0.0, a.batch))
@@ -238,7 +264,8 @@ times = [t[0] for t in timed]
 waits = [t[1] for t in timed]
 median_s = sorted(times)[len(times) // 2]  # as the Rust side
 out = {
-    "impl": "pytorch", "bench": "step", "arch": a.arch, "loader": a.loader, "batch": a.batch,
+    "impl": "pytorch", "bench": "step", "arch": a.arch, "channel_mode": a.channel_mode,
+    "channels": a.channels, "loader": a.loader, "batch": a.batch,
     "threads": a.threads, "workers": a.workers if a.loader == "real" else 0,
     "crops": [a.global_size, a.local_size, a.local_crops], "out_dim": a.out_dim,
     "median_s": median_s, "imgs_per_s": a.batch / median_s,

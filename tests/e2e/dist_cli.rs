@@ -345,6 +345,64 @@ fn fsdp_resumes_from_shards_after_a_kill_and_its_consolidated_checkpoint_feeds_f
     );
 }
 
+/// The channel-adaptive models under the parallel strategies: for `tokens` (every rank on the
+/// same hierarchically sampled channel subset in a step) and `bag` ((image, channel) items
+/// spread over the ranks), DDP and FSDP on 2 ranks give one process's losses and parameters,
+/// at the same global batch and the tolerances of the fixed model's test.
+#[test]
+fn adaptive_models_under_ddp_and_fsdp_match_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path());
+    let steps = ["--threads", "1", "--max-steps", "3"];
+    for (mode, ports) in [("tokens", ["29691", "29693"]), ("bag", ["29695", "29697"])] {
+        let cfg = |name: &str, batch: usize, extra: &str| {
+            let path = config(dir.path(), &data, name, batch, extra);
+            let text = std::fs::read_to_string(&path).unwrap().replace(
+                "  drop_path_rate: 0.0\n",
+                &format!("  drop_path_rate: 0.0\n  channels: {mode}\n"),
+            );
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ck = |name: &str| {
+            dir.path().join("out").join(name).join(format!(
+                "scDINO_ViTs/m_{mode}_channel_APC_BF_DAPI_GREEN_PE/checkpoint.safetensors"
+            ))
+        };
+        let single = format!("{mode}_single");
+        let path = cfg(&single, 4, "  log_every: 1\n");
+        let mut args = vec!["train", "--config", &path];
+        args.extend(steps);
+        let out = run("trainer", &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let single_losses = step_losses(&text(&out.stderr));
+        assert_eq!(single_losses.len(), 3, "{mode}");
+        for (strategy, port) in [("ddp", ports[0]), ("fsdp", ports[1])] {
+            let name = format!("{mode}_{strategy}2");
+            let path = cfg(
+                &name,
+                2,
+                &format!("  log_every: 1\n  strategy: {strategy}\n"),
+            );
+            let losses = launch_train(2, port, &path, &steps);
+            assert_eq!(losses.len(), 3, "{name}");
+            for (x, y) in losses.iter().zip(&single_losses) {
+                assert!((x - y).abs() <= 1e-5 * y.abs(), "{name}: loss {x} vs {y}");
+            }
+            let (outliers, worst) = compare(&ck(&name), &ck(&single));
+            assert!(
+                outliers <= 1e-3,
+                "{name}: {:.4}% of elements differ",
+                outliers * 100.0
+            );
+            assert!(
+                worst <= 2.0 * 2.4e-3,
+                "{name}: an element moved {worst} apart"
+            );
+        }
+    }
+}
+
 /// The per-iteration losses of rank 0's progress lines.
 fn step_losses(stderr: &str) -> Vec<f64> {
     stderr

@@ -8,6 +8,7 @@
 //! ```text
 //! {run.output_dir}/{run.name}/                     RunLayout
 //!   mean_and_std_of_dataset.txt
+//!   {model}_combinations.{html,json}                every combination's scores, one table
 //!   scDINO_ViTs/{model}_channel_{names}/           ModelLayout::dir
 //!     checkpoint.safetensors (+ .prev)             latest, for resume
 //!     checkpoint{NNNN}.safetensors                 every checkpoint_every epochs and the last
@@ -43,6 +44,25 @@ impl RunLayout {
     /// scDINO's dataset statistics, over every channel of the files.
     pub fn mean_std(&self) -> PathBuf {
         self.root.join("mean_and_std_of_dataset.txt")
+    }
+
+    /// The run's table of every channel combination's scores (see
+    /// `pipeline::combinations`), named after the model (and its channel mode).
+    pub fn combinations_html(&self, cfg: &Config) -> PathBuf {
+        self.root
+            .join(format!("{}_combinations.html", Self::model_prefix(cfg)))
+    }
+
+    pub fn combinations_json(&self, cfg: &Config) -> PathBuf {
+        self.root
+            .join(format!("{}_combinations.json", Self::model_prefix(cfg)))
+    }
+
+    fn model_prefix(cfg: &Config) -> String {
+        match cfg.model.channels {
+            crate::config::ChannelMode::Fixed => cfg.model.name.clone(),
+            mode => format!("{}_{}", cfg.model.name, mode.name()),
+        }
     }
 
     /// The files of the model for the combination `channels`: trained on them (`fixed`), or

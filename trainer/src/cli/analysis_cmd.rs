@@ -267,6 +267,9 @@ impl ReportArgs {
         let t = Target::new(&cfg, self.model.combination)?;
         let path = trainer::pipeline::report::write_report(&t)?;
         println!("{}", path.display());
+        if let Some(table) = trainer::pipeline::combinations::write_table(&cfg)? {
+            println!("{}", table.display());
+        }
         Ok(())
     }
 }

@@ -11,16 +11,17 @@ use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use trainer::analysis::mean_std;
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
-use trainer::config::{Arch, AugmentOn, Config, Precision, Sections};
+use trainer::config::{Arch, AugmentOn, ChannelMode, Config, Precision, Sections};
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
+use trainer::train::channels::hierarchical_sample;
 use trainer::train::input::TrainInput;
 use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
 use trainer::train::loss::DinoLoss;
 use trainer::train::run::training_image_fn;
 use trainer::train::sampler::epoch_order;
 use trainer::train::schedule::scaled_lr;
-use trainer::train::step::{Learner, Networks, StepParams};
+use trainer::train::step::{ChannelSubset, Learner, Networks, StepParams};
 use trainer::train::strategy::SingleProcess;
 
 #[derive(Debug, Subcommand)]
@@ -243,6 +244,19 @@ pub struct StepBench {
     workers: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// `model.channels` of the benchmarked model (`--loader none` only): `tokens` draws each
+    /// step's channel subset by hierarchical sampling, as training does; `bag` runs each
+    /// image's channels as single-channel items (batch × channels items per crop), so imgs/s
+    /// counts images for every mode.
+    #[arg(long, value_enum, default_value = "fixed")]
+    channel_mode: BenchChannelMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BenchChannelMode {
+    Fixed,
+    Bag,
+    Tokens,
 }
 
 impl StepBench {
@@ -252,6 +266,11 @@ impl StepBench {
         s.model.arch = self.arch;
         s.model.patch_size = self.patch;
         s.model.out_dim = self.out_dim;
+        s.model.channels = match self.channel_mode {
+            BenchChannelMode::Fixed => ChannelMode::Fixed,
+            BenchChannelMode::Bag => ChannelMode::Bag,
+            BenchChannelMode::Tokens => ChannelMode::Tokens,
+        };
         s.train.precision = Precision::Fp32;
         s.train.batch_size_per_gpu = self.batch;
         s.augment.global_crop_size = self.global_size;
@@ -266,6 +285,9 @@ impl StepBench {
     fn run(self) -> Result<()> {
         if self.iters == 0 {
             bail!("--iters must be at least 1");
+        }
+        if self.channel_mode != BenchChannelMode::Fixed && self.loader != LoaderMode::None {
+            bail!("--channel-mode bag|tokens is measured with --loader none");
         }
         tch::set_num_threads(self.threads);
         let device = Device::Cpu;
@@ -290,7 +312,9 @@ impl StepBench {
             freeze_last_layer: false,
             clip_grad: cfg.train.clip_grad,
             rng_seed: it as i64,
-            channels: None,
+            channels: (self.channel_mode == BenchChannelMode::Tokens).then(|| {
+                ChannelSubset::from_indices(&hierarchical_sample(self.seed, it, self.channels))
+            }),
         };
         let mut group = SingleProcess::default();
         let total = self.warmup + self.iters;
@@ -299,7 +323,10 @@ impl StepBench {
         let mut last_loss = f64::NAN;
         match self.loader {
             LoaderMode::None => {
-                let (b, c) = (self.batch as i64, self.channels as i64);
+                let (b, c) = match self.channel_mode {
+                    BenchChannelMode::Bag => ((self.batch * self.channels) as i64, 1),
+                    _ => (self.batch as i64, self.channels as i64),
+                };
                 let opts = (Kind::Float, device);
                 let crops: Vec<Tensor> = (0..ncrops)
                     .map(|k| {
@@ -363,6 +390,8 @@ impl StepBench {
                 "impl": "rust-tch",
                 "bench": "step",
                 "arch": arch_name(self.arch),
+                "channel_mode": format!("{:?}", self.channel_mode).to_lowercase(),
+                "channels": self.channels,
                 "loader": match self.loader { LoaderMode::None => "none", LoaderMode::Real => "real" },
                 "batch": self.batch,
                 "threads": self.threads,

@@ -6,6 +6,7 @@
 //! the missing work. Every output is written atomically, so a file that exists is complete.
 //! Training resumes from its own checkpoints. A stop signal ends the pipeline at the next stage
 //! or step boundary with [`crate::train::run::EXIT_PREEMPTED`] semantics.
+pub mod combinations;
 pub mod report;
 pub mod stages;
 
@@ -353,6 +354,11 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             &[t.files.report_html()],
             || report::write_report(&t).map(|_| ()),
         )?;
+    }
+    if r.lead {
+        if let Some(path) = combinations::write_table(cfg)? {
+            r.log(&format!("combinations: {}", path.display()));
+        }
     }
     Ok(PipelineOutcome::Finished(r.runs))
 }

@@ -10,7 +10,7 @@ use base64::Engine;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

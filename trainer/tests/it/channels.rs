@@ -13,7 +13,7 @@ fn data(dir: &Path) {
         out: dir.join("data"),
         seed: 4,
         classes: 3,
-        per_class: 6,
+        per_class: 10,
         size: 32,
         channels: 3,
         ..SynthOptions::default()
@@ -176,4 +176,57 @@ fn resume_refuses_another_channel_mode() {
             && text.contains("\"model_channels\":\"bag\""),
         "{text}"
     );
+}
+
+/// `trainer pipeline` with one `tokens` model: trained once, every combination analysed from
+/// its checkpoint, and the run's combination table lists each combination with its kNN,
+/// probe top-1 and macro-F1 (read back from the JSON and present in the HTML).
+#[test]
+fn the_pipeline_analyses_every_combination_and_tabulates_them() {
+    use trainer::pipeline::{run_pipeline, PipelineOptions, PipelineOutcome, Stage};
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    data(dir.path());
+    let cfg = config(
+        dir.path(),
+        "p",
+        "tokens",
+        "a, b, c",
+        "\"012\", \"1\", \"02\"",
+    );
+    let outcome = run_pipeline(&cfg, &PipelineOptions::default()).unwrap();
+    let PipelineOutcome::Finished(runs) = outcome else {
+        panic!("the pipeline stopped early");
+    };
+    let trained = runs
+        .iter()
+        .filter(|r| r.stage == Stage::Train && r.ran)
+        .count();
+    assert_eq!(trained, 1, "one training for three combinations");
+    let layout = RunLayout::new(&cfg);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(layout.combinations_json(&cfg)).unwrap())
+            .unwrap();
+    assert_eq!(json["model_channels"], "tokens");
+    let rows = json["rows"].as_array().unwrap();
+    let combos: Vec<&str> = rows
+        .iter()
+        .map(|r| r["combination"].as_str().unwrap())
+        .collect();
+    assert_eq!(combos, ["a+b+c", "b", "a+c"]);
+    for r in rows {
+        assert_eq!(r["tag"], "epoch0");
+        let top1 = r["probe_top1_percent"].as_f64().unwrap();
+        assert!((0.0..=100.0).contains(&top1), "{r}");
+        assert!(!r["knn_top1_percent"].as_array().unwrap().is_empty(), "{r}");
+    }
+    let html = std::fs::read_to_string(layout.combinations_html(&cfg)).unwrap();
+    for c in combos {
+        assert!(
+            html.contains(&format!("<td>{c}</td>")),
+            "{c} missing:\n{html}"
+        );
+    }
+    assert!(html.contains("one checkpoint for every combination"));
 }
