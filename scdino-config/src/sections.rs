@@ -249,9 +249,7 @@ pub struct ModelSection {
     pub use_bn_in_head: bool,
     /// `hyperparameters.drop_path_rate`: stochastic depth of the student only.
     pub drop_path_rate: f64,
-    /// How the model takes channels (new; scDINO has `fixed` only). Written out only when
-    /// not `fixed`, so scDINO-style configs serialise as before.
-    #[serde(skip_serializing_if = "ChannelMode::is_fixed")]
+    /// How the model takes channels (new; scDINO has `fixed` only).
     pub channels: ChannelMode,
 }
 

@@ -126,6 +126,7 @@ fn config_default_prints_every_key_as_a_config_that_checks() {
         "dataset_dir:",
         "channel_combinations:",
         "out_dim: 65536",
+        "channels: fixed",
         "weight_decay_end: 0.4",
         "precision:",
         "global_crops_scale:",
