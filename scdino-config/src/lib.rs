@@ -209,9 +209,15 @@ impl Config {
             .iter()
             .map(|&c| format!("_{}", self.data.channel_names[c]))
             .collect();
+        format!("{}_channel{}", self.model_prefix(), names)
+    }
+
+    /// `model.name`, followed by an adaptive `model.channels` (`name_of_model_tokens`): what
+    /// every folder and file of this model's run starts with.
+    pub fn model_prefix(&self) -> String {
         match self.model.channels {
-            ChannelMode::Fixed => format!("{}_channel{}", self.model.name, names),
-            mode => format!("{}_{}_channel{}", self.model.name, mode.name(), names),
+            ChannelMode::Fixed => self.model.name.clone(),
+            mode => format!("{}_{}", self.model.name, mode.name()),
         }
     }
 
@@ -868,7 +874,10 @@ mod tests {
         let five = "data:\n  channel_names: [a, b, c, d, e]\n  channel_combinations: [\"01234\", \"0\", \"13\"]\n";
         let fixed = Config::from_yaml(five, "t").unwrap();
         assert_eq!(fixed.model.channels, ChannelMode::Fixed);
-        assert!(fixed.to_yaml().contains("channels: fixed"), "`config show` lists it");
+        assert!(
+            fixed.to_yaml().contains("channels: fixed"),
+            "`config show` lists it"
+        );
         assert_eq!(fixed.training_channels(2), Some(vec![1, 3]));
         assert_eq!(fixed.trained_models(), 3);
         assert_eq!(fixed.used_channels(), vec![0, 1, 2, 3, 4]);

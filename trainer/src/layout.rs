@@ -50,19 +50,12 @@ impl RunLayout {
     /// `pipeline::combinations`), named after the model (and its channel mode).
     pub fn combinations_html(&self, cfg: &Config) -> PathBuf {
         self.root
-            .join(format!("{}_combinations.html", Self::model_prefix(cfg)))
+            .join(format!("{}_combinations.html", cfg.model_prefix()))
     }
 
     pub fn combinations_json(&self, cfg: &Config) -> PathBuf {
         self.root
-            .join(format!("{}_combinations.json", Self::model_prefix(cfg)))
-    }
-
-    fn model_prefix(cfg: &Config) -> String {
-        match cfg.model.channels {
-            crate::config::ChannelMode::Fixed => cfg.model.name.clone(),
-            mode => format!("{}_{}", cfg.model.name, mode.name()),
-        }
+            .join(format!("{}_combinations.json", cfg.model_prefix()))
     }
 
     /// The files of the model for the combination `channels`: trained on them (`fixed`), or

@@ -10,7 +10,7 @@ use crate::config::{ChannelMode, Config};
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
-use crate::model::{VisionTransformer, VitConfig};
+use crate::model::{bag_cls, VisionTransformer, VitConfig};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -66,24 +66,36 @@ pub fn load_backbone(
 ) -> Result<(nn::VarStore, VisionTransformer), FeaturesError> {
     let adapt = PatchEmbedAdapt::from_config(&cfg.downstream.features);
     let patch_embed = weights.patch_embed_for(channels, &adapt)?;
-    let path = weights.path.display();
     let hint = weights
         .args
         .as_ref()
         .map(|a| format!(" (the checkpoint was trained with {})", a.summary()))
         .unwrap_or_default();
+    let vit_cfg = VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len());
+    let model = format!("{:?}, patch {}", cfg.model.arch, cfg.model.patch_size);
+    build_backbone(weights, vit_cfg, Some(patch_embed), &model, &hint, device)
+}
+
+/// A frozen backbone of `vit_cfg` on `device` holding `weights` (the patch-embedding weight
+/// replaced by `patch_embed` when given); a tensor missing or of another shape is an error
+/// naming it, the configured `model` and the `hint`.
+fn build_backbone(
+    weights: &BackboneWeights,
+    vit_cfg: VitConfig,
+    patch_embed: Option<Tensor>,
+    model: &str,
+    hint: &str,
+    device: Device,
+) -> Result<(nn::VarStore, VisionTransformer), FeaturesError> {
+    let path = weights.path.display();
     let mut vs = nn::VarStore::new(device);
-    let vit = VisionTransformer::new(
-        vs.root() / "backbone",
-        VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len()),
-    );
+    let vit = VisionTransformer::new(vs.root() / "backbone", vit_cfg);
     tch::no_grad(|| {
         for (name, mut t) in vs.variables() {
             let short = name.strip_prefix("backbone.").unwrap_or(&name);
-            let src = if short == "patch_embed.proj.weight" {
-                patch_embed.shallow_clone()
-            } else {
-                weights
+            let src = match &patch_embed {
+                Some(p) if short == "patch_embed.proj.weight" => p.shallow_clone(),
+                _ => weights
                     .tensors
                     .get(short)
                     .map(Tensor::shallow_clone)
@@ -91,14 +103,12 @@ pub fn load_backbone(
                         FeaturesError::Invalid(format!(
                             "{path}: backbone tensor {short} is missing"
                         ))
-                    })?
+                    })?,
             };
             if src.size() != t.size() {
                 return Err(FeaturesError::Invalid(format!(
-                    "{path}: backbone tensor {short} has shape {:?}, the configured model ({:?}, patch {}) needs {:?}{hint}",
+                    "{path}: backbone tensor {short} has shape {:?}, the configured model ({model}) needs {:?}{hint}",
                     src.size(),
-                    cfg.model.arch,
-                    cfg.model.patch_size,
                     t.size()
                 )));
             }
@@ -110,7 +120,6 @@ pub fn load_backbone(
     Ok((vs, vit))
 }
 
-/// torchvision `Resize(size)` with an int: the shorter side becomes `size`.
 /// How a batch of one combination's images becomes features, per `model.channels`.
 pub enum Embedder {
     /// `fixed`: the backbone over the combination's channels as its input channels.
@@ -133,10 +142,9 @@ impl Embedder {
             Embedder::Fixed(vit) => vit.forward_t(x, false),
             Embedder::Tokens { vit, channels } => vit.forward_channels_t(x, Some(channels), false),
             Embedder::Bag(vit) => {
-                let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
-                let cls = vit.forward_t(&x.reshape([b * k, 1, h, w]), false);
-                let cls = &cls / cls.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12);
-                cls.reshape([b, -1])
+                let cls = bag_cls(vit, x);
+                let cls = &cls / cls.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-12);
+                cls.flatten(1, 2)
             }
         })
     }
@@ -175,33 +183,31 @@ pub fn load_embedder(
             mode.name()
         )));
     }
-    if mode.is_fixed() {
-        if let (Some(t), true) = (&weights.trained, cfg.downstream.features.is_unadapted()) {
-            let wanted: Vec<&str> = channels
-                .iter()
-                .map(|&c| cfg.data.channel_names[c].as_str())
-                .collect();
-            if t.names
-                .iter()
-                .map(String::as_str)
-                .ne(wanted.iter().copied())
-            {
-                return Err(FeaturesError::Invalid(format!(
-                    "{path} is a model.channels: fixed model trained on [{}]; it takes exactly those channels, not [{}] (train a model for this combination, or one model for every combination with model.channels: tokens or bag)",
-                    t.names.join(", "),
-                    wanted.join(", ")
-                )));
-            }
-        }
-        let (vs, vit) = load_backbone(cfg, weights, channels, device)?;
-        return Ok((vs, Embedder::Fixed(vit)));
-    }
-    let trained = weights.trained.as_ref().expect("checked above");
     let wanted: Vec<&str> = channels
         .iter()
         .map(|&c| cfg.data.channel_names[c].as_str())
         .collect();
-    let model_channels = trained.indices_of(&wanted, &weights.path)?;
+    let trained = match (&weights.trained, mode) {
+        (_, ChannelMode::Fixed) => {
+            if let (Some(t), true) = (&weights.trained, cfg.downstream.features.is_unadapted()) {
+                if t.names
+                    .iter()
+                    .map(String::as_str)
+                    .ne(wanted.iter().copied())
+                {
+                    return Err(FeaturesError::Invalid(format!(
+                        "{path} is a model.channels: fixed model trained on [{}]; it takes exactly those channels, not [{}] (train a model for this combination, or one model for every combination with model.channels: tokens or bag)",
+                        t.names.join(", "),
+                        wanted.join(", ")
+                    )));
+                }
+            }
+            let (vs, vit) = load_backbone(cfg, weights, channels, device)?;
+            return Ok((vs, Embedder::Fixed(vit)));
+        }
+        (Some(t), _) => t,
+        (None, _) => unreachable!("an adaptive mode without a record was refused above"),
+    };
     let m = &cfg.model;
     let vit_cfg = match mode {
         ChannelMode::Tokens => {
@@ -209,39 +215,24 @@ pub fn load_embedder(
         }
         _ => VitConfig::new(m.arch, m.patch_size, 1),
     };
-    let mut vs = nn::VarStore::new(device);
-    let vit = VisionTransformer::new(vs.root() / "backbone", vit_cfg);
-    tch::no_grad(|| {
-        for (name, mut t) in vs.variables() {
-            let short = name.strip_prefix("backbone.").unwrap_or(&name);
-            let src = weights.tensors.get(short).ok_or_else(|| {
-                FeaturesError::Invalid(format!("{path}: backbone tensor {short} is missing"))
-            })?;
-            if src.size() != t.size() {
-                return Err(FeaturesError::Invalid(format!(
-                    "{path}: backbone tensor {short} has shape {:?}, the configured model ({:?}, patch {}, model.channels: {}) needs {:?}",
-                    src.size(),
-                    m.arch,
-                    m.patch_size,
-                    mode.name(),
-                    t.size()
-                )));
-            }
-            t.copy_(src);
-        }
-        Ok(())
-    })?;
-    vs.freeze();
+    let model = format!(
+        "{:?}, patch {}, model.channels: {}",
+        m.arch,
+        m.patch_size,
+        mode.name()
+    );
+    let (vs, vit) = build_backbone(weights, vit_cfg, None, &model, "", device)?;
     let embedder = match mode {
         ChannelMode::Tokens => Embedder::Tokens {
             vit,
-            channels: model_channels,
+            channels: trained.indices_of(&wanted, &weights.path)?,
         },
         _ => Embedder::Bag(vit),
     };
     Ok((vs, embedder))
 }
 
+/// torchvision `Resize(size)` with an int: the shorter side becomes `size`.
 pub(crate) fn resized_hw(h: usize, w: usize, size: usize) -> (i64, i64) {
     if h <= w {
         (size as i64, (size * w / h) as i64)

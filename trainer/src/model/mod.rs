@@ -45,19 +45,14 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
     (vit, head)
 }
 
-/// DINO Bag-of-Channels features of `x` (`[B, k, H, W]`) from a single-channel backbone: the
-/// channels go through the batch dimension, and the per-channel CLS tokens are returned
-/// concatenated in channel order (`[B, k·D]`, what kNN and the probe use, as DINO-BoC does)
-/// and averaged (`[B, D]`).
-pub fn bag_features(vit: &VisionTransformer, x: &Tensor) -> (Tensor, Tensor) {
+/// DINO Bag-of-Channels: the per-channel CLS tokens of `x` (`[B, k, H, W]`) from a
+/// single-channel backbone, the channels going through the batch dimension: `[B, k, D]`.
+/// DINO-BoC's feature is these concatenated in channel order (`[B, k·D]`, what kNN and the
+/// probe use); their mean over the channels is the compact one.
+pub fn bag_cls(vit: &VisionTransformer, x: &Tensor) -> Tensor {
     let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
-    let cls = vit.forward_t(&x.reshape([b * k, 1, h, w]), false);
-    let d = cls.size()[1];
-    let per_channel = cls.reshape([b, k, d]);
-    (
-        per_channel.reshape([b, k * d]),
-        per_channel.mean_dim(1, false, None),
-    )
+    vit.forward_t(&x.reshape([b * k, 1, h, w]), false)
+        .reshape([b, k, -1])
 }
 
 /// Total element count of the variables whose name starts with `prefix`.

@@ -280,18 +280,18 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
         trim_log(&files.log(), epoch)?;
     }
 
+    let (augment_mean, augment_std) = match &bag {
+        Some(_) => BagOfChannels::augment_mean_std(),
+        None => (mean.clone(), std.clone()),
+    };
     let augment = MultiCropAugment::new(MultiCropConfig {
         global_crops_scale: cfg.augment.global_crops_scale,
         local_crops_scale: cfg.augment.local_crops_scale,
         global_size: cfg.augment.global_crop_size,
         local_size: cfg.augment.local_crop_size,
         local_crops_number: cfg.augment.local_crops_number,
-        mean: bag
-            .as_ref()
-            .map_or_else(|| mean.clone(), |_| BagOfChannels::augment_mean_std().0),
-        std: bag
-            .as_ref()
-            .map_or_else(|| std.clone(), |_| BagOfChannels::augment_mean_std().1),
+        mean: augment_mean,
+        std: augment_std,
         ops: AugmentOps::from(&cfg.augment),
     })
     .map_err(TrainError::Augment)?;

@@ -21,6 +21,16 @@ fn data(dir: &Path) {
     .unwrap();
 }
 
+/// The lock on libtorch's generator (these tests train), 2 threads, and a folder holding
+/// [`data`].
+fn setup() -> (std::sync::MutexGuard<'static, ()>, tempfile::TempDir) {
+    let rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    data(dir.path());
+    (rng, dir)
+}
+
 fn config(dir: &Path, name: &str, mode: &str, names: &str, combinations: &str) -> Config {
     Config::from_yaml(
         &format!(
@@ -39,10 +49,7 @@ fn config(dir: &Path, name: &str, mode: &str, names: &str, combinations: &str) -
 /// single channel or a pair (never seen as a whole in training) gives features of its own.
 #[test]
 fn one_adaptive_model_trains_once_and_embeds_every_combination() {
-    let _rng = super::util::torch_rng_lock();
-    tch::set_num_threads(2);
-    let dir = tempfile::tempdir().unwrap();
-    data(dir.path());
+    let (_rng, dir) = setup();
     for mode in ["tokens", "bag"] {
         let cfg = config(dir.path(), mode, mode, "a, b, c", "\"012\", \"0\", \"12\"");
         assert_eq!(
@@ -105,10 +112,7 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
 /// takes; a checkpoint of one mode read as another is refused with both.
 #[test]
 fn checkpoints_refuse_what_they_cannot_embed() {
-    let _rng = super::util::torch_rng_lock();
-    tch::set_num_threads(2);
-    let dir = tempfile::tempdir().unwrap();
-    data(dir.path());
+    let (_rng, dir) = setup();
     let cfg = config(dir.path(), "r", "tokens", "a, b, c", "\"012\"");
     train(&cfg, &TrainOptions::default()).unwrap();
     let layout = RunLayout::new(&cfg);
@@ -152,10 +156,7 @@ fn checkpoints_refuse_what_they_cannot_embed() {
 /// by hand) is refused, naming both.
 #[test]
 fn resume_refuses_another_channel_mode() {
-    let _rng = super::util::torch_rng_lock();
-    tch::set_num_threads(2);
-    let dir = tempfile::tempdir().unwrap();
-    data(dir.path());
+    let (_rng, dir) = setup();
     let tokens = config(dir.path(), "s", "tokens", "a, b, c", "\"012\"");
     train(&tokens, &TrainOptions::default()).unwrap();
     let bag = config(dir.path(), "s", "bag", "a, b, c", "\"012\"");
@@ -184,10 +185,7 @@ fn resume_refuses_another_channel_mode() {
 #[test]
 fn the_pipeline_analyses_every_combination_and_tabulates_them() {
     use trainer::pipeline::{run_pipeline, PipelineOptions, PipelineOutcome, Stage};
-    let _rng = super::util::torch_rng_lock();
-    tch::set_num_threads(2);
-    let dir = tempfile::tempdir().unwrap();
-    data(dir.path());
+    let (_rng, dir) = setup();
     let cfg = config(
         dir.path(),
         "p",

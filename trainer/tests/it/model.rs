@@ -284,7 +284,7 @@ fn loading_refuses_missing_or_misshaped_weights() {
 /// state dict is ChannelViT's, name for name and shape for shape.
 #[test]
 fn channel_adaptive_backbones_match_pytorch() {
-    use trainer::model::{bag_features, VisionTransformer};
+    use trainer::model::{bag_cls, VisionTransformer};
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
@@ -320,7 +320,8 @@ fn channel_adaptive_backbones_match_pytorch() {
     let subset: Vec<i64> = Vec::<i64>::try_from(&t["in.subset"]).unwrap();
     let tol = 1e-4;
     tch::no_grad(|| {
-        let (concat, mean) = bag_features(&bag, &t["in.x96"]);
+        let cls = bag_cls(&bag, &t["in.x96"]);
+        let (concat, mean) = (cls.flatten(1, 2), cls.mean_dim(1, false, None));
         let cases = [
             ("tokens.cls224", tokens.forward_t(&t["in.x224"], false)),
             ("tokens.cls96", tokens.forward_t(&t["in.x96"], false)),
