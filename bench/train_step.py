@@ -17,6 +17,9 @@ trainer/tests/py/dino_reference.py with `USE_SDPA = True` (the kernel the Rust m
   step's channel subset drawn by hierarchical sampling (k uniform on 1..C, then k channels;
   Python's `random`, seeded, so not the Rust draws, the same distribution); `bag` is a
   single-channel ViT on batch × channels single-channel items per crop. imgs/s counts images.
+--device cuda --precision fp32|bf16|fp16: the step on the GPU (crops made there), with scDINO's
+  mixed precision (autocast; fp16 with a GradScaler, unscaled before the clip). The clip is
+  scDINO's, with one `.item()` per parameter (a host sync each), as in scDINO.
 --count-flops: also counts the FLOPs of student forward+backward and teacher forward with
   torch.utils.flop_counter.FlopCounterMode (matmul/conv/attention; elementwise ops are not
   counted). FlopCounterMode does not see the CPU SDPA kernel, so the count is taken once with
@@ -62,7 +65,12 @@ p.add_argument("--workers", type=int, default=1)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--count-flops", action="store_true")
 p.add_argument("--channel-mode", choices=["fixed", "bag", "tokens"], default="fixed")
+p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
 a = p.parse_args()
+if a.device == "cpu" and a.precision != "fp32":
+    sys.exit("--precision bf16|fp16 is measured on --device cuda")
+DEV = torch.device(a.device)
 if a.channel_mode != "fixed" and a.loader != "none":
     sys.exit("--channel-mode bag|tokens is measured with --loader none")
 
@@ -161,8 +169,14 @@ for q in teacher.parameters():
     q.requires_grad = False
 student.train()
 teacher.train()
-dino_loss = DINOLoss(a.out_dim, NCROPS, TEACHER_TEMP)
+student.to(DEV)
+teacher.to(DEV)
+dino_loss = DINOLoss(a.out_dim, NCROPS, TEACHER_TEMP).to(DEV)
 optimizer = torch.optim.AdamW(get_params_groups(student))
+# scDINO's mixed precision (main_dino.py): autocast around the forwards and the loss, fp16 with
+# a GradScaler (unscale before the clip); bf16 needs no scaler.
+AMP_DTYPE = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.precision]
+scaler = torch.amp.GradScaler("cuda") if a.precision == "fp16" else None
 
 
 def step(images, epoch=0):
@@ -170,16 +184,26 @@ def step(images, epoch=0):
         g["lr"] = LR
         if i == 0:
             g["weight_decay"] = WD
-    teacher_output = teacher(images[:2])
-    student_output = student(images)
-    loss = dino_loss(student_output, teacher_output, epoch)
+    images = [im.to(DEV, non_blocking=True) for im in images]
+    with torch.autocast(a.device, dtype=AMP_DTYPE, enabled=AMP_DTYPE is not None):
+        teacher_output = teacher(images[:2])
+        student_output = student(images)
+        loss = dino_loss(student_output, teacher_output, epoch)
     if not math.isfinite(loss.item()):
         sys.exit(f"Loss is {loss.item()}, stopping training")
     optimizer.zero_grad()
-    loss.backward()
-    clip_gradients(student, CLIP)
-    cancel_gradients_last_layer(epoch, student, 0)  # freeze off: every epoch after the first
-    optimizer.step()
+    if scaler is None:
+        loss.backward()
+        clip_gradients(student, CLIP)
+        cancel_gradients_last_layer(epoch, student, 0)  # freeze off: every epoch after the first
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        clip_gradients(student, CLIP)
+        cancel_gradients_last_layer(epoch, student, 0)
+        scaler.step(optimizer)
+        scaler.update()
     with torch.no_grad():
         for param_q, param_k in zip(student.parameters(), teacher.parameters()):
             param_k.data.mul_(MOMENTUM).add_((1 - MOMENTUM) * param_q.detach().data)
@@ -188,8 +212,9 @@ def step(images, epoch=0):
 
 def random_crops():
     b, c = (a.batch * a.channels, 1) if a.channel_mode == "bag" else (a.batch, a.channels)
-    return ([torch.randn(b, c, a.global_size, a.global_size) for _ in range(2)]
-            + [torch.randn(b, c, a.local_size, a.local_size) for _ in range(a.local_crops)])
+    return ([torch.randn(b, c, a.global_size, a.global_size, device=DEV) for _ in range(2)]
+            + [torch.randn(b, c, a.local_size, a.local_size, device=DEV)
+               for _ in range(a.local_crops)])
 
 
 def hierarchical_channels():
@@ -220,6 +245,12 @@ def count_flops():
 flops = count_flops() if a.count_flops else None
 
 # ---- timing ----
+def sync():
+    """Waits for the queued teacher EMA, so a step's time holds all its GPU work."""
+    if a.device == "cuda":
+        torch.cuda.synchronize()
+
+
 timed = []  # (wall s, data wait s, images)
 last_loss = float("nan")
 total = a.warmup + a.iters
@@ -233,6 +264,7 @@ if a.loader == "none":
             step_crops = [c[:, ch] for c in crops]
         t = time.perf_counter()
         last_loss = step(step_crops)
+        sync()
         dt = time.perf_counter() - t
         if it >= a.warmup:
             timed.append((dt, 0.0, a.batch))
@@ -255,6 +287,7 @@ else:
         images, _ = next(batches)
         wait = time.perf_counter() - t
         last_loss = step(images)
+        sync()
         dt = time.perf_counter() - t
         if it >= a.warmup:
             timed.append((dt, wait, len(images[0])))
@@ -265,6 +298,7 @@ waits = [t[1] for t in timed]
 median_s = sorted(times)[len(times) // 2]  # as the Rust side
 out = {
     "impl": "pytorch", "bench": "step", "arch": a.arch, "channel_mode": a.channel_mode,
+    "device": a.device, "precision": a.precision,
     "channels": a.channels, "loader": a.loader, "batch": a.batch,
     "threads": a.threads, "workers": a.workers if a.loader == "real" else 0,
     "crops": [a.global_size, a.local_size, a.local_crops], "out_dim": a.out_dim,

@@ -680,6 +680,11 @@ fn slurm_selftest_runs_on_every_task_and_reports_one_table() {
         line("train step gpu fp32").contains("skip skip"),
         "{stdout}"
     );
+    let sdpa = line("sdpa backend");
+    assert!(
+        sdpa.contains("pass pass") && sdpa.contains("Cpu: fp32 "),
+        "{sdpa}"
+    );
 }
 
 /// `launcher scaling` with 1 and 2 tasks on the real Slurm (Gloo): both sizes train from

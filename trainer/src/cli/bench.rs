@@ -250,6 +250,26 @@ pub struct StepBench {
     /// counts images for every mode.
     #[arg(long, value_enum, default_value = "fixed")]
     channel_mode: BenchChannelMode,
+    /// Where the step runs (`--loader none`; the crops are made there). `cuda` needs a
+    /// trainer built with `--features nccl` and takes GPU 0.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: BenchDevice,
+    /// `train.precision` of the step: bf16 autocast, or fp16 with loss scaling (CUDA only).
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: BenchPrecision,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BenchDevice {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BenchPrecision {
+    Fp32,
+    Bf16,
+    Fp16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -271,7 +291,7 @@ impl StepBench {
             BenchChannelMode::Bag => ChannelMode::Bag,
             BenchChannelMode::Tokens => ChannelMode::Tokens,
         };
-        s.train.precision = Precision::Fp32;
+        s.train.precision = self.precision();
         s.train.batch_size_per_gpu = self.batch;
         s.augment.global_crop_size = self.global_size;
         s.augment.local_crop_size = self.local_size;
@@ -282,6 +302,14 @@ impl StepBench {
         Ok(Config::from_sections(s, "<bench step>")?)
     }
 
+    fn precision(&self) -> Precision {
+        match self.precision {
+            BenchPrecision::Fp32 => Precision::Fp32,
+            BenchPrecision::Bf16 => Precision::Bf16,
+            BenchPrecision::Fp16 => Precision::Fp16,
+        }
+    }
+
     fn run(self) -> Result<()> {
         if self.iters == 0 {
             bail!("--iters must be at least 1");
@@ -289,8 +317,28 @@ impl StepBench {
         if self.channel_mode != BenchChannelMode::Fixed && self.loader != LoaderMode::None {
             bail!("--channel-mode bag|tokens is measured with --loader none");
         }
+        let device = match self.device {
+            BenchDevice::Cpu => Device::Cpu,
+            BenchDevice::Cuda => {
+                if self.loader != LoaderMode::None {
+                    bail!("--device cuda is measured with --loader none");
+                }
+                if !tch::Cuda::is_available() {
+                    bail!("--device cuda: libtorch sees no GPU (a trainer built with --features nccl is needed)");
+                }
+                Device::Cuda(0)
+            }
+        };
+        if device == Device::Cpu && self.precision == BenchPrecision::Fp16 {
+            bail!("--precision fp16 needs --device cuda");
+        }
+        // Waits for the step's queued GPU work (the teacher EMA), so its time holds all of it.
+        let sync = || {
+            if let Device::Cuda(i) = device {
+                tch::Cuda::synchronize(i as i64);
+            }
+        };
         tch::set_num_threads(self.threads);
-        let device = Device::Cpu;
         let cfg = self.config()?;
         tch::manual_seed(self.seed as i64);
         let ncrops = 2 + self.local_crops;
@@ -301,7 +349,7 @@ impl StepBench {
             vec![cfg.train.teacher_temp],
             device,
         );
-        let mut learner = Learner::new(nets, loss, Precision::Fp32, device);
+        let mut learner = Learner::new(nets, loss, self.precision(), device);
         let lr = scaled_lr(cfg.train.lr, self.batch, 1);
         let params = |it: usize| StepParams {
             lr,
@@ -341,6 +389,7 @@ impl StepBench {
                 for it in 0..total {
                     let t = Instant::now();
                     let out = learner.step(&crops, params(it), it, &mut group)?;
+                    sync();
                     let secs = t.elapsed().as_secs_f64();
                     last_loss = out.loss;
                     if it >= self.warmup {
@@ -392,6 +441,8 @@ impl StepBench {
                 "arch": arch_name(self.arch),
                 "channel_mode": format!("{:?}", self.channel_mode).to_lowercase(),
                 "channels": self.channels,
+                "device": format!("{:?}", self.device).to_lowercase(),
+                "precision": format!("{:?}", self.precision).to_lowercase(),
                 "loader": match self.loader { LoaderMode::None => "none", LoaderMode::Real => "real" },
                 "batch": self.batch,
                 "threads": self.threads,

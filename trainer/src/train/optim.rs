@@ -2,7 +2,7 @@
 //! last-layer freeze. The update is written op for op as PyTorch's single-tensor AdamW (the
 //! CPU default), so results match it bit for bit on CPU.
 use crate::checkpoint::{Checkpoint, RestoreError};
-use tch::{nn, Tensor};
+use tch::{nn, Device, Kind, Tensor};
 
 const BETA1: f64 = 0.9;
 const BETA2: f64 = 0.999;
@@ -149,9 +149,14 @@ pub fn adamw_update(
 
 /// scDINO's per-parameter clipping: each gradient is scaled to norm ≤ `clip` on its own
 /// (not the global norm). Returns the norms before clipping.
+///
+/// scDINO decides `if clip_coef < 1` on the host, two syncs per parameter; here the
+/// coefficient is replaced by exactly 1 where it is not < 1 (NaN included, as that test),
+/// and a multiply by 1 leaves a gradient bit for bit, so the result is the same with one
+/// sync for the whole model (the norms, read at the end).
 pub fn clip_gradients(params: &[AdamParam], clip: f64) -> Vec<f64> {
     tch::no_grad(|| {
-        params
+        let norms: Vec<Tensor> = params
             .iter()
             .filter_map(|p| {
                 let mut grad = p.tensor.grad();
@@ -161,12 +166,18 @@ pub fn clip_gradients(params: &[AdamParam], clip: f64) -> Vec<f64> {
                 let norm = grad.norm();
                 // Python evaluates `clip / (norm + 1e-6)` as reciprocal(norm + 1e-6) · clip.
                 let coef = (&norm + 1e-6).reciprocal() * clip;
-                if coef.double_value(&[]) < 1.0 {
-                    let _ = grad.g_mul_(&coef);
-                }
-                Some(norm.double_value(&[]))
+                let coef = coef.where_scalarother(&coef.lt(1.0), 1.0);
+                let _ = grad.g_mul_(&coef);
+                Some(norm)
             })
-            .collect()
+            .collect();
+        if norms.is_empty() {
+            return Vec::new();
+        }
+        let norms = Tensor::stack(&norms, 0)
+            .to_kind(Kind::Double)
+            .to_device(Device::Cpu);
+        Vec::<f64>::try_from(&norms).expect("a vector of norms")
     })
 }
 

@@ -390,3 +390,26 @@ fn channel_tokens_initialisation() {
     assert!(w.abs().max().double_value(&[]) <= bound);
     assert!((std_of(w) - bound / 3f64.sqrt()).abs() < 0.03 * bound);
 }
+
+/// The selftest's "sdpa backend" row names the kernel PyTorch's own dispatcher
+/// (`torch._fused_sdp_choice`) picks for the same shapes and dtypes; on a GPU the row makes
+/// the same call with the GPU's tensors.
+#[test]
+fn selftest_names_the_sdpa_kernel_pytorch_picks() {
+    let ours = trainer::selftest::sdpa_backends(Device::Cpu).unwrap();
+    let theirs = super::util::run_python(
+        r#"
+import torch
+from torch.nn.attention import SDPBackend as B
+names = {int(getattr(B, n).value): n.lower() for n in
+         ["MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "OVERRIDEABLE"]}
+out = []
+for label, dt in [("fp32", torch.float32), ("bf16", torch.bfloat16)]:
+    q = torch.zeros(64, 6, 197, 64, dtype=dt)
+    out.append(f"{label} {names.get(torch._fused_sdp_choice(q, q, q), 'none usable')}")
+print("Cpu: " + ", ".join(out))
+"#,
+        &[],
+    );
+    assert_eq!(ours, theirs.trim());
+}

@@ -1000,13 +1000,21 @@ fn clip(
     used: &[bool],
     clip: f64,
 ) -> Result<Vec<f64>, DistError> {
-    let mut sums = vec![0f64; g.params.len()];
-    for &(i, at, _, len) in segments {
-        let unit = &g.units[g.params[i].unit];
-        let s = unit.grad.narrow(0, at, len);
-        sums[i] += (&s * &s).sum(Kind::Double).double_value(&[]);
-    }
-    let t = Tensor::from_slice(&sums).to_device(g.units[0].grad.device());
+    // Summed on the device in segment order (one sync, after the all-reduce, not one per
+    // segment); the same f64 additions in the same order as summing on the host.
+    let t = Tensor::zeros(
+        [g.params.len() as i64],
+        (Kind::Double, g.units[0].grad.device()),
+    );
+    tch::no_grad(|| {
+        for &(i, at, _, len) in segments {
+            let unit = &g.units[g.params[i].unit];
+            let s = unit.grad.narrow(0, at, len);
+            let _ = t
+                .narrow(0, i as i64, 1)
+                .g_add_(&(&s * &s).sum(Kind::Double).reshape([1]));
+        }
+    });
     g.group.all_reduce(&t, ReduceOp::Sum)?.wait()?;
     let sums = Vec::<f64>::try_from(&t.to_device(tch::Device::Cpu)).expect("f64 vector");
     // As torch: norm in f32, coef = reciprocal(norm + 1e-6) · clip in f32.

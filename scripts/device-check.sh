@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU checks, for a lent GPU machine that has PyTorch but no Rust: run from the repository
+# root with the binary of scripts/device-binary.sh at target/device/trainer. Writes everything
+# under $OUT (default ./device-out), step by step, so a cut-short run still leaves what it did:
+#   env.txt        GPU, driver, PyTorch and CUDA versions, libraries the binary cannot find
+#   selftest.txt   `trainer selftest --json` (CUDA, NCCL, the training step in fp32/bf16/fp16
+#                  against the CPU, device augmentation, a one-rank NCCL all-reduce)
+#   step.jsonl     one DINO training step on the GPU, ours (`trainer bench step --device cuda`)
+#                  and PyTorch's (bench/train_step.py --device cuda), alternating R,P per round
+#   demo/          the demo pipeline (configs/demo.yaml) trained on the GPU: log, kNN, report
+# usage: [OUT=dir] [ROUNDS=2] [BATCH=64] scripts/device-check.sh
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/device-out}
+ROUNDS=${ROUNDS:-2} BATCH=${BATCH:-64} THREADS=${THREADS:-8}
+mkdir -p "$OUT"
+T=$ROOT/target/device/trainer
+PY=${PYTHON:-python3}
+TORCH=$("$PY" -c 'import torch, os; print(os.path.dirname(torch.__file__))') || exit 1
+export LD_LIBRARY_PATH=$TORCH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export RUST_BACKTRACE=1
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "nccl", torch.cuda.nccl.version())'
+  nproc
+  echo "libraries the trainer cannot find:"
+  ldd "$T" | grep "not found" || echo "(none)"
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+timeout 240 "$T" selftest --json --timeout 120 >"$OUT/selftest.txt" 2>&1
+echo "selftest rc=$?" | tee -a "$OUT/selftest.txt"
+grep -v '^@scdino-report' "$OUT/selftest.txt"
+
+step() { # precision mode
+  local common=(--arch vit_small --batch "$BATCH" --threads "$THREADS" --warmup 3 --iters 10
+    --device cuda --precision "$1" --channel-mode "$2")
+  timeout 120 "$T" bench step "${common[@]}" >>"$OUT/step.jsonl" 2>>"$OUT/step.err"
+  timeout 120 "$PY" bench/train_step.py "${common[@]}" >>"$OUT/step.jsonl" 2>>"$OUT/step.err"
+}
+for _ in $(seq "$ROUNDS"); do
+  for p in fp32 bf16 fp16; do step "$p" fixed; done
+done
+step bf16 tokens
+BATCH=$((BATCH / 4)) step bf16 bag
+cut -c1-400 "$OUT/step.jsonl"
+tail -n 20 "$OUT/step.err" 2>/dev/null
+
+mkdir -p "$OUT/demo"
+{
+  "$T" synth --out demo/data --seed 0 --per-class 40 &&
+    timeout 200 "$T" pipeline --config configs/demo.yaml
+} >"$OUT/demo/pipeline.log" 2>&1
+echo "demo rc=$?" | tee -a "$OUT/demo/pipeline.log"
+tail -n 15 "$OUT/demo/pipeline.log"
+A=demo/output/demo
+find "$A" \( -name '*kNN*.txt' -o -name 'report.html' -o -name '*.jsonl' -o -name '*.json' \) \
+  -size -2M -exec cp --parents {} "$OUT/demo/" \; 2>/dev/null
+du -sh "$OUT"
