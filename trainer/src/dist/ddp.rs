@@ -110,51 +110,6 @@ struct Overlap {
     _hooks: HookSet,
 }
 
-/// Sort key putting a ViT-DINO parameter name in model (forward) order, like PyTorch's
-/// registration order: numbers compare as numbers, known module names by where they run.
-fn forward_order_key(name: &str) -> Vec<(u8, u64, String)> {
-    const ORDER: [&str; 18] = [
-        "backbone",
-        "head",
-        "patch_embed",
-        "cls_token",
-        "pos_embed",
-        "blocks",
-        "norm1",
-        "attn",
-        "qkv",
-        "proj",
-        "norm2",
-        "mlp",
-        "fc1",
-        "fc2",
-        "norm",
-        "last_layer",
-        "weight",
-        "bias",
-    ];
-    name.split('.')
-        .map(|part| {
-            if let Ok(n) = part.parse::<u64>() {
-                (0, n, String::new())
-            } else if let Some(i) = ORDER.iter().position(|k| *k == part) {
-                (1, i as u64, String::new())
-            } else {
-                (2, 0, part.to_string())
-            }
-        })
-        .collect()
-}
-
-/// Parameter names sorted in model order (see [`forward_order_key`]).
-pub fn model_order(names: &mut [String]) {
-    names.sort_by(|a, b| {
-        forward_order_key(a)
-            .cmp(&forward_order_key(b))
-            .then(a.cmp(b))
-    });
-}
-
 impl Ddp {
     pub fn new(group: ProcessGroup) -> Self {
         Self {
@@ -177,17 +132,13 @@ impl Ddp {
         })
     }
 
-    /// Switches to overlapped gradient averaging for these parameters (name, leaf tensor):
-    /// buckets are laid out in reverse model order and hooks registered on every parameter.
+    /// Switches to overlapped gradient averaging for these parameters (name, leaf tensor),
+    /// given in the model's forward order (the model declares it: `model::ModelUnits`):
+    /// buckets are laid out in reverse, the order gradients become ready in backward, and
+    /// hooks registered on every parameter.
     pub fn enable_overlap(&mut self, params: &[(String, Tensor)]) -> Result<(), DistError> {
-        let mut names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
-        model_order(&mut names);
-        let by_name: std::collections::HashMap<&str, &Tensor> =
-            params.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let ordered: Vec<Tensor> = names
-            .iter()
-            .map(|n| by_name[n.as_str()].shallow_clone())
-            .collect();
+        let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
+        let ordered: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
         // Buckets fill in reverse model order.
         let mut buckets: Vec<Vec<usize>> = vec![];
         let mut bytes = 0usize;

@@ -1,5 +1,6 @@
 //! DINO projection head: MLP → L2 normalisation → weight-normalised prototype layer.
 use super::init::pytorch_default_uniform;
+use super::units::{module_name, names, Unit, UnitKind};
 use super::vit::linear;
 use tch::{nn, nn::Module, nn::ModuleT, Tensor};
 
@@ -32,8 +33,9 @@ impl HeadConfig {
 
 #[derive(Debug)]
 enum MlpLayer {
-    Linear(nn::Linear),
-    BatchNorm(nn::BatchNorm),
+    /// With its module name (`head.mlp.0`, or `head.mlp` for a lone Linear).
+    Linear(nn::Linear, String),
+    BatchNorm(nn::BatchNorm, String),
     Gelu,
 }
 
@@ -42,6 +44,7 @@ pub struct DinoHead {
     mlp: Vec<MlpLayer>,
     weight_g: Tensor,
     weight_v: Tensor,
+    name: String,
 }
 
 impl DinoHead {
@@ -51,36 +54,34 @@ impl DinoHead {
         let mut mlp = Vec::new();
         if nlayers == 1 {
             // PyTorch stores a lone Linear as `mlp.weight`, not inside a Sequential.
-            mlp.push(MlpLayer::Linear(linear(
-                mlp_path,
-                cfg.in_dim,
-                cfg.bottleneck_dim,
-            )));
+            let name = module_name(&mlp_path);
+            mlp.push(MlpLayer::Linear(
+                linear(mlp_path, cfg.in_dim, cfg.bottleneck_dim),
+                name,
+            ));
         } else {
             // Indices follow nn.Sequential numbering: GELU (and BN) occupy slots too.
             let mut idx = 0i64;
             let mut in_dim = cfg.in_dim;
             for _ in 0..nlayers - 1 {
-                mlp.push(MlpLayer::Linear(linear(
-                    &mlp_path / idx,
-                    in_dim,
-                    cfg.hidden_dim,
-                )));
+                mlp.push(MlpLayer::Linear(
+                    linear(&mlp_path / idx, in_dim, cfg.hidden_dim),
+                    module_name(&(&mlp_path / idx)),
+                ));
                 idx += 1;
                 if cfg.use_bn {
                     let bn = nn::batch_norm1d(&mlp_path / idx, cfg.hidden_dim, Default::default());
-                    mlp.push(MlpLayer::BatchNorm(bn));
+                    mlp.push(MlpLayer::BatchNorm(bn, module_name(&(&mlp_path / idx))));
                     idx += 1;
                 }
                 mlp.push(MlpLayer::Gelu);
                 idx += 1;
                 in_dim = cfg.hidden_dim;
             }
-            mlp.push(MlpLayer::Linear(linear(
-                &mlp_path / idx,
-                in_dim,
-                cfg.bottleneck_dim,
-            )));
+            mlp.push(MlpLayer::Linear(
+                linear(&mlp_path / idx, in_dim, cfg.bottleneck_dim),
+                module_name(&(&mlp_path / idx)),
+            ));
         }
         // `weight_v` keeps nn.Linear's default init: DINO applies its init before creating it.
         let last = &p / "last_layer";
@@ -98,7 +99,34 @@ impl DinoHead {
             mlp,
             weight_g,
             weight_v,
+            name: module_name(&p),
         }
+    }
+
+    /// The head as one unit (its MLP layers, then the last layer's `weight_g` and `weight_v`:
+    /// the weight norm reads both), and the last layer's parameters. `weight_g` is declared
+    /// also when `norm_last_layer` keeps it fixed, as PyTorch still lists it as a parameter.
+    pub fn units(&self) -> (Unit, Vec<String>) {
+        let mut params = vec![];
+        for layer in &self.mlp {
+            match layer {
+                MlpLayer::Linear(_, name) | MlpLayer::BatchNorm(_, name) => {
+                    params.extend(names(name, &["weight", "bias"]));
+                }
+                MlpLayer::Gelu => {}
+            }
+        }
+        let last_layer = names(
+            &format!("{}.last_layer", self.name),
+            &["weight_g", "weight_v"],
+        );
+        params.extend(last_layer.iter().cloned());
+        let unit = Unit {
+            kind: UnitKind::Head,
+            name: self.name.clone(),
+            params,
+        };
+        (unit, last_layer)
     }
 
     /// `[B, in_dim]` → `[B, out_dim]` logits (cosine similarity to each prototype × g).
@@ -106,8 +134,8 @@ impl DinoHead {
         let mut h = x.shallow_clone();
         for layer in &self.mlp {
             h = match layer {
-                MlpLayer::Linear(l) => l.forward(&h),
-                MlpLayer::BatchNorm(bn) => bn.forward_t(&h, train),
+                MlpLayer::Linear(l, _) => l.forward(&h),
+                MlpLayer::BatchNorm(bn, _) => bn.forward_t(&h, train),
                 MlpLayer::Gelu => h.gelu("none"),
             };
         }

@@ -3,10 +3,12 @@
 mod head;
 mod init;
 mod multicrop;
+mod units;
 mod vit;
 
 pub use head::{DinoHead, HeadConfig};
 pub use multicrop::MultiCropNet;
+pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
 
 use crate::config::{ChannelMode, Config};

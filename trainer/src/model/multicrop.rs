@@ -1,6 +1,7 @@
 //! DINO's MultiCropWrapper: crops of equal resolution share one backbone call, then the head
 //! runs once on all CLS features.
 use super::head::DinoHead;
+use super::units::ModelUnits;
 use super::vit::VisionTransformer;
 use tch::{nn, Tensor};
 
@@ -17,6 +18,15 @@ impl MultiCropNet {
             backbone: VisionTransformer::new(root / "backbone", vit),
             head: DinoHead::new(root / "head", head),
         }
+    }
+
+    /// The network's units in forward order (backbone, then head), for the parallel
+    /// strategies.
+    pub fn units(&self) -> ModelUnits {
+        let mut units = self.backbone.units();
+        let (head, last_layer) = self.head.units();
+        units.push(head);
+        ModelUnits::new(units, last_layer)
     }
 
     /// `crops[i]`: `[B, C, Hᵢ, Wᵢ]` → logits `[crops·B, out_dim]` in crop order.

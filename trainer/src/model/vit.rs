@@ -7,6 +7,7 @@
 //! input. Variable names mirror the PyTorch state dicts (DINO's; ChannelViT's
 //! `patch_embed.channel_embed`) so checkpoints load by name.
 use super::init::{orthogonal_rows, pytorch_default_uniform, trunc_normal_};
+use super::units::{module_name, names, Unit, UnitKind};
 use crate::config::Arch;
 use std::sync::Arc;
 use tch::{nn, nn::Module, Kind, Tensor};
@@ -89,12 +90,14 @@ pub struct PatchEmbed {
     weight: Tensor,
     bias: Tensor,
     patch_size: i64,
+    name: String,
 }
 
 impl PatchEmbed {
     fn new(p: nn::Path, cfg: &VitConfig) -> Self {
         // The conv keeps PyTorch's default init: DINO's `_init_weights` only touches Linear/LayerNorm.
         let fan_in = cfg.in_chans * cfg.patch_size * cfg.patch_size;
+        let name = module_name(&p);
         let p = p / "proj";
         let weight = p.var(
             "weight",
@@ -106,7 +109,12 @@ impl PatchEmbed {
             weight,
             bias,
             patch_size: cfg.patch_size,
+            name,
         }
+    }
+
+    fn param_names(&self) -> Vec<String> {
+        names(&self.name, &["proj.weight", "proj.bias"])
     }
 
     /// `[B, C, H, W]` → `[B, (H/P)·(W/P), D]`
@@ -129,11 +137,13 @@ pub struct ChannelPatchEmbed {
     bias: Tensor,
     channel_embed: Tensor,
     patch_size: i64,
+    name: String,
 }
 
 impl ChannelPatchEmbed {
     fn new(p: nn::Path, cfg: &VitConfig) -> Self {
         let fan_in = cfg.patch_size * cfg.patch_size;
+        let name = module_name(&p);
         let proj = &p / "proj";
         let weight = proj.var(
             "weight",
@@ -167,7 +177,13 @@ impl ChannelPatchEmbed {
             bias,
             channel_embed,
             patch_size: cfg.patch_size,
+            name,
         }
+    }
+
+    /// The projection runs before the channel embedding is added.
+    fn param_names(&self) -> Vec<String> {
+        names(&self.name, &["proj.weight", "proj.bias", "channel_embed"])
     }
 
     /// `x`: `[B, k, H, W]` holding the model's channels `channels` (k indices, in the order of
@@ -204,12 +220,22 @@ enum Tokenizer {
     PerChannel(ChannelPatchEmbed),
 }
 
+impl Tokenizer {
+    fn param_names(&self) -> Vec<String> {
+        match self {
+            Tokenizer::Image(e) => e.param_names(),
+            Tokenizer::PerChannel(e) => e.param_names(),
+        }
+    }
+}
+
 /// Multi-head self-attention with one fused `qkv` projection.
 #[derive(Debug)]
 pub struct Attention {
     qkv: nn::Linear,
     proj: nn::Linear,
     num_heads: i64,
+    name: String,
 }
 
 impl Attention {
@@ -218,7 +244,15 @@ impl Attention {
             qkv: linear(&p / "qkv", dim, 3 * dim),
             proj: linear(&p / "proj", dim, dim),
             num_heads,
+            name: module_name(&p),
         }
+    }
+
+    fn param_names(&self) -> Vec<String> {
+        names(
+            &self.name,
+            &["qkv.weight", "qkv.bias", "proj.weight", "proj.bias"],
+        )
     }
 
     /// `[B, N, D]` → q, k, v each `[B, heads, N, D/heads]`.
@@ -261,6 +295,7 @@ impl Attention {
 pub struct Mlp {
     fc1: nn::Linear,
     fc2: nn::Linear,
+    name: String,
 }
 
 impl Mlp {
@@ -268,7 +303,15 @@ impl Mlp {
         Self {
             fc1: linear(&p / "fc1", dim, hidden),
             fc2: linear(&p / "fc2", hidden, dim),
+            name: module_name(&p),
         }
+    }
+
+    fn param_names(&self) -> Vec<String> {
+        names(
+            &self.name,
+            &["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"],
+        )
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
@@ -284,6 +327,7 @@ pub struct Block {
     norm2: nn::LayerNorm,
     mlp: Mlp,
     drop_path: f64,
+    name: String,
 }
 
 impl Block {
@@ -295,7 +339,16 @@ impl Block {
             norm2: layer_norm(&p / "norm2", d),
             mlp: Mlp::new(&p / "mlp", d, (d as f64 * cfg.mlp_ratio) as i64),
             drop_path,
+            name: module_name(&p),
         }
+    }
+
+    fn param_names(&self) -> Vec<String> {
+        let mut out = names(&self.name, &["norm1.weight", "norm1.bias"]);
+        out.extend(self.attn.param_names());
+        out.extend(names(&self.name, &["norm2.weight", "norm2.bias"]));
+        out.extend(self.mlp.param_names());
+        out
     }
 
     fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
@@ -354,6 +407,7 @@ pub struct VisionTransformer {
     norm: nn::LayerNorm,
     cfg: VitConfig,
     hooks: HookSlot,
+    name: String,
 }
 
 impl VisionTransformer {
@@ -391,7 +445,32 @@ impl VisionTransformer {
             norm,
             cfg,
             hooks: HookSlot::default(),
+            name: module_name(&p),
         }
+    }
+
+    /// The backbone's units in forward order: the embeddings (tokens, then the class token
+    /// and position embedding added to them), each block, the final norm.
+    pub fn units(&self) -> Vec<Unit> {
+        let mut embeddings = self.patch_embed.param_names();
+        embeddings.extend(names(&self.name, &["cls_token", "pos_embed"]));
+        let mut units = vec![Unit {
+            kind: UnitKind::Embeddings,
+            name: self.name.clone(),
+            params: embeddings,
+        }];
+        units.extend(self.blocks.iter().enumerate().map(|(i, b)| Unit {
+            kind: UnitKind::Block(i),
+            name: b.name.clone(),
+            params: b.param_names(),
+        }));
+        let norm = format!("{}.norm", self.name);
+        units.push(Unit {
+            kind: UnitKind::Norm,
+            params: names(&norm, &["weight", "bias"]),
+            name: norm,
+        });
+        units
     }
 
     /// Installs (or with `None` removes) the callbacks [`VisionTransformer::forward_t`] makes

@@ -7,7 +7,7 @@ use super::optim::AdamW;
 use super::strategy::ParallelStrategy;
 use crate::config::{Config, Precision};
 use crate::dist::group::DistError;
-use crate::model::{configs_for, MultiCropNet};
+use crate::model::{configs_for, ModelUnits, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
 
@@ -18,6 +18,9 @@ pub struct Networks {
     pub student: MultiCropNet,
     pub teacher_vs: nn::VarStore,
     pub teacher: MultiCropNet,
+    /// The student's declared structure (the teacher's has the same names): what the
+    /// strategies bucket, shard and freeze by.
+    pub units: ModelUnits,
 }
 
 impl Networks {
@@ -32,11 +35,13 @@ impl Networks {
             .copy(&student_vs)
             .expect("teacher and student share variable names");
         teacher_vs.freeze();
+        let units = student.units();
         Self {
             student_vs,
             student,
             teacher_vs,
             teacher,
+            units,
         }
     }
 }

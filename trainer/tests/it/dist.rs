@@ -262,7 +262,17 @@ fn overlapped_ddp_reduces_buckets_during_backward_to_the_exact_mean() {
             let g = t.grad();
             ref_grads.insert(n, g.defined().then(|| values(&(g / 2.0))));
         }
-        let named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        // The test model's forward order: the unused parameter, then l0..l3, weight before bias.
+        let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        named.sort_by(|(a, _), (b, _)| {
+            let key = |n: &str| {
+                (
+                    n.split('.').next().unwrap_or("").to_string(),
+                    n.ends_with("bias"),
+                )
+            };
+            key(a).cmp(&key(b))
+        });
         ddp.bucket_bytes = 64 * 64 * 4;
         ddp.first_bucket_bytes = 64 * 4 * 4;
         ddp.enable_overlap(&named).unwrap();

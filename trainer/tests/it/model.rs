@@ -413,3 +413,132 @@ print("Cpu: " + ", ".join(out))
     );
     assert_eq!(ours, theirs.trim());
 }
+
+/// The model declares its structure for the strategies (`MultiCropNet::units`): every
+/// variable that is not a buffer is declared exactly once, the units come in forward order
+/// (embeddings, blocks, final norm, head) with each unit's parameters in forward order, and
+/// the head's last layer is named; for every token layout and head variant. The expected
+/// order is spelled out for a 2-block model: it is also the order DDP's buckets and FSDP's
+/// shard files were laid out in before the model declared it (by name rules in `dist/`), so
+/// shards written by earlier versions still resume.
+#[test]
+fn the_model_declares_every_parameter_once_in_forward_order() {
+    use trainer::model::UnitKind;
+    for (tokens, in_chans) in [(false, 3), (true, 3), (false, 1)] {
+        for (use_bn, norm_last, nlayers) in [(false, true, 3), (true, false, 3), (false, false, 1)]
+        {
+            let vs = nn::VarStore::new(Device::Cpu);
+            let mut vit = VitConfig::new(Arch::VitTiny, 16, in_chans);
+            vit.depth = 2;
+            if tokens {
+                vit = vit.with_channel_tokens();
+            }
+            let mut head = HeadConfig::new(vit.embed_dim, 64, use_bn, norm_last);
+            head.nlayers = nlayers;
+            head.hidden_dim = 32;
+            head.bottleneck_dim = 16;
+            let net = MultiCropNet::new(&vs.root(), vit, head);
+            let units = net.units();
+            let declared: Vec<String> = units.forward_order().map(str::to_string).collect();
+            let case =
+                format!("tokens {tokens}, bn {use_bn}, norm_last {norm_last}, {nlayers} layers");
+
+            let mut expected: Vec<String> = vec![
+                "backbone.patch_embed.proj.weight".into(),
+                "backbone.patch_embed.proj.bias".into(),
+            ];
+            if tokens {
+                expected.push("backbone.patch_embed.channel_embed".into());
+            }
+            expected.extend(["backbone.cls_token".into(), "backbone.pos_embed".into()]);
+            for b in 0..2 {
+                for leaf in [
+                    "norm1.weight",
+                    "norm1.bias",
+                    "attn.qkv.weight",
+                    "attn.qkv.bias",
+                    "attn.proj.weight",
+                    "attn.proj.bias",
+                    "norm2.weight",
+                    "norm2.bias",
+                    "mlp.fc1.weight",
+                    "mlp.fc1.bias",
+                    "mlp.fc2.weight",
+                    "mlp.fc2.bias",
+                ] {
+                    expected.push(format!("backbone.blocks.{b}.{leaf}"));
+                }
+            }
+            expected.extend(["backbone.norm.weight".into(), "backbone.norm.bias".into()]);
+            let mlp: Vec<String> = match (nlayers, use_bn) {
+                (1, _) => vec!["head.mlp".into()],
+                (_, false) => vec![
+                    "head.mlp.0".into(),
+                    "head.mlp.2".into(),
+                    "head.mlp.4".into(),
+                ],
+                (_, true) => vec![
+                    "head.mlp.0".into(),
+                    "head.mlp.1".into(),
+                    "head.mlp.3".into(),
+                    "head.mlp.4".into(),
+                    "head.mlp.6".into(),
+                ],
+            };
+            for m in mlp {
+                expected.extend([format!("{m}.weight"), format!("{m}.bias")]);
+            }
+            expected.extend([
+                "head.last_layer.weight_g".into(),
+                "head.last_layer.weight_v".into(),
+            ]);
+            assert_eq!(declared, expected, "{case}");
+
+            // Every non-buffer variable of the store, no more, no less.
+            let mut stored: Vec<String> = vs
+                .variables()
+                .into_keys()
+                .filter(|n| !n.ends_with("running_mean") && !n.ends_with("running_var"))
+                .collect();
+            stored.sort();
+            let mut sorted = declared.clone();
+            sorted.sort();
+            assert_eq!(sorted, stored, "{case}");
+
+            let kinds: Vec<UnitKind> = units.units().iter().map(|u| u.kind).collect();
+            assert_eq!(
+                kinds,
+                [
+                    UnitKind::Embeddings,
+                    UnitKind::Block(0),
+                    UnitKind::Block(1),
+                    UnitKind::Norm,
+                    UnitKind::Head
+                ],
+                "{case}"
+            );
+            let blocks: Vec<&str> = units.blocks().map(|u| u.name.as_str()).collect();
+            assert_eq!(blocks, ["backbone.blocks.0", "backbone.blocks.1"], "{case}");
+            assert!(units.is_last_layer("head.last_layer.weight_v"));
+            assert!(units.is_last_layer("head.last_layer.weight_g"));
+            assert!(
+                !units.is_last_layer("head.mlp.0.weight")
+                    && !units.is_last_layer("head.mlp.weight")
+            );
+
+            // Sorting a subset (the trainable ones, shuffled) follows the declaration; a name
+            // no layer declared is refused by name.
+            let mut subset: Vec<String> = declared.iter().rev().step_by(2).cloned().collect();
+            units.sort_forward(&mut subset).unwrap();
+            let want: Vec<String> = declared
+                .iter()
+                .filter(|n| subset.contains(n))
+                .cloned()
+                .collect();
+            assert_eq!(subset, want, "{case}");
+            let mut bad = vec!["backbone.register_tokens".to_string()];
+            let e = units.sort_forward(&mut bad).unwrap_err();
+            assert!(e.to_string().contains("backbone.register_tokens"), "{e}");
+        }
+    }
+}

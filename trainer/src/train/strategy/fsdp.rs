@@ -1,9 +1,9 @@
 //! Fully sharded data parallelism (`train.strategy: fsdp`), ZeRO-3 style on tch.
 //!
-//! The student's trainable parameters are grouped into *units*: one per transformer block
-//! (`backbone.blocks.{i}`) and one for everything else (patch embedding, cls token, position
-//! embedding, final norm and the DINO head). Each unit is one flat f32 vector (parameters in
-//! model order, zero-padded to a multiple of the world size) of which rank r persistently holds
+//! The student's trainable parameters are grouped into *units*, from the structure the model
+//! declares (`model::ModelUnits`): one per transformer block and one for everything else
+//! (embeddings, final norm and the DINO head). Each unit is one flat f32 vector (parameters in
+//! the declared forward order, zero-padded to a multiple of the world size) of which rank r persistently holds
 //! only slice r: the student parameters, their averaged gradients, AdamW's `exp_avg` and
 //! `exp_avg_sq`, and the teacher's matching parameters. Non-trainable variables (the head's
 //! `weight_g` with `norm_last_layer`, BatchNorm running statistics) are tiny and stay full on
@@ -47,7 +47,7 @@
 use crate::checkpoint::{Checkpoint, RestoreError};
 use crate::dist::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
 use crate::dist::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
-use crate::model::BlockHooks;
+use crate::model::{BlockHooks, ModelUnits, UnitKind};
 use crate::train::optim::adamw_update;
 use crate::train::step::{Learner, StepError, StepParams};
 use std::collections::HashMap;
@@ -397,22 +397,17 @@ impl Memory {
     }
 }
 
-/// Which unit a student parameter belongs to.
-fn unit_of(name: &str) -> String {
-    if let Some(rest) = name.strip_prefix("backbone.blocks.") {
-        if let Some((i, _)) = rest.split_once('.') {
-            return format!("backbone.blocks.{i}");
-        }
+/// The FSDP unit of a student parameter, from the model's declaration: each transformer
+/// block is its own unit, every other declared unit goes into one "rest".
+fn fsdp_unit_of(units: &ModelUnits, name: &str) -> String {
+    match units.unit_of(name) {
+        Some(u) if matches!(u.kind, UnitKind::Block(_)) => u.name.clone(),
+        _ => REST.into(),
     }
-    "rest".into()
 }
 
-fn unit_rank(name: &str) -> (u64, String) {
-    match name.strip_prefix("backbone.blocks.") {
-        Some(i) => (i.parse().unwrap_or(u64::MAX - 1), String::new()),
-        None => (u64::MAX, name.to_string()),
-    }
-}
+/// The unit of everything outside the blocks (embeddings, final norm, head).
+const REST: &str = "rest";
 
 impl Fsdp {
     /// Shards `learner`'s current (full, identical on every rank) student, teacher and AdamW
@@ -438,11 +433,17 @@ impl Fsdp {
             v.sort();
             v
         };
+        let declared = &learner.nets.units;
         let mut names = trainable.clone();
-        crate::dist::ddp::model_order(&mut names);
-        let mut unit_names: Vec<String> = names.iter().map(|n| unit_of(n)).collect();
-        unit_names.sort_by_key(|u| unit_rank(u));
-        unit_names.dedup();
+        declared
+            .sort_forward(&mut names)
+            .map_err(|e| err("setup", e))?;
+        // Blocks in forward order, then the rest (the shard files' layout).
+        let mut unit_names: Vec<String> = declared.blocks().map(|u| u.name.clone()).collect();
+        unit_names.retain(|u| names.iter().any(|n| &fsdp_unit_of(declared, n) == u));
+        if names.iter().any(|n| fsdp_unit_of(declared, n) == REST) {
+            unit_names.push(REST.into());
+        }
         let by_name: HashMap<&str, usize> = learner
             .optimizer
             .params
@@ -455,7 +456,10 @@ impl Fsdp {
         let mut units: Vec<Unit> = vec![];
         tch::no_grad(|| {
             for (u, uname) in unit_names.iter().enumerate() {
-                let members: Vec<&String> = names.iter().filter(|n| &unit_of(n) == uname).collect();
+                let members: Vec<&String> = names
+                    .iter()
+                    .filter(|n| &fsdp_unit_of(declared, n) == uname)
+                    .collect();
                 let mut offset = 0i64;
                 let mut idxs = vec![];
                 for n in &members {
@@ -524,12 +528,11 @@ impl Fsdp {
             Ok::<(), DistError>(())
         })?;
         learner.optimizer.params.clear();
-        let depth = learner.nets.student.backbone.depth();
-        let blocks = (0..depth)
-            .map(|b| {
-                let name = format!("backbone.blocks.{b}");
-                units.iter().position(|u| u.name == name)
-            })
+        let blocks = learner
+            .nets
+            .units
+            .blocks()
+            .map(|b| units.iter().position(|u| u.name == b.name))
             .collect();
         let inner = Inner {
             rank,
@@ -774,7 +777,7 @@ impl Fsdp {
         };
         let inner = &mut *g;
         tch::no_grad(|| {
-            let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
+            let frozen = |name: &str| p.freeze_last_layer && learner.nets.units.is_last_layer(name);
             for (i, q) in inner.params.iter_mut().enumerate() {
                 if used[i] && !frozen(&q.name) && !skipped {
                     q.step += 1;

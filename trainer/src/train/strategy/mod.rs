@@ -22,6 +22,7 @@ use crate::dist::group::{DistError, ProcessGroup, ReduceOp};
 use crate::dist::{Collective, Single};
 use crate::layout::ModelLayout;
 use fsdp::Fsdp;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use tch::Tensor;
 
@@ -109,11 +110,29 @@ pub fn choose(
     match kind {
         Strategy::Ddp => {
             if options.ddp_overlap {
-                let named: Vec<(String, Tensor)> = learner
+                let mut names: Vec<String> = learner
                     .optimizer
                     .params
                     .iter()
-                    .map(|p| (p.name.clone(), p.tensor.shallow_clone()))
+                    .map(|p| p.name.clone())
+                    .collect();
+                learner
+                    .nets
+                    .units
+                    .sort_forward(&mut names)
+                    .map_err(|e| DistError {
+                        what: "DDP overlap".into(),
+                        message: e.to_string(),
+                    })?;
+                let by_name: HashMap<&str, &Tensor> = learner
+                    .optimizer
+                    .params
+                    .iter()
+                    .map(|p| (p.name.as_str(), &p.tensor))
+                    .collect();
+                let named: Vec<(String, Tensor)> = names
+                    .iter()
+                    .map(|n| (n.clone(), by_name[n.as_str()].shallow_clone()))
                     .collect();
                 ddp.enable_overlap(&named)?;
             }
@@ -396,7 +415,8 @@ fn replicated_update(
         vec![]
     };
     if !skipped {
-        let frozen = |name: &str| p.freeze_last_layer && name.contains("last_layer");
+        let units = &learner.nets.units;
+        let frozen = |name: &str| p.freeze_last_layer && units.is_last_layer(name);
         learner.optimizer.step(p.lr, p.weight_decay, &frozen);
     }
     if let Some(scaler) = &mut learner.scaler {
