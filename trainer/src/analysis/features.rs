@@ -437,12 +437,22 @@ pub fn write(files: &ModelLayout, tag: &str, set: &FeatureSet) -> Result<(), Fea
         path: feat_dir.clone(),
         source,
     })?;
-    let rows = set.features.size()[0];
-    let f64s = Vec::<f64>::try_from(set.features.to_kind(Kind::Double).flatten(0, -1))
+    write_csv(&files.features_csv(tag), &set.features)?;
+    let lines = |v: &[String]| v.iter().map(|s| format!("{s}\n")).collect::<String>();
+    let labels = lines(&set.labels);
+    data::tiff_reader::write_atomic(&files.class_labels_csv(), labels.as_bytes())?;
+    data::tiff_reader::write_atomic(&files.image_paths_csv(), lines(&set.paths).as_bytes())?;
+    write_bundle(&files.bundle(tag), set)
+}
+
+/// `features` as scDINO's headerless `%.18e` CSV, atomically.
+fn write_csv(path: &Path, features: &Tensor) -> Result<(), FeaturesError> {
+    let rows = features.size()[0] as usize;
+    let d = features.size()[1] as usize;
+    let f64s = Vec::<f64>::try_from(features.to_kind(Kind::Double).flatten(0, -1))
         .map_err(|e| FeaturesError::Invalid(e.to_string()))?;
-    let d = set.features.size()[1] as usize;
     let mut csv = String::with_capacity(f64s.len() * 26);
-    for r in 0..rows as usize {
+    for r in 0..rows {
         let line: Vec<String> = f64s[r * d..(r + 1) * d]
             .iter()
             .map(|&v| format_e18(v))
@@ -450,12 +460,47 @@ pub fn write(files: &ModelLayout, tag: &str, set: &FeatureSet) -> Result<(), Fea
         csv.push_str(&line.join(","));
         csv.push('\n');
     }
-    data::tiff_reader::write_atomic(&files.features_csv(tag), csv.as_bytes())?;
-    let lines = |v: &[String]| v.iter().map(|s| format!("{s}\n")).collect::<String>();
-    let labels = lines(&set.labels);
-    data::tiff_reader::write_atomic(&files.class_labels_csv(), labels.as_bytes())?;
-    data::tiff_reader::write_atomic(&files.image_paths_csv(), lines(&set.paths).as_bytes())?;
-    write_bundle(&files.bundle(tag), set)
+    data::tiff_reader::write_atomic(path, csv.as_bytes())?;
+    Ok(())
+}
+
+/// `model.channels: bag`'s compact feature: the mean of an image's per-channel CLS features
+/// (each of unit length, as in the concatenation), L2-normalised, `[N, D]`, from the
+/// concatenated `[N, k·D]` rows (row normalisation scales a row's k parts alike, so their
+/// mean keeps its direction).
+pub fn channel_mean(features: &Tensor, k: usize) -> Tensor {
+    let (n, kd) = features.size2().expect("features are [N, k·D]");
+    let mean = features
+        .reshape([n, k as i64, kd / k as i64])
+        .mean_dim(1, false, Kind::Float);
+    &mean / mean.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12)
+}
+
+/// Writes [`channel_mean`] of a `bag` model's features of `k` channels next to them:
+/// `CLS_features/channel_mean/{tag}_features.{csv,safetensors}` (the bundle with the same
+/// labels, paths and checkpoint, readable by [`read_bundle`]).
+pub fn write_channel_mean(
+    files: &ModelLayout,
+    tag: &str,
+    set: &FeatureSet,
+    k: usize,
+) -> Result<(), FeaturesError> {
+    let dir = files.channel_mean_dir();
+    std::fs::create_dir_all(&dir).map_err(|source| FeaturesError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let mean = FeatureSet {
+        features: channel_mean(&set.features, k),
+        labels: set.labels.clone(),
+        paths: set.paths.clone(),
+        indices: set.indices.clone(),
+        tag: set.tag.clone(),
+        checkpoint: set.checkpoint.clone(),
+        checkpoint_epoch: set.checkpoint_epoch,
+    };
+    write_csv(&files.channel_mean_csv(tag), &mean.features)?;
+    write_bundle(&files.channel_mean_bundle(tag), &mean)
 }
 
 /// The safetensors bundle alone: features, labels, paths, dataset indices and the checkpoint

@@ -161,6 +161,9 @@ fn gather_shards(
 
 fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<usize, StageError> {
     features::write(&t.files, tag, set)?;
+    if t.cfg.model.channels == crate::config::ChannelMode::Bag {
+        features::write_channel_mean(&t.files, tag, set, t.channels.len())?;
+    }
     Ok(set.labels.len())
 }
 

@@ -103,6 +103,35 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
             // BoC: the single-channel part of the concatenation is that channel's feature.
             let a_part = sets[0].narrow(1, 0, 192) * 3f64.sqrt();
             assert!((a_part - &sets[1]).abs().max().double_value(&[]) < 1e-4);
+            // The compact feature the features stage writes next to the concatenation: the
+            // normalised mean of the channels' own features, which the all-channel
+            // concatenation holds part by part (so "b+c"'s file is checked against another
+            // extraction).
+            use trainer::pipeline::stages::{run_features, tag_of_checkpoint, Target};
+            let tag = tag_of_checkpoint(&ck).unwrap();
+            for (combination, parts) in [(0usize, vec![0i64, 1, 2]), (2, vec![1, 2])] {
+                let target = Target::new(&cfg, combination).unwrap();
+                run_features(&target, &ck, &tag).unwrap();
+                let files = &target.files;
+                let mean = features::read_bundle(&files.channel_mean_bundle(&tag)).unwrap();
+                let concat = features::read_bundle(&files.bundle(&tag)).unwrap();
+                assert_eq!(mean.labels, concat.labels);
+                assert_eq!(mean.paths, concat.paths);
+                assert_eq!(mean.features.size(), [concat.features.size()[0], 192]);
+                let sum = parts
+                    .iter()
+                    .map(|&c| sets[0].narrow(1, c * 192, 192))
+                    .reduce(|x, y| x + y)
+                    .unwrap();
+                let expected = &sum / sum.norm_scalaropt_dim(2.0, [1], true);
+                let diff = (&mean.features - expected).abs().max().double_value(&[]);
+                assert!(diff < 1e-5, "combination {combination}: {diff}");
+                let csv = std::fs::read_to_string(files.channel_mean_csv(&tag)).unwrap();
+                assert_eq!(csv.lines().count(), mean.labels.len());
+                assert_eq!(csv.lines().next().unwrap().split(',').count(), 192);
+                // The checkpoint tags of CLS_features/ stay the checkpoints'.
+                assert_eq!(target.feature_tags(), [tag.clone()]);
+            }
         }
     }
 }
