@@ -1,57 +1,163 @@
 #!/usr/bin/env bash
 # scDINO's one model per channel combination against one channel-adaptive model (bag, tokens),
 # trained with the same recipe (configs/digits.yaml) on the digits written with 4 channels
-# (digit, two blurred copies, edges), back to back on one machine. For every combination
-# (each single channel, all four, one pair) each approach's kNN/probe scores on the test folder
-# land in the run's combination table; the untrained network is the same recipe at lr 1e-12 for one
-# epoch (its weights move by about 1e-11). Training cost: CPU seconds of each `trainer pipeline`
-# (user + system, from /usr/bin/time, analyses of the last checkpoint included) and the
-# analytic FLOPs in metrics.prom. Only the last epoch's checkpoint is analysed.
-# usage: bench/channels_learning.sh OUT [EPOCHS] [THREADS]
+# (digit, two blurred copies, edges), back to back on one machine, for every seed in SEEDS.
+# For every combination (each single channel, all four, one pair) each approach is scored on
+# the test folder by `trainer evaluate` (20-NN top-1, linear-probe top-1 and macro-F1) from
+# the last checkpoint:
+#   untrained   the tokens network after one epoch at lr 1e-12 (weights move by ~1e-11)
+#   fixed       scDINO's way: one model per combination (six trainings)
+#   fixed_zeros the all-channel fixed model on each subset, the missing channels fed as zeros
+#               after normalisation (downstream.features.missing_channels: zeros)
+#   tokens, bag one model each on all channels, evaluated on every combination
+# Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
+# Prints one Markdown table per approach: mean and spread over the seeds.
+# usage: [SEEDS="0 1 2"] [TRAINER=bin] [DATA=dir] bench/channels_learning.sh OUT [EPOCHS] [THREADS]
+#   TRAINER: a trainer binary to use as it is (no setup, no build: e.g. a GPU machine with the
+#   binary of scripts/device-binary.sh); DATA: the 4-channel digits written beforehand
+#   (`scripts/digits.py --out DATA --size 16 --channels 4`), else written into OUT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$ROOT/scripts/setup.sh" >/dev/null 2>&1 || "$ROOT/scripts/setup.sh"
-PY=${SCDINO_VENV:-$ROOT/.venv}/bin/python
-TRAINER=$ROOT/target/release/trainer
+if [[ -z ${TRAINER:-} ]]; then
+  "$ROOT/scripts/setup.sh" >/dev/null 2>&1 || "$ROOT/scripts/setup.sh"
+  TRAINER=$ROOT/target/release/trainer
+fi
+PY=${PYTHON:-${SCDINO_VENV:-$ROOT/.venv}/bin/python}
+[[ -x $PY ]] || PY=python3
 OUT=$(realpath -m "${1:?usage: bench/channels_learning.sh OUT [EPOCHS] [THREADS]}")
 EPOCHS=${2:-10} THREADS=${3:-2}
-command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time (apt-get install time)" >&2; exit 1; }
+SEEDS=${SEEDS:-0}
+DATA=$(realpath -m "${DATA:-$OUT/data}")
 mkdir -p "$OUT"
-[[ -d $OUT/data ]] || "$PY" "$ROOT/scripts/digits.py" --out "$OUT/data" --size 16 --channels 4
+[[ -d $DATA/Training ]] || "$PY" "$ROOT/scripts/digits.py" --out "$DATA" --size 16 --channels 4
 COMBOS='["0", "1", "2", "3", "0123", "02"]'
-for run in untrained tokens fixed bag; do
-  mode=$run lr=0.002
-  [[ $run == untrained ]] && mode=tokens lr=1.0e-12
-  sed -e "s|output_dir: digits/output|output_dir: $OUT/output|" \
-    -e "s|dataset_dir: digits/data/Training|dataset_dir: $OUT/data/Training|" \
-    -e "s|test_dir: digits/data/Test|test_dir: $OUT/data/Test|" \
+ALL=4 # the index of "0123"
+NCOMBOS=6
+COST=$OUT/cost.txt
+: >"$COST"
+
+# The run config of approach $2 for seed $1 (written to stdout).
+config() {
+  local seed=$1 run=$2 mode=$2 lr=0.002
+  case $run in
+    untrained) mode=tokens lr=1.0e-12 ;;
+    fixed_zeros) mode=fixed ;;
+  esac
+  sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
+    -e "s|dataset_dir: digits/data/Training|dataset_dir: $DATA/Training|" \
+    -e "s|test_dir: digits/data/Test|test_dir: $DATA/Test|" \
     -e "s|name: digits$|name: $run|" \
+    -e "s|  seed: 0|  seed: $seed|" \
     -e "s|channel_names: \[digit, blurred, edges\]|channel_names: [digit, blurred, edges, blurred2]|" \
     -e "s|channel_combinations: \[\"012\"\]|channel_combinations: $COMBOS|" \
     -e "s|  epochs: 30|  epochs: $EPOCHS|" -e "s|  checkpoint_every: 3|  checkpoint_every: $EPOCHS|" \
     -e "s|  lr: 0.002|  lr: $lr|" \
     -e "s|  use_bn_in_head: true|  use_bn_in_head: true\n  channels: $mode|" \
-    "$ROOT/configs/digits.yaml" >"$OUT/$run.yaml"
-  [[ $run == untrained ]] &&
-    sed -i -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
-      -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|" "$OUT/$run.yaml"
-  "$TRAINER" config show "$OUT/$run.yaml" >/dev/null
-  /usr/bin/time -f "$run cpu_seconds %U %S wall %e" -a -o "$OUT/cost.txt" \
-    "$TRAINER" pipeline --config "$OUT/$run.yaml" --threads "$THREADS" >"$OUT/$run.log" 2>&1
+    "$ROOT/configs/digits.yaml" |
+    if [[ $run == untrained ]]; then
+      sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
+        -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|"
+    elif [[ $run == fixed_zeros ]]; then
+      sed -e "s|^  features:|  features:\n    missing_channels: zeros|"
+    else
+      cat
+    fi
+}
+
+# Runs a trainer command, appending "label user sys real" to $COST.
+timed() {
+  local label=$1 log=$2
+  shift 2
+  local TIMEFORMAT="$label %U %S %R"
+  { time "$TRAINER" "$@" --threads "$THREADS" >>"$log" 2>&1; } 2>>"$COST"
+}
+
+for seed in $SEEDS; do
+  for run in untrained tokens bag fixed fixed_zeros; do
+    y=$OUT/seed$seed-$run.yaml log=$OUT/seed$seed-$run.log
+    config "$seed" "$run" >"$y"
+    grep -q "missing_channels: zeros" "$y" || [[ $run != fixed_zeros ]] ||
+      { echo "configs/digits.yaml has no downstream.features section to add missing_channels to" >&2; exit 1; }
+    "$TRAINER" config check "$y" >/dev/null
+    case $run in
+      fixed)
+        "$TRAINER" mean-std --config "$y" >>"$log" 2>&1
+        for c in $(seq 0 $((NCOMBOS - 1))); do
+          timed "seed$seed $run train" "$log" train --config "$y" --combination "$c"
+          timed "seed$seed $run evaluate" "$log" evaluate --config "$y" --combination "$c"
+        done
+        ;;
+      fixed_zeros)
+        # The all-channel fixed model of this seed, on every other combination.
+        all=$(ls -d "$OUT/seed$seed/fixed/scDINO_ViTs/"*_channel_digit_blurred_edges_blurred2)
+        mkdir -p "$OUT/seed$seed/fixed_zeros"
+        cp "$OUT/seed$seed/fixed/mean_and_std_of_dataset.txt" "$OUT/seed$seed/fixed_zeros/"
+        for c in $(seq 0 $((NCOMBOS - 1))); do
+          [[ $c == "$ALL" ]] && continue
+          timed "seed$seed $run evaluate" "$log" evaluate --config "$y" --combination "$c" \
+            --checkpoint "$all/checkpoint.safetensors"
+        done
+        ;;
+      *)
+        "$TRAINER" mean-std --config "$y" >>"$log" 2>&1
+        timed "seed$seed $run train" "$log" train --config "$y"
+        for c in $(seq 0 $((NCOMBOS - 1))); do
+          timed "seed$seed $run evaluate" "$log" evaluate --config "$y" --combination "$c"
+        done
+        ;;
+    esac
+  done
 done
-cat "$OUT/cost.txt"
-"$PY" - "$OUT" <<'PYEOF'
-import glob, json, os, sys
-out = sys.argv[1]
-for path in sorted(glob.glob(os.path.join(out, "output", "*", "*_combinations.json"))):
-    t = json.load(open(path))
-    last = {}
-    for r in t["rows"]:
-        last[r["combination"]] = r  # rows are in epoch order: keep the last checkpoint
-    print(f"\n{path} (model.channels: {t['model_channels']})")
-    print("| combination | checkpoint | kNN top-1 % (k) | probe top-1 % | probe macro-F1 |")
-    print("|---|---|---|---|---|")
-    for c, r in last.items():
-        knn = ", ".join(f"{v:.1f} ({k})" for k, v in r["knn_top1_percent"])
-        print(f"| {c} | {r['tag']} | {knn} | {r['probe_top1_percent']:.1f} | {r['probe_macro_f1']:.3f} |")
+
+"$PY" - "$OUT" "$SEEDS" <<'PYEOF'
+import glob, json, os, re, statistics, sys
+out, seeds = sys.argv[1], sys.argv[2].split()
+runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag"]
+combos = ["digit", "blurred", "edges", "blurred2", "digit_blurred_edges_blurred2", "digit_edges"]
+scores = {}  # (run, combo) -> list of (knn20, probe, f1)
+for seed in seeds:
+    for run in runs:
+        for combo in combos:
+            pattern = os.path.join(out, f"seed{seed}", run, f"*_channel_{combo}_analyses",
+                                   "evaluation", "epoch*_evaluation.json")
+            found = sorted(glob.glob(pattern), key=lambda p: int(re.search(r"epoch(\d+)_evaluation", p).group(1)))
+            if not found:
+                continue
+            v = json.load(open(found[-1]))  # the last checkpoint
+            knn = {k["k"]: k["scores"]["top1_percent"] for k in v["knn"]}
+            p = v["linear_probe"]["scores"]
+            scores.setdefault((run, combo), []).append((knn.get(20, float("nan")), p["top1_percent"], p["macro_f1"]))
+
+def cell(vals, fmt):
+    if not vals:
+        return "–"
+    m = statistics.mean(vals)
+    if len(vals) == 1:
+        return fmt.format(m)
+    return (fmt + " ± " + fmt).format(m, statistics.stdev(vals))
+
+print(f"\nseeds: {' '.join(seeds)} (mean ± sample standard deviation over the seeds)")
+print("| combination | " + " | ".join(f"{r}: 20-NN / probe / F1" for r in runs) + " |")
+print("|---|" + "---|" * len(runs))
+for combo in combos:
+    row = [combo.replace("_", "+")]
+    for run in runs:
+        s = scores.get((run, combo), [])
+        row.append(" / ".join([cell([x[0] for x in s], "{:.1f}"), cell([x[1] for x in s], "{:.1f}"),
+                               cell([x[2] for x in s], "{:.3f}")]))
+    print("| " + " | ".join(row) + " |")
+
+cost = {}
+for line in open(os.path.join(out, "cost.txt")):
+    label, user, sys_, real = line.rsplit(" ", 3)
+    seed, run, _ = label.split(" ")
+    c = cost.setdefault((run, seed), [0.0, 0.0])
+    c[0] += float(user) + float(sys_)
+    c[1] += float(real)
+print("\n| approach | CPU s (train + evaluate) | wall s |")
+print("|---|---|---|")
+for run in runs:
+    per = [cost[(run, f"seed{s}")] for s in seeds if (run, f"seed{s}") in cost]
+    if per:
+        print(f"| {run} | {cell([c[0] for c in per], '{:.0f}')} | {cell([c[1] for c in per], '{:.0f}')} |")
 PYEOF

@@ -514,6 +514,21 @@ impl Config {
                 ),
             )?;
         }
+        if f.missing_channels == MissingChannels::Zeros {
+            v.check(
+                model.channels.is_fixed(),
+                "downstream.features.missing_channels",
+                &format!(
+                    "zeros stands in for channels a fixed model lacks; model.channels: {} takes any subset of channels as it is",
+                    model.channels.name()
+                ),
+            )?;
+            v.check(
+                f.is_unadapted(),
+                "downstream.features.missing_channels",
+                "zeros cannot be combined with use_mean_patch_embedding or custom_embedding_map: choose one way to use a model on other channels",
+            )?;
+        }
         for &c in f.custom_embedding_map.keys() {
             v.check(
                 c < n_channels,
@@ -829,6 +844,48 @@ mod tests {
         .unwrap();
         assert_eq!(c.channel_sets, vec![vec![11, 0], vec![2, 9]]);
         assert_eq!(c.model_dir_name(&[11, 0]), "name_of_model_channel_l_a");
+    }
+
+    #[test]
+    fn missing_channels_zeros_is_for_unadapted_fixed_models() {
+        let c = Config::from_yaml(
+            "downstream:\n  features:\n    missing_channels: zeros\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.downstream.features.missing_channels,
+            MissingChannels::Zeros
+        );
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        assert_eq!(
+            Config::from_yaml("", "t")
+                .unwrap()
+                .downstream
+                .features
+                .missing_channels,
+            MissingChannels::Refuse
+        );
+        let (key, line, msg) = invalid(
+            "model:\n  channels: tokens\ndownstream:\n  features:\n    missing_channels: zeros\n",
+        );
+        assert_eq!(
+            (key.as_str(), line),
+            ("downstream.features.missing_channels", Some(5))
+        );
+        assert!(msg.contains("model.channels: tokens"), "{msg}");
+        let (key, _, msg) = invalid(
+            "downstream:\n  features:\n    missing_channels: zeros\n    use_mean_patch_embedding: true\n",
+        );
+        assert_eq!(key, "downstream.features.missing_channels");
+        assert!(msg.contains("use_mean_patch_embedding"), "{msg}");
+        let e = Config::from_yaml(
+            "downstream:\n  features:\n    missing_channels: mean\n",
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("missing_channels"), "{e}");
     }
 
     #[test]

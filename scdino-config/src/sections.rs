@@ -582,6 +582,18 @@ pub struct FeaturesSection {
     /// channel 2 with the checkpoint's channel 0. Every selected channel needs an entry.
     /// Cannot be combined with `use_mean_patch_embedding` (scDINO silently preferred the mean).
     pub custom_embedding_map: BTreeMap<usize, usize>,
+    /// A `fixed` model asked for a combination that lacks some of its trained channels:
+    /// `refuse` (default), or `zeros`: the missing channels are fed as zeros after
+    /// normalisation (each one at its dataset mean), how the all-channel model of scDINO's
+    /// way is scored against channel-adaptive models on a subset.
+    pub missing_channels: MissingChannels,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingChannels {
+    Refuse,
+    Zeros,
 }
 
 impl FeaturesSection {
@@ -604,6 +616,7 @@ impl Default for FeaturesSection {
             resize_length: 224,
             use_mean_patch_embedding: false,
             custom_embedding_map: BTreeMap::new(),
+            missing_channels: MissingChannels::Refuse,
         }
     }
 }

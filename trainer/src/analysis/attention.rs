@@ -99,6 +99,19 @@ pub fn attention_maps(
                 .map(|j| (format!("attn-head{j}"), maps.get(j)))
                 .collect()
         }
+        Embedder::FixedZeroFilled {
+            vit,
+            positions,
+            trained,
+        } => {
+            let (h, w) = (x.size()[1], x.size()[2]);
+            let full = Tensor::zeros([*trained, h, w], (x.kind(), x.device()));
+            let at = Tensor::from_slice(positions).to_device(x.device());
+            let maps = cls_attention_maps(vit, &full.index_copy(0, &at, x));
+            (0..maps.size()[0])
+                .map(|j| (format!("attn-head{j}"), maps.get(j)))
+                .collect()
+        }
         Embedder::Tokens { vit, channels } => {
             let p = vit.config().patch_size;
             let (k, h, w) = (x.size()[0], x.size()[1], x.size()[2]);

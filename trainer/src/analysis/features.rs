@@ -6,7 +6,7 @@
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
-use crate::config::{ChannelMode, Config};
+use crate::config::{ChannelMode, Config, MissingChannels};
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
@@ -124,6 +124,14 @@ fn build_backbone(
 pub enum Embedder {
     /// `fixed`: the backbone over the combination's channels as its input channels.
     Fixed(VisionTransformer),
+    /// `fixed` with `missing_channels: zeros`: the combination's channels go to their
+    /// `positions` among the model's `trained` input channels, the others stay zero (after
+    /// normalisation: each at its dataset mean).
+    FixedZeroFilled {
+        vit: VisionTransformer,
+        positions: Vec<i64>,
+        trained: i64,
+    },
     /// `tokens`: ChannelViT over the model's channels `channels` (indices into what it was
     /// trained on).
     Tokens {
@@ -140,6 +148,16 @@ impl Embedder {
     pub fn embed(&self, x: &Tensor) -> Tensor {
         tch::no_grad(|| match self {
             Embedder::Fixed(vit) => vit.forward_t(x, false),
+            Embedder::FixedZeroFilled {
+                vit,
+                positions,
+                trained,
+            } => {
+                let (b, _, h, w) = x.size4().expect("images are [B, C, H, W]");
+                let full = Tensor::zeros([b, *trained, h, w], (x.kind(), x.device()));
+                let at = Tensor::from_slice(positions).to_device(x.device());
+                vit.forward_t(&full.index_copy(1, &at, x), false)
+            }
             Embedder::Tokens { vit, channels } => vit.forward_channels_t(x, Some(channels), false),
             Embedder::Bag(vit) => {
                 let cls = bag_cls(vit, x);
@@ -152,7 +170,9 @@ impl Embedder {
     /// Feature dimension for `k` channels.
     pub fn dim(&self, k: usize) -> i64 {
         match self {
-            Embedder::Fixed(vit) | Embedder::Tokens { vit, .. } => vit.config().embed_dim,
+            Embedder::Fixed(vit)
+            | Embedder::FixedZeroFilled { vit, .. }
+            | Embedder::Tokens { vit, .. } => vit.config().embed_dim,
             Embedder::Bag(vit) => vit.config().embed_dim * k as i64,
         }
     }
@@ -189,6 +209,39 @@ pub fn load_embedder(
         .collect();
     let trained = match (&weights.trained, mode) {
         (_, ChannelMode::Fixed) => {
+            if let (Some(t), MissingChannels::Zeros) =
+                (&weights.trained, cfg.downstream.features.missing_channels)
+            {
+                if t.names
+                    .iter()
+                    .map(String::as_str)
+                    .ne(wanted.iter().copied())
+                {
+                    let positions = t.indices_of(&wanted, &weights.path)?;
+                    let trained_channels: Vec<usize> = t
+                        .names
+                        .iter()
+                        .map(|n| {
+                            cfg.data
+                                .channel_names
+                                .iter()
+                                .position(|c| c == n)
+                                .ok_or_else(|| {
+                                    FeaturesError::Invalid(format!(
+                                        "{path} was trained on channel {n}, which data.channel_names does not list"
+                                    ))
+                                })
+                        })
+                        .collect::<Result<_, _>>()?;
+                    let (vs, vit) = load_backbone(cfg, weights, &trained_channels, device)?;
+                    let embedder = Embedder::FixedZeroFilled {
+                        vit,
+                        positions,
+                        trained: t.names.len() as i64,
+                    };
+                    return Ok((vs, embedder));
+                }
+            }
             if let (Some(t), true) = (&weights.trained, cfg.downstream.features.is_unadapted()) {
                 if t.names
                     .iter()
@@ -196,7 +249,7 @@ pub fn load_embedder(
                     .ne(wanted.iter().copied())
                 {
                     return Err(FeaturesError::Invalid(format!(
-                        "{path} is a model.channels: fixed model trained on [{}]; it takes exactly those channels, not [{}] (train a model for this combination, or one model for every combination with model.channels: tokens or bag)",
+                        "{path} is a model.channels: fixed model trained on [{}]; it takes exactly those channels, not [{}] (train a model for this combination, or one model for every combination with model.channels: tokens or bag; downstream.features.missing_channels: zeros feeds the channels it lacks as zeros)",
                         t.names.join(", "),
                         wanted.join(", ")
                     )));

@@ -32,9 +32,21 @@ fn setup() -> (std::sync::MutexGuard<'static, ()>, tempfile::TempDir) {
 }
 
 fn config(dir: &Path, name: &str, mode: &str, names: &str, combinations: &str) -> Config {
+    config_with(dir, name, mode, names, combinations, "")
+}
+
+/// [`config`] with `features` added to `downstream.features` (e.g. `, missing_channels: zeros`).
+fn config_with(
+    dir: &Path,
+    name: &str,
+    mode: &str,
+    names: &str,
+    combinations: &str,
+    features: &str,
+) -> Config {
     Config::from_yaml(
         &format!(
-            "run: {{name: {name}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [{names}], channel_combinations: [{combinations}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16}}}}\n",
+            "run: {{name: {name}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [{names}], channel_combinations: [{combinations}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16{features}}}}}\n",
             out = dir.join("out").display(),
             data = dir.join("data/Training").display(),
         ),
@@ -130,7 +142,7 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
                 assert_eq!(csv.lines().count(), mean.labels.len());
                 assert_eq!(csv.lines().next().unwrap().split(',').count(), 192);
                 // The checkpoint tags of CLS_features/ stay the checkpoints'.
-                assert_eq!(target.feature_tags(), [tag.clone()]);
+                assert_eq!(target.feature_tags(), std::slice::from_ref(&tag));
             }
         }
     }
@@ -179,6 +191,51 @@ fn checkpoints_refuse_what_they_cannot_embed() {
         e.contains("is a model.channels: fixed model trained on [a, b]; it takes exactly those channels, not [a]"),
         "{e}"
     );
+    assert!(e.contains("missing_channels: zeros"), "{e}");
+
+    // `missing_channels: zeros`: the [a, b] model embeds [a] (or [b]) as it embeds the image
+    // with the other channel zeroed after normalisation.
+    use tch::{Device, Kind, Tensor};
+    use trainer::analysis::backbone::BackboneWeights;
+    use trainer::config::CheckpointKey;
+    let zeros = config_with(
+        dir.path(),
+        "f",
+        "fixed",
+        "a, b, c",
+        "\"01\", \"0\"",
+        ", missing_channels: zeros",
+    );
+    let w = BackboneWeights::load(&fixed_ck, CheckpointKey::Teacher).unwrap();
+    let (_vs, both) = features::load_embedder(&fixed, &w, &[0, 1], Device::Cpu).unwrap();
+    let x = Tensor::randn([3, 2, 16, 16], (Kind::Float, Device::Cpu));
+    for (kept, dropped) in [(0i64, 1i64), (1, 0)] {
+        let (_vs, one) =
+            features::load_embedder(&zeros, &w, &[kept as usize], Device::Cpu).unwrap();
+        let filled = x.copy();
+        let _ = filled.narrow(1, dropped, 1).zero_();
+        let diff = (one.embed(&x.narrow(1, kept, 1)) - both.embed(&filled))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(diff < 1e-6, "channel {kept}: {diff}");
+    }
+    let set = features::extract(&zeros, 1, &fixed_ck, &fixed_ms).unwrap();
+    assert_eq!(set.features.size()[1], 192);
+    // A channel the model never had is still refused, by name.
+    let other = config_with(
+        dir.path(),
+        "f",
+        "fixed",
+        "a, b, c",
+        "\"01\", \"2\"",
+        ", missing_channels: zeros",
+    );
+    let e = features::extract(&other, 1, &fixed_ck, &fixed_ms)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("channel c was never seen"), "{e}");
 }
 
 /// A checkpoint of one mode found where a run of another resumes (a folder copied or renamed
