@@ -16,7 +16,9 @@ pub enum ImageCommand {
     Push {
         /// REGISTRY/REPO:TAG, as built.
         image: String,
-        /// The registry speaks plain HTTP (only for registries you trust, e.g. on loopback).
+        /// Talk to the registry over plain HTTP, without TLS (only for a registry you trust).
+        /// Implied for a registry on this machine (localhost, 127.0.0.0/8, [::1]), as Docker
+        /// treats them.
         #[arg(long)]
         plain_http: bool,
     },
@@ -26,6 +28,9 @@ pub enum ImageCommand {
         /// Read the manifest and config from the registry even if the engine has the image.
         #[arg(long)]
         registry: bool,
+        /// Talk to the registry over plain HTTP, without TLS (only for a registry you trust).
+        /// Implied for a registry on this machine (localhost, 127.0.0.0/8, [::1]), as Docker
+        /// treats them.
         #[arg(long)]
         plain_http: bool,
         #[arg(long)]
@@ -64,6 +69,9 @@ pub struct BuildArgs {
     /// Push every tag after the build.
     #[arg(long)]
     push: bool,
+    /// Talk to the registry over plain HTTP, without TLS (only for a registry you trust).
+    /// Implied for a registry on this machine (localhost, 127.0.0.0/8, [::1]), as Docker
+    /// treats them.
     #[arg(long)]
     plain_http: bool,
     /// Folder of the built trainer and launcher for BINARIES=prebuilt (default: this
@@ -218,6 +226,9 @@ async fn build(a: BuildArgs) -> Result<()> {
     Ok(())
 }
 
+/// The `--build-arg`s as a map. With `BINARIES=prebuilt` the build stage only copies the
+/// host's binaries, so a `BUILD_IMAGE` not given is the `CUDA_IMAGE` given (the offline
+/// build then needs no image beyond the one base it names).
 pub fn parse_build_args(args: &[String]) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for kv in args {
@@ -225,6 +236,13 @@ pub fn parse_build_args(args: &[String]) -> Result<BTreeMap<String, String>> {
             bail!("--build-arg {kv}: expected KEY=VALUE");
         };
         out.insert(k.to_string(), v.to_string());
+    }
+    if out.get("BINARIES").map(String::as_str) == Some("prebuilt")
+        && !out.contains_key("BUILD_IMAGE")
+    {
+        if let Some(base) = out.get("CUDA_IMAGE").cloned() {
+            out.insert("BUILD_IMAGE".into(), base);
+        }
     }
     Ok(out)
 }
@@ -295,6 +313,8 @@ pub struct SubmitBuildArgs {
     /// Push the built image; the jobs pull it (Enroot `REGISTRY#REPO:TAG`).
     #[arg(long, requires = "build", conflicts_with = "squash_dir")]
     pub push: bool,
+    /// Push over plain HTTP, without TLS (only to a registry you trust). Implied for a
+    /// registry on this machine (localhost, 127.0.0.0/8, [::1]), as Docker treats them.
     #[arg(long, requires = "build")]
     pub plain_http: bool,
     /// Squash the built image into this folder (shared storage); the jobs mount the file.
@@ -390,4 +410,53 @@ pub fn run_image(a: RunArgs) -> Result<()> {
         std::process::exit(code.clamp(1, 255) as i32);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prebuilt_build_takes_its_build_stage_from_the_runtime_base() {
+        let args = |v: &[&str]| {
+            parse_build_args(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+        };
+        let a = args(&[
+            "CUDA_IMAGE=scdino-base:bookworm",
+            "BINARIES=prebuilt",
+            "EFA_INSTALLER_VERSION=none",
+        ]);
+        assert_eq!(a["BUILD_IMAGE"], "scdino-base:bookworm");
+        // Given, it stays; a source build keeps the Containerfile's devel image.
+        let a = args(&["CUDA_IMAGE=x", "BINARIES=prebuilt", "BUILD_IMAGE=y"]);
+        assert_eq!(a["BUILD_IMAGE"], "y");
+        let a = args(&["CUDA_IMAGE=x", "BINARIES=source"]);
+        assert!(!a.contains_key("BUILD_IMAGE"));
+        let a = args(&["BINARIES=prebuilt"]);
+        assert!(!a.contains_key("BUILD_IMAGE"));
+        assert!(parse_build_args(&["NOEQUALS".to_string()]).is_err());
+    }
+
+    #[test]
+    fn registries_on_this_machine_are_plain_http_as_in_docker() {
+        use push::base_url;
+        let url = |r: &str, plain| base_url(&ImageRef::parse(r).unwrap(), plain);
+        assert_eq!(url("127.0.0.1:5555/a/b:t", false), "http://127.0.0.1:5555");
+        assert_eq!(url("127.4.5.6/a:t", false), "http://127.4.5.6");
+        assert_eq!(url("localhost:5000/a:t", false), "http://localhost:5000");
+        assert_eq!(url("[::1]:5000/a:t", false), "http://[::1]:5000");
+        assert_eq!(
+            url("registry.example.com/a:t", false),
+            "https://registry.example.com"
+        );
+        assert_eq!(
+            url("registry.example.com/a:t", true),
+            "http://registry.example.com"
+        );
+        assert_eq!(url("128.0.0.1:5000/a:t", false), "https://128.0.0.1:5000");
+        assert_eq!(
+            url("localhost.example.com/a:t", false),
+            "https://localhost.example.com"
+        );
+    }
 }

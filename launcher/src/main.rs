@@ -432,7 +432,7 @@ fn main() -> std::process::ExitCode {
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            log::report_error(&format!("{e:?}"), &format!("{e:#}"));
+            log::report_error(&log::chain_text(e.as_ref()), &format!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -15,7 +15,9 @@
 //!   the event's own fields under `fields`).
 //!
 //! The level filter is `SCDINO_LOG`, else `RUST_LOG` (`tracing-subscriber`'s `EnvFilter`
-//! syntax, e.g. `info,trainer::data=debug`), else `info`.
+//! syntax, e.g. `info,trainer::data=debug`), else `info` for the binary's own crates and
+//! `warn` for every dependency (their info events are internal timings a user did not ask
+//! for: `SCDINO_LOG=info` shows them).
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 use tracing::field::{Field, Visit};
@@ -138,13 +140,35 @@ pub fn current_format() -> LogFormat {
 }
 
 /// A binary's final error: in text as `fn main() -> anyhow::Result` prints it (`Error: ` and
-/// `chain`, the causes one per line), in JSON as one error line (`one_line`, the causes
-/// joined by `: `).
+/// `chain`, the causes one per line, see [`chain_text`]), in JSON as one error line
+/// (`one_line`, the causes joined by `: `).
 pub fn report_error(chain: &str, one_line: &str) {
     match current_format() {
         LogFormat::Text => eprintln!("Error: {chain}"),
         LogFormat::Json => tracing::error!("{one_line}"),
     }
+}
+
+/// An error and its causes as anyhow's `{:?}` lays them out (the message, then `Caused by:`
+/// and the causes, numbered when there are several), without the stack backtrace anyhow
+/// appends when `RUST_BACKTRACE` is set: a user's error (a config key, a missing file) is
+/// the message, and a backtrace of the binary only hides it.
+pub fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let causes: Vec<String> = std::iter::successors(error.source(), |e| e.source())
+        .map(ToString::to_string)
+        .collect();
+    if !causes.is_empty() {
+        text.push_str("\n\nCaused by:");
+        for (i, c) in causes.iter().enumerate() {
+            if causes.len() == 1 {
+                let _ = write!(text, "\n    {c}");
+            } else {
+                let _ = write!(text, "\n    {i}: {c}");
+            }
+        }
+    }
+    text
 }
 
 /// The format given on the command line, else [`FORMAT_ENV`], else text.
@@ -166,7 +190,7 @@ pub fn init(
     own_targets: &'static [&'static str],
     sink: Option<Sink>,
 ) -> Result<(), LogInitError> {
-    let filter = filter_from_env()?;
+    let filter = filter_from_env(own_targets)?;
     let layer = Lines {
         format,
         prefix: identity.text_prefix(),
@@ -184,7 +208,16 @@ pub fn init(
     Ok(())
 }
 
-fn filter_from_env() -> Result<EnvFilter, LogInitError> {
+/// `info` for `own_targets`, `warn` for everything else.
+pub fn default_filter(own_targets: &[&str]) -> String {
+    let mut f = String::from("warn");
+    for t in own_targets {
+        let _ = write!(f, ",{t}=info");
+    }
+    f
+}
+
+fn filter_from_env(own_targets: &[&str]) -> Result<EnvFilter, LogInitError> {
     for var in [FILTER_ENV, "RUST_LOG"] {
         if let Ok(value) = std::env::var(var) {
             if value.trim().is_empty() {
@@ -197,7 +230,7 @@ fn filter_from_env() -> Result<EnvFilter, LogInitError> {
             });
         }
     }
-    Ok(EnvFilter::new("info"))
+    Ok(EnvFilter::new(default_filter(own_targets)))
 }
 
 struct Lines {
@@ -377,6 +410,75 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[derive(Debug)]
+    struct Chained(&'static str, Option<Box<Chained>>);
+    impl std::fmt::Display for Chained {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Chained {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    /// anyhow's layout (checked against `fn main() -> anyhow::Result` with RUST_BACKTRACE
+    /// unset), never a backtrace.
+    #[test]
+    fn error_chains_read_as_anyhow_prints_them_without_a_backtrace() {
+        let one = Chained("config.yaml: train.lr", None);
+        assert_eq!(chain_text(&one), "config.yaml: train.lr");
+        let two = Chained(
+            "bad config",
+            Some(Box::new(Chained("line 3: lr must be > 0", None))),
+        );
+        assert_eq!(
+            chain_text(&two),
+            "bad config\n\nCaused by:\n    line 3: lr must be > 0"
+        );
+        let three = Chained(
+            "a",
+            Some(Box::new(Chained("b", Some(Box::new(Chained("c", None)))))),
+        );
+        assert_eq!(chain_text(&three), "a\n\nCaused by:\n    0: b\n    1: c");
+    }
+
+    /// Without SCDINO_LOG/RUST_LOG: the binary's crates at info, dependencies at warn.
+    #[test]
+    fn the_default_filter_keeps_dependencies_quiet() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        struct Record(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+        impl<S: Subscriber> Layer<S> for Record {
+            fn on_event(&self, e: &Event<'_>, _: Context<'_, S>) {
+                self.0.lock().unwrap().push(format!(
+                    "{} {}",
+                    e.metadata().level(),
+                    e.metadata().target()
+                ));
+            }
+        }
+        let filter = EnvFilter::new(default_filter(&["trainer", "scdino_base"]));
+        let subscriber =
+            tracing_subscriber::registry().with(Record(seen.clone()).with_filter(filter));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "trainer::pipeline", "ours");
+            tracing::debug!(target: "trainer::pipeline", "ours, debug");
+            tracing::info!(target: "umap_rs::set_operations", "theirs");
+            tracing::warn!(target: "object_store::client", "theirs, warn");
+            tracing::info!(target: "scdino_base::log", "ours too");
+        });
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                "INFO trainer::pipeline",
+                "WARN object_store::client",
+                "INFO scdino_base::log"
+            ]
+        );
+    }
 
     #[test]
     fn timestamps_match_python_datetime() {

@@ -41,6 +41,8 @@ fn analyses(dir: &Path) -> PathBuf {
 fn pipeline(cfg: &str) -> String {
     let out = Command::new(bin("trainer"))
         .args(["pipeline", "--config", cfg, "--threads", "2"])
+        .env_remove("SCDINO_LOG")
+        .env_remove("RUST_LOG")
         .output()
         .unwrap();
     let err = text(&out.stderr);
@@ -107,6 +109,13 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
     let cfg = setup(dir.path());
     let log = pipeline(&cfg);
     let a = analyses(dir.path());
+    // Only the project's own lines at the default level: the UMAP crate's internal timings
+    // (info events of a dependency) stay out unless SCDINO_LOG/RUST_LOG ask for them.
+    assert!(log.contains("[pipeline] umap"), "{log}");
+    assert!(
+        !log.contains("set_operations") && !log.contains("fuzzy simplicial set"),
+        "a dependency's events leaked into the default output:\n{log}"
+    );
     // Checkpoints kept at epochs 0 and 2 (checkpoint_every 2, and the last).
     for tag in ["epoch0", "epoch2"] {
         for f in [

@@ -1,5 +1,5 @@
 //! `trainer` end to end: synth → config check → forward, and config errors as a user sees them.
-use super::util::{ok, run, synth, text};
+use super::util::{bin, ok, run, synth, text};
 use std::path::Path;
 
 fn write_config(dir: &Path, data: &Path, extra: &str) -> String {
@@ -88,6 +88,35 @@ fn config_errors_name_file_key_and_line() {
         err.contains("downstream.knn.k[1]") && err.contains(":20"),
         "{err}"
     );
+
+    // A user's error is its message chain whatever RUST_BACKTRACE says (set on many
+    // developers' machines): no stack backtrace of the binary under it.
+    for bin_name in ["trainer", "launcher"] {
+        let args: &[&str] = if bin_name == "trainer" {
+            &["config", "check", &cfg]
+        } else {
+            &[
+                "render",
+                "--cluster",
+                "/no/such/cluster.yaml",
+                "--out",
+                "/no/such/out",
+            ]
+        };
+        let out = std::process::Command::new(bin(bin_name))
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{bin_name}: {err}");
+        assert!(err.starts_with("Error: "), "{bin_name}: {err}");
+        assert!(
+            !err.contains("backtrace") && !err.contains("Backtrace"),
+            "{bin_name} printed a backtrace:\n{err}"
+        );
+    }
 }
 
 #[test]

@@ -15,7 +15,14 @@ fn main() -> ExitCode {
     match cli.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            scdino_base::log::report_error(&format!("{e:?}"), &format!("{e:#}"));
+            // A libtorch error is internal: it keeps anyhow's backtrace (with RUST_BACKTRACE).
+            let internal = e.chain().any(|c| c.is::<tch::TchError>());
+            let chain = if internal {
+                format!("{e:?}")
+            } else {
+                scdino_base::log::chain_text(e.as_ref())
+            };
+            scdino_base::log::report_error(&chain, &format!("{e:#}"));
             ExitCode::FAILURE
         }
     }

@@ -9,13 +9,16 @@ use bollard::query_parameters::PushImageOptionsBuilder;
 use bollard::Docker;
 use futures_util::StreamExt;
 
-/// The scheme for the registry API: HTTPS unless the user asked for plain HTTP.
+/// The scheme for the registry API: HTTPS unless the user asked for plain HTTP or the
+/// registry is on this machine (localhost, 127.0.0.0/8, [::1]), which Docker also talks to
+/// over plain HTTP by default.
 pub fn base_url(image: &ImageRef, plain_http: bool) -> String {
     let host = match image.registry_host() {
         "docker.io" => "registry-1.docker.io",
         h => h,
     };
-    format!("{}://{host}", if plain_http { "http" } else { "https" })
+    let plain = plain_http || image.is_loopback();
+    format!("{}://{host}", if plain { "http" } else { "https" })
 }
 
 pub fn http_client() -> Result<reqwest::Client, ImageError> {
@@ -47,12 +50,10 @@ pub async fn preflight(
     }
     let registry = image.registry_host();
     let resp = req.send().await.map_err(|e| {
-        let hint = if plain_http {
+        let hint = if plain_http || image.is_loopback() {
             String::new()
-        } else if image.is_loopback() {
-            "; a registry on this machine without TLS needs --plain-http".into()
         } else {
-            String::new()
+            "; a registry without TLS needs --plain-http".into()
         };
         ImageError::Registry(format!(
             "registry {registry} is unreachable at {url}: {}{hint}",
