@@ -419,6 +419,7 @@ impl Config {
         v.non_negative(train.weight_decay, "train.weight_decay")?;
         v.non_negative(train.weight_decay_end, "train.weight_decay_end")?;
         v.non_negative(train.clip_grad, "train.clip_grad")?;
+        v.non_negative(train.koleo_weight, "train.koleo_weight")?;
         v.positive(train.lr, "train.lr")?;
         v.non_negative(train.min_lr, "train.min_lr")?;
         v.check(

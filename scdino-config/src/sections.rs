@@ -109,7 +109,7 @@ pub enum SampleOrder {
 }
 
 /// Client settings for an `s3://bucket/prefix` dataset. Credentials are deliberately not
-/// settable here: they come from the environment (see the README), so a config file can be
+/// settable here: they come from the environment (see docs/data.md, "Data on S3, FSx and node-local NVMe"), so a config file can be
 /// shared, logged and stored in checkpoints without leaking a secret.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -391,6 +391,13 @@ pub struct TrainSection {
     /// knows by name (`trainer::gpu::peak_tflops`) gets its peak from there; anything else
     /// reports only the FLOP/s.
     pub peak_tflops: Option<f64>,
+    /// DINOv2's KoLeo regulariser (`dino.koleo_loss_weight`, 0.1 in DINOv2; 0 = off, scDINO):
+    /// this weight times the Kozachenko–Leonenko entropy estimate of the student's
+    /// L2-normalised backbone CLS tokens, per global crop and per rank, added to the loss. It
+    /// spreads the features apart. A row whose nearest neighbour is the same vector (a
+    /// duplicated image, or a batch of one) has no defined estimate: it is left out of the
+    /// mean instead of giving DINOv2's huge −log(1e-8) term and its exploding gradient.
+    pub koleo_weight: f64,
 }
 
 impl Default for TrainSection {
@@ -423,6 +430,7 @@ impl Default for TrainSection {
             lr_scaling: LrScaling::Linear,
             on_collapse: OnCollapse::Warn,
             peak_tflops: None,
+            koleo_weight: 0.0,
         }
     }
 }

@@ -45,6 +45,18 @@ impl MultiCropNet {
         channels: Option<&[i64]>,
         train: bool,
     ) -> Tensor {
+        self.forward_with_backbone_t(crops, channels, train).0
+    }
+
+    /// [`MultiCropNet::forward_channels_t`] that also returns the backbone's CLS features of
+    /// every crop, `[crops·B, D]` in crop order (what DINOv2's KoLeo reads on the global
+    /// crops).
+    pub fn forward_with_backbone_t(
+        &self,
+        crops: &[Tensor],
+        channels: Option<&[i64]>,
+        train: bool,
+    ) -> (Tensor, Tensor) {
         let mut features = Vec::new();
         let mut start = 0;
         while start < crops.len() {
@@ -58,6 +70,7 @@ impl MultiCropNet {
             features.push(self.backbone.forward_channels_t(&batch, channels, train));
             start = end;
         }
-        self.head.forward_t(&Tensor::cat(&features, 0), train)
+        let features = Tensor::cat(&features, 0);
+        (self.head.forward_t(&features, train), features)
     }
 }

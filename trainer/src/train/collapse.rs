@@ -166,12 +166,12 @@ pub fn describe(kind: CollapseKind, s: &TeacherSnapshot, iteration: usize) -> St
              teacher (lower train.teacher_temp and train.warmup_teacher_temp, e.g. 0.02), a \
              smaller model.out_dim for small datasets, a lower train.momentum_teacher for \
              short runs (e.g. 0.99), or a lower train.lr; configs/digits.yaml is a recipe \
-             that learns on a small dataset; see README, \"Collapse\""
+             that learns on a small dataset; see docs/training.md, \"Collapse\""
         }
         CollapseKind::OnePrototype => {
             "remedies: a softer teacher (higher train.teacher_temp), a higher \
              train.momentum_teacher, a lower train.lr or a longer train.warmup_epochs; see \
-             README, \"Collapse\""
+             docs/training.md, \"Collapse\""
         }
     };
     format!(
@@ -215,7 +215,7 @@ mod tests {
         assert_eq!(few.collapse(), None);
     }
 
-    /// The documented thresholds, at their edges (README, "Collapse"): within 2 % of
+    /// The documented thresholds, at their edges (docs/training.md, "Collapse"): within 2 % of
     /// ln(out_dim) on both sides for loss and teacher entropy, at least 8 teacher rows for one
     /// prototype, and 3 logged intervals in a row. A change to any constant fails here.
     #[test]

@@ -6,6 +6,7 @@ pub mod collapse;
 pub mod error;
 pub mod flops;
 pub mod input;
+pub mod koleo;
 pub mod loader;
 pub mod loss;
 pub mod optim;

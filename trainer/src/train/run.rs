@@ -229,6 +229,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let nets = Networks::new(cfg, channels.len(), device);
     let loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
     let mut learner = Learner::new(nets, loss_fn, cfg.train.precision, device);
+    learner.koleo_weight = cfg.train.koleo_weight;
     let fp = fingerprint(cfg, &channels);
 
     let (mut epoch, mut start_batch, mut iteration) = (0usize, 0usize, 0usize);

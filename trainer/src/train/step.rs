@@ -2,6 +2,7 @@
 //! global crops, student on all crops, loss (+ centre update), finite check, backward,
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
+use super::koleo::koleo_loss;
 use super::loss::{DinoLoss, TeacherTargets};
 use super::optim::AdamW;
 use super::strategy::ParallelStrategy;
@@ -117,6 +118,8 @@ pub struct Learner {
     /// Present for fp16 only.
     pub scaler: Option<LossScaler>,
     pub device: Device,
+    /// `train.koleo_weight` (0: off, the default of [`Learner::new`]).
+    pub koleo_weight: f64,
 }
 
 impl Learner {
@@ -129,6 +132,7 @@ impl Learner {
             precision,
             scaler: (precision == Precision::Fp16).then(LossScaler::default),
             device,
+            koleo_weight: 0.0,
         }
     }
 
@@ -177,10 +181,18 @@ impl Learner {
         });
         strategy.before_student()?;
         let loss_fn = &self.loss;
-        let loss = autocast(self.precision, self.device, || {
-            let s = nets.student.forward_channels_t(crops, channels, true);
-            loss_fn.forward(&s, &teacher_out, p.epoch)
+        let (loss, cls) = autocast(self.precision, self.device, || {
+            let (s, cls) = nets.student.forward_with_backbone_t(crops, channels, true);
+            (loss_fn.forward(&s, &teacher_out, p.epoch), cls)
         });
+        // DINOv2's KoLeo on each global crop's CLS tokens, per rank, in fp32.
+        let loss = if self.koleo_weight > 0.0 {
+            let b = crops[0].size()[0];
+            let koleo = koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b));
+            loss.to_kind(tch::Kind::Float) + koleo * self.koleo_weight
+        } else {
+            loss
+        };
         strategy.after_student()?;
         let teacher = self.loss.targets(&teacher_out, p.epoch);
         let group = strategy.collective();

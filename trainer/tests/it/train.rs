@@ -28,6 +28,12 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
 /// [`check_steps_against_pytorch`] for `model.channels: fixed` or `tokens` (ChannelViT
 /// backbones, step i on the reference's channel subset i, as hierarchical sampling draws one).
 fn check_steps_against_pytorch_in(steps: usize, freeze_epochs: usize, mode: &str) {
+    check_steps_against_pytorch_with(steps, freeze_epochs, mode, 0.0);
+}
+
+/// [`check_steps_against_pytorch_in`] with `train.koleo_weight` (DINOv2's KoLeo in the
+/// reference, koleo_reference.py).
+fn check_steps_against_pytorch_with(steps: usize, freeze_epochs: usize, mode: &str, koleo: f64) {
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
@@ -39,6 +45,7 @@ fn check_steps_against_pytorch_in(steps: usize, freeze_epochs: usize, mode: &str
             &steps.to_string(),
             &freeze_epochs.to_string(),
             mode,
+            &koleo.to_string(),
         ],
     );
     let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
@@ -62,6 +69,7 @@ fn check_steps_against_pytorch_in(steps: usize, freeze_epochs: usize, mode: &str
     let temps = teacher_temp_schedule(0.04, 0.07, 2, 5);
     let loss = DinoLoss::new(256, 4, temps, Device::Cpu);
     let mut learner = Learner::new(nets, loss, Precision::Fp32, Device::Cpu);
+    learner.koleo_weight = koleo;
     let expected_losses: Vec<f64> = Vec::<f64>::try_from(&t["out.losses"]).unwrap();
     let mut lr_sum = 0.0;
     for it in 0..steps {
@@ -144,6 +152,64 @@ fn training_steps_match_pytorch() {
 #[test]
 fn channel_token_training_steps_match_pytorch() {
     check_steps_against_pytorch_in(6, 1, "tokens");
+}
+
+/// DINOv2's KoLeo (weight 0.1, its default) added to the loss: six full steps against the
+/// PyTorch reference with DINOv2's own KoLeo module, to the fixed model's tolerances.
+#[test]
+fn training_steps_with_koleo_match_pytorch() {
+    check_steps_against_pytorch_with(6, 1, "fixed", 0.1);
+}
+
+/// KoLeo against DINOv2's definition (koleo_reference.py) on fixed inputs: value and gradient
+/// within 1e-5; a duplicated row is left out of the mean (DINOv2 gives it −log(1e-8) and a
+/// gradient near 1e8); a batch of one, or of copies, gives 0 with a zero, finite gradient.
+#[test]
+fn koleo_matches_dinov2_and_stays_finite_on_duplicates() {
+    use trainer::train::koleo::koleo_loss;
+    let _rng = super::util::torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let x = Tensor::randn([7, 24], (Kind::Float, Device::Cpu));
+    // Row 5 duplicates row 2: both are each other's nearest neighbour at distance 0.
+    let dup = x.copy();
+    dup.get(5).copy_(&x.get(2));
+    let path = dir.path().join("x.safetensors");
+    Tensor::write_safetensors(&[("x", &x), ("dup", &dup)], &path).unwrap();
+    let py = run_python(
+        "import sys, torch\nfrom safetensors.torch import load_file, save_file\nfrom koleo_reference import KoLeoLoss\nd = load_file(sys.argv[1])\nout = {}\nfor name in ['x', 'dup']:\n    x = d[name].clone().requires_grad_(True)\n    terms, dist = KoLeoLoss().per_row(x)\n    keep = (dist.detach() > 1e-6).float()\n    loss = (terms * keep).sum() / keep.sum()\n    loss.backward()\n    out[name + '.loss'] = loss.detach().reshape(1)\n    out[name + '.grad'] = x.grad\n    out[name + '.kept'] = keep\nx = d['x'].clone().requires_grad_(True)\nKoLeoLoss()(x).backward()\nout['x.dinov2'] = KoLeoLoss()(d['x']).reshape(1)\nsave_file(out, sys.argv[2])",
+        &[path.to_str().unwrap(), dir.path().join("out.safetensors").to_str().unwrap()],
+    );
+    let _ = py;
+    let t: HashMap<String, Tensor> = Tensor::read_safetensors(dir.path().join("out.safetensors"))
+        .unwrap()
+        .into_iter()
+        .collect();
+    // Without duplicates every row is kept: DINOv2's own value.
+    assert_eq!(t["x.kept"].sum(Kind::Float).double_value(&[]), 7.0);
+    assert!(max_abs_diff(&t["x.loss"], &t["x.dinov2"]) < 1e-6);
+    assert_eq!(t["dup.kept"].sum(Kind::Float).double_value(&[]), 5.0);
+    for name in ["x", "dup"] {
+        let input = (if name == "x" { &x } else { &dup })
+            .copy()
+            .set_requires_grad(true);
+        let loss = koleo_loss(&input);
+        loss.backward();
+        let dl = (loss.double_value(&[]) - t[&format!("{name}.loss")].double_value(&[0])).abs();
+        assert!(dl < 1e-5, "{name}: loss differs by {dl}");
+        let dg = max_abs_diff(&input.grad(), &t[&format!("{name}.grad")]);
+        assert!(dg < 1e-5, "{name}: gradient differs by {dg}");
+        assert!(input.grad().isfinite().all().int64_value(&[]) == 1);
+    }
+    for edge in [
+        Tensor::randn([1, 24], (Kind::Float, Device::Cpu)),
+        Tensor::ones([4, 24], (Kind::Float, Device::Cpu)),
+    ] {
+        let input = edge.set_requires_grad(true);
+        let loss = koleo_loss(&input);
+        loss.backward();
+        assert_eq!(loss.double_value(&[]), 0.0);
+        assert_eq!(input.grad().abs().max().double_value(&[]), 0.0);
+    }
 }
 
 #[test]

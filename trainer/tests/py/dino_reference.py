@@ -211,4 +211,6 @@ class MultiCropWrapper(nn.Module):
             out = self.backbone(torch.cat(x[start_idx:end_idx]))
             output = torch.cat((output, out))
             start_idx = end_idx
+        if getattr(self, "return_backbone", False):
+            return self.head(output), output
         return self.head(output)

@@ -1,11 +1,12 @@
 """scDINO's training iteration in PyTorch (main_dino.py train_one_epoch + utils), as the oracle
 for the Rust step: K iterations from one initialisation on given crops and schedule values.
 
-usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens]
+usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens] [KOLEO_WEIGHT]
 Writes OUT (inputs, per-step losses, final weights) and OUT.init.safetensors (initial student).
 With `tokens` the backbones are ChannelViT (channel_reference.py) and step i trains on the
 channel subset SUBSETS[i] of the crops (as hierarchical channel sampling would draw it), for
-the teacher and every crop alike.
+the teacher and every crop alike. A KOLEO_WEIGHT above 0 adds DINOv2's KoLeo loss
+(koleo_reference.py) of the student's backbone CLS on each global crop, times that weight.
 """
 import sys
 
@@ -17,10 +18,12 @@ from safetensors.torch import save_file
 import dino_reference
 from channel_reference import ChannelVisionTransformer
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer
+from koleo_reference import KoLeoLoss
 
 dino_reference.USE_SDPA = True
 out, steps, freeze_epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mode = sys.argv[4] if len(sys.argv) > 4 else "fixed"
+koleo_weight = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 SUBSETS = [[0, 1, 2, 3], [1, 3], [2], [0, 2, 3], [0, 1], [3]]
 torch.set_num_threads(2)
 torch.manual_seed(0)
@@ -112,8 +115,15 @@ for it in range(steps):
         student.backbone.channels = teacher.backbone.channels = ch
     torch.manual_seed(1000 + it)
     teacher_output = teacher(crops[:2])
-    student_output = student(crops)
-    loss = loss_fn(student_output, teacher_output, epoch)
+    if koleo_weight > 0:
+        # DINOv2 (ssl_meta_arch.py): weight × Σ over the global crops of KoLeo(CLS).
+        student.return_backbone = True
+        student_output, cls = student(crops)
+        loss = loss_fn(student_output, teacher_output, epoch)
+        loss = loss + koleo_weight * sum(KoLeoLoss()(c) for c in cls[: 2 * B].chunk(2))
+    else:
+        student_output = student(crops)
+        loss = loss_fn(student_output, teacher_output, epoch)
     opt.zero_grad()
     loss.backward()
     clip_gradients(student, 3.0)
