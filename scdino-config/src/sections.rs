@@ -251,6 +251,11 @@ pub struct ModelSection {
     pub drop_path_rate: f64,
     /// How the model takes channels (new; scDINO has `fixed` only).
     pub channels: ChannelMode,
+    /// DINOv2's register tokens (Darcet et al., ICLR 2024; `num_register_tokens`, 4 in the
+    /// released `*_reg` models; 0 = none, scDINO): learned tokens after the CLS token, without
+    /// position embedding, that take over the high-norm "artefact" tokens which spoil the
+    /// attention maps. Attention maps leave them out.
+    pub num_register_tokens: usize,
 }
 
 /// `model.channels`: one model per channel combination, or one for all of them.
@@ -300,6 +305,7 @@ impl Default for ModelSection {
             use_bn_in_head: false,
             drop_path_rate: 0.1,
             channels: ChannelMode::Fixed,
+            num_register_tokens: 0,
         }
     }
 }

@@ -71,7 +71,8 @@ pub fn load_backbone(
         .as_ref()
         .map(|a| format!(" (the checkpoint was trained with {})", a.summary()))
         .unwrap_or_default();
-    let vit_cfg = VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len());
+    let vit_cfg = VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len())
+        .with_registers(cfg.model.num_register_tokens);
     let model = format!("{:?}, patch {}", cfg.model.arch, cfg.model.patch_size);
     build_backbone(weights, vit_cfg, Some(patch_embed), &model, &hint, device)
 }
@@ -267,7 +268,8 @@ pub fn load_embedder(
             VitConfig::new(m.arch, m.patch_size, trained.names.len()).with_channel_tokens()
         }
         _ => VitConfig::new(m.arch, m.patch_size, 1),
-    };
+    }
+    .with_registers(m.num_register_tokens);
     let model = format!(
         "{:?}, patch {}, model.channels: {}",
         m.arch,

@@ -38,6 +38,7 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
         ChannelMode::Bag => VitConfig::new(m.arch, m.patch_size, 1),
         ChannelMode::Tokens => VitConfig::new(m.arch, m.patch_size, in_chans).with_channel_tokens(),
     };
+    vit = vit.with_registers(m.num_register_tokens);
     if student {
         vit = vit.with_drop_path(m.drop_path_rate);
     }

@@ -27,6 +27,8 @@ pub struct VitConfig {
     /// ChannelViT tokens: `in_chans` is the number of channels the model knows (one
     /// channel embedding each), an input may hold any subset of them.
     pub channel_tokens: bool,
+    /// DINOv2's register tokens, inserted after the CLS token (no position embedding).
+    pub num_register_tokens: i64,
 }
 
 impl VitConfig {
@@ -46,7 +48,13 @@ impl VitConfig {
             img_size: 224,
             drop_path_rate: 0.0,
             channel_tokens: false,
+            num_register_tokens: 0,
         }
+    }
+
+    pub fn with_registers(mut self, n: usize) -> Self {
+        self.num_register_tokens = n as i64;
+        self
     }
 
     pub fn with_channel_tokens(mut self) -> Self {
@@ -403,6 +411,8 @@ pub struct VisionTransformer {
     patch_embed: Tokenizer,
     cls_token: Tensor,
     pos_embed: Tensor,
+    /// `[1, R, D]` (DINOv2's name and shape), absent without registers.
+    register_tokens: Option<Tensor>,
     blocks: Vec<Block>,
     norm: nn::LayerNorm,
     cfg: VitConfig,
@@ -423,6 +433,17 @@ impl VisionTransformer {
         let pos_embed = p.var("pos_embed", &[1, grid * grid + 1, d], nn::Init::Const(0.0));
         trunc_normal_(&pos_embed, 0.02);
         trunc_normal_(&cls_token, 0.02);
+        // DINOv2: nn.init.normal_(self.register_tokens, std=1e-6).
+        let register_tokens = (cfg.num_register_tokens > 0).then(|| {
+            p.var(
+                "register_tokens",
+                &[1, cfg.num_register_tokens, d],
+                nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: 1e-6,
+                },
+            )
+        });
         let depth = cfg.depth;
         // Per-block drop rates: `torch.linspace(0, drop_path_rate, depth)` in float32, as DINO
         // computes them; the f32 rounding of each rate reaches the outputs through 1/keep.
@@ -441,6 +462,7 @@ impl VisionTransformer {
             patch_embed,
             cls_token,
             pos_embed,
+            register_tokens,
             blocks,
             norm,
             cfg,
@@ -454,6 +476,9 @@ impl VisionTransformer {
     pub fn units(&self) -> Vec<Unit> {
         let mut embeddings = self.patch_embed.param_names();
         embeddings.extend(names(&self.name, &["cls_token", "pos_embed"]));
+        if self.register_tokens.is_some() {
+            embeddings.extend(names(&self.name, &["register_tokens"]));
+        }
         let mut units = vec![Unit {
             kind: UnitKind::Embeddings,
             name: self.name.clone(),
@@ -515,10 +540,34 @@ impl VisionTransformer {
         Tensor::cat(&[class_pos, patch_pos], 1)
     }
 
-    /// `[B, C, H, W]` → `[B, 1 + patches, D]`: CLS token prepended, positions added. With
-    /// channel tokens, `x`'s channels are the model's channels `channels` (all of them, in
-    /// order, when None), and each channel's patches get the same position embeddings.
+    /// `[B, C, H, W]` → `[B, 1 + R + patches, D]`: CLS token prepended, positions added,
+    /// then the R register tokens inserted after the CLS token (DINOv2's order, no position).
+    /// With channel tokens, `x`'s channels are the model's channels `channels` (all of them,
+    /// in order, when None), and each channel's patches get the same position embeddings.
     pub fn prepare_tokens(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
+        let t = self.prepare_tokens_without_registers(x, channels);
+        match &self.register_tokens {
+            None => t,
+            Some(r) => {
+                let (b, n, _) = t.size3().expect("tokens are [B, N, D]");
+                Tensor::cat(
+                    &[
+                        t.narrow(1, 0, 1),
+                        r.expand([b, -1, -1], false),
+                        t.narrow(1, 1, n - 1),
+                    ],
+                    1,
+                )
+            }
+        }
+    }
+
+    /// The number of register tokens (after the CLS token in every sequence).
+    pub fn num_register_tokens(&self) -> i64 {
+        self.cfg.num_register_tokens
+    }
+
+    fn prepare_tokens_without_registers(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
         let (b, c, h, w) = x.size4().expect("images are [B, C, H, W]");
         let cls = self.cls_token.expand([b, -1, -1], false);
         match &self.patch_embed {
@@ -575,7 +624,10 @@ impl VisionTransformer {
         self.norm.forward(&t).select(1, 0)
     }
 
-    /// The last block's softmax attention, `[B, heads, N, N]` (inference only).
+    /// The last block's softmax attention over the CLS and patch tokens, `[B, heads, N, N]`
+    /// (inference only). Register tokens are left out (their rows and columns), so the
+    /// layout is the same with and without them; with registers a row sums to the attention
+    /// it gives the CLS and the patches (below 1).
     pub fn last_selfattention(&self, x: &Tensor) -> Tensor {
         self.last_selfattention_channels(x, None)
     }
@@ -591,6 +643,14 @@ impl VisionTransformer {
         for block in rest {
             t = block.forward_t(&t, false);
         }
-        last.attn.attention_weights(&last.norm1.forward(&t))
+        let attn = last.attn.attention_weights(&last.norm1.forward(&t));
+        let r = self.cfg.num_register_tokens;
+        if r == 0 {
+            return attn;
+        }
+        let n = attn.size()[2];
+        let keep: Vec<i64> = std::iter::once(0).chain(1 + r..n).collect();
+        let keep = Tensor::from_slice(&keep).to_device(attn.device());
+        attn.index_select(2, &keep).index_select(3, &keep)
     }
 }

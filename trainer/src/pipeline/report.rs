@@ -371,6 +371,14 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
 
     // Attention maps of the newest tag that has them.
     h.push_str("<h2>Attention maps (last block, CLS token)</h2>");
+    let registers = cfg.model.num_register_tokens;
+    if registers > 0 {
+        let _ = write!(
+            h,
+            "<p>The model has {registers} register token{} (DINOv2); the maps show the CLS token's attention to the image patches only, without the registers.</p>",
+            if registers == 1 { "" } else { "s" }
+        );
+    }
     match tags
         .iter()
         .rev()

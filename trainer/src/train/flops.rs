@@ -49,7 +49,7 @@ pub fn vit_forward_channels(vit: &VitConfig, size: usize, k: usize) -> (f64, f64
     } else {
         (per_channel, vit.in_chans as f64)
     };
-    let n = patches + 1.0; // + CLS token
+    let n = patches + 1.0 + vit.num_register_tokens as f64; // + CLS and register tokens
     let embed = 2.0 * patches * d * proj_chans * p * p;
     let hidden = (d * vit.mlp_ratio).floor();
     // qkv (3d) + projection (d) + MLP (2 · hidden), and q·kᵀ and attn·v (n² · d each).

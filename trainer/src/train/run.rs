@@ -79,6 +79,9 @@ fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     if m.channels.is_adaptive() {
         fp["model_channels"] = m.channels.name().into();
     }
+    if m.num_register_tokens > 0 {
+        fp["num_register_tokens"] = m.num_register_tokens.into();
+    }
     fp.to_string()
 }
 

@@ -13,6 +13,7 @@ struct Case {
     chans: usize,
     out_dim: i64,
     use_bn: bool,
+    registers: usize,
 }
 
 fn arch(name: &str) -> Arch {
@@ -40,10 +41,13 @@ fn check_parity(case: Case) {
             &case.chans.to_string(),
             &case.out_dim.to_string(),
             if case.use_bn { "1" } else { "0" },
+            &case.registers.to_string(),
         ],
     );
     let mut vs = nn::VarStore::new(Device::Cpu);
-    let vit = VitConfig::new(arch(case.arch), case.patch, case.chans).with_drop_path(0.1);
+    let vit = VitConfig::new(arch(case.arch), case.patch, case.chans)
+        .with_drop_path(0.1)
+        .with_registers(case.registers);
     let head = HeadConfig::new(vit.embed_dim, case.out_dim, case.use_bn, true);
     let net = MultiCropNet::new(&vs.root(), vit, head);
     load_safetensors_strict(
@@ -101,6 +105,7 @@ fn vit_tiny_p16_matches_pytorch() {
         chans: 5,
         out_dim: 1000,
         use_bn: false,
+        registers: 0,
     });
 }
 
@@ -112,6 +117,7 @@ fn vit_small_p16_matches_pytorch() {
         chans: 5,
         out_dim: 4096,
         use_bn: false,
+        registers: 0,
     });
 }
 
@@ -123,6 +129,23 @@ fn vit_tiny_p8_with_bn_head_matches_pytorch() {
         chans: 3,
         out_dim: 512,
         use_bn: true,
+        registers: 0,
+    });
+}
+
+/// DINOv2's register tokens (4, as its `*_reg` models): the state dict with
+/// `backbone.register_tokens` loads by name into our model, and CLS features, the head and the
+/// last attention (register rows and columns left out) equal the reference with registers
+/// inserted after the CLS token.
+#[test]
+fn vit_tiny_with_register_tokens_matches_dinov2() {
+    check_parity(Case {
+        arch: "vit_tiny",
+        patch: 16,
+        chans: 3,
+        out_dim: 256,
+        use_bn: false,
+        registers: 4,
     });
 }
 
@@ -541,4 +564,19 @@ fn the_model_declares_every_parameter_once_in_forward_order() {
             assert!(e.to_string().contains("backbone.register_tokens"), "{e}");
         }
     }
+    // DINOv2's register tokens are declared with the embeddings, after the position embedding.
+    let vs = nn::VarStore::new(Device::Cpu);
+    let mut vit = VitConfig::new(Arch::VitTiny, 16, 3).with_registers(4);
+    vit.depth = 1;
+    let net = MultiCropNet::new(&vs.root(), vit, HeadConfig::new(192, 64, false, true));
+    let declared: Vec<String> = net.units().forward_order().map(str::to_string).collect();
+    assert_eq!(
+        declared[2..5],
+        [
+            "backbone.cls_token",
+            "backbone.pos_embed",
+            "backbone.register_tokens"
+        ]
+    );
+    assert_eq!(declared.len(), vs.variables().len());
 }

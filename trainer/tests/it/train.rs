@@ -706,6 +706,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import dino_reference
 from channel_reference import ChannelVisionTransformer
 from dino_reference import VisionTransformer, DINOHead, MultiCropWrapper
+regs = next((int(a[4:]) for a in sys.argv if a.startswith("reg=")), 0)
+sys.argv = [a for a in sys.argv if not a.startswith("reg=")]
 arch, patch, chans, g, l, nl, k, bn, b = sys.argv[1:10]
 patch, chans, g, l, nl, k, b = map(int, (patch, chans, g, l, nl, k, b))
 bn = bn == "true"
@@ -713,7 +715,7 @@ used = int(sys.argv[10]) if len(sys.argv) > 10 else None
 dino_reference.USE_SDPA = False
 def net():
     if used is None:
-        vit = VisionTransformer(arch, patch, chans)
+        vit = VisionTransformer(arch, patch, chans, num_register_tokens=regs)
     else:
         vit = ChannelVisionTransformer(arch, patch, chans)
         vit.channels = list(range(used))
@@ -740,6 +742,7 @@ print(fc.get_total_flops())
             out_dim: 1024,
             bn: false,
             batch: 2,
+            registers: 0,
         },
         FlopsCase {
             arch: "vit_small",
@@ -751,6 +754,20 @@ print(fc.get_total_flops())
             out_dim: 4096,
             bn: true,
             batch: 3,
+            registers: 0,
+        },
+        // DINOv2's register tokens: 4 more tokens per crop (17 → 21 at 64 px).
+        FlopsCase {
+            arch: "vit_tiny",
+            patch: 16,
+            chans: 2,
+            global: 64,
+            local: 32,
+            nlocal: 2,
+            out_dim: 1024,
+            bn: false,
+            batch: 2,
+            registers: 4,
         },
     ] {
         check_flops(SCRIPT, "fixed", c.chans, &c);
@@ -802,6 +819,7 @@ struct FlopsCase {
     out_dim: usize,
     bn: bool,
     batch: usize,
+    registers: usize,
 }
 
 fn check_flops(script: &str, mode: &str, ref_chans: usize, c: &FlopsCase) {
@@ -809,13 +827,14 @@ fn check_flops(script: &str, mode: &str, ref_chans: usize, c: &FlopsCase) {
     let combination: String = (0..c.chans).map(|i| i.to_string()).collect();
     let yaml = format!(
         "data:\n  channel_names: [{}]\n  channel_combinations: [\"{combination}\"]\n\
-         model:\n  channels: {mode}\n  arch: {}\n  patch_size: {}\n  out_dim: {}\n  use_bn_in_head: {}\n\
+         model:\n  channels: {mode}\n  arch: {}\n  patch_size: {}\n  out_dim: {}\n  use_bn_in_head: {}\n  num_register_tokens: {}\n\
          augment:\n  global_crop_size: {}\n  local_crop_size: {}\n  local_crops_number: {}\n",
         names.join(", "),
         c.arch,
         c.patch,
         c.out_dim,
         c.bn,
+        c.registers,
         c.global,
         c.local,
         c.nlocal
@@ -832,6 +851,7 @@ fn check_flops(script: &str, mode: &str, ref_chans: usize, c: &FlopsCase) {
         c.out_dim.to_string(),
         c.bn.to_string(),
         c.batch.to_string(),
+        format!("reg={}", c.registers),
     ]
     .into();
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();

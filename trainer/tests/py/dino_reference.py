@@ -97,9 +97,11 @@ class PatchEmbed(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, arch="vit_small", patch_size=16, in_chans=5, drop_path_rate=0.0, img_size=224):
+    def __init__(self, arch="vit_small", patch_size=16, in_chans=5, drop_path_rate=0.0, img_size=224,
+                 num_register_tokens=0):
         super().__init__()
         dim, depth, heads = ARCHS[arch]
+        self.num_register_tokens = num_register_tokens
         self.embed_dim = dim
         self.patch_embed = PatchEmbed(patch_size, in_chans, dim)
         n = (img_size // patch_size) ** 2
@@ -111,6 +113,11 @@ class VisionTransformer(nn.Module):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.apply(_init_weights)
+        # DINOv2 (dinov2/models/vision_transformer.py): registers after the CLS token.
+        self.register_tokens = None
+        if num_register_tokens:
+            self.register_tokens = nn.Parameter(torch.zeros(1, num_register_tokens, dim))
+            nn.init.normal_(self.register_tokens, std=1e-6)
 
     def interpolate_pos_encoding(self, x, w, h):
         npatch = x.shape[1] - 1
@@ -136,7 +143,10 @@ class VisionTransformer(nn.Module):
         B, nc, w, h = x.shape
         x = self.patch_embed(x)
         x = torch.cat((self.cls_token.expand(B, -1, -1), x), dim=1)
-        return x + self.interpolate_pos_encoding(x, w, h)
+        x = x + self.interpolate_pos_encoding(x, w, h)
+        if self.register_tokens is not None:  # DINOv2's prepare_tokens_with_masks
+            x = torch.cat((x[:, :1], self.register_tokens.expand(x.shape[0], -1, -1), x[:, 1:]), dim=1)
+        return x
 
     def forward(self, x):
         x = self.prepare_tokens(x)
