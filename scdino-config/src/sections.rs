@@ -404,6 +404,18 @@ pub struct TrainSection {
     /// duplicated image, or a batch of one) has no defined estimate: it is left out of the
     /// mean instead of giving DINOv2's huge −log(1e-8) term and its exploding gradient.
     pub koleo_weight: f64,
+    /// How the teacher's outputs become targets: `ema` (scDINO, DINO: subtract an EMA centre,
+    /// then a sharp softmax) or `sinkhorn_knopp` (DINOv2's `sinkhorn_knopp_teacher`, 3
+    /// iterations: targets whose prototypes are used equally across the global batch, the
+    /// sums all-reduced over the ranks; no centre).
+    pub centering: Centering,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Centering {
+    Ema,
+    SinkhornKnopp,
 }
 
 impl Default for TrainSection {
@@ -437,6 +449,7 @@ impl Default for TrainSection {
             on_collapse: OnCollapse::Warn,
             peak_tflops: None,
             koleo_weight: 0.0,
+            centering: Centering::Ema,
         }
     }
 }

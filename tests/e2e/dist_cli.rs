@@ -403,6 +403,70 @@ fn adaptive_models_under_ddp_and_fsdp_match_one_process() {
     }
 }
 
+/// DINOv2's stabilisers under the parallel strategies. Sinkhorn-Knopp centring all-reduces
+/// its sums and register tokens are one more declared parameter: DDP and FSDP on 2 ranks give
+/// one process's losses and parameters. KoLeo runs per rank (as DINOv2), so 2 ranks differ
+/// from one process there, but DDP and FSDP must agree with each other.
+#[test]
+fn dinov2_stabilisers_under_ddp_and_fsdp() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path());
+    let steps = ["--threads", "1", "--max-steps", "3"];
+    let cfg = |name: &str, batch: usize, extra: &str| {
+        let path = config(dir.path(), &data, name, batch, extra);
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "  drop_path_rate: 0.0\n",
+            "  drop_path_rate: 0.0\n  num_register_tokens: 2\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let ck = |name: &str| checkpoint(dir.path(), name);
+    let sk = "  log_every: 1\n  centering: sinkhorn_knopp\n";
+    let path = cfg("sk_single", 4, sk);
+    let mut args = vec!["train", "--config", &path];
+    args.extend(steps);
+    let out = run("trainer", &args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let single_losses = step_losses(&text(&out.stderr));
+    assert_eq!(single_losses.len(), 3);
+    let close = |a: &str, b: &str, la: &[f64], lb: &[f64]| {
+        assert_eq!(la.len(), lb.len(), "{a} vs {b}");
+        for (x, y) in la.iter().zip(lb) {
+            assert!((x - y).abs() <= 1e-5 * y.abs(), "{a}: loss {x} vs {b} {y}");
+        }
+        let (outliers, worst) = compare(&ck(a), &ck(b));
+        assert!(
+            outliers <= 1e-3,
+            "{a} vs {b}: {:.4}% of elements differ",
+            outliers * 100.0
+        );
+        assert!(
+            worst <= 2.0 * 2.4e-3,
+            "{a} vs {b}: an element moved {worst} apart"
+        );
+    };
+    let mut koleo = Vec::new();
+    for (strategy, ports) in [("ddp", ["29601", "29605"]), ("fsdp", ["29609", "29613"])] {
+        let name = format!("sk_{strategy}2");
+        let path = cfg(&name, 2, &format!("{sk}  strategy: {strategy}\n"));
+        let losses = launch_train(2, ports[0], &path, &steps);
+        close(&name, "sk_single", &losses, &single_losses);
+        let name = format!("koleo_{strategy}2");
+        let path = cfg(
+            &name,
+            2,
+            &format!("{sk}  strategy: {strategy}\n  koleo_weight: 0.1\n"),
+        );
+        koleo.push((name, launch_train(2, ports[1], &path, &steps)));
+    }
+    assert!(
+        (koleo[0].1[0] - single_losses[0]).abs() > 1e-3,
+        "KoLeo did not change the loss"
+    );
+    close(&koleo[0].0, &koleo[1].0, &koleo[0].1, &koleo[1].1);
+}
+
 /// The per-iteration losses of rank 0's progress lines.
 fn step_losses(stderr: &str) -> Vec<f64> {
     stderr

@@ -4,18 +4,34 @@ use crate::dist::group::DistError;
 use crate::dist::Collective;
 use tch::{Kind, Tensor};
 
-/// What the loss sharpened and centred in one step: `softmax((teacher − center) / temp)`.
-pub struct TeacherTargets {
-    teacher: Tensor,
-    center: Tensor,
-    temp: f64,
+/// The teacher targets of one step: `softmax((teacher − center) / temp)` (EMA centring), or
+/// the Sinkhorn-Knopp assignment itself.
+pub enum TeacherTargets {
+    Centred {
+        teacher: Tensor,
+        center: Tensor,
+        temp: f64,
+    },
+    /// `[2·B, K]` rows of probabilities.
+    Assigned(Tensor),
 }
 
 impl TeacherTargets {
     /// The collapse signals of this process's rows, as tensors on the step's device (no sync).
     pub fn stats(&self) -> TeacherStats {
         tch::no_grad(|| {
-            let logits = (self.teacher.to_kind(Kind::Float) - &self.center) / self.temp;
+            let (logits, rows) = match self {
+                TeacherTargets::Centred {
+                    teacher,
+                    center,
+                    temp,
+                } => (
+                    (teacher.to_kind(Kind::Float) - center) / *temp,
+                    teacher.size()[0],
+                ),
+                // log q, with 0·log 0 = 0 below through the clamp.
+                TeacherTargets::Assigned(q) => (q.clamp_min(1e-30).log(), q.size()[0]),
+            };
             let log_p = logits.log_softmax(-1, Kind::Float);
             let entropy = -(log_p.exp() * &log_p).sum_dim_intlist(-1, false, Kind::Float);
             let out_dim = logits.size()[1];
@@ -26,7 +42,7 @@ impl TeacherTargets {
             TeacherStats {
                 entropy_sum: entropy.sum(Kind::Double).reshape([1]),
                 usage,
-                rows: self.teacher.size()[0],
+                rows,
             }
         })
     }
@@ -72,12 +88,16 @@ impl DinoLoss {
     /// `student`: `[ncrops·B, K]`, `teacher`: `[2·B, K]` (detached) → scalar loss.
     /// Does not touch the centre; call [`DinoLoss::update_center`] after it.
     pub fn forward(&self, student: &Tensor, teacher: &Tensor, epoch: usize) -> Tensor {
-        let student_out = (student / self.student_temp).chunk(self.ncrops, 0);
         let temp = self.teacher_temp(epoch);
-        let teacher_out = ((teacher - &self.center) / temp)
-            .softmax(-1, Kind::Float)
-            .detach()
-            .chunk(2, 0);
+        let targets = ((teacher - &self.center) / temp).softmax(-1, Kind::Float);
+        self.forward_targets(student, &targets)
+    }
+
+    /// The loss against given teacher targets `[2·B, K]` (probabilities; e.g. the
+    /// Sinkhorn-Knopp assignment).
+    pub fn forward_targets(&self, student: &Tensor, targets: &Tensor) -> Tensor {
+        let student_out = (student / self.student_temp).chunk(self.ncrops, 0);
+        let teacher_out = targets.detach().chunk(2, 0);
         let mut total: Option<Tensor> = None;
         let mut terms = 0;
         for (iq, q) in teacher_out.iter().enumerate() {
@@ -102,7 +122,7 @@ impl DinoLoss {
     /// teacher output and to the centre before its update (the update makes a new tensor), so
     /// nothing is computed unless the step is logged ([`TeacherTargets::stats`]).
     pub fn targets(&self, teacher: &Tensor, epoch: usize) -> TeacherTargets {
-        TeacherTargets {
+        TeacherTargets::Centred {
             teacher: teacher.shallow_clone(),
             center: self.center.shallow_clone(),
             temp: self.teacher_temp(epoch),
@@ -125,4 +145,34 @@ impl DinoLoss {
             Ok(())
         })
     }
+}
+
+/// DINOv2's `sinkhorn_knopp_teacher` (`dinov2/loss/dino_clstoken_loss.py`): the teacher
+/// outputs `[rows, K]` of this rank become an assignment `[rows, K]` whose columns
+/// (prototypes) carry equal mass over the global batch and whose rows sum to 1, in fp32, with
+/// the total and the per-prototype sums all-reduced over `group`'s ranks. On one process the
+/// all-reduce is the identity (DINOv2 crashed there without a process group, dinov2 #360).
+pub fn sinkhorn_knopp(
+    teacher: &Tensor,
+    temp: f64,
+    iterations: usize,
+    group: &mut dyn Collective,
+) -> Result<Tensor, DistError> {
+    tch::no_grad(|| {
+        // Q is K × B, as in the paper.
+        let mut q = (teacher.to_kind(Kind::Float) / temp).exp().tr();
+        let b = q.size()[1] as f64 * group.world_size() as f64;
+        let k = q.size()[0] as f64;
+        let mut sum = q.sum(Kind::Float).reshape([1]);
+        group.all_reduce_sum(&mut sum)?;
+        q /= sum;
+        for _ in 0..iterations {
+            let mut rows = q.sum_dim_intlist(1, true, Kind::Float);
+            group.all_reduce_sum(&mut rows)?;
+            q = q / rows / k;
+            let cols = q.sum_dim_intlist(0, true, Kind::Float);
+            q = q / cols / b;
+        }
+        Ok((q * b).tr())
+    })
 }

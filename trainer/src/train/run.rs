@@ -233,6 +233,7 @@ pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainErr
     let loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
     let mut learner = Learner::new(nets, loss_fn, cfg.train.precision, device);
     learner.koleo_weight = cfg.train.koleo_weight;
+    learner.centering = cfg.train.centering;
     let fp = fingerprint(cfg, &channels);
 
     let (mut epoch, mut start_batch, mut iteration) = (0usize, 0usize, 0usize);

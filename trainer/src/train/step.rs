@@ -3,14 +3,17 @@
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
 use super::koleo::koleo_loss;
-use super::loss::{DinoLoss, TeacherTargets};
+use super::loss::{sinkhorn_knopp, DinoLoss, TeacherTargets};
 use super::optim::AdamW;
 use super::strategy::ParallelStrategy;
-use crate::config::{Config, Precision};
+use crate::config::{Centering, Config, Precision};
 use crate::dist::group::DistError;
 use crate::model::{configs_for, ModelUnits, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
+
+/// DINOv2's `sinkhorn_knopp_teacher` iterations.
+pub const SINKHORN_ITERATIONS: usize = 3;
 
 /// Student and teacher with their variable stores. The teacher starts as a copy of the
 /// student and never receives gradients.
@@ -120,6 +123,8 @@ pub struct Learner {
     pub device: Device,
     /// `train.koleo_weight` (0: off, the default of [`Learner::new`]).
     pub koleo_weight: f64,
+    /// `train.centering` (EMA, the default of [`Learner::new`]).
+    pub centering: Centering,
 }
 
 impl Learner {
@@ -133,6 +138,7 @@ impl Learner {
             scaler: (precision == Precision::Fp16).then(LossScaler::default),
             device,
             koleo_weight: 0.0,
+            centering: Centering::Ema,
         }
     }
 
@@ -179,11 +185,25 @@ impl Learner {
         let teacher_out = autocast(self.precision, self.device, || {
             tch::no_grad(|| nets.teacher.forward_channels_t(&crops[..2], channels, true))
         });
+        // DINOv2's Sinkhorn-Knopp targets instead of the EMA centre (its sums all-reduced).
+        let assigned = match self.centering {
+            Centering::SinkhornKnopp => Some(sinkhorn_knopp(
+                &teacher_out,
+                self.loss.teacher_temp(p.epoch),
+                SINKHORN_ITERATIONS,
+                strategy.collective(),
+            )?),
+            Centering::Ema => None,
+        };
         strategy.before_student()?;
         let loss_fn = &self.loss;
         let (loss, cls) = autocast(self.precision, self.device, || {
             let (s, cls) = nets.student.forward_with_backbone_t(crops, channels, true);
-            (loss_fn.forward(&s, &teacher_out, p.epoch), cls)
+            let loss = match &assigned {
+                Some(q) => loss_fn.forward_targets(&s, q),
+                None => loss_fn.forward(&s, &teacher_out, p.epoch),
+            };
+            (loss, cls)
         });
         // DINOv2's KoLeo on each global crop's CLS tokens, per rank, in fp32.
         let loss = if self.koleo_weight > 0.0 {
@@ -194,10 +214,16 @@ impl Learner {
             loss
         };
         strategy.after_student()?;
-        let teacher = self.loss.targets(&teacher_out, p.epoch);
         let group = strategy.collective();
-        self.loss
-            .update_center(&teacher_out.to_kind(tch::Kind::Float), group)?;
+        let teacher = match assigned {
+            Some(q) => TeacherTargets::Assigned(q),
+            None => {
+                let targets = self.loss.targets(&teacher_out, p.epoch);
+                self.loss
+                    .update_center(&teacher_out.to_kind(tch::Kind::Float), group)?;
+                targets
+            }
+        };
         // The mean loss over all ranks: every rank logs it and takes the same finite/NaN
         // decision, so none is left waiting in a collective.
         let mut global = loss.detach().to_kind(tch::Kind::Double).reshape([1]);

@@ -28,12 +28,18 @@ fn check_steps_against_pytorch(steps: usize, freeze_epochs: usize) {
 /// [`check_steps_against_pytorch`] for `model.channels: fixed` or `tokens` (ChannelViT
 /// backbones, step i on the reference's channel subset i, as hierarchical sampling draws one).
 fn check_steps_against_pytorch_in(steps: usize, freeze_epochs: usize, mode: &str) {
-    check_steps_against_pytorch_with(steps, freeze_epochs, mode, 0.0);
+    check_steps_against_pytorch_with(steps, freeze_epochs, mode, 0.0, "ema");
 }
 
 /// [`check_steps_against_pytorch_in`] with `train.koleo_weight` (DINOv2's KoLeo in the
 /// reference, koleo_reference.py).
-fn check_steps_against_pytorch_with(steps: usize, freeze_epochs: usize, mode: &str, koleo: f64) {
+fn check_steps_against_pytorch_with(
+    steps: usize,
+    freeze_epochs: usize,
+    mode: &str,
+    koleo: f64,
+    centering: &str,
+) {
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
@@ -46,6 +52,7 @@ fn check_steps_against_pytorch_with(steps: usize, freeze_epochs: usize, mode: &s
             &freeze_epochs.to_string(),
             mode,
             &koleo.to_string(),
+            centering,
         ],
     );
     let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
@@ -70,6 +77,9 @@ fn check_steps_against_pytorch_with(steps: usize, freeze_epochs: usize, mode: &s
     let loss = DinoLoss::new(256, 4, temps, Device::Cpu);
     let mut learner = Learner::new(nets, loss, Precision::Fp32, Device::Cpu);
     learner.koleo_weight = koleo;
+    if centering == "sinkhorn_knopp" {
+        learner.centering = trainer::config::Centering::SinkhornKnopp;
+    }
     let expected_losses: Vec<f64> = Vec::<f64>::try_from(&t["out.losses"]).unwrap();
     let mut lr_sum = 0.0;
     for it in 0..steps {
@@ -158,7 +168,54 @@ fn channel_token_training_steps_match_pytorch() {
 /// PyTorch reference with DINOv2's own KoLeo module, to the fixed model's tolerances.
 #[test]
 fn training_steps_with_koleo_match_pytorch() {
-    check_steps_against_pytorch_with(6, 1, "fixed", 0.1);
+    check_steps_against_pytorch_with(6, 1, "fixed", 0.1, "ema");
+}
+
+/// DINOv2's Sinkhorn-Knopp centring instead of the EMA centre: six full steps against the
+/// PyTorch reference step with DINOv2's `sinkhorn_knopp_teacher` (the centre stays at zero in
+/// both), to the fixed model's tolerances.
+#[test]
+fn training_steps_with_sinkhorn_knopp_match_pytorch() {
+    check_steps_against_pytorch_with(6, 1, "fixed", 0.0, "sinkhorn_knopp");
+}
+
+/// Sinkhorn-Knopp on one process against DINOv2's function: the assignment within 1e-6, rows
+/// summing to 1, and the prototypes' mass more even than the softmax's.
+#[test]
+fn sinkhorn_knopp_matches_dinov2() {
+    use trainer::train::loss::sinkhorn_knopp;
+    let _rng = super::util::torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tensor::randn([12, 32], (Kind::Float, Device::Cpu)) * 0.3;
+    let path = dir.path().join("t.safetensors");
+    Tensor::write_safetensors(&[("t", &t)], &path).unwrap();
+    let out = dir.path().join("q.safetensors");
+    run_python(
+        "import sys\nfrom safetensors.torch import load_file, save_file\nfrom sinkhorn_reference import sinkhorn_knopp_teacher\nt = load_file(sys.argv[1])['t']\nsave_file({'q': sinkhorn_knopp_teacher(t, 0.07).contiguous()}, sys.argv[2])",
+        &[path.to_str().unwrap(), out.to_str().unwrap()],
+    );
+    let theirs = &Tensor::read_safetensors(&out).unwrap()[0].1;
+    let ours = sinkhorn_knopp(&t, 0.07, 3, &mut Single).unwrap();
+    assert!(
+        max_abs_diff(&ours, theirs) < 1e-6,
+        "{}",
+        max_abs_diff(&ours, theirs)
+    );
+    let rows = ours.sum_dim_intlist(1, false, Kind::Float);
+    assert!((rows - 1.0).abs().max().double_value(&[]) < 1e-5);
+    // The prototypes' use is evened out: their mass spreads less than under the plain softmax.
+    let spread = |q: &Tensor| {
+        q.sum_dim_intlist(0, false, Kind::Float)
+            .std(true)
+            .double_value(&[])
+    };
+    let softmax = (&t / 0.07).softmax(-1, Kind::Float);
+    assert!(
+        spread(&ours) < spread(&softmax),
+        "{} vs {}",
+        spread(&ours),
+        spread(&softmax)
+    );
 }
 
 /// KoLeo against DINOv2's definition (koleo_reference.py) on fixed inputs: value and gradient

@@ -1,12 +1,14 @@
 """scDINO's training iteration in PyTorch (main_dino.py train_one_epoch + utils), as the oracle
 for the Rust step: K iterations from one initialisation on given crops and schedule values.
 
-usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens] [KOLEO_WEIGHT]
+usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens] [KOLEO_WEIGHT] [ema|sinkhorn_knopp]
 Writes OUT (inputs, per-step losses, final weights) and OUT.init.safetensors (initial student).
 With `tokens` the backbones are ChannelViT (channel_reference.py) and step i trains on the
 channel subset SUBSETS[i] of the crops (as hierarchical channel sampling would draw it), for
 the teacher and every crop alike. A KOLEO_WEIGHT above 0 adds DINOv2's KoLeo loss
-(koleo_reference.py) of the student's backbone CLS on each global crop, times that weight.
+(koleo_reference.py) of the student's backbone CLS on each global crop, times that weight;
+`sinkhorn_knopp` takes DINOv2's Sinkhorn-Knopp targets (sinkhorn_reference.py) instead
+of the EMA-centred softmax, and leaves the centre alone, as DINOv2 does.
 """
 import sys
 
@@ -19,11 +21,13 @@ import dino_reference
 from channel_reference import ChannelVisionTransformer
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer
 from koleo_reference import KoLeoLoss
+from sinkhorn_reference import sinkhorn_knopp_teacher
 
 dino_reference.USE_SDPA = True
 out, steps, freeze_epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mode = sys.argv[4] if len(sys.argv) > 4 else "fixed"
 koleo_weight = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+centering = sys.argv[6] if len(sys.argv) > 6 else "ema"
 SUBSETS = [[0, 1, 2, 3], [1, 3], [2], [0, 2, 3], [0, 1], [3]]
 torch.set_num_threads(2)
 torch.manual_seed(0)
@@ -53,7 +57,11 @@ class DINOLoss(torch.nn.Module):
     def forward(self, student_output, teacher_output, epoch):
         student_out = (student_output / self.student_temp).chunk(self.ncrops)
         temp = self.temps[epoch]
-        teacher_out = F.softmax((teacher_output - self.center) / temp, dim=-1).detach().chunk(2)
+        if centering == "sinkhorn_knopp":
+            # DINOv2: the assignment replaces the centred softmax; the centre is not updated.
+            teacher_out = sinkhorn_knopp_teacher(teacher_output, temp).chunk(2)
+        else:
+            teacher_out = F.softmax((teacher_output - self.center) / temp, dim=-1).detach().chunk(2)
         total_loss, n = 0, 0
         for iq, q in enumerate(teacher_out):
             for v in range(len(student_out)):
@@ -62,6 +70,8 @@ class DINOLoss(torch.nn.Module):
                 total_loss += torch.sum(-q * F.log_softmax(student_out[v], dim=-1), dim=-1).mean()
                 n += 1
         total_loss /= n
+        if centering == "sinkhorn_knopp":
+            return total_loss
         with torch.no_grad():
             batch_center = torch.sum(teacher_output, dim=0, keepdim=True) / len(teacher_output)
             self.center = self.center * self.center_momentum + batch_center * (1 - self.center_momentum)
