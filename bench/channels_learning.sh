@@ -12,7 +12,9 @@
 #   tokens, bag one model each on all channels, evaluated on every combination
 # Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
 # Prints one Markdown table per approach: mean and spread over the seeds.
-# usage: [SEEDS="0 1 2"] [TRAINER=bin] [DATA=dir] bench/channels_learning.sh OUT [EPOCHS] [THREADS]
+# usage: [SEEDS="0 1 2"] [RUNS="untrained tokens bag fixed fixed_zeros"] [TRAINER=bin] [DATA=dir]
+#        bench/channels_learning.sh OUT [EPOCHS] [THREADS]
+#   RUNS: the approaches to run, in this order (fixed_zeros needs fixed of the same seed).
 #   TRAINER: a trainer binary to use as it is (no setup, no build: e.g. a GPU machine with the
 #   binary of scripts/device-binary.sh); DATA: the 4-channel digits written beforehand
 #   (`scripts/digits.py --out DATA --size 16 --channels 4`), else written into OUT.
@@ -27,6 +29,7 @@ PY=${PYTHON:-${SCDINO_VENV:-$ROOT/.venv}/bin/python}
 OUT=$(realpath -m "${1:?usage: bench/channels_learning.sh OUT [EPOCHS] [THREADS]}")
 EPOCHS=${2:-10} THREADS=${3:-2}
 SEEDS=${SEEDS:-0}
+RUNS=${RUNS:-untrained tokens bag fixed fixed_zeros}
 DATA=$(realpath -m "${DATA:-$OUT/data}")
 mkdir -p "$OUT"
 [[ -d $DATA/Training ]] || "$PY" "$ROOT/scripts/digits.py" --out "$DATA" --size 16 --channels 4
@@ -73,7 +76,7 @@ timed() {
 }
 
 for seed in $SEEDS; do
-  for run in untrained tokens bag fixed fixed_zeros; do
+  for run in $RUNS; do
     y=$OUT/seed$seed-$run.yaml log=$OUT/seed$seed-$run.log
     config "$seed" "$run" >"$y"
     grep -q "missing_channels: zeros" "$y" || [[ $run != fixed_zeros ]] ||
