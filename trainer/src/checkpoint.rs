@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
 pub const FORMAT: &str = "scdino-rs/1";
-pub const LATEST: &str = "checkpoint.safetensors";
-pub const PREVIOUS: &str = "checkpoint.prev.safetensors";
+pub use crate::layout::{LATEST_CHECKPOINT as LATEST, PREVIOUS_CHECKPOINT as PREVIOUS};
 
 /// Why a verified checkpoint does not fit the model it is restored into.
 #[derive(Debug, thiserror::Error)]

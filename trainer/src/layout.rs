@@ -29,6 +29,13 @@
 use crate::config::Config;
 use std::path::{Path, PathBuf};
 
+/// The checkpoint a resume starts from (written every epoch, atomically).
+pub const LATEST_CHECKPOINT: &str = "checkpoint.safetensors";
+/// The checkpoint before it, kept while the next one is written.
+pub const PREVIOUS_CHECKPOINT: &str = "checkpoint.prev.safetensors";
+/// The list of one checkpoint's attention images, in its attention folder.
+pub const ATTENTION_MANIFEST: &str = "attention_images.json";
+
 /// The folder of one run (`{output_dir}/{name}`): what all channel combinations share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunLayout {
@@ -98,9 +105,9 @@ impl ModelLayout {
         &self.analyses
     }
 
-    /// The checkpoint a resume starts from (see [`crate::checkpoint::LATEST`]).
+    /// The checkpoint a resume starts from.
     pub fn latest_checkpoint(&self) -> PathBuf {
-        self.dir.join(crate::checkpoint::LATEST)
+        self.dir.join(LATEST_CHECKPOINT)
     }
 
     /// The kept checkpoint after `epoch` (0-based, scDINO's `checkpoint{epoch:04}.pth` names).
@@ -222,8 +229,7 @@ impl ModelLayout {
 
     /// Written last by the attention stage: its presence means the stage is done.
     pub fn attention_manifest(&self, tag: &str) -> PathBuf {
-        self.attention_dir(tag)
-            .join(crate::analysis::attention::MANIFEST)
+        self.attention_dir(tag).join(ATTENTION_MANIFEST)
     }
 
     pub fn report_html(&self) -> PathBuf {

@@ -182,7 +182,7 @@ fn save_grey(path: &Path, m: &Tensor) -> Result<(), PlotError> {
 }
 
 /// Written last into the output folder: its presence means every map of the set is there.
-pub const MANIFEST: &str = "attention_images.json";
+pub use crate::layout::ATTENTION_MANIFEST as MANIFEST;
 
 /// Writes `{out}/{class}/{file}/image_size_{S}/attn-head{j}.png` and
 /// `original_img_channel_{name}.png` for the picked held-out images, for each size in
