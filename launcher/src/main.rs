@@ -150,7 +150,7 @@ fn nccl_test(a: NcclTestArgs) -> Result<()> {
     let mut why = nccl_test::judge(&report, world, a.min_busbw);
     // A rank that died after the report (or a failed step) fails the test too. UNKNOWN: Slurm
     // already forgot the job and there is no accounting; the report is all there is.
-    if why.is_empty() && !matches!(state.state.as_str(), "COMPLETED" | "UNKNOWN") {
+    if why.is_empty() && !state.state.ended_well() {
         why.push(format!(
             "the job ended {} (exit {})",
             state.state, state.exit_code
@@ -269,7 +269,7 @@ fn scaling(a: ScalingArgs) -> Result<()> {
         println!("waiting for {} ({} tasks)", job.name, size.tasks());
         let state = slurm::wait(job, std::time::Duration::from_secs(a.wait_timeout))?;
         let log = std::fs::read_to_string(job.log_path()).unwrap_or_default();
-        if !matches!(state.state.as_str(), "COMPLETED" | "UNKNOWN") {
+        if !state.state.ended_well() {
             let _ = slurm::cancel(&r.manifest);
             bail!(
                 "scaling: {} (job {}) ended {} (exit {}); log {}",

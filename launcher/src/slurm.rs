@@ -151,15 +151,105 @@ pub fn submit(out: &Path, manifest: &mut Manifest, say: &mut dyn FnMut(String)) 
     Ok(())
 }
 
+/// A job's state: Slurm's `JobState` names (scontrol, sacct), and the launcher's own for a job
+/// Slurm does not know. Shown and serialised as Slurm spells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlurmState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    Timeout,
+    Requeued,
+    /// Another of Slurm's states (NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, SUSPENDED, ...).
+    Other(String),
+    /// Slurm forgot the job and there is no accounting to ask.
+    Unknown,
+    /// Not submitted (yet).
+    NotSubmitted,
+    /// Skipped: done in an earlier submission with the same script.
+    FinishedEarlier,
+}
+
+impl SlurmState {
+    /// From Slurm's spelling (`CANCELLED by 1000` keeps its first word, as sacct prints it).
+    pub fn parse(s: &str) -> Self {
+        match s.split_whitespace().next().unwrap_or("") {
+            "PENDING" => Self::Pending,
+            "RUNNING" => Self::Running,
+            "COMPLETED" => Self::Completed,
+            "FAILED" => Self::Failed,
+            "CANCELLED" => Self::Cancelled,
+            "TIMEOUT" => Self::Timeout,
+            "REQUEUED" => Self::Requeued,
+            "UNKNOWN" | "" => Self::Unknown,
+            other => Self::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Running => "RUNNING",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Cancelled => "CANCELLED",
+            Self::Timeout => "TIMEOUT",
+            Self::Requeued => "REQUEUED",
+            Self::Other(s) => s,
+            Self::Unknown => "UNKNOWN",
+            Self::NotSubmitted => "NOT_SUBMITTED",
+            Self::FinishedEarlier => "FINISHED_EARLIER",
+        }
+    }
+
+    /// Not ended yet: waiting, running, or between the two (a requeued job is pending again).
+    pub fn is_active(&self) -> bool {
+        match self {
+            Self::Pending | Self::Running | Self::Requeued => true,
+            Self::Other(s) => matches!(
+                s.as_str(),
+                "REQUEUE_HOLD"
+                    | "REQUEUE_FED"
+                    | "SUSPENDED"
+                    | "CONFIGURING"
+                    | "COMPLETING"
+                    | "RESIZING"
+                    | "SIGNALING"
+                    | "STAGE_OUT"
+                    | "STOPPED"
+                    | "RESV_DEL_HOLD"
+            ),
+            _ => false,
+        }
+    }
+
+    /// Ended without a failure to report: completed, or forgotten by Slurm (whose outcome
+    /// the job's log and outputs tell).
+    pub fn ended_well(&self) -> bool {
+        matches!(self, Self::Completed | Self::Unknown)
+    }
+}
+
+impl std::fmt::Display for SlurmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl Serialize for SlurmState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// One job's state as Slurm reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct JobState {
     pub name: String,
     pub job_id: Option<String>,
-    /// PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ..., `UNKNOWN` (Slurm forgot
-    /// the job and there is no accounting), `NOT_SUBMITTED`, or `FINISHED_EARLIER` (skipped: done
-    /// in an earlier submission with the same script).
-    pub state: String,
+    pub state: SlurmState,
     pub reason: String,
     pub exit_code: String,
     pub restarts: u32,
@@ -173,26 +263,11 @@ pub struct JobState {
 impl JobState {
     /// Ended for good (a requeued job is PENDING again, not ended).
     pub fn is_done(&self) -> bool {
-        !self.is_active() && self.state != "NOT_SUBMITTED"
+        !self.is_active() && self.state != SlurmState::NotSubmitted
     }
 
     pub fn is_active(&self) -> bool {
-        matches!(
-            self.state.as_str(),
-            "PENDING"
-                | "RUNNING"
-                | "REQUEUED"
-                | "REQUEUE_HOLD"
-                | "REQUEUE_FED"
-                | "SUSPENDED"
-                | "CONFIGURING"
-                | "COMPLETING"
-                | "RESIZING"
-                | "SIGNALING"
-                | "STAGE_OUT"
-                | "STOPPED"
-                | "RESV_DEL_HOLD"
-        )
+        self.state.is_active()
     }
 }
 
@@ -229,11 +304,10 @@ pub fn state(job: &Job) -> Result<JobState> {
         name: job.name.clone(),
         job_id: job.job_id.clone(),
         state: if job.finished_earlier {
-            "FINISHED_EARLIER"
+            SlurmState::FinishedEarlier
         } else {
-            "NOT_SUBMITTED"
-        }
-        .into(),
+            SlurmState::NotSubmitted
+        },
         reason: String::new(),
         exit_code: String::new(),
         restarts: 0,
@@ -248,10 +322,7 @@ pub fn state(job: &Job) -> Result<JobState> {
     let o = run("scontrol", &["show", "job", "-o", id])?;
     if o.status.success() {
         let kv = parse_scontrol(&text(&o.stdout));
-        s.state = kv
-            .get("JobState")
-            .cloned()
-            .unwrap_or_else(|| "UNKNOWN".into());
+        s.state = SlurmState::parse(kv.get("JobState").map_or("", String::as_str));
         s.reason = kv.get("Reason").cloned().unwrap_or_default();
         if s.reason == "None" {
             s.reason.clear();
@@ -273,7 +344,7 @@ pub fn state(job: &Job) -> Result<JobState> {
             client_hint(&err)
         );
     }
-    s.state = "UNKNOWN".into();
+    s.state = SlurmState::Unknown;
     s.reason = "not known to slurmctld any more and no accounting (sacct) to ask".into();
     let Ok(o) = run(
         "sacct",
@@ -295,7 +366,7 @@ pub fn state(job: &Job) -> Result<JobState> {
     if let Some(l) = text(&o.stdout).lines().next() {
         let f: Vec<&str> = l.split('|').collect();
         if f.len() == 3 {
-            s.state = f[0].split_whitespace().next().unwrap_or("").to_string();
+            s.state = SlurmState::parse(f[0]);
             s.exit_code = f[1].to_string();
             s.run_time = f[2].to_string();
             s.reason = "from sacct".into();
@@ -385,6 +456,35 @@ pub fn cancel(manifest: &Manifest) -> Result<Vec<String>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn job_states_parse_show_and_serialise_as_slurm_spells_them() {
+        for (text, state, active) in [
+            ("PENDING", SlurmState::Pending, true),
+            ("RUNNING", SlurmState::Running, true),
+            ("REQUEUED", SlurmState::Requeued, true),
+            ("COMPLETING", SlurmState::Other("COMPLETING".into()), true),
+            ("COMPLETED", SlurmState::Completed, false),
+            ("CANCELLED by 1000", SlurmState::Cancelled, false),
+            ("NODE_FAIL", SlurmState::Other("NODE_FAIL".into()), false),
+            ("", SlurmState::Unknown, false),
+        ] {
+            let parsed = SlurmState::parse(text);
+            assert_eq!(parsed, state, "{text}");
+            assert_eq!(parsed.is_active(), active, "{text}");
+            let shown = format!("{parsed}");
+            assert_eq!(SlurmState::parse(&shown), parsed, "{text}");
+            assert_eq!(
+                serde_json::to_string(&parsed).unwrap(),
+                format!("\"{shown}\"")
+            );
+        }
+        assert_eq!(format!("{:<12}|", SlurmState::Failed), "FAILED      |");
+        assert_eq!(SlurmState::NotSubmitted.as_str(), "NOT_SUBMITTED");
+        assert_eq!(SlurmState::FinishedEarlier.as_str(), "FINISHED_EARLIER");
+        assert!(SlurmState::Completed.ended_well() && SlurmState::Unknown.ended_well());
+        assert!(!SlurmState::Failed.ended_well() && !SlurmState::Timeout.ended_well());
+    }
+
     use super::*;
     use crate::render::Dependency;
 
