@@ -330,9 +330,10 @@ impl Cluster {
                     "must be 3 or 4",
                 )?;
                 check_image_for(image, self.container.enroot_version)
-                    .map_err(|m| v.err("container.image", &m))?;
+                    .map_err(|e| v.err("container.image", &e.to_string()))?;
                 for (i, m) in self.container.mounts.iter().enumerate() {
-                    check_mount(m).map_err(|e| v.err(&format!("container.mounts[{i}]"), &e))?;
+                    check_mount(m)
+                        .map_err(|e| v.err(&format!("container.mounts[{i}]"), &e.to_string()))?;
                 }
                 v.check(
                     self.container.trainer.is_absolute(),
@@ -501,9 +502,47 @@ pub fn parse_time(t: &str) -> Result<Option<u64>, String> {
     Ok(Some(secs))
 }
 
+/// Why `container.image` cannot be given to Pyxis/Enroot as written; each says what to write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageRefError {
+    #[error("{0:?} is not a squashfs file path")]
+    NotAFilePath(String),
+    #[error("{0:?}: use an absolute .sqsh path (compute nodes do not share the submit directory's meaning)")]
+    RelativeSquashfs(String),
+    #[error("{0:?} would be pulled from Docker Hub (Pyxis treats only paths starting with '/' or '.' as files): write the absolute path")]
+    SquashfsFromHub(String),
+    #[error("{0:?}: digests need Enroot 4; pin a tag (REGISTRY#IMAGE:TAG) for Enroot 3.x")]
+    DigestNeedsEnroot4(String),
+    #[error("{image:?}: registry {registry:?} is not a host name")]
+    Registry { image: String, registry: String },
+    #[error("{image:?} looks like a Docker-style registry/image reference; Enroot 3.x needs REGISTRY#IMAGE:TAG, e.g. {suggestion}")]
+    DockerStyle { image: String, suggestion: String },
+    #[error("{image:?}: image name {name:?} may hold only lower-case letters, digits, '/', '.', '_', '-'")]
+    Name { image: String, name: String },
+    #[error("{image:?}: tag {tag:?} may hold only letters, digits, '.', '_', '-'")]
+    Tag { image: String, tag: String },
+    #[error(
+        "{reason} (Enroot 4 syntax: REGISTRY/IMAGE[:TAG][@sha256:HEX] or REGISTRY#IMAGE[:TAG])"
+    )]
+    Enroot4 { reason: String },
+}
+
+/// Why a `container.mounts` entry is not a Pyxis mount.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MountError {
+    #[error("{0:?}: one mount per list entry, without ',' (Pyxis separates mounts with ',')")]
+    Several(String),
+    #[error("{0:?} must be SRC:DST or SRC:DST:FLAGS (flags joined with '+')")]
+    Shape(String),
+    #[error("{0:?}: the source must be an absolute path (or tmpfs/umount)")]
+    Source(String),
+    #[error("{0:?}: the destination must be an absolute path")]
+    Destination(String),
+}
+
 /// An image reference as the cluster's Enroot reads it: Enroot 4 also takes Docker-style
 /// `REGISTRY/IMAGE[:TAG][@sha256:HEX]` (commit f29a45c), which pins the exact image by digest.
-pub fn check_image_for(image: &str, enroot_version: u32) -> Result<(), String> {
+pub fn check_image_for(image: &str, enroot_version: u32) -> Result<(), ImageRefError> {
     if enroot_version < 4 || image.starts_with('/') || image.starts_with('.') {
         return check_image(image);
     }
@@ -515,31 +554,25 @@ pub fn check_image_for(image: &str, enroot_version: u32) -> Result<(), String> {
     };
     crate::image::reference::ImageRef::parse(&docker)
         .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "{e} (Enroot 4 syntax: REGISTRY/IMAGE[:TAG][@sha256:HEX] or REGISTRY#IMAGE[:TAG])"
-            )
+        .map_err(|e| ImageRefError::Enroot4 {
+            reason: e.to_string(),
         })
 }
 
 /// Enroot 3.x image references: `[USER@][REGISTRY#]IMAGE[:TAG]`, or a squashfs path.
-pub fn check_image(image: &str) -> Result<(), String> {
+pub fn check_image(image: &str) -> Result<(), ImageRefError> {
     if image.starts_with('/') {
         return if image.ends_with('/') || image.contains('\n') {
-            Err(format!("{image:?} is not a squashfs file path"))
+            Err(ImageRefError::NotAFilePath(image.into()))
         } else {
             Ok(())
         };
     }
     if image.starts_with('.') {
-        return Err(format!(
-            "{image:?}: use an absolute .sqsh path (compute nodes do not share the submit directory's meaning)"
-        ));
+        return Err(ImageRefError::RelativeSquashfs(image.into()));
     }
     if image.ends_with(".sqsh") {
-        return Err(format!(
-            "{image:?} would be pulled from Docker Hub (Pyxis treats only paths starting with '/' or '.' as files): write the absolute path"
-        ));
+        return Err(ImageRefError::SquashfsFromHub(image.into()));
     }
     let rest = image
         .strip_prefix("docker://")
@@ -547,9 +580,7 @@ pub fn check_image(image: &str) -> Result<(), String> {
         .rsplit_once('@')
         .map_or(image, |(_, r)| r);
     if image.contains("@sha256:") {
-        return Err(format!(
-            "{image:?}: digests need Enroot 4; pin a tag (REGISTRY#IMAGE:TAG) for Enroot 3.x"
-        ));
+        return Err(ImageRefError::DigestNeedsEnroot4(image.into()));
     }
     let (registry, name_tag) = match rest.split_once('#') {
         Some((r, n)) => (Some(r), n),
@@ -561,7 +592,10 @@ pub fn check_image(image: &str) -> Result<(), String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b))
         {
-            return Err(format!("{image:?}: registry {r:?} is not a host name"));
+            return Err(ImageRefError::Registry {
+                image: image.into(),
+                registry: r.into(),
+            });
         }
     }
     let (name, tag) = match name_tag.rsplit_once(':') {
@@ -573,11 +607,10 @@ pub fn check_image(image: &str) -> Result<(), String> {
             if name.contains('/')
                 && (first.contains('.') || first.contains(':') || first == "localhost")
             {
-                return Err(format!(
-                    "{image:?} looks like a Docker-style registry/image reference; Enroot 3.x needs REGISTRY#IMAGE:TAG, e.g. {}#{}",
-                    first,
-                    &image[first.len() + 1..]
-                ));
+                return Err(ImageRefError::DockerStyle {
+                    image: image.into(),
+                    suggestion: format!("{}#{}", first, &image[first.len() + 1..]),
+                });
             }
         }
     }
@@ -586,9 +619,10 @@ pub fn check_image(image: &str) -> Result<(), String> {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"/._-".contains(&b))
     {
-        return Err(format!(
-            "{image:?}: image name {name:?} may hold only lower-case letters, digits, '/', '.', '_', '-'"
-        ));
+        return Err(ImageRefError::Name {
+            image: image.into(),
+            name: name.into(),
+        });
     }
     if let Some(t) = tag {
         if t.is_empty()
@@ -596,36 +630,31 @@ pub fn check_image(image: &str) -> Result<(), String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
         {
-            return Err(format!(
-                "{image:?}: tag {t:?} may hold only letters, digits, '.', '_', '-'"
-            ));
+            return Err(ImageRefError::Tag {
+                image: image.into(),
+                tag: t.into(),
+            });
         }
     }
     Ok(())
 }
 
 /// One Pyxis mount: `SRC[:DST[:FLAGS]]`.
-pub fn check_mount(m: &str) -> Result<(), String> {
+pub fn check_mount(m: &str) -> Result<(), MountError> {
     if m.contains(',') || m.contains('\n') {
-        return Err(format!(
-            "{m:?}: one mount per list entry, without ',' (Pyxis separates mounts with ',')"
-        ));
+        return Err(MountError::Several(m.into()));
     }
     let parts: Vec<&str> = m.split(':').collect();
     if parts.len() > 3 || parts.iter().any(|p| p.is_empty()) {
-        return Err(format!(
-            "{m:?} must be SRC:DST or SRC:DST:FLAGS (flags joined with '+')"
-        ));
+        return Err(MountError::Shape(m.into()));
     }
     let src = parts[0];
     if !(src.starts_with('/') || src == "tmpfs" || src == "umount") {
-        return Err(format!(
-            "{m:?}: the source must be an absolute path (or tmpfs/umount)"
-        ));
+        return Err(MountError::Source(m.into()));
     }
     if let Some(dst) = parts.get(1) {
         if !dst.starts_with('/') {
-            return Err(format!("{m:?}: the destination must be an absolute path"));
+            return Err(MountError::Destination(m.into()));
         }
     }
     Ok(())
@@ -787,7 +816,7 @@ mod tests {
             ("nvcr.io#nvidia/pytorch@sha256:abcd", "Enroot 4"),
             ("Registry#UPPER:tag", "lower-case"),
         ] {
-            let e = check_image(bad).unwrap_err();
+            let e = check_image(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
     }
@@ -805,13 +834,15 @@ mod tests {
             assert_eq!(check_image_for(&ok, 4), Ok(()), "{ok}");
         }
         // Enroot 3 keeps refusing digests; Enroot 4 refuses a malformed one.
-        assert!(check_image_for(&format!("nvcr.io#nvidia/pytorch@{d}"), 3)
-            .unwrap_err()
-            .contains("Enroot 4"));
+        assert!(matches!(
+            check_image_for(&format!("nvcr.io#nvidia/pytorch@{d}"), 3),
+            Err(ImageRefError::DigestNeedsEnroot4(_))
+        ));
         assert!(check_image_for("nvcr.io/x@sha256:12", 4).is_err());
-        assert!(check_image_for("./x.sqsh", 4)
-            .unwrap_err()
-            .contains("absolute"));
+        assert!(matches!(
+            check_image_for("./x.sqsh", 4),
+            Err(ImageRefError::RelativeSquashfs(_))
+        ));
     }
 
     #[test]
@@ -819,8 +850,18 @@ mod tests {
         assert!(check_mount("/fsx:/fsx").is_ok());
         assert!(check_mount("/nvme:/scratch:ro+rprivate").is_ok());
         assert!(check_mount("/fsx").is_ok());
-        assert!(check_mount("fsx:/fsx").is_err());
-        assert!(check_mount("/a:/a,/b:/b").is_err());
+        assert_eq!(
+            check_mount("fsx:/fsx"),
+            Err(MountError::Source("fsx:/fsx".into()))
+        );
+        assert_eq!(
+            check_mount("/a:/a,/b:/b"),
+            Err(MountError::Several("/a:/a,/b:/b".into()))
+        );
+        assert_eq!(
+            check_mount("/a:b"),
+            Err(MountError::Destination("/a:b".into()))
+        );
         let mounts = ["/fsx:/fsx".to_string(), "/fsx/data:/data".to_string()];
         assert_eq!(
             container_path(&mounts, Path::new("/fsx/data/x.yaml")),
