@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `trainer` and `launcher` binaries on real files.
 mod collectives_cli;
 mod dist_cli;
+mod docs_cli;
 mod image_cli;
 mod launcher_cli;
 mod pipeline_cli;

@@ -1,0 +1,134 @@
+//! The commands the documentation writes (README.md, docs/*.md, slurm/README.md): every
+//! `trainer …` / `launcher …` in backticks names subcommands that exist and only flags those
+//! subcommands take, checked against the binaries' own `--help`, so a renamed command or flag
+//! cannot leave the docs behind.
+use super::util::{bin, text};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+/// `--help` of `binary path…`.
+fn help(cache: &mut HashMap<Vec<String>, String>, binary: &str, path: &[String]) -> String {
+    let key: Vec<String> = std::iter::once(binary.to_string())
+        .chain(path.iter().cloned())
+        .collect();
+    cache
+        .entry(key)
+        .or_insert_with(|| {
+            let out = Command::new(bin(binary))
+                .args(path)
+                .arg("--help")
+                .output()
+                .unwrap();
+            text(&out.stdout) + &text(&out.stderr)
+        })
+        .clone()
+}
+
+/// The subcommands a `--help` lists.
+fn subcommands(help: &str) -> Vec<String> {
+    let Some((_, rest)) = help.split_once("Commands:") else {
+        return vec![];
+    };
+    rest.split("Options:")
+        .next()
+        .unwrap_or("")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn documented_commands_exist_with_the_flags_they_are_written_with() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md"), root.join("slurm/README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut cache = HashMap::new();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for file in &files {
+        let doc = std::fs::read_to_string(file).unwrap();
+        for span in doc.split('`').skip(1).step_by(2) {
+            let all: Vec<&str> = span.split_whitespace().collect();
+            // `trainer launch … -- STAGE …` runs another trainer command: check both.
+            let mut commands: Vec<Vec<&str>> = vec![];
+            if let Some(at) = all.iter().position(|w| *w == "--") {
+                let mut inner = vec![all[0]];
+                inner.extend(&all[at + 1..]);
+                commands.push(all[..at].to_vec());
+                commands.push(inner);
+            } else {
+                commands.push(all);
+            }
+            for words in commands {
+                let Some(&binary) = words.first() else {
+                    continue;
+                };
+                if !matches!(binary, "trainer" | "launcher") || words.len() < 2 {
+                    continue;
+                }
+                // Walk the subcommands; `a|b` (or `a\|b` in a table) lists alternatives.
+                let mut paths: Vec<Vec<String>> = vec![vec![]];
+                let mut i = 1;
+                if words.get(1).is_some_and(|w| {
+                    w.starts_with('<') || w.starts_with("..") || w.starts_with('…')
+                }) {
+                    continue; // `trainer <stage> …`, `-- ...`: a placeholder for any subcommand
+                }
+                while i < words.len() && !words[i].starts_with('-') && !words[i].starts_with('<') {
+                    let alternatives: Vec<String> = words[i]
+                        .split('|')
+                        .map(|a| a.trim_end_matches('\\').to_string())
+                        .collect();
+                    let known = subcommands(&help(&mut cache, binary, &paths[0]));
+                    if !alternatives.iter().all(|a| known.contains(a)) {
+                        if known.is_empty() {
+                            break; // a leaf: the rest are arguments
+                        }
+                        wrong.push(format!(
+                            "{}: `{span}`: no subcommand {}",
+                            file.display(),
+                            words[i]
+                        ));
+                        break;
+                    }
+                    paths = paths
+                        .iter()
+                        .flat_map(|p| {
+                            alternatives.iter().map(move |a| {
+                                let mut q = p.clone();
+                                q.push(a.clone());
+                                q
+                            })
+                        })
+                        .collect();
+                    i += 1;
+                }
+                for path in &paths {
+                    let h = help(&mut cache, binary, path);
+                    checked += 1;
+                    for w in &words[i..] {
+                        for flag in w.split(['[', ']', '|', '=', ',', ')', '(']) {
+                            let flag = flag.trim_end_matches(['.', ':', ';']);
+                            if flag.starts_with("--") && flag.len() > 2 && !h.contains(flag) {
+                                wrong.push(format!(
+                                    "{}: `{span}`: {binary} {} has no {flag}",
+                                    file.display(),
+                                    path.join(" ")
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 80, "only {checked} documented commands found");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
