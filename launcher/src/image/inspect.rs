@@ -164,7 +164,7 @@ pub async fn from_registry(image: &ImageRef, plain_http: bool) -> Result<ImageFa
         .to_string()
         .parse()
         .map_err(|e| ImageError::Reference(format!("{image}: {e}")))?;
-    let protocol = if plain_http {
+    let protocol = if super::push::uses_plain_http(image, plain_http) {
         oci_client::client::ClientProtocol::Http
     } else {
         oci_client::client::ClientProtocol::Https

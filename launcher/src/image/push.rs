@@ -17,8 +17,14 @@ pub fn base_url(image: &ImageRef, plain_http: bool) -> String {
         "docker.io" => "registry-1.docker.io",
         h => h,
     };
-    let plain = plain_http || image.is_loopback();
+    let plain = uses_plain_http(image, plain_http);
     format!("{}://{host}", if plain { "http" } else { "https" })
+}
+
+/// `--plain-http` given, or a registry on this machine (localhost, 127.0.0.0/8, [::1]), which
+/// Docker also talks to over plain HTTP by default: the one rule every registry call uses.
+pub fn uses_plain_http(image: &ImageRef, plain_http: bool) -> bool {
+    plain_http || image.is_loopback()
 }
 
 pub fn http_client() -> Result<reqwest::Client, ImageError> {
