@@ -93,21 +93,8 @@ pub fn attention_maps(
     channel_names: &[&str],
 ) -> Vec<(String, Tensor)> {
     match embedder {
-        Embedder::Fixed(vit) => {
-            let maps = cls_attention_maps(vit, x);
-            (0..maps.size()[0])
-                .map(|j| (format!("attn-head{j}"), maps.get(j)))
-                .collect()
-        }
-        Embedder::FixedZeroFilled {
-            vit,
-            positions,
-            trained,
-        } => {
-            let (h, w) = (x.size()[1], x.size()[2]);
-            let full = Tensor::zeros([*trained, h, w], (x.kind(), x.device()));
-            let at = Tensor::from_slice(positions).to_device(x.device());
-            let maps = cls_attention_maps(vit, &full.index_copy(0, &at, x));
+        Embedder::Fixed(vit) | Embedder::FixedZeroFilled { vit, .. } => {
+            let maps = cls_attention_maps(vit, &embedder.model_channels(x, 0));
             (0..maps.size()[0])
                 .map(|j| (format!("attn-head{j}"), maps.get(j)))
                 .collect()

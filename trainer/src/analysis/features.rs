@@ -149,15 +149,8 @@ impl Embedder {
     pub fn embed(&self, x: &Tensor) -> Tensor {
         tch::no_grad(|| match self {
             Embedder::Fixed(vit) => vit.forward_t(x, false),
-            Embedder::FixedZeroFilled {
-                vit,
-                positions,
-                trained,
-            } => {
-                let (b, _, h, w) = x.size4().expect("images are [B, C, H, W]");
-                let full = Tensor::zeros([b, *trained, h, w], (x.kind(), x.device()));
-                let at = Tensor::from_slice(positions).to_device(x.device());
-                vit.forward_t(&full.index_copy(1, &at, x), false)
+            Embedder::FixedZeroFilled { vit, .. } => {
+                vit.forward_t(&self.model_channels(x, 1), false)
             }
             Embedder::Tokens { vit, channels } => vit.forward_channels_t(x, Some(channels), false),
             Embedder::Bag(vit) => {
@@ -166,6 +159,22 @@ impl Embedder {
                 cls.flatten(1, 2)
             }
         })
+    }
+
+    /// `x` with the combination's channels (along `dim`) placed among the model's input
+    /// channels, the others zero, for `FixedZeroFilled`; `x` itself for every other mode.
+    pub fn model_channels(&self, x: &Tensor, dim: i64) -> Tensor {
+        match self {
+            Embedder::FixedZeroFilled {
+                positions, trained, ..
+            } => {
+                let mut shape = x.size();
+                shape[dim as usize] = *trained;
+                let at = Tensor::from_slice(positions).to_device(x.device());
+                Tensor::zeros(shape, (x.kind(), x.device())).index_copy(dim, &at, x)
+            }
+            _ => x.shallow_clone(),
+        }
     }
 
     /// Feature dimension for `k` channels.
