@@ -1,6 +1,6 @@
 //! `trainer pipeline` end to end on synthetic data: every stage's files, a report whose every
 //! image opens, kNN well above chance, make-like reruns, and resuming after a stop signal.
-use super::util::{bin, logged_epochs, signal_once_exists, synth, text};
+use super::util::{bin, logged_epochs, ok, signal_once_exists, synth, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -131,6 +131,8 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
             format!("evaluation/{tag}_evaluation.json"),
             format!("evaluation/{tag}_train_features.safetensors"),
             format!("evaluation/{tag}_queries_features.safetensors"),
+            format!("CLS_features/{tag}_profiles.parquet"),
+            format!("evaluation/{tag}_profiles.parquet"),
         ] {
             assert!(a.join(&f).is_file(), "{f} missing; log:\n{log}");
         }
@@ -273,6 +275,50 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
         ],
         "{log}"
     );
+
+    // The profile tables stand in for the features: kNN on the features stage's table and the
+    // evaluation on the evaluate stage's (train rows against test rows) give the scores the
+    // stages gave.
+    let json = |f: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(a.join(f)).unwrap()).unwrap()
+    };
+    let knn_stage = json("kNN/epoch2_knn_metrics.json");
+    let eval_stage = json("evaluation/epoch2_evaluation.json");
+    let table = a.join("CLS_features/epoch2_profiles.parquet");
+    ok(
+        "trainer",
+        &[
+            "knn",
+            "--config",
+            &cfg,
+            "--profiles",
+            table.to_str().unwrap(),
+        ],
+    );
+    let knn_table = json("kNN/epoch2_knn_metrics.json");
+    assert_eq!(knn_table["results"], knn_stage["results"]);
+    let table = a.join("evaluation/epoch2_profiles.parquet");
+    ok(
+        "trainer",
+        &[
+            "evaluate",
+            "--config",
+            &cfg,
+            "--profiles",
+            table.to_str().unwrap(),
+        ],
+    );
+    let eval_table = json("evaluation/epoch2_evaluation.json");
+    assert_eq!(eval_table["knn"], eval_stage["knn"]);
+    assert_eq!(
+        eval_table["linear_probe"]["scores"],
+        eval_stage["linear_probe"]["scores"]
+    );
+    assert_eq!(
+        (&eval_table["n_train"], &eval_table["n_queries"]),
+        (&eval_stage["n_train"], &eval_stage["n_queries"])
+    );
+    assert_eq!(eval_table["provenance"], eval_stage["provenance"]);
 }
 
 #[test]

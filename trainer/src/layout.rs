@@ -206,6 +206,19 @@ impl ModelLayout {
         self.knn_dir().join(format!("{tag}_confusion.png"))
     }
 
+    /// The features of `tag` as a Parquet profile table (one row per image, `Metadata_*`
+    /// columns, then `DINO_CLS_*`), next to the CSV and the bundle.
+    pub fn profiles(&self, tag: &str) -> PathBuf {
+        self.features_dir().join(format!("{tag}_profiles.parquet"))
+    }
+
+    /// The training images' and the queries' features of an evaluation as one profile table
+    /// (`Metadata_Split` tells them apart).
+    pub fn evaluation_profiles(&self, tag: &str) -> PathBuf {
+        self.evaluation_dir()
+            .join(format!("{tag}_profiles.parquet"))
+    }
+
     pub fn evaluation_dir(&self) -> PathBuf {
         self.analyses.join("evaluation")
     }

@@ -510,7 +510,7 @@ pub fn write(files: &ModelLayout, tag: &str, set: &FeatureSet) -> Result<(), Fea
 }
 
 /// `features` as scDINO's headerless `%.18e` CSV, atomically.
-fn write_csv(path: &Path, features: &Tensor) -> Result<(), FeaturesError> {
+pub fn write_csv(path: &Path, features: &Tensor) -> Result<(), FeaturesError> {
     let rows = features.size()[0] as usize;
     let d = features.size()[1] as usize;
     let f64s = Vec::<f64>::try_from(features.to_kind(Kind::Double).flatten(0, -1))

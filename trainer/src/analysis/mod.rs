@@ -8,4 +8,5 @@ pub mod features;
 pub mod knn;
 pub mod linear_probe;
 pub mod mean_std;
+pub mod profiles;
 pub mod umap;

@@ -98,6 +98,15 @@ fn checkpoints_to_run(
         .collect())
 }
 
+/// A profile table given with `--profiles`, with the tag its outputs are written under (the
+/// file name less `_profiles.parquet`).
+fn read_profiles(
+    path: &std::path::Path,
+) -> Result<(String, trainer::analysis::profiles::Profiles)> {
+    let table = trainer::analysis::profiles::read(path)?;
+    Ok((trainer::analysis::profiles::tag_of(path), table))
+}
+
 /// `trainer features`: CLS features, labels and paths of the held-out images.
 #[derive(Debug, Args)]
 pub struct FeaturesArgs {
@@ -130,16 +139,31 @@ pub struct KnnArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Feature tag, e.g. `epoch4` (default: every extracted tag, in epoch order).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "profiles")]
     tag: Option<String>,
+    /// A Parquet profile table to run on instead of the extracted features (ours, or any
+    /// table with `Metadata_Class` and float feature columns; rows are L2-normalised); the
+    /// outputs are named after the file (`epoch4_profiles.parquet` -> `epoch4`).
+    #[arg(long, value_name = "FILE")]
+    profiles: Option<PathBuf>,
 }
 
 impl KnnArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        for tag in tags_or_all(&t, self.tag)? {
-            let report = stages::run_knn(&t, &tag).with_context(|| format!("kNN of {tag}"))?;
+        let given = self.profiles.as_deref().map(read_profiles).transpose()?;
+        let tags = match &given {
+            Some((tag, _)) => vec![tag.clone()],
+            None => tags_or_all(&t, self.tag)?,
+        };
+        let mut given = given.map(|(tag, table)| table.into_feature_set(&tag));
+        for tag in tags {
+            let report = match given.take() {
+                Some(set) => stages::run_knn_on(&t, &tag, set),
+                None => stages::run_knn(&t, &tag),
+            }
+            .with_context(|| format!("kNN of {tag}"))?;
             let run_name = format!(
                 "{}/{}_{tag}",
                 cfg.run_dir().display(),
@@ -159,19 +183,31 @@ pub struct EvaluateArgs {
     model: ModelArgs,
     /// Checkpoint: ours or a PyTorch `.pth` (default: every kept checkpoint without an
     /// up-to-date evaluation, or the latest if none was kept yet).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "profiles")]
     checkpoint: Option<PathBuf>,
+    /// A Parquet profile table to evaluate instead of embedding images: rows whose
+    /// `Metadata_Split` is `train` against the others (as `evaluation/{tag}_profiles.parquet`
+    /// holds them; rows are L2-normalised).
+    #[arg(long, value_name = "FILE")]
+    profiles: Option<PathBuf>,
 }
 
 impl EvaluateArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        for (tag, ckpt) in
-            checkpoints_to_run(&t, self.checkpoint, |tag| t.files.evaluation_json(tag))?
-        {
-            let r = stages::run_evaluate(&t, &ckpt, &tag)
-                .with_context(|| format!("evaluation with {}", ckpt.display()))?;
+        let runs = match &self.profiles {
+            Some(path) => vec![(trainer::analysis::profiles::tag_of(path), path.clone())],
+            None => checkpoints_to_run(&t, self.checkpoint, |tag| t.files.evaluation_json(tag))?,
+        };
+        for (tag, input) in runs {
+            let r = match &self.profiles {
+                Some(path) => read_profiles(path).and_then(|(_, table)| {
+                    Ok(stages::run_evaluate_profiles(&t, table, path, &tag)?)
+                }),
+                None => stages::run_evaluate(&t, &input, &tag).map_err(Into::into),
+            }
+            .with_context(|| format!("evaluation with {}", input.display()))?;
             for k in &r.knn {
                 println!(
                     "{tag} {}-NN: top-1 {:.3} %, top-5 {:.3} %, balanced {:.3} %, macro-F1 {:.4}",
@@ -206,16 +242,30 @@ pub struct UmapArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Feature tag, e.g. `epoch4` (default: every extracted tag).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "profiles")]
     tag: Option<String>,
+    /// A Parquet profile table to embed instead of the extracted features (as for `trainer
+    /// knn --profiles`).
+    #[arg(long, value_name = "FILE")]
+    profiles: Option<PathBuf>,
 }
 
 impl UmapArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        for tag in tags_or_all(&t, self.tag)? {
-            let u = stages::run_umap(&t, &tag).with_context(|| format!("UMAP of {tag}"))?;
+        let given = self.profiles.as_deref().map(read_profiles).transpose()?;
+        let tags = match &given {
+            Some((tag, _)) => vec![tag.clone()],
+            None => tags_or_all(&t, self.tag)?,
+        };
+        let mut given = given.map(|(tag, table)| table.into_feature_set(&tag));
+        for tag in tags {
+            let u = match given.take() {
+                Some(set) => stages::run_umap_on(&t, &tag, set),
+                None => stages::run_umap(&t, &tag),
+            }
+            .with_context(|| format!("UMAP of {tag}"))?;
             println!(
                 "{tag}: {} rows, trustworthiness@{} {:.3} -> {}",
                 u.rows, u.trust_k, u.trustworthiness, u.png

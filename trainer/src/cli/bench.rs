@@ -24,6 +24,8 @@ use trainer::train::schedule::scaled_lr;
 use trainer::train::step::{ChannelSubset, Learner, Networks, StepParams};
 use trainer::train::strategy::SingleProcess;
 
+mod profiles;
+
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Student forward + backward of 2 global and N local crops; prints one JSON line.
@@ -39,6 +41,9 @@ pub enum BenchCommand {
     /// The linear probe's L-BFGS fit on a safetensors file of features `x` [n, d] and labels
     /// `y` [n] (bench/linear_probe.sh writes it); prints one JSON line.
     Probe(ProbeBench),
+    /// Features of N images written and read as scDINO's CSV and as the Parquet profile
+    /// table (bench/profiles.sh); prints one JSON line.
+    Profiles(profiles::ProfilesBench),
 }
 
 #[derive(Debug, Args)]
@@ -140,6 +145,7 @@ impl BenchCommand {
             BenchCommand::Matmul(b) => b.run(),
             BenchCommand::Probe(b) => b.run(),
             BenchCommand::Loader(b) => b.run(),
+            BenchCommand::Profiles(b) => b.run(),
         }
     }
 }

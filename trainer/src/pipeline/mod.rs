@@ -27,6 +27,8 @@ pub enum StageError {
     #[error(transparent)]
     Umap(#[from] crate::analysis::umap::UmapError),
     #[error(transparent)]
+    Profiles(#[from] crate::analysis::profiles::ProfilesError),
+    #[error(transparent)]
     Attention(#[from] crate::analysis::attention::AttentionError),
     #[error(transparent)]
     Plot(#[from] crate::plot::PlotError),
@@ -293,7 +295,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &t,
                 Some(tag),
                 &[ckpt.clone(), ms_path.clone()],
-                std::slice::from_ref(&bundle),
+                &[bundle.clone(), t.files.profiles(tag)],
                 || stages::run_features(&t, ckpt, tag).map(|_| ()),
             )?;
             r.stage(
@@ -313,7 +315,10 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &t,
                 Some(tag),
                 &eval_inputs,
-                &[t.files.evaluation_json(tag)],
+                &[
+                    t.files.evaluation_json(tag),
+                    t.files.evaluation_profiles(tag),
+                ],
                 || stages::run_evaluate(&t, ckpt, tag).map(|_| ()),
             )?;
             r.stage(

@@ -3,9 +3,10 @@
 use super::StageError;
 use crate::analysis::attention::{self, AttentionImage};
 use crate::analysis::evaluate::{self, EvaluationReport};
-use crate::analysis::features;
+use crate::analysis::features::{self, FeatureSet};
 use crate::analysis::knn::{self, KnnReport};
 use crate::analysis::mean_std::MeanStd;
+use crate::analysis::profiles::{self, ProfileRows, Profiles};
 use crate::analysis::umap::{self, UmapParams};
 use crate::config::Config;
 use crate::data::tiff_reader::write_atomic;
@@ -41,6 +42,14 @@ impl<'a> Target<'a> {
             run,
             channels,
         })
+    }
+
+    /// The names of this combination's channels, in order.
+    pub fn channel_names(&self) -> Vec<String> {
+        self.channels
+            .iter()
+            .map(|&c| self.cfg.data.channel_names[c].clone())
+            .collect()
     }
 
     pub fn mean_std(&self) -> Result<MeanStd, StageError> {
@@ -161,6 +170,12 @@ fn gather_shards(
 
 fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<usize, StageError> {
     features::write(&t.files, tag, set)?;
+    let rows = ProfileRows {
+        set,
+        split: "heldout",
+        root: &t.cfg.data.dataset_dir.display().to_string(),
+    };
+    profiles::write(&t.files.profiles(tag), &[rows], &t.channel_names())?;
     if t.cfg.model.channels == crate::config::ChannelMode::Bag {
         features::write_channel_mean(&t.files, tag, set, t.channels.len())?;
     }
@@ -180,7 +195,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
     let extract = |src: &dyn crate::data::ImageSource, idx: &[usize]| {
         features::extract_indices(cfg, t.combination, ckpt, &ms, src, idx)
     };
-    let (train, queries, queries_from) = match &cfg.data.test_dir {
+    let (train, queries, queries_from, queries_split) = match &cfg.data.test_dir {
         Some(dir) => {
             let test_data = crate::config::DataSection {
                 dataset_dir: dir.clone(),
@@ -193,6 +208,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
                 extract(source.as_ref(), &train_all)?,
                 extract(test.as_ref(), &all)?,
                 format!("test folder {}", dir.display()),
+                ("test", dir.display().to_string()),
             )
         }
         None => {
@@ -208,6 +224,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
                 extract(source.as_ref(), &split.train)?,
                 held_out,
                 "held-out split".to_string(),
+                ("heldout", cfg.data.dataset_dir.display().to_string()),
             )
         }
     };
@@ -224,6 +241,91 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
         &dir.join(format!("{tag}_queries_features.safetensors")),
         &queries,
     )?;
+    let parts = [
+        ProfileRows {
+            set: &train,
+            split: "train",
+            root: &cfg.data.dataset_dir.display().to_string(),
+        },
+        ProfileRows {
+            set: &queries,
+            split: queries_split.0,
+            root: &queries_split.1,
+        },
+    ];
+    profiles::write(
+        &t.files.evaluation_profiles(tag),
+        &parts,
+        &t.channel_names(),
+    )?;
+    let provenance = features::provenance(&train)?;
+    evaluate_sets(t, tag, (&train, &queries), provenance, queries_from)
+}
+
+/// `trainer evaluate --profiles FILE`: the evaluation of a profile table's rows, those whose
+/// `Metadata_Split` is `train` against the others, written as `evaluate` writes it for `tag`.
+pub fn run_evaluate_profiles(
+    t: &Target,
+    table: Profiles,
+    table_path: &Path,
+    tag: &str,
+) -> Result<EvaluationReport, StageError> {
+    let train_rows = table.rows_where_split("train", true);
+    let query_rows = table.rows_where_split("train", false);
+    if train_rows.is_empty() || query_rows.is_empty() {
+        return Err(profiles::ProfilesError::Splits {
+            path: table_path.to_path_buf(),
+            train: train_rows.len(),
+            other: query_rows.len(),
+        }
+        .into());
+    }
+    let checkpoint = table.checkpoint.clone();
+    let sha256 = crate::data::shards::pack::sha256_file(Path::new(&checkpoint))
+        .map(|(_, sha)| sha)
+        .unwrap_or_default();
+    let provenance = evaluate::Provenance {
+        checkpoint,
+        checkpoint_sha256: sha256,
+        epoch: table.checkpoint_epoch,
+        tag: tag.to_string(),
+    };
+    let all = table.into_feature_set(tag);
+    let rows_of = |rows: &[i64]| FeatureSet {
+        features: all.features.index_select(0, &tch::Tensor::from_slice(rows)),
+        labels: rows
+            .iter()
+            .map(|&r| all.labels[r as usize].clone())
+            .collect(),
+        paths: rows
+            .iter()
+            .map(|&r| all.paths[r as usize].clone())
+            .collect(),
+        indices: rows.iter().map(|&r| r as usize).collect(),
+        tag: all.tag.clone(),
+        checkpoint: all.checkpoint.clone(),
+        checkpoint_epoch: all.checkpoint_epoch,
+    };
+    let (train, queries) = (rows_of(&train_rows), rows_of(&query_rows));
+    let from = format!("profile table {}", table_path.display());
+    evaluate_sets(t, tag, (&train, &queries), provenance, from)
+}
+
+/// kNN for every `downstream.knn.k` and the linear probe from `train` to `queries`, written as
+/// `evaluation/{tag}_evaluation.json`.
+fn evaluate_sets(
+    t: &Target,
+    tag: &str,
+    (train, queries): (&FeatureSet, &FeatureSet),
+    provenance: evaluate::Provenance,
+    queries_from: String,
+) -> Result<EvaluationReport, StageError> {
+    let cfg = t.cfg;
+    let dir = t.files.evaluation_dir();
+    std::fs::create_dir_all(&dir).map_err(|source| StageError::Io {
+        path: dir.clone(),
+        source,
+    })?;
     let p = &cfg.downstream.linear_probe;
     let report = evaluate::evaluate(
         (&train.features, &train.labels),
@@ -236,7 +338,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
             max_iterations: p.max_iterations,
             seed: cfg.run.seed,
         },
-        features::provenance(&train)?,
+        provenance,
         queries_from,
     );
     for (class, count) in &report.unseen_classes {
@@ -273,7 +375,11 @@ pub fn best_k(report: &KnnReport) -> Option<&knn::KnnKResult> {
 /// `{tag}_confusion.png`, and `global_kNN.txt` rebuilt from every tag's block in epoch order
 /// (scDINO appended; rebuilding keeps reruns from duplicating blocks).
 pub fn run_knn(t: &Target, tag: &str) -> Result<KnnReport, StageError> {
-    let set = features::read_bundle(&t.files.bundle(tag))?;
+    run_knn_on(t, tag, features::read_bundle(&t.files.bundle(tag))?)
+}
+
+/// [`run_knn`] on the rows of `set` (the features stage's, or a profile table's).
+pub fn run_knn_on(t: &Target, tag: &str, set: FeatureSet) -> Result<KnnReport, StageError> {
     let (checkpoint, checkpoint_epoch) = (set.checkpoint.clone(), set.checkpoint_epoch);
     let input = knn::KnnInput::new(set.features, set.labels)?;
     let cfg = knn::KnnConfig {
@@ -357,8 +463,12 @@ pub struct UmapSummary {
 
 /// 2-D UMAP of the features of `tag`: `embedding_plots/{tag}_umap.{png,csv,json}`.
 pub fn run_umap(t: &Target, tag: &str) -> Result<UmapSummary, StageError> {
+    run_umap_on(t, tag, features::read_bundle(&t.files.bundle(tag))?)
+}
+
+/// [`run_umap`] on the rows of `set` (the features stage's, or a profile table's).
+pub fn run_umap_on(t: &Target, tag: &str, set: FeatureSet) -> Result<UmapSummary, StageError> {
     let u = &t.cfg.downstream.umap;
-    let set = features::read_bundle(&t.files.bundle(tag))?;
     let rows = set.labels.len();
     let n_neighbors = u.n_neighbors.min(rows.saturating_sub(1));
     if n_neighbors < u.n_neighbors {

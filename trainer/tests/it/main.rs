@@ -9,6 +9,7 @@ mod evaluate;
 mod knn;
 mod metrics;
 mod model;
+mod profiles;
 mod pth;
 mod s3;
 mod shards;

@@ -1,0 +1,680 @@
+//! Features as image-based profiles: a Parquet table with one row per image, `Metadata_*`
+//! columns first and then one float32 column per feature (`DINO_CLS_0…`), the shape
+//! pycytominer, the JUMP Cell Painting profiles and copairs work on. scDINO's `%.18e` CSV stays
+//! for compatibility; at 90,851 × 384 it is ~700 MB of text, the table a sixth of that and read
+//! without parsing.
+//!
+//! Written with parquet's column writers (no Arrow: the table is a handful of string columns
+//! and a block of floats), Snappy-compressed as pandas and polars write by default. The
+//! feature block's SHA-256 rides in the file's key-value metadata and is checked on read, so a
+//! table this crate wrote cannot come back silently changed; a table from elsewhere (a
+//! CellProfiler profile, one pycytominer normalised) has none and is read as it is.
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tch::{Kind, Tensor};
+
+use parquet::basic::{Compression, LogicalType, Repetition, Type as PhysicalType};
+use parquet::column::reader::ColumnReader;
+use parquet::data_type::{ByteArray, ByteArrayType, FloatType, Int64Type};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::Type;
+
+use super::features::FeatureSet;
+
+/// Prefix of the feature columns this crate writes.
+pub const FEATURE_PREFIX: &str = "DINO_CLS_";
+/// Key of the feature block's SHA-256 in the file's key-value metadata.
+const CHECKSUM_KEY: &str = "scdino.features_sha256";
+/// Rows per row group: bounded so a reader can stream a large table group by group.
+const ROW_GROUP_ROWS: usize = 65_536;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfilesError {
+    #[error("{path}: {source}")]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: no `{column}` column (a profile table needs `Metadata_Class` and at least one float feature column)")]
+    MissingColumn { path: PathBuf, column: &'static str },
+    #[error("{path}: column `{column}` has {found} values but the table has {rows} rows (nulls are not allowed in it)")]
+    RowCount {
+        path: PathBuf,
+        column: String,
+        found: usize,
+        rows: usize,
+    },
+    #[error("{path}: column `{column}` is {kind}; feature columns must be float or double, metadata columns strings (name non-feature columns `Metadata_*`)")]
+    ColumnType {
+        path: PathBuf,
+        column: String,
+        kind: String,
+    },
+    #[error("{path}: the feature values do not match the checksum written with them (file changed or damaged)")]
+    Checksum { path: PathBuf },
+    #[error("{path}: evaluation needs rows whose Metadata_Split is `train` and rows with another split; it has {train} and {other}")]
+    Splits {
+        path: PathBuf,
+        train: usize,
+        other: usize,
+    },
+    #[error("{rows} feature rows but {labels} labels and {paths} paths")]
+    Mismatch {
+        rows: usize,
+        labels: usize,
+        paths: usize,
+    },
+}
+
+/// Rows of one [`FeatureSet`] as they go into a table: which split they are and where their
+/// images live (to find the layout's donor and condition folders).
+pub struct ProfileRows<'a> {
+    pub set: &'a FeatureSet,
+    /// `Metadata_Split`: `train`, `heldout` or `test`.
+    pub split: &'a str,
+    /// The dataset folder the paths are under.
+    pub root: &'a str,
+}
+
+/// What a profile table held, read back.
+#[derive(Debug)]
+pub struct Profiles {
+    /// `[N, D]` float32, as stored.
+    pub features: Tensor,
+    pub feature_names: Vec<String>,
+    pub labels: Vec<String>,
+    /// `Metadata_ImagePath`, or empty strings where the table has none.
+    pub paths: Vec<String>,
+    /// `Metadata_Split`, or `None` where the table has none.
+    pub splits: Option<Vec<String>>,
+    /// `Metadata_Checkpoint` of the first row (empty if absent).
+    pub checkpoint: String,
+    /// `Metadata_Epoch` of the first row.
+    pub checkpoint_epoch: Option<usize>,
+}
+
+impl Profiles {
+    /// The rows as a [`FeatureSet`] tagged `tag`, rows L2-normalised as the features stage
+    /// writes them (a no-op on tables of ours; a table from elsewhere gets the cosine geometry
+    /// the kNN and UMAP assume).
+    pub fn into_feature_set(self, tag: &str) -> FeatureSet {
+        let norms = self
+            .features
+            .norm_scalaropt_dim(2.0, [1], true)
+            .clamp_min(1e-12);
+        let n = self.labels.len();
+        FeatureSet {
+            features: &self.features / norms,
+            labels: self.labels,
+            paths: self.paths,
+            indices: (0..n).collect(),
+            tag: tag.to_string(),
+            checkpoint: self.checkpoint,
+            checkpoint_epoch: self.checkpoint_epoch,
+        }
+    }
+
+    /// Rows whose `Metadata_Split` is (`true`) or is not (`false`) `split`.
+    pub fn rows_where_split(&self, split: &str, equal: bool) -> Vec<i64> {
+        let Some(splits) = &self.splits else {
+            return vec![];
+        };
+        (0..splits.len() as i64)
+            .filter(|&i| (splits[i as usize] == split) == equal)
+            .collect()
+    }
+}
+
+/// The tag a profile file stands for: `epoch4` for `…/epoch4_profiles.parquet`, else the file
+/// stem.
+pub fn tag_of(path: &Path) -> String {
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("profiles");
+    stem.strip_suffix("_profiles").unwrap_or(stem).to_string()
+}
+
+/// The donor and condition folders of `path`: the two folders above its class folder, when
+/// they lie under `root` (scDINO's test layout `<donor>/<condition>/<class>/<file>`).
+fn donor_condition(root: &str, path: &str, label: &str) -> Option<(String, String)> {
+    let rel = path.strip_prefix(root.trim_end_matches('/'))?;
+    let parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+    let class_at = parts.iter().rposition(|p| *p == label)?;
+    (class_at >= 2).then(|| {
+        (
+            parts[class_at - 2].to_string(),
+            parts[class_at - 1].to_string(),
+        )
+    })
+}
+
+/// Writes `parts` as one table at `path`, atomically: `Metadata_ImagePath`, `Metadata_Class`,
+/// `Metadata_Split`, `Metadata_Donor` and `Metadata_Condition` (only when every row's path has
+/// them), `Metadata_Checkpoint`, `Metadata_Epoch` (null when unknown), `Metadata_Channels`
+/// (`channels` joined by `+`), then `DINO_CLS_0…` (float32).
+pub fn write(path: &Path, parts: &[ProfileRows], channels: &[String]) -> Result<(), ProfilesError> {
+    let dim = parts
+        .iter()
+        .map(|p| p.set.features.size()[1] as usize)
+        .next()
+        .unwrap_or(0);
+    let mut meta: Vec<(&str, Vec<String>)> = vec![
+        ("Metadata_ImagePath", vec![]),
+        ("Metadata_Class", vec![]),
+        ("Metadata_Split", vec![]),
+    ];
+    let mut donors = Some((vec![], vec![]));
+    let mut checkpoints = vec![];
+    let mut epochs: Vec<Option<i64>> = vec![];
+    let mut values: Vec<f32> = vec![];
+    for part in parts {
+        let set = part.set;
+        let rows = set.features.size()[0] as usize;
+        if set.labels.len() != rows || set.paths.len() != rows {
+            return Err(ProfilesError::Mismatch {
+                rows,
+                labels: set.labels.len(),
+                paths: set.paths.len(),
+            });
+        }
+        meta[0].1.extend(set.paths.iter().cloned());
+        meta[1].1.extend(set.labels.iter().cloned());
+        meta[2]
+            .1
+            .extend(std::iter::repeat_n(part.split.to_string(), rows));
+        for (p, l) in set.paths.iter().zip(&set.labels) {
+            match (donor_condition(part.root, p, l), donors.as_mut()) {
+                (Some((d, c)), Some((ds, cs))) => {
+                    ds.push(d);
+                    cs.push(c);
+                }
+                _ => donors = None,
+            }
+        }
+        checkpoints.extend(std::iter::repeat_n(set.checkpoint.clone(), rows));
+        epochs.extend(std::iter::repeat_n(
+            set.checkpoint_epoch.map(|e| e as i64),
+            rows,
+        ));
+        let flat = set
+            .features
+            .to_kind(Kind::Float)
+            .contiguous()
+            .flatten(0, -1);
+        values.extend(Vec::<f32>::try_from(&flat).expect("float features convert"));
+    }
+    if let Some((d, c)) = donors.filter(|(d, _)| !d.is_empty()) {
+        meta.push(("Metadata_Donor", d));
+        meta.push(("Metadata_Condition", c));
+    }
+    meta.push(("Metadata_Checkpoint", checkpoints));
+    let rows = meta[0].1.len();
+    let table = Table {
+        strings: meta,
+        epochs,
+        channels: channels.join("+"),
+        values,
+        rows,
+        dim,
+    };
+    let bytes = table.encode().map_err(|source| ProfilesError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    scdino_base::fs::write_atomic(path, &bytes).map_err(|source| ProfilesError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The columns of a table in the order they are written.
+struct Table<'a> {
+    strings: Vec<(&'a str, Vec<String>)>,
+    epochs: Vec<Option<i64>>,
+    channels: String,
+    /// Row-major `[rows, dim]`.
+    values: Vec<f32>,
+    rows: usize,
+    dim: usize,
+}
+
+fn string_field(name: &str) -> parquet::errors::Result<Arc<Type>> {
+    Ok(Arc::new(
+        Type::primitive_type_builder(name, PhysicalType::BYTE_ARRAY)
+            .with_repetition(Repetition::REQUIRED)
+            .with_logical_type(Some(LogicalType::String))
+            .build()?,
+    ))
+}
+
+impl Table<'_> {
+    fn schema(&self) -> parquet::errors::Result<Type> {
+        let mut fields = vec![];
+        for (name, _) in &self.strings {
+            fields.push(string_field(name)?);
+        }
+        fields.push(Arc::new(
+            Type::primitive_type_builder("Metadata_Epoch", PhysicalType::INT64)
+                .with_repetition(Repetition::OPTIONAL)
+                .build()?,
+        ));
+        fields.push(string_field("Metadata_Channels")?);
+        for j in 0..self.dim {
+            fields.push(Arc::new(
+                Type::primitive_type_builder(&format!("{FEATURE_PREFIX}{j}"), PhysicalType::FLOAT)
+                    .with_repetition(Repetition::REQUIRED)
+                    .build()?,
+            ));
+        }
+        Type::group_type_builder("schema")
+            .with_fields(fields)
+            .build()
+    }
+
+    fn encode(&self) -> parquet::errors::Result<Vec<u8>> {
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_key_value_metadata(Some(vec![KeyValue::new(
+                CHECKSUM_KEY.to_string(),
+                feature_checksum(&self.values),
+            )]))
+            .build();
+        let mut out = Vec::new();
+        let mut writer =
+            SerializedFileWriter::new(&mut out, Arc::new(self.schema()?), Arc::new(props))?;
+        // An empty table still gets one (empty) row group, so readers see its columns.
+        for start in (0..self.rows.max(1)).step_by(ROW_GROUP_ROWS) {
+            self.write_group(&mut writer, start..(start + ROW_GROUP_ROWS).min(self.rows))?;
+        }
+        writer.close()?;
+        Ok(out)
+    }
+
+    fn write_group(
+        &self,
+        writer: &mut SerializedFileWriter<&mut Vec<u8>>,
+        rows: std::ops::Range<usize>,
+    ) -> parquet::errors::Result<()> {
+        let mut group = writer.next_row_group()?;
+        let mut column = 0;
+        let mut column_values = Vec::with_capacity(rows.len());
+        while let Some(mut col) = group.next_column()? {
+            if column < self.strings.len() {
+                let v: Vec<ByteArray> = self.strings[column].1[rows.clone()]
+                    .iter()
+                    .map(|s| ByteArray::from(s.as_str()))
+                    .collect();
+                col.typed::<ByteArrayType>().write_batch(&v, None, None)?;
+            } else if column == self.strings.len() {
+                let epochs = &self.epochs[rows.clone()];
+                let defined: Vec<i16> = epochs.iter().map(|e| e.is_some() as i16).collect();
+                let v: Vec<i64> = epochs.iter().flatten().copied().collect();
+                col.typed::<Int64Type>()
+                    .write_batch(&v, Some(&defined), None)?;
+            } else if column == self.strings.len() + 1 {
+                let v = vec![ByteArray::from(self.channels.as_str()); rows.len()];
+                col.typed::<ByteArrayType>().write_batch(&v, None, None)?;
+            } else {
+                let j = column - self.strings.len() - 2;
+                column_values.clear();
+                column_values.extend(rows.clone().map(|r| self.values[r * self.dim + j]));
+                col.typed::<FloatType>()
+                    .write_batch(&column_values, None, None)?;
+            }
+            col.close()?;
+            column += 1;
+        }
+        group.close()?;
+        Ok(())
+    }
+}
+
+/// SHA-256 of the feature block, row-major little-endian float32.
+fn feature_checksum(values: &[f32]) -> String {
+    let mut h = Sha256::new();
+    for v in values {
+        h.update(v.to_le_bytes());
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// One column of a table, read whole.
+enum Column {
+    Strings(Vec<String>),
+    Floats(Vec<f32>),
+    Ints(Vec<Option<i64>>),
+}
+
+/// Reads a profile table: ours, or any table with a `Metadata_Class` string column and float
+/// or double feature columns (every column not named `Metadata_*`).
+pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
+    let pq = |source| ProfilesError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let meta = reader.metadata();
+    let rows = meta.file_metadata().num_rows() as usize;
+    let schema = meta.file_metadata().schema_descr();
+    let mut columns: Vec<(String, Column)> = vec![];
+    for (i, col) in schema.columns().iter().enumerate() {
+        let name = col.name().to_string();
+        let column = read_column(&reader, i, path, &name).map_err(|e| match e {
+            ReadError::Parquet(source) => pq(source),
+            ReadError::Profiles(e) => e,
+        })?;
+        let found = match &column {
+            Column::Strings(v) => v.len(),
+            Column::Floats(v) => v.len(),
+            Column::Ints(v) => v.len(),
+        };
+        if found != rows {
+            return Err(ProfilesError::RowCount {
+                path: path.to_path_buf(),
+                column: name,
+                found,
+                rows,
+            });
+        }
+        columns.push((name, column));
+    }
+    let mut take_strings = |key: &str| {
+        columns.iter().position(|(n, _)| n == key).and_then(|i| {
+            match std::mem::replace(&mut columns[i].1, Column::Strings(vec![])) {
+                Column::Strings(v) => Some(v),
+                other => {
+                    columns[i].1 = other;
+                    None
+                }
+            }
+        })
+    };
+    let labels = take_strings("Metadata_Class").ok_or(ProfilesError::MissingColumn {
+        path: path.to_path_buf(),
+        column: "Metadata_Class",
+    })?;
+    let paths = take_strings("Metadata_ImagePath").unwrap_or_else(|| vec![String::new(); rows]);
+    let splits = take_strings("Metadata_Split");
+    let checkpoint = take_strings("Metadata_Checkpoint")
+        .and_then(|v| v.into_iter().next())
+        .unwrap_or_default();
+    let checkpoint_epoch = columns.iter().find_map(|(n, c)| match c {
+        Column::Ints(v) if n == "Metadata_Epoch" => v.first().copied().flatten(),
+        _ => None,
+    });
+    let mut feature_names = vec![];
+    let mut values = vec![];
+    for (name, column) in &columns {
+        if name.starts_with("Metadata_") {
+            continue;
+        }
+        match column {
+            Column::Floats(v) => {
+                feature_names.push(name.clone());
+                values.push(v);
+            }
+            other => {
+                return Err(ProfilesError::ColumnType {
+                    path: path.to_path_buf(),
+                    column: name.clone(),
+                    kind: match other {
+                        Column::Strings(_) => "a string column".into(),
+                        _ => "an integer column".into(),
+                    },
+                })
+            }
+        }
+    }
+    if feature_names.is_empty() {
+        return Err(ProfilesError::MissingColumn {
+            path: path.to_path_buf(),
+            column: "DINO_CLS_0",
+        });
+    }
+    let dim = feature_names.len();
+    let mut row_major = vec![0f32; rows * dim];
+    for (j, col) in values.iter().enumerate() {
+        for (r, v) in col.iter().enumerate() {
+            row_major[r * dim + j] = *v;
+        }
+    }
+    let stored = meta
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == CHECKSUM_KEY))
+        .and_then(|k| k.value.clone());
+    if let Some(sum) = stored {
+        if sum != feature_checksum(&row_major) {
+            return Err(ProfilesError::Checksum {
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    let features = Tensor::from_slice(&row_major).reshape([rows as i64, dim as i64]);
+    Ok(Profiles {
+        features,
+        feature_names,
+        labels,
+        paths,
+        splits,
+        checkpoint,
+        checkpoint_epoch: checkpoint_epoch.map(|e| e as usize),
+    })
+}
+
+enum ReadError {
+    Parquet(parquet::errors::ParquetError),
+    Profiles(ProfilesError),
+}
+
+impl From<parquet::errors::ParquetError> for ReadError {
+    fn from(e: parquet::errors::ParquetError) -> Self {
+        ReadError::Parquet(e)
+    }
+}
+
+/// Column `i` over every row group. Nulls are dropped (the row count check then names the
+/// column), except in `Metadata_Epoch`, where null means unknown.
+fn read_column(
+    reader: &SerializedFileReader<std::fs::File>,
+    i: usize,
+    path: &Path,
+    name: &str,
+) -> Result<Column, ReadError> {
+    let meta = reader.metadata();
+    let physical = meta
+        .file_metadata()
+        .schema_descr()
+        .column(i)
+        .physical_type();
+    let mut column = match physical {
+        PhysicalType::BYTE_ARRAY => Column::Strings(vec![]),
+        PhysicalType::FLOAT | PhysicalType::DOUBLE => Column::Floats(vec![]),
+        PhysicalType::INT32 | PhysicalType::INT64 => Column::Ints(vec![]),
+        other => {
+            return Err(ReadError::Profiles(ProfilesError::ColumnType {
+                path: path.to_path_buf(),
+                column: name.to_string(),
+                kind: format!("{other:?}"),
+            }))
+        }
+    };
+    for g in 0..meta.num_row_groups() {
+        let group = reader.get_row_group(g)?;
+        let n = meta.row_group(g).num_rows() as usize;
+        let mut defs = Vec::with_capacity(n);
+        match (group.get_column_reader(i)?, &mut column) {
+            (ColumnReader::ByteArrayColumnReader(mut r), Column::Strings(out)) => {
+                let mut v = Vec::with_capacity(n);
+                r.read_records(n, Some(&mut defs), None, &mut v)?;
+                out.extend(
+                    v.iter()
+                        .map(|b| String::from_utf8_lossy(b.data()).into_owned()),
+                );
+            }
+            (ColumnReader::FloatColumnReader(mut r), Column::Floats(out)) => {
+                r.read_records(n, Some(&mut defs), None, out)?;
+            }
+            (ColumnReader::DoubleColumnReader(mut r), Column::Floats(out)) => {
+                let mut v = Vec::with_capacity(n);
+                r.read_records(n, Some(&mut defs), None, &mut v)?;
+                out.extend(v.iter().map(|&x| x as f32));
+            }
+            (ColumnReader::Int64ColumnReader(mut r), Column::Ints(out)) => {
+                let mut v = Vec::with_capacity(n);
+                r.read_records(n, Some(&mut defs), None, &mut v)?;
+                out.extend(spread_nulls(&defs, &v, n));
+            }
+            (ColumnReader::Int32ColumnReader(mut r), Column::Ints(out)) => {
+                let mut v = Vec::with_capacity(n);
+                r.read_records(n, Some(&mut defs), None, &mut v)?;
+                let v: Vec<i64> = v.into_iter().map(i64::from).collect();
+                out.extend(spread_nulls(&defs, &v, n));
+            }
+            _ => unreachable!("reader kind follows the physical type"),
+        }
+    }
+    Ok(column)
+}
+
+/// Values of an optional column back at their rows (`None` where the definition level is 0).
+fn spread_nulls(defs: &[i16], values: &[i64], n: usize) -> Vec<Option<i64>> {
+    if defs.is_empty() {
+        return values.iter().copied().map(Some).take(n).collect();
+    }
+    let mut it = values.iter();
+    defs.iter()
+        .map(|&d| if d > 0 { it.next().copied() } else { None })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(rows: usize, dim: usize, epoch: Option<usize>) -> FeatureSet {
+        let features = Tensor::randn([rows as i64, dim as i64], (Kind::Float, tch::Device::Cpu));
+        FeatureSet {
+            features,
+            labels: (0..rows).map(|i| format!("c{}", i % 3)).collect(),
+            paths: (0..rows)
+                .map(|i| format!("/d/Test/Donor01/Control/c{}/img{i}.tiff", i % 3))
+                .collect(),
+            indices: (0..rows).collect(),
+            tag: "epoch2".into(),
+            checkpoint: "/ck/checkpoint0002.safetensors".into(),
+            checkpoint_epoch: epoch,
+        }
+    }
+
+    #[test]
+    fn round_trip_with_layout_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("epoch2_profiles.parquet");
+        let a = set(70_000, 3, Some(2));
+        let b = set(5, 3, Some(2));
+        write(
+            &path,
+            &[
+                ProfileRows {
+                    set: &a,
+                    split: "train",
+                    root: "/d/Test",
+                },
+                ProfileRows {
+                    set: &b,
+                    split: "test",
+                    root: "/d/Test/",
+                },
+            ],
+            &["DAPI".into(), "CD3".into()],
+        )
+        .unwrap();
+        let back = read(&path).unwrap();
+        assert_eq!(
+            back.feature_names,
+            ["DINO_CLS_0", "DINO_CLS_1", "DINO_CLS_2"]
+        );
+        let both = Tensor::cat(&[&a.features, &b.features], 0);
+        assert!(back.features.equal(&both));
+        assert_eq!(back.labels[..70_000], a.labels[..]);
+        assert_eq!(back.paths[70_000..], b.paths[..]);
+        assert_eq!(back.rows_where_split("train", true).len(), 70_000);
+        assert_eq!(
+            back.rows_where_split("train", false),
+            [70_000, 70_001, 70_002, 70_003, 70_004]
+        );
+        assert_eq!(back.checkpoint_epoch, Some(2));
+        assert_eq!(tag_of(&path), "epoch2");
+    }
+
+    #[test]
+    fn donor_and_condition_only_under_the_root() {
+        assert_eq!(
+            donor_condition("/d/Test", "/d/Test/Donor01/Control/B/x.tiff", "B"),
+            Some(("Donor01".into(), "Control".into()))
+        );
+        assert_eq!(
+            donor_condition("/d/Training", "/d/Training/B/x.tiff", "B"),
+            None
+        );
+        assert_eq!(
+            donor_condition("/e", "/d/Test/Donor01/Control/B/x.tiff", "B"),
+            None
+        );
+    }
+
+    #[test]
+    fn changed_features_fail_the_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t_profiles.parquet");
+        let s = set(4, 2, None);
+        let rows = [ProfileRows {
+            set: &s,
+            split: "heldout",
+            root: "/d",
+        }];
+        let table = Table {
+            strings: vec![
+                ("Metadata_ImagePath", s.paths.clone()),
+                ("Metadata_Class", s.labels.clone()),
+            ],
+            epochs: vec![None; 4],
+            channels: "a".into(),
+            values: vec![0.5; 8],
+            rows: 4,
+            dim: 2,
+        };
+        // Same schema and checksum as a table of 0.5s, but the checksum of other values.
+        let mut bytes = table.encode().unwrap();
+        let good = feature_checksum(&[0.5; 8]);
+        let bad = feature_checksum(&[0.25; 8]);
+        let at = bytes
+            .windows(good.len())
+            .position(|w| w == good.as_bytes())
+            .unwrap();
+        bytes[at..at + bad.len()].copy_from_slice(bad.as_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(matches!(read(&path), Err(ProfilesError::Checksum { .. })));
+        write(&path, &rows, &[]).unwrap();
+        let back = read(&path).unwrap();
+        assert_eq!(back.checkpoint_epoch, None);
+        assert!(back.splits.unwrap().iter().all(|s| s == "heldout"));
+    }
+}
