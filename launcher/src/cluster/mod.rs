@@ -138,11 +138,6 @@ impl Cluster {
         Validator::new(&self.source.origin, &self.source.lines)
     }
 
-    /// Time limit in seconds (`None` = unlimited).
-    pub fn time_limit_seconds(&self) -> Option<u64> {
-        parse_time(&self.slurm.time).ok().flatten()
-    }
-
     fn validate(file: ClusterFile, source: Source) -> Result<Self, Invalid> {
         let v = Validator::new(&source.origin, &source.lines);
         let limit = check_slurm(&v, &file.slurm)?;
