@@ -6,6 +6,7 @@
 //! (re-exported as `trainer::config`) and the launcher, which validates a config before it
 //! bakes it into an image.
 mod locate;
+pub mod reference;
 pub mod scdino;
 mod sections;
 mod stage;
