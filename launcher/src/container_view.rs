@@ -7,7 +7,7 @@
 //! seen as `/data`) the jobs get a copy of the config with the container's paths, written next
 //! to the scripts; with identity mounts (`/fsx:/fsx`) they read the user's file as it is.
 use crate::cluster::{container_path, Cluster};
-use scdino_config::{Config, KeyLines};
+use scdino_config::{Config, KeyLines, Validator};
 use std::path::{Component, Path, PathBuf};
 
 /// The container's copy of the trainer config, written into the render folder when needed.
@@ -18,13 +18,8 @@ pub enum ViewError {
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
     /// A path inside the trainer config that no mount covers.
-    #[error("{origin}{}: `{key}`: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
-    TrainerPath {
-        origin: String,
-        key: String,
-        line: Option<usize>,
-        message: String,
-    },
+    #[error(transparent)]
+    TrainerPath(scdino_config::Invalid),
     #[error(transparent)]
     Config(#[from] scdino_config::ConfigError),
     #[error("{0}")]
@@ -197,17 +192,15 @@ pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, V
             if value.is_absolute() && under_a_destination(mounts, value) {
                 return Ok(());
             }
-            return Err(ViewError::TrainerPath {
-                origin: origin.clone(),
-                key: key.into(),
-                line: lines.line_of(key),
-                message: format!(
+            return Err(ViewError::TrainerPath(Validator::new(&origin, &lines).err(
+                key,
+                &format!(
                     "{} ({}) is not under any container mount ({}): the jobs could not reach it",
                     value.display(),
                     on_host.display(),
                     mounts_list(cluster)
                 ),
-            });
+            )));
         };
         // A relative path resolves against the container's working directory.
         let as_written = normalise(&workdir.join(&*value));

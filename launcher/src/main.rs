@@ -384,12 +384,15 @@ fn absolute(p: &Path, cwd: &Path) -> PathBuf {
 
 fn do_render(a: &RenderArgs, image: Option<String>) -> Result<(PathBuf, Rendered)> {
     let cwd = std::env::current_dir().context("current directory")?;
-    let mut cluster = Cluster::load(&a.cluster)?;
-    if let Some(image) = image {
-        launcher::cluster::check_image_for(&image, cluster.container.enroot_version)
-            .map_err(|m| anyhow::anyhow!("the built image cannot be used by Pyxis: {m}"))?;
-        cluster.container.image = Some(image);
-    }
+    let loaded = Cluster::load(&a.cluster)?;
+    let cluster = match image {
+        None => loaded,
+        Some(image) => {
+            launcher::cluster::check_image_for(&image, loaded.container.enroot_version)
+                .map_err(|m| anyhow::anyhow!("the built image cannot be used by Pyxis: {m}"))?;
+            loaded.with_image(image)?
+        }
+    };
     let config = a
         .config
         .clone()

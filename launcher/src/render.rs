@@ -1,15 +1,14 @@
 //! Renders the pipeline as one reviewable sbatch script per job plus a JSON manifest. Every
 //! value written into a script goes through [`crate::shell::quote`]; no secret value is ever
 //! written (secrets travel by name, from the submitting environment).
-use crate::cluster::{Cluster, Runtime};
+use crate::cluster::{Cluster, Program, Runtime};
 use crate::container_view;
 use crate::fsutil::sha256_hex;
-use crate::shell::{join, quote};
+use scdino_config::Stage;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The pipeline's stages in order; each runs `trainer <stage> --config FILE`.
-pub use scdino_config::PIPELINE_STAGES as STAGES;
+mod job_script;
 
 /// Variables of the job's environment that reach a Pyxis container even when the image sets
 /// them (a `case` pattern): the fabric's tunables, which a cluster's modules or the user set.
@@ -21,20 +20,10 @@ const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// Exit code of a trainer that checkpointed on SIGUSR1/SIGTERM (`EX_TEMPFAIL`).
 pub use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
 
-/// What each stage needs from earlier ones.
-fn needs(stage: &str) -> &'static [&'static str] {
-    match stage {
-        "train" => &["mean-std"],
-        "features" | "attention" | "evaluate" => &["train"],
-        "knn" | "umap" => &["features"],
-        "report" => &["knn", "evaluate", "umap", "attention"],
-        _ => &[],
-    }
-}
-
-/// Stages that get one GPU when the cluster has GPUs (training gets all of them).
-fn uses_gpu(stage: &str) -> bool {
-    matches!(stage, "features" | "attention" | "evaluate")
+/// Stages that get one GPU when the cluster has GPUs (training gets all of them): they run
+/// the model.
+fn uses_gpu(stage: Stage) -> bool {
+    matches!(stage, Stage::Features | Stage::Attention | Stage::Evaluate)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,69 +123,108 @@ pub struct Rendered {
     pub warnings: Vec<String>,
 }
 
-/// The jobs of the pipeline, in submission order, with their dependencies.
-fn plan(cluster: &Cluster, models: usize) -> Vec<(String, String, Vec<Dependency>)> {
-    let enabled = |s: &str| cluster.stages.iter().any(|x| x == s);
-    // The jobs that stand for a stage once it is planned (training: the last segments).
-    let mut finals: Vec<(String, Vec<String>)> = Vec::new();
-    fn resolve(
-        stage: &str,
-        finals: &[(String, Vec<String>)],
-        enabled: &dyn Fn(&str) -> bool,
-        out: &mut Vec<String>,
-    ) {
-        for &n in needs(stage) {
-            if enabled(n) {
-                if let Some((_, jobs)) = finals.iter().find(|(s, _)| s == n) {
-                    for j in jobs {
-                        if !out.contains(j) {
-                            out.push(j.clone());
-                        }
-                    }
+/// One job of the pipeline as planned: which stage it runs and what it waits for.
+struct Planned {
+    /// Unique within the pipeline: the stage's name, or `train-c<combination>[-s<segment>]`.
+    name: String,
+    stage: Stage,
+    /// The model a training job trains (`--combination`); None for the other stages.
+    combination: Option<usize>,
+    after: Vec<Dependency>,
+}
+
+fn after_ok(jobs: Vec<String>) -> Vec<Dependency> {
+    jobs.into_iter()
+        .map(|job| Dependency {
+            job,
+            kind: "afterok".into(),
+        })
+        .collect()
+}
+
+/// The jobs a stage waits for: those standing for each stage it needs (`finals`); a need
+/// that is not rendered passes its own needs on.
+fn waits_for(
+    stage: Stage,
+    cluster: &Cluster,
+    finals: &[(Stage, Vec<String>)],
+    out: &mut Vec<String>,
+) {
+    for &need in stage.needs() {
+        if !cluster.stages().contains(&need) {
+            waits_for(need, cluster, finals, out);
+            continue;
+        }
+        if let Some((_, jobs)) = finals.iter().find(|(s, _)| *s == need) {
+            for j in jobs {
+                if !out.contains(j) {
+                    out.push(j.clone());
                 }
-            } else {
-                resolve(n, finals, enabled, out);
             }
         }
     }
+}
+
+/// The training jobs: per model, `training.segments` jobs chained with `afterany` (each
+/// resumes from the last checkpoint), the first waiting for `after`. Also returns each
+/// model's last job, which later stages wait for.
+fn training_jobs(
+    cluster: &Cluster,
+    models: usize,
+    after: &[Dependency],
+) -> (Vec<Planned>, Vec<String>) {
+    let segs = cluster.training.segments;
     let mut jobs = Vec::new();
-    for stage in STAGES.iter().filter(|s| enabled(s)) {
+    let mut lasts = Vec::new();
+    for c in 0..models {
+        let mut prev: Option<String> = None;
+        for s in 1..=segs {
+            let name = if segs > 1 {
+                format!("train-c{c}-s{s}")
+            } else {
+                format!("train-c{c}")
+            };
+            let after = match prev.take() {
+                None => after.to_vec(),
+                Some(job) => vec![Dependency {
+                    job,
+                    kind: "afterany".into(),
+                }],
+            };
+            jobs.push(Planned {
+                name: name.clone(),
+                stage: Stage::Train,
+                combination: Some(c),
+                after,
+            });
+            prev = Some(name);
+        }
+        lasts.extend(prev);
+    }
+    (jobs, lasts)
+}
+
+/// The jobs of the pipeline, in submission order, with their dependencies.
+fn plan(cluster: &Cluster, models: usize) -> Vec<Planned> {
+    // The jobs that stand for a stage once it is planned (training: the last segments).
+    let mut finals: Vec<(Stage, Vec<String>)> = Vec::new();
+    let mut jobs = Vec::new();
+    for &stage in cluster.stages() {
         let mut deps = Vec::new();
-        resolve(stage, &finals, &enabled, &mut deps);
-        let after_ok: Vec<Dependency> = deps
-            .into_iter()
-            .map(|job| Dependency {
-                job,
-                kind: "afterok".into(),
-            })
-            .collect();
-        if *stage == "train" {
-            let segs = cluster.training.segments;
-            let mut lasts = Vec::new();
-            for c in 0..models {
-                let mut prev: Option<String> = None;
-                for s in 1..=segs {
-                    let name = if segs > 1 {
-                        format!("train-c{c}-s{s}")
-                    } else {
-                        format!("train-c{c}")
-                    };
-                    let after = match &prev {
-                        None => after_ok.clone(),
-                        Some(p) => vec![Dependency {
-                            job: p.clone(),
-                            kind: "afterany".into(),
-                        }],
-                    };
-                    jobs.push((name.clone(), stage.to_string(), after));
-                    prev = Some(name);
-                }
-                lasts.extend(prev);
-            }
-            finals.push((stage.to_string(), lasts));
+        waits_for(stage, cluster, &finals, &mut deps);
+        let after = after_ok(deps);
+        if stage == Stage::Train {
+            let (trained, lasts) = training_jobs(cluster, models, &after);
+            finals.push((stage, lasts));
+            jobs.extend(trained);
         } else {
-            jobs.push((stage.to_string(), stage.to_string(), after_ok));
-            finals.push((stage.to_string(), vec![stage.to_string()]));
+            finals.push((stage, vec![stage.name().to_string()]));
+            jobs.push(Planned {
+                name: stage.name().to_string(),
+                stage,
+                combination: None,
+                after,
+            });
         }
     }
     jobs
@@ -233,7 +261,7 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
                 ));
                 files.push((container_view::CONTAINER_CONFIG.to_string(), text));
             }
-            if let Some(image) = cluster.container.image.as_deref() {
+            if let Program::Pyxis { image } = cluster.program() {
                 if image.starts_with('/') && !Path::new(image).exists() {
                     warnings.push(format!(
                         "the image {image} does not exist on this host: every job would fail at its start unless the nodes see a file there"
@@ -245,23 +273,26 @@ pub fn render(cluster: &Cluster, inputs: &Inputs) -> anyhow::Result<Rendered> {
     };
     let mut jobs = Vec::new();
     let mut scripts = Vec::new();
-    for (i, (name, stage, after)) in plan(cluster, models).into_iter().enumerate() {
+    let done = Done {
+        dir: inputs.out.join(DONE_DIR),
+        config_sha256: &config_sha256,
+    };
+    for (i, job) in plan(cluster, models).into_iter().enumerate() {
+        let Planned {
+            name,
+            stage,
+            combination,
+            after,
+        } = job;
         let file = format!("{:02}-{name}.sbatch", i + 1);
         let log = log_dir.join(format!("{name}-%j.out"));
-        let combination = name
-            .strip_prefix("train-c")
-            .map(|r| r.split('-').next().unwrap().parse::<usize>().unwrap());
-        let done = Done {
-            dir: inputs.out.join(DONE_DIR),
-            config_sha256: &config_sha256,
-        };
         scripts.push((
             file.clone(),
-            ctx.stage_script(&name, &stage, &config, combination, &log, &done),
+            ctx.stage_script(&name, stage, &config, combination, &log, &done),
         ));
         jobs.push(Job {
             name,
-            stage,
+            stage: stage.name().to_string(),
             script: file,
             log,
             after,
@@ -307,12 +338,12 @@ pub(crate) fn context<'a>(
     cluster: &'a Cluster,
     cwd: &Path,
 ) -> Result<Ctx<'a>, container_view::ViewError> {
-    let (program, workdir) = match cluster.runtime {
-        Runtime::Host => (
-            cluster.host.trainer.clone().expect("validated"),
+    let (program, workdir) = match cluster.program() {
+        Program::Host { trainer } => (
+            trainer.clone(),
             cluster.workdir.clone().unwrap_or_else(|| cwd.to_path_buf()),
         ),
-        Runtime::Pyxis => (
+        Program::Pyxis { .. } => (
             cluster.container.trainer.clone(),
             container_view::workdir(cluster, cwd)?,
         ),
@@ -461,24 +492,20 @@ pub(crate) struct Ctx<'a> {
     workdir: PathBuf,
 }
 
-fn p(path: &Path) -> String {
-    path.to_string_lossy().into_owned()
-}
-
 impl Ctx<'_> {
     /// `trainer <stage> --config FILE [...]`: training on every GPU of `slurm.nodes` nodes,
     /// preemptible; the other stages as one task.
     fn stage_script(
         &self,
         name: &str,
-        stage: &str,
+        stage: Stage,
         config: &Path,
         combination: Option<usize>,
         log: &Path,
         done: &Done,
     ) -> String {
         let c = self.cluster;
-        let train = stage == "train";
+        let train = stage == Stage::Train;
         let shape = Shape {
             distributed: train.then(|| Allocation {
                 nodes: c.slurm.nodes,
@@ -488,8 +515,9 @@ impl Ctx<'_> {
             one_gpu: uses_gpu(stage),
             preemptible: train,
         };
+        let config = config.to_string_lossy().into_owned();
         let mut args: Vec<Vec<String>> =
-            vec![vec![stage.into()], vec!["--config".into(), p(config)]];
+            vec![vec![stage.name().into()], vec!["--config".into(), config]];
         if let Some(ci) = combination {
             args.push(vec!["--combination".into(), ci.to_string()]);
             if let Some(m) = c.training.max_steps {
@@ -499,257 +527,7 @@ impl Ctx<'_> {
                 args.push(vec!["--threads".into(), t.to_string()]);
             }
         }
-        self.job_script(name, stage, shape, &args, log, Some(done))
-    }
-
-    /// One sbatch script that runs `trainer <args>` under srun. `args` holds the trainer's
-    /// words grouped one option per line, for review.
-    pub(crate) fn job_script(
-        &self,
-        name: &str,
-        stage: &str,
-        shape: Shape,
-        args: &[Vec<String>],
-        log: &Path,
-        done: Option<&Done>,
-    ) -> String {
-        let c = self.cluster;
-        let sl = &c.slurm;
-        let distributed = shape.distributed.is_some();
-        let preemptible = shape.preemptible;
-        let pyxis = c.runtime == Runtime::Pyxis;
-        let mut o = String::new();
-        let mut line = |s: &str| {
-            o.push_str(s);
-            o.push('\n');
-        };
-        line("#!/bin/bash");
-        line(&format!(
-            "# scDINO pipeline job `{name}` (stage {stage}), rendered by launcher {}.",
-            env!("CARGO_PKG_VERSION")
-        ));
-        line(
-            "# Re-render rather than edit. Every value is shell-quoted; no secret is written here.",
-        );
-        if let Some(d) = done {
-            line(&format!(
-                "# Trainer config sha256 {} (part of this script, whose hash marks it done).",
-                d.config_sha256
-            ));
-        }
-        let mark_done = done.map(|d| {
-            format!(
-                "mkdir -p {dir} && sha256sum < \"$0\" | cut -d' ' -f1 > {file}",
-                dir = quote(&p(&d.dir)),
-                file = quote(&p(&d.dir.join(name)))
-            )
-        });
-        let d = |k: &str, v: &str| format!("#SBATCH --{k}={}", quote(v));
-        line(&d("job-name", &format!("scdino-{name}")));
-        for (k, v) in [
-            ("partition", &sl.partition),
-            ("account", &sl.account),
-            ("qos", &sl.qos),
-        ] {
-            if let Some(v) = v {
-                line(&d(k, v));
-            }
-        }
-        if let Some(a) = shape.distributed {
-            line(&d("nodes", &a.nodes.to_string()));
-            line(&d("ntasks-per-node", &a.tasks_per_node.to_string()));
-            if a.gpus_per_node > 0 {
-                line(&d("gpus-per-node", &a.gpus_per_node.to_string()));
-            }
-        } else {
-            line(&d("nodes", "1"));
-            line(&d("ntasks", "1"));
-            if sl.gpus_per_node > 0 && shape.one_gpu {
-                line(&d("gpus-per-node", "1"));
-            }
-        }
-        line(&d("cpus-per-task", &sl.cpus_per_task.to_string()));
-        if let Some(m) = &sl.mem {
-            line(&d("mem", m));
-        }
-        line(&d("time", &sl.time));
-        if !pyxis {
-            line(&d("chdir", &p(&self.workdir)));
-        }
-        line(&d("output", &p(log)));
-        line(&d("open-mode", "append"));
-        line(&d("export", "ALL"));
-        line(&d("kill-on-invalid-dep", "yes"));
-        if preemptible {
-            line(&d(
-                "signal",
-                &format!("B:USR1@{}", c.training.signal_grace_seconds),
-            ));
-            line(if c.training.requeue {
-                "#SBATCH --requeue"
-            } else {
-                "#SBATCH --no-requeue"
-            });
-        }
-        line("set -euo pipefail");
-        line("");
-        if !c.env.is_empty() {
-            line("# Tunables (with Pyxis also listed in --container-env, so they beat the image's ENV).");
-            for (k, v) in &c.env {
-                line(&format!("export {k}={}", quote(v)));
-            }
-        }
-        let no_gpu_hook =
-            pyxis && sl.gpus_per_node == 0 && !c.env.contains_key(NVIDIA_VISIBLE_DEVICES);
-        if no_gpu_hook {
-            line("# No GPUs on this cluster: the image's NVIDIA_VISIBLE_DEVICES=all would make Enroot's");
-            line("# nvidia hook require nvidia-container-cli, which CPU nodes lack; void skips the hook.");
-            line(&format!("export {NVIDIA_VISIBLE_DEVICES}=void"));
-        }
-        if !c.secrets.is_empty() {
-            line(&format!(
-                "# Secrets, by name only: inherited from the environment `launcher submit` ran in: {}",
-                c.secrets.join(" ")
-            ));
-        }
-        if distributed {
-            line("");
-            line("# Rendezvous: the first node of the allocation, a port derived from the job id.");
-            // `sed -n 1p` reads all input: `head -n1` would leave scontrol to die of SIGPIPE, which
-            // `set -o pipefail` turns into a failed job on allocations with many nodes.
-            line(r#"MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"#);
-            line("MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))");
-            line("export MASTER_ADDR MASTER_PORT");
-            line(&format!(
-                r#"echo "[launcher] {} job $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT""#,
-                quote(name)
-            ));
-        } else {
-            line(&format!(
-                r#"echo "[launcher] {} job $SLURM_JOB_ID on $SLURM_JOB_NODELIST""#,
-                quote(name)
-            ));
-        }
-        line("");
-
-        if distributed {
-            line("# Ranks use many threads each: no CPU binding, where the cluster binds at all");
-            line("# (with TaskPlugin=task/none srun would only warn that it cannot).");
-            line("cpu_bind=()");
-            line(
-                r#"case "$(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p')" in"#,
-            );
-            line("  *affinity* | *cgroup*) cpu_bind=(--cpu-bind=none) ;;");
-            line("esac");
-        }
-        if pyxis {
-            // Pyxis keeps an image's ENV over the job's unless the name is in --container-env.
-            let mut names: Vec<&str> = c.env.keys().map(String::as_str).collect();
-            if no_gpu_hook {
-                names.push(NVIDIA_VISIBLE_DEVICES);
-            }
-            names.extend(c.secrets.iter().map(String::as_str));
-            if distributed {
-                names.extend(crate::cluster::RESERVED_ENV);
-            }
-            line(
-                "# Variables the container takes from the job, not from the image's ENV: the ones",
-            );
-            line("# above and every network tunable set in the job's environment.");
-            line(&format!("container_env={}", quote(&names.join(","))));
-            line("for name in $(compgen -e); do");
-            line(&format!(
-                "  case $name in {TUNABLE_PATTERNS}) ;; *) continue ;; esac"
-            ));
-            line(
-                r#"  case ",$container_env," in *",$name,"*) ;; *) container_env="${container_env:+$container_env,}$name" ;; esac"#,
-            );
-            line("done");
-            line("container_env_opt=()");
-            line(
-                r#"if [ -n "$container_env" ]; then container_env_opt=("--container-env=$container_env"); fi"#,
-            );
-        }
-        if distributed || pyxis {
-            line("");
-        }
-
-        // One option (with its value) per line for review; every word quoted on its own.
-        let mut srun: Vec<String> = vec!["srun".into()];
-        let mut opt = |words: &[&str]| srun.push(join(words));
-        if distributed {
-            opt(&["--kill-on-bad-exit=1"]);
-            srun.push(r#""${cpu_bind[@]}""#.into());
-        }
-        if pyxis {
-            let k = &c.container;
-            let mut opt = |words: &[&str]| srun.push(join(words));
-            opt(&[&format!(
-                "--container-image={}",
-                k.image.as_deref().unwrap()
-            )]);
-            if !k.mounts.is_empty() {
-                opt(&[&format!("--container-mounts={}", k.mounts.join(","))]);
-            }
-            opt(&[&format!("--container-workdir={}", p(&self.workdir))]);
-            opt(&[if k.mount_home {
-                "--container-mount-home"
-            } else {
-                "--no-container-mount-home"
-            }]);
-            srun.push(r#""${container_env_opt[@]}""#.into());
-        }
-        // The program goes on the line of the first trainer word (the subcommand).
-        let mut words = args.iter();
-        let mut first = vec![p(&self.program)];
-        first.extend(words.next().into_iter().flatten().cloned());
-        srun.push(join(first));
-        srun.extend(words.map(join));
-        let cmd = srun.join(" \\\n  ");
-        if !preemptible {
-            line(&cmd);
-            if let Some(m) = &mark_done {
-                line("# Done: a rerun of `launcher submit` with this same script skips the job.");
-                line(m);
-            }
-            line(&format!(r#"echo "[launcher] {} finished""#, quote(name)));
-            return o;
-        }
-        line("# The batch shell gets USR1 (--signal=B:) or TERM and forwards it to the training step;");
-        line(&format!(
-            "# the trainer checkpoints at the next step and exits {EXIT_PREEMPTED}."
-        ));
-        line("step=");
-        line("forward() {");
-        line(r#"  echo "[launcher] got SIG$1, forwarding it to the training step""#);
-        line(r#"  if [ -n "$step" ]; then kill -s "$1" "$step" 2>/dev/null || true; fi"#);
-        line("}");
-        line("trap 'forward USR1' USR1");
-        line("trap 'forward TERM' TERM");
-        line(&format!("{cmd} &"));
-        line("step=$!");
-        line("# bash runs traps only between commands: wait until the step has really ended.");
-        line(r#"while kill -0 "$step" 2>/dev/null; do wait "$step" || true; done"#);
-        line(r#"rc=0; wait "$step" || rc=$?"#);
-        if c.training.requeue {
-            line(&format!("if [ \"$rc\" -eq {EXIT_PREEMPTED} ]; then"));
-            line(
-                r#"  echo "[launcher] the trainer checkpointed on notice: requeueing job $SLURM_JOB_ID""#,
-            );
-            line(r#"  scontrol requeue "$SLURM_JOB_ID""#);
-            line("  exit 0");
-            line("fi");
-        }
-        if let Some(m) = &mark_done {
-            line("# Done: a rerun of `launcher submit` with this same script skips the job.");
-            line(&format!(r#"if [ "$rc" -eq 0 ]; then {m}; fi"#));
-        }
-        line(&format!(
-            r#"echo "[launcher] {} finished with exit code $rc""#,
-            quote(name)
-        ));
-        line(r#"exit "$rc""#);
-        o
+        self.job_script(name, stage.name(), shape, &args, log, Some(done))
     }
 }
 

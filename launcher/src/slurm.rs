@@ -261,11 +261,6 @@ pub struct JobState {
 }
 
 impl JobState {
-    /// Ended for good (a requeued job is PENDING again, not ended).
-    pub fn is_done(&self) -> bool {
-        !self.is_active() && self.state != SlurmState::NotSubmitted
-    }
-
     pub fn is_active(&self) -> bool {
         self.state.is_active()
     }

@@ -6,29 +6,20 @@
 //! (re-exported as `trainer::config`) and the launcher, which validates a config before it
 //! bakes it into an image.
 mod locate;
+pub mod reference;
 pub mod scdino;
 mod sections;
+mod stage;
+mod validate;
 
 pub use locate::KeyLines;
 pub use sections::*;
+pub use stage::{Stage, UnknownStage, PIPELINE_STAGES};
+pub use validate::{Invalid, Validator};
 
 /// Where an image built with `launcher image build --config` holds its run config; the
 /// trainer's commands read it when `--config` is absent.
 pub const BAKED_CONFIG_PATH: &str = "/opt/scdino/config.yaml";
-
-/// The pipeline's stages in order, as `trainer` subcommands: the trainer runs them
-/// (`trainer pipeline`, `trainer pipeline --list-stages`) and the launcher renders one job per
-/// stage, so both read this one list.
-pub const PIPELINE_STAGES: [&str; 8] = [
-    "mean-std",
-    "train",
-    "features",
-    "knn",
-    "evaluate",
-    "umap",
-    "attention",
-    "report",
-];
 
 /// `train.device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
@@ -222,7 +213,7 @@ impl Config {
     }
 
     fn validate(s: Sections, origin: &str, lines: &KeyLines) -> Result<Self, ConfigError> {
-        let v = Validator { origin, lines };
+        let v = Validator::new(origin, lines);
         let (run, data, model, train, aug, down) = (
             &s.run,
             &s.data,
@@ -320,7 +311,9 @@ impl Config {
                 &format!("channel name {name:?} must not contain '_' or '/' (they are used in folder names)"),
             )?;
             if data.channel_names[..i].contains(name) {
-                return Err(v.err(&key, &format!("channel name {name:?} appears twice")));
+                return Err(v
+                    .err(&key, &format!("channel name {name:?} appears twice"))
+                    .into());
             }
         }
         v.check(
@@ -344,7 +337,9 @@ impl Config {
                 )?;
             }
             if channel_sets.contains(&set) {
-                return Err(v.err(&key, "this channel combination is listed twice"));
+                return Err(v
+                    .err(&key, "this channel combination is listed twice")
+                    .into());
             }
             channel_sets.push(set);
         }
@@ -459,8 +454,8 @@ impl Config {
             "only adamw is implemented (scDINO's default); sgd and lars are not yet",
         )?;
 
-        v.crop_scale(aug.global_crops_scale, "augment.global_crops_scale")?;
-        v.crop_scale(aug.local_crops_scale, "augment.local_crops_scale")?;
+        crop_scale(&v, aug.global_crops_scale, "augment.global_crops_scale")?;
+        crop_scale(&v, aug.local_crops_scale, "augment.local_crops_scale")?;
         for (size, key) in [
             (aug.global_crop_size, "augment.global_crop_size"),
             (aug.local_crop_size, "augment.local_crop_size"),
@@ -657,66 +652,28 @@ fn channel_set(combo: &ChannelCombination) -> Result<Vec<usize>, String> {
     Ok(set)
 }
 
-struct Validator<'a> {
-    origin: &'a str,
-    lines: &'a KeyLines,
+/// Both ends of a crop scale are fractions of the image area, smaller first.
+fn crop_scale(v: &Validator, (lo, hi): (f64, f64), key: &str) -> Result<(), Invalid> {
+    v.check(
+        lo > 0.0 && hi <= 1.0,
+        key,
+        &format!("[{lo}, {hi}]: both ends are fractions of the image area and must lie in (0, 1]"),
+    )?;
+    v.check(
+        lo <= hi,
+        key,
+        &format!("[{lo}, {hi}]: the smaller scale must come first"),
+    )
 }
 
-impl Validator<'_> {
-    fn err(&self, key: &str, message: &str) -> ConfigError {
+impl From<Invalid> for ConfigError {
+    fn from(i: Invalid) -> Self {
         ConfigError::Invalid {
-            origin: self.origin.to_string(),
-            key: key.to_string(),
-            line: self.lines.line_of(key),
-            message: message.to_string(),
+            origin: i.origin,
+            key: i.key,
+            line: i.line,
+            message: i.message,
         }
-    }
-
-    fn check(&self, ok: bool, key: &str, message: &str) -> Result<(), ConfigError> {
-        if ok {
-            Ok(())
-        } else {
-            Err(self.err(key, message))
-        }
-    }
-
-    fn positive(&self, x: f64, key: &str) -> Result<(), ConfigError> {
-        self.check(
-            x.is_finite() && x > 0.0,
-            key,
-            &format!("is {x} but must be a positive number"),
-        )
-    }
-
-    fn non_negative(&self, x: f64, key: &str) -> Result<(), ConfigError> {
-        self.check(
-            x.is_finite() && x >= 0.0,
-            key,
-            &format!("is {x} but must be zero or positive"),
-        )
-    }
-
-    fn fraction_open(&self, x: f64, key: &str) -> Result<(), ConfigError> {
-        self.check(
-            x > 0.0 && x < 1.0,
-            key,
-            &format!("is {x} but must be strictly between 0 and 1"),
-        )
-    }
-
-    fn crop_scale(&self, (lo, hi): (f64, f64), key: &str) -> Result<(), ConfigError> {
-        self.check(
-            lo > 0.0 && hi <= 1.0,
-            key,
-            &format!(
-                "[{lo}, {hi}]: both ends are fractions of the image area and must lie in (0, 1]"
-            ),
-        )?;
-        self.check(
-            lo <= hi,
-            key,
-            &format!("[{lo}, {hi}]: the smaller scale must come first"),
-        )
     }
 }
 

@@ -138,6 +138,7 @@ pub struct S3Section {
     pub max_retries: usize,
     /// First retry delay; doubles per retry up to `retry_max_backoff_ms`.
     pub retry_initial_backoff_ms: u64,
+    /// The longest delay between two retries.
     pub retry_max_backoff_ms: u64,
     /// Give up on a request (with all its retries) after this long.
     pub retry_timeout_seconds: u64,
@@ -592,11 +593,17 @@ impl Default for LinearProbeSection {
 pub struct FeaturesSection {
     /// Apply the dataset mean/std before the backbone.
     pub normalize: bool,
+    /// scDINO `num_gpus`; kept so imported configs round-trip: the features stage runs on the
+    /// ranks `trainer launch` or srun give it.
     pub num_gpus: usize,
+    /// Images per forward pass of the features stage.
     pub batch_size_per_gpu: usize,
+    /// scDINO `num_workers`; kept so imported configs round-trip (the features stage does not
+    /// read it).
     pub num_workers: usize,
     /// Which network of the checkpoint to embed with.
     pub checkpoint_key: CheckpointKey,
+    /// Resize each image (bilinear) to `resize_length` before the backbone.
     pub resize: bool,
     /// Side the images are resized to when `resize` is on.
     pub resize_length: usize,
@@ -700,12 +707,19 @@ impl Default for KnnSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UmapSection {
+    /// UMAP's `n_neighbors`: the size of the neighbourhood of the fuzzy graph.
     pub n_neighbors: usize,
+    /// UMAP's `min_dist`: how tightly embedded points may pack (at most `spread`).
     pub min_dist: f64,
+    /// Dimensions of the embedding; must be 2 (it exists to be plotted).
     pub n_components: usize,
+    /// The distance between CLS features.
     pub metric: UmapMetric,
+    /// UMAP's `spread`: the scale of the embedded points.
     pub spread: f64,
+    /// Optimisation epochs of the layout.
     pub epochs: usize,
+    /// scDINO's TopOMetry plots; must be false (TopOMetry is a Python library).
     pub topometry_plots: bool,
 }
 

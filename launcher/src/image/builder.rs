@@ -6,7 +6,7 @@ use super::context::Context;
 use super::engine::engine_error;
 use super::provenance as prov;
 use super::reference::ImageRef;
-use super::{ImageError, BAKED_CONFIG_PATH, CONFIG_DIGEST_LABEL};
+use super::{BuildError, EngineError, ImageError, BAKED_CONFIG_PATH, CONFIG_DIGEST_LABEL};
 use bollard::query_parameters::{BuildImageOptions, TagImageOptionsBuilder};
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -158,10 +158,11 @@ pub fn prepare(req: &BuildRequest) -> Result<Prepared, ImageError> {
     if let Some((text, digest)) = &baked {
         if let Some(t) = &req.target {
             if last_stage(&file_text).as_deref() != Some(t.as_str()) {
-                return Err(ImageError::Engine(format!(
-                    "--config bakes the run config into the final stage, but --target {t} is not the final stage of {}",
-                    req.file.display()
-                )));
+                return Err(BuildError::TargetNotFinal {
+                    target: t.clone(),
+                    containerfile: req.file.clone(),
+                }
+                .into());
             }
         }
         file_text.push_str(&format!(
@@ -198,10 +199,7 @@ fn stage_prebuilt(root: &Path, bin_dir: &Path, out: &Path) -> Result<(), ImageEr
         .collect();
     for b in &bins {
         if !b.is_file() {
-            return Err(ImageError::Engine(format!(
-                "BINARIES=prebuilt needs {}: build it first (cargo build --release --workspace --bins) or pass --prebuilt-dir",
-                b.display()
-            )));
+            return Err(BuildError::PrebuiltMissing { binary: b.clone() }.into());
         }
     }
     let script = root.join("scripts/stage-runtime.sh");
@@ -214,11 +212,11 @@ fn stage_prebuilt(root: &Path, bin_dir: &Path, out: &Path) -> Result<(), ImageEr
             source,
         })?;
     if !res.status.success() {
-        return Err(ImageError::Engine(format!(
-            "{} failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&res.stderr).trim()
-        )));
+        return Err(BuildError::StagingFailed {
+            script,
+            stderr: String::from_utf8_lossy(&res.stderr).trim().to_string(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -287,10 +285,7 @@ pub async fn build(
         labels,
         _staging,
     } = prepared;
-    let first = req
-        .tags
-        .first()
-        .ok_or_else(|| ImageError::Engine("image build needs at least one --tag".into()))?;
+    let first = req.tags.first().ok_or(BuildError::NoTag)?;
     let options = BuildImageOptions {
         dockerfile: GENERATED_FILE.into(),
         t: Some(first.to_string()),
@@ -347,9 +342,7 @@ pub async fn build(
     if !partial.trim().is_empty() {
         log.line(partial.trim_end());
     }
-    writer
-        .await
-        .map_err(|e| ImageError::Engine(format!("context writer: {e}")))??;
+    writer.await.map_err(BuildError::ContextWriter)??;
     let id = match id {
         Some(id) => id,
         // Older engines announce the ID only in the stream text.
@@ -358,7 +351,7 @@ pub async fn build(
             .await
             .map_err(|e| engine_error("inspecting the built image", e))?
             .id
-            .ok_or_else(|| ImageError::Engine("the engine reported no image ID".into()))?,
+            .ok_or(EngineError::NoImageId)?,
     };
     for tag in &req.tags[1..] {
         let opts = TagImageOptionsBuilder::default()

@@ -4,7 +4,7 @@
 //! helper (`credHelpers`, e.g. `ecr-login` → `docker-credential-ecr-login`), the default store
 //! (`credsStore`), then inline `auths`. A secret is held in [`Secret`], whose Debug and Display
 //! never show it, so it cannot reach a log line, a label or a generated script by accident.
-use super::ImageError;
+use super::{CredentialsError, ImageError};
 use base64::Engine as _;
 use std::io::Write;
 use std::path::PathBuf;
@@ -71,12 +71,7 @@ pub fn lookup(registry: &str) -> Result<Option<Found>, ImageError> {
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(ImageError::Credentials(format!(
-                "cannot read {}: {e}",
-                path.display()
-            )))
-        }
+        Err(e) => return Err(CredentialsError::Unreadable { path, error: e }.into()),
     };
     from_config(&text, &path.display().to_string(), registry, &run_helper)
 }
@@ -115,8 +110,11 @@ pub fn from_config(
     registry: &str,
     helper: Helper,
 ) -> Result<Option<Found>, ImageError> {
-    let json: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| ImageError::Credentials(format!("{origin}: not valid JSON: {e}")))?;
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|error| CredentialsError::NotJson {
+            origin: origin.to_string(),
+            error,
+        })?;
     let keys = keys_for(registry);
     let from_helper = |name: &str, server: &str| -> Result<Option<Found>, ImageError> {
         Ok(helper(name, server)?.map(|(user, secret)| Found {
@@ -155,10 +153,9 @@ pub fn from_config(
             }));
         }
         if let Some(auth) = entry.get("auth").and_then(|v| v.as_str()) {
-            let bad = || {
-                ImageError::Credentials(format!(
-                    "{origin}: auths.{k}.auth is not base64 of USER:PASSWORD"
-                ))
+            let bad = || CredentialsError::AuthNotBase64 {
+                origin: origin.to_string(),
+                key: k.to_string(),
             };
             let raw = base64::engine::general_purpose::STANDARD
                 .decode(auth.trim())
@@ -187,20 +184,25 @@ fn run_helper(name: &str, server: &str) -> Result<Option<(String, Secret)>, Imag
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| {
-            ImageError::Credentials(format!(
-                "credential helper {prog} (named in the Docker config) cannot run: {e}"
-            ))
+        .map_err(|error| CredentialsError::HelperCannotRun {
+            program: prog.clone(),
+            error,
         })?;
     child
         .stdin
         .take()
         .expect("piped")
         .write_all(server.as_bytes())
-        .map_err(|e| ImageError::Credentials(format!("{prog}: {e}")))?;
+        .map_err(|error| CredentialsError::HelperIo {
+            program: prog.clone(),
+            error,
+        })?;
     let out = child
         .wait_with_output()
-        .map_err(|e| ImageError::Credentials(format!("{prog}: {e}")))?;
+        .map_err(|error| CredentialsError::HelperIo {
+            program: prog.clone(),
+            error,
+        })?;
     if !out.status.success() {
         let msg = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
@@ -208,19 +210,21 @@ fn run_helper(name: &str, server: &str) -> Result<Option<(String, Secret)>, Imag
             return Ok(None);
         }
         // The helper's message describes its own failure; it never echoes a secret back.
-        return Err(ImageError::Credentials(format!(
-            "{prog} get {server} failed ({}): {}",
-            out.status,
-            msg.trim()
-        )));
+        return Err(CredentialsError::HelperFailed {
+            program: prog,
+            server: server.to_string(),
+            status: out.status,
+            message: msg.trim().to_string(),
+        }
+        .into());
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|_| ImageError::Credentials(format!("{prog} printed no JSON credentials")))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|_| CredentialsError::HelperNotJson {
+            program: prog.clone(),
+        })?;
     match (v["Username"].as_str(), v["Secret"].as_str()) {
         (Some(u), Some(s)) => Ok(Some((u.to_string(), Secret::new(s.to_string())))),
-        _ => Err(ImageError::Credentials(format!(
-            "{prog} answered without Username/Secret"
-        ))),
+        _ => Err(CredentialsError::HelperIncomplete { program: prog }.into()),
     }
 }
 

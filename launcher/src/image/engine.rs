@@ -2,7 +2,7 @@
 //! default socket. Checked with a ping before any work starts, so a missing engine is one clear
 //! message naming the socket instead of an error in the middle of a build.
 use super::credentials::{Credentials, Found};
-use super::ImageError;
+use super::{EngineError, ImageError};
 use bollard::auth::DockerCredentials;
 use bollard::Docker;
 
@@ -18,14 +18,16 @@ pub async fn connect() -> Result<Docker, ImageError> {
     };
     let hint = "start the engine (`sudo systemctl start docker`; on a test machine \
                 `scripts/docker-local.sh start`) or point DOCKER_HOST at one";
-    let docker = docker
-        .map_err(|e| ImageError::Engine(format!("no Docker Engine at {place}: {e}; {hint}")))?;
-    // Speak the engine's API version (Debian's 20.10 engine answers 1.41, not bollard's 1.53).
-    let docker = docker.negotiate_version().await.map_err(|e| {
-        ImageError::Engine(format!(
-            "the Docker Engine at {place} does not answer: {e}; {hint}"
-        ))
+    let docker = docker.map_err(|error| EngineError::Unreachable {
+        place: place.clone(),
+        hint,
+        error,
     })?;
+    // Speak the engine's API version (Debian's 20.10 engine answers 1.41, not bollard's 1.53).
+    let docker = docker
+        .negotiate_version()
+        .await
+        .map_err(|error| EngineError::Silent { place, hint, error })?;
     Ok(docker)
 }
 
@@ -53,9 +55,22 @@ pub fn engine_error(what: &str, e: bollard::errors::Error) -> ImageError {
         E::DockerResponseServerError {
             status_code,
             message,
-        } => ImageError::Engine(format!("{what}: {message} (HTTP {status_code})")),
-        E::DockerStreamError { error } => ImageError::Engine(format!("{what}: {error}")),
-        other => ImageError::Engine(format!("{what}: {other}")),
+        } => EngineError::Refused {
+            what: what.to_string(),
+            status: status_code,
+            message,
+        }
+        .into(),
+        E::DockerStreamError { error } => EngineError::Stream {
+            what: what.to_string(),
+            error,
+        }
+        .into(),
+        error => EngineError::Call {
+            what: what.to_string(),
+            error,
+        }
+        .into(),
     }
 }
 

@@ -5,7 +5,7 @@
 use super::engine::engine_error;
 use super::push::base_url;
 use super::reference::ImageRef;
-use super::{credentials, ImageError};
+use super::{credentials, EngineError, ImageError, RegistryError};
 use bollard::Docker;
 use oci_spec::image::{ImageConfiguration, ImageManifest};
 use serde_json::{json, Value};
@@ -123,10 +123,9 @@ pub async fn from_engine(docker: &Docker, image: &str) -> Result<Option<ImageFac
     });
     let config =
         ImageConfiguration::from_reader(serde_json::to_vec(&strip_nulls(doc)).unwrap().as_slice())
-            .map_err(|e| {
-                ImageError::Engine(format!(
-                    "the engine's config of {image} is not an OCI image config: {e}"
-                ))
+            .map_err(|error| EngineError::ConfigNotOci {
+                image: image.to_string(),
+                error,
             })?;
     let repo_digests = info.repo_digests.clone().unwrap_or_default();
     Ok(Some(ImageFacts {
@@ -160,10 +159,14 @@ const MANIFEST_TYPES: [&str; 2] = [
 pub async fn from_registry(image: &ImageRef, plain_http: bool) -> Result<ImageFacts, ImageError> {
     crate::tls::install_ring_provider();
     let registry = image.registry_host().to_string();
-    let reference: oci_client::Reference = image
-        .to_string()
-        .parse()
-        .map_err(|e| ImageError::Reference(format!("{image}: {e}")))?;
+    let reference: oci_client::Reference =
+        image
+            .to_string()
+            .parse()
+            .map_err(|error| RegistryError::Reference {
+                image: image.to_string(),
+                error,
+            })?;
     let protocol = if super::push::uses_plain_http(image, plain_http) {
         oci_client::client::ClientProtocol::Http
     } else {
@@ -188,27 +191,32 @@ pub async fn from_registry(image: &ImageRef, plain_http: bool) -> Result<ImageFa
     };
     let url = base_url(image, plain_http);
     // oci-client's errors name the URL and status; they never include the credentials.
-    let fail = |what: &str, e: oci_client::errors::OciDistributionError| {
-        ImageError::Registry(format!("{what} of {image} from {url}: {e}"))
+    let fail = |what: &'static str, error| RegistryError::Read {
+        what,
+        image: image.to_string(),
+        url: url.clone(),
+        error,
     };
     let (raw, digest) = client
         .pull_manifest_raw(&reference, &auth, &MANIFEST_TYPES)
         .await
         .map_err(|e| fail("reading the manifest", e))?;
-    let manifest = ImageManifest::from_reader(raw.as_ref()).map_err(|e| {
-        ImageError::Registry(format!(
-            "the manifest of {image} is not an OCI/Docker v2 image manifest: {e}"
-        ))
+    let manifest = ImageManifest::from_reader(raw.as_ref()).map_err(|error| {
+        RegistryError::ManifestNotOci {
+            image: image.to_string(),
+            error,
+        }
     })?;
     let mut blob = Vec::new();
     client
         .pull_blob(&reference, manifest.config().digest().as_ref(), &mut blob)
         .await
         .map_err(|e| fail("reading the config", e))?;
-    let config = ImageConfiguration::from_reader(blob.as_slice()).map_err(|e| {
-        ImageError::Registry(format!(
-            "the config blob of {image} is not an OCI image config: {e}"
-        ))
+    let config = ImageConfiguration::from_reader(blob.as_slice()).map_err(|error| {
+        RegistryError::ConfigNotOci {
+            image: image.to_string(),
+            error,
+        }
     })?;
     Ok(ImageFacts {
         from: url,

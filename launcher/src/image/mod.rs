@@ -5,6 +5,7 @@ pub mod builder;
 pub mod context;
 pub mod credentials;
 pub mod engine;
+mod error;
 pub mod ignore;
 pub mod inspect;
 pub mod provenance;
@@ -13,6 +14,9 @@ pub mod reference;
 pub mod run;
 pub mod squash;
 
+pub use error::{
+    BuildError, CredentialsError, EngineError, ReferenceError, RegistryError, SquashError,
+};
 use std::path::PathBuf;
 
 /// Where the run config is baked into an image; the trainer reads it when `--config` is absent
@@ -34,18 +38,20 @@ pub enum ImageError {
     Ignore(#[from] ignore::IgnoreError),
     #[error("build context entry {name}: {message}")]
     Context { name: String, message: String },
-    #[error("{0}")]
-    Engine(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
     #[error("build failed at {step}: {message}")]
     BuildStep { step: String, message: String },
-    #[error("{0}")]
-    Registry(String),
-    #[error("{0}")]
-    Reference(String),
-    #[error("{0}")]
-    Credentials(String),
-    #[error("{0}")]
-    Squash(String),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    #[error(transparent)]
+    Squash(#[from] SquashError),
     #[error(transparent)]
     Config(#[from] scdino_config::ConfigError),
 }

@@ -4,7 +4,7 @@
 use super::credentials::{self, Credentials, Found};
 use super::engine::{docker_credentials, engine_error};
 use super::reference::ImageRef;
-use super::ImageError;
+use super::{ImageError, RegistryError};
 use bollard::query_parameters::PushImageOptionsBuilder;
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -33,7 +33,7 @@ pub fn http_client() -> Result<reqwest::Client, ImageError> {
         .connect_timeout(std::time::Duration::from_secs(15))
         .timeout(std::time::Duration::from_secs(60))
         .build()
-        .map_err(|e| ImageError::Registry(format!("HTTP client: {e}")))
+        .map_err(|e| RegistryError::HttpClient(e).into())
 }
 
 /// `GET /v2/` with the credentials: the registry must answer, and a registry that challenges
@@ -61,10 +61,12 @@ pub async fn preflight(
         } else {
             "; a registry without TLS needs --plain-http".into()
         };
-        ImageError::Registry(format!(
-            "registry {registry} is unreachable at {url}: {}{hint}",
-            error_chain(&e)
-        ))
+        RegistryError::Unreachable {
+            registry: registry.to_string(),
+            url: url.clone(),
+            cause: error_chain(&e),
+            hint,
+        }
     })?;
     let status = resp.status();
     if status.is_success() {
@@ -80,21 +82,25 @@ pub async fn preflight(
         if challenge.starts_with("bearer") {
             return Ok(());
         }
-        return Err(ImageError::Registry(match found {
-            Some(f) => format!(
-                "registry {registry} refused the credentials from {} (HTTP 401)",
-                f.source
-            ),
-            None => format!(
-                "registry {registry} needs credentials (HTTP 401) and none were found: log in with `docker login {registry}`, configure a credential helper in ~/.docker/config.json, or set ${} and ${}",
-                credentials::ENV_USERNAME,
-                credentials::ENV_PASSWORD
-            ),
-        }));
+        return Err(match found {
+            Some(f) => RegistryError::CredentialsRefused {
+                registry: registry.to_string(),
+                source_name: f.source.clone(),
+            },
+            None => RegistryError::NeedsCredentials {
+                registry: registry.to_string(),
+                username_env: credentials::ENV_USERNAME,
+                password_env: credentials::ENV_PASSWORD,
+            },
+        }
+        .into());
     }
-    Err(ImageError::Registry(format!(
-        "registry {registry} answered {status} at {url}"
-    )))
+    Err(RegistryError::Status {
+        registry: registry.to_string(),
+        status,
+        url,
+    }
+    .into())
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -135,11 +141,12 @@ pub async fn push(
     let mut digest = None;
     while let Some(item) = stream.next().await {
         let info = item.map_err(|e| match e {
-            bollard::errors::Error::DockerStreamError { error } => ImageError::Registry(format!(
-                "pushing {image} to {}: {}",
-                image.registry_host(),
-                error.trim()
-            )),
+            bollard::errors::Error::DockerStreamError { error } => RegistryError::PushRejected {
+                image: image.to_string(),
+                registry: image.registry_host().to_string(),
+                error: error.trim().to_string(),
+            }
+            .into(),
             other => engine_error(&format!("pushing {image}"), other),
         })?;
         if let Some(status) = info.status {
@@ -157,8 +164,9 @@ pub async fn push(
         }
     }
     digest.ok_or_else(|| {
-        ImageError::Registry(format!(
-            "the engine finished pushing {image} without reporting a digest"
-        ))
+        RegistryError::PushWithoutDigest {
+            image: image.to_string(),
+        }
+        .into()
     })
 }

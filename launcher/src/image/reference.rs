@@ -1,7 +1,7 @@
 //! Image references as Docker writes them: `[REGISTRY/]REPO[:TAG][@sha256:HEX]`. The first
 //! component is a registry when it has a `.` or `:` or is `localhost` (Docker's rule);
 //! otherwise the image lives on Docker Hub.
-use super::ImageError;
+use super::{ImageError, ReferenceError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageRef {
@@ -16,8 +16,12 @@ pub struct ImageRef {
 
 impl ImageRef {
     pub fn parse(s: &str) -> Result<Self, ImageError> {
-        let bad =
-            |why: &str| ImageError::Reference(format!("invalid image reference `{s}`: {why}"));
+        let bad = |why: &'static str| {
+            ImageError::from(ReferenceError {
+                reference: s.to_string(),
+                why,
+            })
+        };
         if s.is_empty() || s.chars().any(char::is_whitespace) {
             return Err(bad("empty or contains whitespace"));
         }

@@ -4,7 +4,7 @@
 //! files written to mounts belong to the caller, logs streamed, Ctrl-C/SIGTERM turned into the
 //! trainer's stop (it checkpoints and exits 75), the container removed, its exit code returned.
 use super::engine::{engine_error, remove_container};
-use super::ImageError;
+use super::{EngineError, ImageError};
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{KillContainerOptionsBuilder, LogsOptionsBuilder};
 use bollard::Docker;
@@ -237,9 +237,8 @@ async fn run_created(docker: &Docker, id: &str) -> Result<i64, ImageError> {
             }
         })
     };
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| ImageError::Engine(e.to_string()))?;
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| ImageError::Engine(e.to_string()))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(EngineError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(EngineError::Signals)?;
     let mut wait = docker.wait_container(id, None);
     let mut stops = 0;
     let code = loop {
@@ -249,7 +248,7 @@ async fn run_created(docker: &Docker, id: &str) -> Result<i64, ImageError> {
                     Some(Ok(r)) => r.status_code,
                     Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
                     Some(Err(e)) => return Err(engine_error("waiting for the container", e)),
-                    None => return Err(ImageError::Engine("the engine stopped reporting on the container".into())),
+                    None => return Err(EngineError::ContainerUnreported.into()),
                 };
             }
             _ = int.recv() => stops += 1,

@@ -6,7 +6,7 @@
 //! existing file for the same ID is verified against its recorded SHA-256 and reused.
 use super::engine::{engine_error, remove_container};
 use super::inspect::{self, ImageFacts};
-use super::ImageError;
+use super::{ImageError, SquashError};
 use crate::fsutil::hex;
 use crate::shell::quote;
 use bollard::models::ContainerCreateBody;
@@ -40,15 +40,15 @@ pub async fn squash(
     out_dir: &Path,
     options: &str,
 ) -> Result<Squashed, ImageError> {
-    let facts = inspect::from_engine(docker, image).await?.ok_or_else(|| {
-        ImageError::Squash(format!(
-            "the engine has no image {image}: build it (launcher image build) or pull it first"
-        ))
+    let facts =
+        inspect::from_engine(docker, image)
+            .await?
+            .ok_or_else(|| SquashError::NoSuchImage {
+                image: image.to_string(),
+            })?;
+    let id = facts.id.clone().ok_or_else(|| SquashError::NoImageId {
+        image: image.to_string(),
     })?;
-    let id = facts
-        .id
-        .clone()
-        .ok_or_else(|| ImageError::Squash(format!("the engine reports no ID for {image}")))?;
     std::fs::create_dir_all(out_dir).map_err(|source| ImageError::Io {
         path: out_dir.to_path_buf(),
         source,
@@ -98,16 +98,12 @@ pub async fn squash(
     if let Ok(t) = std::env::var("SOURCE_DATE_EPOCH") {
         cmd.args(["-mkfs-time", &t, "-all-time", &t]);
     }
-    let out = cmd.output().map_err(|e| {
-        ImageError::Squash(format!(
-            "cannot run mksquashfs ({e}): install squashfs-tools"
-        ))
-    })?;
+    let out = cmd.output().map_err(SquashError::MksquashfsMissing)?;
     if !out.status.success() {
-        return Err(ImageError::Squash(format!(
-            "mksquashfs failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(SquashError::MksquashfsFailed {
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        }
+        .into());
     }
     // Readable by every job user (a 0600 file makes Pyxis say "Invalid image format").
     set_mode(&tmp, 0o644)?;
@@ -224,9 +220,7 @@ async fn export_rootfs(docker: &Docker, id: &str, rootfs: &Path) -> Result<(), I
             }
         }
         drop(tx);
-        let unpacked = unpack
-            .await
-            .map_err(|e| ImageError::Squash(format!("unpacker: {e}")))?;
+        let unpacked = unpack.await.map_err(SquashError::Unpacker)?;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -271,22 +265,17 @@ fn unpack(reader: impl Read, dest: &Path) -> Result<(), ImageError> {
     ar.set_preserve_permissions(true);
     ar.set_unpack_xattrs(false);
     ar.set_overwrite(true);
-    let entries = ar
-        .entries()
-        .map_err(|e| ImageError::Squash(format!("reading the exported filesystem: {e}")))?;
+    let entries = ar.entries().map_err(SquashError::ExportUnreadable)?;
     for entry in entries {
-        let mut entry = entry
-            .map_err(|e| ImageError::Squash(format!("reading the exported filesystem: {e}")))?;
-        let path = entry
-            .path()
-            .map_err(|e| ImageError::Squash(format!("bad path in the export: {e}")))?
-            .to_path_buf();
+        let mut entry = entry.map_err(SquashError::ExportUnreadable)?;
+        let path = entry.path().map_err(SquashError::ExportPath)?.to_path_buf();
         let rel = path.strip_prefix("./").unwrap_or(&path);
         if rel == Path::new(".dockerenv") || (rel.starts_with("dev") && rel != Path::new("dev")) {
             continue;
         }
-        entry.unpack_in(dest).map_err(|e| {
-            ImageError::Squash(format!("unpacking {} from the export: {e}", rel.display()))
+        entry.unpack_in(dest).map_err(|error| SquashError::Unpack {
+            path: rel.to_path_buf(),
+            error,
         })?;
     }
     Ok(())

@@ -58,45 +58,7 @@ pub enum StageError {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    MeanStd,
-    Train,
-    Features,
-    Knn,
-    Evaluate,
-    Umap,
-    Attention,
-    Report,
-}
-
-impl Stage {
-    /// In pipeline order.
-    pub const ALL: [Stage; 8] = [
-        Stage::MeanStd,
-        Stage::Train,
-        Stage::Features,
-        Stage::Knn,
-        Stage::Evaluate,
-        Stage::Umap,
-        Stage::Attention,
-        Stage::Report,
-    ];
-
-    /// The stage's subcommand, as `scdino_config::PIPELINE_STAGES` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::MeanStd => "mean-std",
-            Stage::Train => "train",
-            Stage::Features => "features",
-            Stage::Knn => "knn",
-            Stage::Evaluate => "evaluate",
-            Stage::Umap => "umap",
-            Stage::Attention => "attention",
-            Stage::Report => "report",
-        }
-    }
-}
+pub use scdino_config::Stage;
 
 /// What happened to one stage (per checkpoint tag where it applies).
 #[derive(Debug, Clone)]
