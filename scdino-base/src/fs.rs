@@ -10,10 +10,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// fsyncs the folder (so the rename itself is on disk). The parent folder must exist. On error
 /// the temporary file is removed and `path` is untouched.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_parts(path, &[bytes])
+}
+
+/// [`write_atomic`] of the concatenation of `parts`, without building it (a large text file
+/// formatted in chunks by several threads).
+pub fn write_atomic_parts<B: AsRef<[u8]>>(path: &Path, parts: &[B]) -> std::io::Result<()> {
     let tmp = temp_path(path)?;
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        for part in parts {
+            f.write_all(part.as_ref())?;
+        }
+        let f = f.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -196,3 +196,63 @@ df.assign(Cells_Label=["x"] * 25).to_parquet(f"{d}/stringfeature.parquet")
     let err = profiles::read(&d.join("missing.parquet")).unwrap_err();
     assert!(err.to_string().contains("missing.parquet"), "{err}");
 }
+
+/// scDINO's CSV, byte for byte against numpy's `savetxt(fmt="%.18e")` (what scDINO ran), on
+/// f32 values whose exact expansion has exactly 20 significant digits (a rounding tie at the
+/// 19th) and on ordinary, tiny, huge and negative ones.
+#[test]
+fn feature_csv_equals_numpy_savetxt_including_ties() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = dir.path().join("ours.csv");
+    let theirs = dir.path().join("numpy.csv");
+    let values = run_python(
+        r#"
+import numpy as np
+from decimal import Decimal
+rng = np.random.default_rng(7)
+ties = []
+for b in rng.integers(0x30000000, 0x4f000000, size=200000, dtype=np.uint32):
+    v = np.uint32(b).view(np.float32)
+    digits = Decimal(float(v)).as_tuple().digits
+    while digits and digits[-1] == 0:
+        digits = digits[:-1]
+    if len(digits) == 20:
+        ties.append(float(v))
+    if len(ties) == 64:
+        break
+other = [0.1, -2.5, 1e-30, 3.4e38, -7.25e-8, 123456.789, 2.0**-21, 2.0**100, 0.0]
+vals = np.array(ties + other, dtype=np.float32)
+print(" ".join(repr(float(v)) for v in vals))
+"#,
+        &[],
+    );
+    let values: Vec<f32> = values
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(values.len(), 64 + 9, "found too few ties");
+    let x = Tensor::from_slice(&values).reshape([1, values.len() as i64]);
+    features::write_csv(&ours, &x).unwrap();
+    run_python(
+        r#"
+import sys, numpy as np
+vals = np.array([float(v) for v in sys.argv[2:]], dtype=np.float32).reshape(1, -1)
+np.savetxt(sys.argv[1], vals.astype(np.float64), delimiter=",")
+"#,
+        &[theirs.to_str().unwrap()]
+            .into_iter()
+            .chain(
+                values
+                    .iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str),
+            )
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(
+        std::fs::read_to_string(&ours).unwrap(),
+        std::fs::read_to_string(&theirs).unwrap()
+    );
+}
