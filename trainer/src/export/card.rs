@@ -90,8 +90,14 @@ fn training(s: &mut String, src: &Source) {
     let _ = writeln!(s, "| batch size per GPU | {} |", c.train.batch_size_per_gpu);
     let _ = writeln!(
         s,
-        "| optimizer, lr, weight decay | {:?}, {}, {} → {} |",
-        c.train.optimizer, c.train.lr, c.train.weight_decay, c.train.weight_decay_end
+        "| optimizer, lr, weight decay | {}, {}, {} → {} |",
+        serde_json::to_value(c.train.optimizer)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_else(|| format!("{:?}", c.train.optimizer)),
+        c.train.lr,
+        c.train.weight_decay,
+        c.train.weight_decay_end
     );
     let _ = writeln!(s, "| seed | {} |\n", c.run.seed);
 }

@@ -191,7 +191,7 @@ model.load_state_dict(load_file("/path/to/this/folder/model.safetensors"))
 model.eval()
 ```
 
-`model(x)` with `x` a float32 `[B, {k}, {s}, {s}]` tensor, normalised as below, is the CLS
+`model(x)` with `x` a float32 `[B, {k}, {s}, {s}]` tensor, normalised with the mean and std of the channel table, is the CLS
 token after the final norm, `[B, {d}]`: the feature this project's analyses use (they
 L2-normalise it). The input size is fixed at {s}×{s} (`dynamic_img_size=True` accepts
 other sizes, but timm resamples the position embeddings its own way, not DINO's).

@@ -121,7 +121,7 @@ with torch.no_grad():
     features = model(x)
 ```
 
-`x`: float32 `[B, {k}, {s}, {s}]`, channels in the order listed below, each channel min-max
+`x`: float32 `[B, {k}, {s}, {s}]`, channels in the order of the channel table, each channel min-max
 scaled to [0, 1] per image (what this project's preprocessing gives before normalising; the
 module subtracts the mean and divides by the std itself). Any batch size; the image size is
 fixed at {s}×{s}. `features`: `{shape}`, {meaning}.

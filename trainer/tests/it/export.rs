@@ -337,3 +337,37 @@ fn export_refuses_bad_checkpoints_and_occupied_folders() {
         "{stderr}"
     );
 }
+
+#[test]
+fn export_card_reports_the_runs_scores_for_this_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("run/scDINO_ViTs/vit_tiny_channel_all");
+    std::fs::create_dir_all(&model_dir).unwrap();
+    let (ckpt, _vs, _vit) = checkpoint(&model_dir, ChannelMode::Fixed, 0);
+    // The pipeline's evaluation of this checkpoint (3 epochs done: tag epoch2).
+    let eval_dir = dir
+        .path()
+        .join("run/vit_tiny_channel_all_analyses/evaluation");
+    std::fs::create_dir_all(&eval_dir).unwrap();
+    let scores = |top1: f64| serde_json::json!({"top1_percent": top1, "balanced_accuracy_percent": 61.5, "macro_f1": 0.6});
+    let report = serde_json::json!({
+        "queries_from": "held-out split",
+        "n_train": 40,
+        "n_queries": 10,
+        "knn": [{"k": 20, "scores": scores(70.0)}],
+        "linear_probe": {"scores": scores(80.0)},
+    });
+    std::fs::write(eval_dir.join("epoch2_evaluation.json"), report.to_string()).unwrap();
+    let out = dir.path().join("ts");
+    export(&request(&ckpt, Format::Torchscript, &out)).unwrap();
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    for needle in [
+        "| 20-NN | 70.00 | 61.50 | 0.6000 |",
+        "| linear probe | 80.00 | 61.50 | 0.6000 |",
+        "held-out split, 40 training and 10 query images",
+        "torch.jit.load",
+        "3 epochs done",
+    ] {
+        assert!(card.contains(needle), "the card lacks {needle}:\n{card}");
+    }
+}
