@@ -36,6 +36,9 @@ pub const PREVIOUS_CHECKPOINT: &str = "checkpoint.prev.safetensors";
 /// The list of one checkpoint's attention images, in its attention folder.
 pub const ATTENTION_MANIFEST: &str = "attention_images.json";
 
+/// The run folder's folder of trained models.
+const MODELS_DIR: &str = "scDINO_ViTs";
+
 /// The folder of one run (`{output_dir}/{name}`): what all channel combinations share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunLayout {
@@ -78,7 +81,7 @@ impl RunLayout {
         ModelLayout {
             dir: self
                 .root
-                .join("scDINO_ViTs")
+                .join(MODELS_DIR)
                 .join(cfg.model_dir_name(&trained)),
             analyses: self
                 .root
@@ -98,6 +101,20 @@ impl ModelLayout {
     /// `scDINO_ViTs/{model}`: checkpoints and training logs.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The layout of the model whose training folder is `dir` (`…/scDINO_ViTs/{model}`),
+    /// without the config (a run folder that moved); None for a folder elsewhere.
+    pub fn beside(dir: &Path) -> Option<Self> {
+        let model = dir.file_name()?.to_str()?;
+        let models = dir.parent()?;
+        if models.file_name()? != MODELS_DIR {
+            return None;
+        }
+        Some(Self {
+            dir: dir.to_path_buf(),
+            analyses: models.parent()?.join(format!("{model}_analyses")),
+        })
     }
 
     /// `{model}_analyses`: features, kNN, evaluation, plots, attention, report.

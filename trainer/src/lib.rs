@@ -9,6 +9,7 @@ pub use scdino_config as config;
 pub mod data;
 pub mod device;
 pub mod dist;
+pub mod export;
 pub mod gpu;
 pub mod layout;
 pub mod logging;

@@ -6,6 +6,7 @@ mod collectives_cmd;
 mod config_cmd;
 mod data_cmd;
 mod data_tools_cmd;
+mod export_cmd;
 mod pack_cmd;
 mod pipeline_cmd;
 mod preload_cmd;
@@ -111,6 +112,8 @@ enum Command {
     /// Inspect or import PyTorch `.pth` checkpoints (scDINO/DINO).
     #[command(subcommand)]
     Checkpoint(checkpoint_cmd::CheckpointCommand),
+    /// A checkpoint's backbone for timm (safetensors + config.json) or TorchScript, with a model card.
+    Export(export_cmd::ExportArgs),
     /// Run N local ranks of a trainer command (multi-process data parallelism on one machine).
     Launch(train_cmd::LaunchArgs),
     /// nccl-tests-style bandwidth and correctness of the collectives across the job's ranks.
@@ -141,6 +144,7 @@ impl Cli {
             Command::Report(r) => r.run(),
             Command::Pipeline(p) => p.run(),
             Command::Checkpoint(c) => c.run(),
+            Command::Export(e) => e.run(),
         }
     }
 }

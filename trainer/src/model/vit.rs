@@ -197,26 +197,30 @@ impl ChannelPatchEmbed {
     /// `x`: `[B, k, H, W]` holding the model's channels `channels` (k indices, in the order of
     /// x's channels) → `[B, k·(H/P)·(W/P), D]`, channel-major (all patches of the first channel,
     /// then the next), as ChannelViT orders them.
-    fn forward(&self, x: &Tensor, channels: &Tensor) -> Tensor {
-        let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
+    /// `channels`: the model's channel of each input channel; None: all of them, in order.
+    fn forward(&self, x: &Tensor, channels: Option<&Tensor>) -> Tensor {
+        let k = x.size()[1];
         let p = [self.patch_size, self.patch_size];
         let d = self.weight.size()[0];
         let weight = self
             .weight
             .reshape([d, 1, self.patch_size, self.patch_size]);
-        let y = x
-            .reshape([b * k, 1, h, w])
-            .conv2d(&weight, Some(&self.bias), p, [0, 0], [1, 1], 1);
-        let n = y.size()[2] * y.size()[3];
+        let y =
+            x.flatten(0, 1)
+                .unsqueeze(1)
+                .conv2d(&weight, Some(&self.bias), p, [0, 0], [1, 1], 1);
         // [B·k, D, h', w'] → [B, k, n, D], plus channel c's embedding on each of its tokens.
-        let tokens = y.reshape([b, k, d, n]).transpose(2, 3);
-        let embed = self
-            .channel_embed
-            .reshape([d, -1])
-            .index_select(1, channels)
-            .transpose(0, 1)
-            .reshape([1, k, 1, d]);
-        (tokens + embed).reshape([b, k * n, d])
+        let tokens = y.flatten(2, 3).unflatten(0, [-1, k]).transpose(2, 3);
+        let embed = self.channel_embed.reshape([d, -1]);
+        let embed = match channels {
+            Some(index) => embed.index_select(1, index),
+            None => {
+                assert_eq!(embed.size()[1], k, "the input holds every model channel");
+                embed
+            }
+        };
+        let embed = embed.transpose(0, 1).reshape([1, k, 1, d]);
+        (tokens + embed).flatten(1, 2)
     }
 }
 
@@ -263,19 +267,19 @@ impl Attention {
         )
     }
 
-    /// `[B, N, D]` → q, k, v each `[B, heads, N, D/heads]`.
+    /// `[B, N, D]` → q, k, v each `[B, heads, N, D/heads]`. Shapes are split and merged
+    /// without naming B or N (`unflatten`, `flatten`), so a traced forward keeps them free.
     fn qkv(&self, x: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let (b, n, d) = x.size3().expect("tokens are [B, N, D]");
+        let d = x.size()[2];
         let qkv = self
             .qkv
             .forward(x)
-            .reshape([b, n, 3, self.num_heads, d / self.num_heads])
+            .unflatten(-1, [3, self.num_heads, d / self.num_heads])
             .permute([2, 0, 3, 1, 4]);
         (qkv.get(0), qkv.get(1), qkv.get(2))
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
-        let (b, n, d) = x.size3().expect("tokens are [B, N, D]");
         let (q, k, v) = self.qkv(x);
         // Fused kernel; its default scale is head_dim^-0.5, as in DINO.
         let out = Tensor::scaled_dot_product_attention(
@@ -288,7 +292,7 @@ impl Attention {
             None,
             false,
         );
-        self.proj.forward(&out.transpose(1, 2).reshape([b, n, d]))
+        self.proj.forward(&out.transpose(1, 2).flatten(2, 3))
     }
 
     /// softmax(q·kᵀ·scale): `[B, heads, N, N]`, for attention maps.
@@ -371,6 +375,14 @@ impl Block {
             train,
         )
     }
+}
+
+/// `param` (`[1, K, D]`) as a `[B, K, D]` view for the batch of `like` (`[B, N, D]`). The batch
+/// size comes from a tensor, not a Rust integer, so a traced forward (TorchScript export,
+/// `export/torchscript.rs`) takes any batch size instead of the one it was traced with.
+fn batch_expand(param: &Tensor, like: &Tensor) -> Tensor {
+    let batch = like.narrow(1, 0, 1).narrow(2, 0, 1);
+    Tensor::broadcast_tensors(&[param, &batch]).swap_remove(0)
 }
 
 /// Stochastic depth: drops the whole residual branch per sample, rescaling the survivors.
@@ -549,11 +561,11 @@ impl VisionTransformer {
         match &self.register_tokens {
             None => t,
             Some(r) => {
-                let (b, n, _) = t.size3().expect("tokens are [B, N, D]");
+                let n = t.size()[1];
                 Tensor::cat(
                     &[
                         t.narrow(1, 0, 1),
-                        r.expand([b, -1, -1], false),
+                        batch_expand(r, &t),
                         t.narrow(1, 1, n - 1),
                     ],
                     1,
@@ -568,30 +580,25 @@ impl VisionTransformer {
     }
 
     fn prepare_tokens_without_registers(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
-        let (b, c, h, w) = x.size4().expect("images are [B, C, H, W]");
-        let cls = self.cls_token.expand([b, -1, -1], false);
+        let (_, c, h, w) = x.size4().expect("images are [B, C, H, W]");
         match &self.patch_embed {
             Tokenizer::Image(embed) => {
                 let patches = embed.forward(x);
                 let npatch = patches.size()[1];
+                let cls = batch_expand(&self.cls_token, &patches);
                 Tensor::cat(&[cls, patches], 1) + self.interpolate_pos_encoding(npatch, h, w)
             }
             Tokenizer::PerChannel(embed) => {
-                let all: Vec<i64>;
-                let channels = match channels {
-                    Some(ch) => ch,
-                    None => {
-                        all = (0..c).collect();
-                        &all
-                    }
-                };
-                assert_eq!(
-                    channels.len() as i64,
-                    c,
-                    "the channel list must name each of the input's channels"
-                );
-                let index = Tensor::from_slice(channels).to_device(x.device());
-                let patches = embed.forward(x, &index);
+                let index = channels.map(|channels| {
+                    assert_eq!(
+                        channels.len() as i64,
+                        c,
+                        "the channel list must name each of the input's channels"
+                    );
+                    Tensor::from_slice(channels).to_device(x.device())
+                });
+                let patches = embed.forward(x, index.as_ref());
+                let cls = batch_expand(&self.cls_token, &patches);
                 let per_channel = patches.size()[1] / c;
                 let pos = self.interpolate_pos_encoding(per_channel, h, w);
                 let cls_pos = pos.narrow(1, 0, 1);

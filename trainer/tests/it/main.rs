@@ -6,6 +6,7 @@ mod config;
 mod data;
 mod dist;
 mod evaluate;
+mod export;
 mod knn;
 mod metrics;
 mod model;

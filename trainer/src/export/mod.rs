@@ -1,0 +1,108 @@
+//! `trainer export`: a trained backbone as files other tools load without this crate: timm's
+//! `VisionTransformer` (safetensors + `config.json`) or a TorchScript module. Each export is a
+//! folder with a `README.md` model card saying what the model was trained on and how to load
+//! it. What a format cannot express (a channel-adaptive model in timm) is refused, never
+//! written approximately.
+mod card;
+mod output;
+mod source;
+mod timm;
+mod torchscript;
+
+pub use output::Staging;
+pub use source::{ModelRecord, Source};
+
+use crate::config::CheckpointKey;
+use std::path::{Path, PathBuf};
+
+/// The file formats an export can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `model.safetensors` with timm's `VisionTransformer` names, timm's `config.json`.
+    Timm,
+    /// `model.pt`: a traced TorchScript module, normalisation inside.
+    Torchscript,
+}
+
+impl Format {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Format::Timm => "timm",
+            Format::Torchscript => "torchscript",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    #[error("{path}: {what}")]
+    Invalid { path: PathBuf, what: String },
+    #[error("cannot export {path} as {format}: {why}")]
+    Unsupported {
+        path: PathBuf,
+        format: &'static str,
+        why: String,
+    },
+    #[error("{0} exists and is not empty; pass --force to replace it")]
+    NotEmpty(PathBuf),
+    #[error("{path}: {context}: {source}")]
+    Io {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Torch {
+        what: String,
+        #[source]
+        source: tch::TchError,
+    },
+}
+
+/// What `trainer export` was asked for.
+#[derive(Debug, Clone)]
+pub struct ExportRequest {
+    pub checkpoint: PathBuf,
+    pub format: Format,
+    pub out: PathBuf,
+    /// The teacher (DINO's evaluated network, the default) or the student.
+    pub network: CheckpointKey,
+    /// Replace `out` even if it holds files.
+    pub force: bool,
+}
+
+/// Writes the export of `req` to `req.out` (all files or none: they are written to a
+/// hidden folder beside it that replaces it at the end) and returns the files written.
+pub fn export(req: &ExportRequest) -> Result<Vec<PathBuf>, ExportError> {
+    let staging = Staging::begin(&req.out, req.force)?;
+    let src = Source::load(&req.checkpoint, req.network)?;
+    tracing::info!(
+        "exporting the {} backbone of {} ({}) as {}",
+        source::network_name(req.network),
+        req.checkpoint.display(),
+        src.model.describe(),
+        req.format.name()
+    );
+    let how_to_load = match req.format {
+        Format::Timm => timm::write(&src, &staging)?,
+        Format::Torchscript => torchscript::write(&src, &staging)?,
+    };
+    let card = card::model_card(&src, req.format, &how_to_load);
+    staging.write("README.md", card.as_bytes())?;
+    staging.commit()
+}
+
+/// `path` as the error of an I/O `context`.
+fn io<'a>(
+    path: &'a Path,
+    context: &'static str,
+) -> impl FnOnce(std::io::Error) -> ExportError + 'a {
+    move |source| ExportError::Io {
+        path: path.to_path_buf(),
+        context,
+        source,
+    }
+}

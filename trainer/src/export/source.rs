@@ -1,0 +1,240 @@
+//! What an export reads from a training checkpoint: the model it records (the fingerprint
+//! written by `trainer train`: architecture, patch size, channel mode and names, registers),
+//! the per-channel mean/std the crops were normalised with, the run config, and one network's
+//! backbone loaded into our ViT, every tensor present with its shape (nothing left at a random
+//! init).
+use super::ExportError;
+use crate::checkpoint;
+use crate::config::{Arch, ChannelMode, CheckpointKey, Config};
+use crate::model::{VisionTransformer, VitConfig};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use tch::{nn, Kind, Tensor};
+
+/// The model a checkpoint's fingerprint records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRecord {
+    pub arch: Arch,
+    pub patch_size: usize,
+    pub mode: ChannelMode,
+    /// The channels the model was trained on, in its input order.
+    pub channel_names: Vec<String>,
+    pub num_register_tokens: usize,
+}
+
+impl ModelRecord {
+    /// Reads the fingerprint JSON; an error names the keys it lacks (a checkpoint imported
+    /// from a `.pth` records none of them).
+    pub fn from_fingerprint(fingerprint: &str, path: &Path) -> Result<Self, ExportError> {
+        let invalid = |what: String| ExportError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        };
+        let v: serde_json::Value = serde_json::from_str(fingerprint)
+            .map_err(|e| invalid(format!("its model record (fingerprint) is not JSON: {e}")))?;
+        let missing: Vec<&str> = ["arch", "patch_size", "channel_names"]
+            .into_iter()
+            .filter(|k| v.get(k).is_none_or(|x| x.is_null()))
+            .collect();
+        if !missing.is_empty() {
+            let imported = v.get("imported_from").is_some();
+            return Err(invalid(format!(
+                "the checkpoint does not record its model (no {} in its fingerprint){}; export needs a checkpoint written by `trainer train`",
+                missing.join(", "),
+                if imported { ", it was imported from a .pth" } else { "" }
+            )));
+        }
+        let field = |k: &str| invalid(format!("the fingerprint's `{k}` is malformed: {}", v[k]));
+        let arch: Arch = serde_json::from_value(v["arch"].clone()).map_err(|_| field("arch"))?;
+        let patch_size = v["patch_size"]
+            .as_u64()
+            .ok_or_else(|| field("patch_size"))? as usize;
+        let channel_names = v["channel_names"]
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|n| n.as_str().map(String::from))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| field("channel_names"))?;
+        let mode = match v.get("model_channels") {
+            None => ChannelMode::Fixed,
+            Some(m) => serde_json::from_value(m.clone()).map_err(|_| field("model_channels"))?,
+        };
+        let num_register_tokens = match v.get("num_register_tokens") {
+            None => 0,
+            Some(r) => r.as_u64().ok_or_else(|| field("num_register_tokens"))? as usize,
+        };
+        Ok(Self {
+            arch,
+            patch_size,
+            mode,
+            channel_names,
+            num_register_tokens,
+        })
+    }
+
+    /// The backbone's architecture (a `bag` model is one single-channel ViT).
+    pub fn vit_config(&self) -> VitConfig {
+        let k = self.channel_names.len();
+        match self.mode {
+            ChannelMode::Fixed => VitConfig::new(self.arch, self.patch_size, k),
+            ChannelMode::Bag => VitConfig::new(self.arch, self.patch_size, 1),
+            ChannelMode::Tokens => {
+                VitConfig::new(self.arch, self.patch_size, k).with_channel_tokens()
+            }
+        }
+        .with_registers(self.num_register_tokens)
+    }
+
+    /// `vit_small, patch 16, 3 channels (DAPI, ...), model.channels: fixed`.
+    pub fn describe(&self) -> String {
+        let registers = match self.num_register_tokens {
+            0 => String::new(),
+            r => format!(", {r} register tokens"),
+        };
+        format!(
+            "{}, patch {}, {} channels ({}), model.channels: {}{registers}",
+            arch_name(self.arch),
+            self.patch_size,
+            self.channel_names.len(),
+            self.channel_names.join(", "),
+            self.mode.name()
+        )
+    }
+}
+
+/// The config spelling of `arch` (`vit_small`).
+pub fn arch_name(arch: Arch) -> String {
+    serde_json::to_value(arch)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_else(|| format!("{arch:?}"))
+}
+
+pub fn network_name(key: CheckpointKey) -> &'static str {
+    match key {
+        CheckpointKey::Teacher => "teacher",
+        CheckpointKey::Student => "student",
+    }
+}
+
+/// One network of a checkpoint, ready to export.
+pub struct Source {
+    pub path: PathBuf,
+    pub network: CheckpointKey,
+    pub model: ModelRecord,
+    /// Per input channel (the model's channel order), as the crops were normalised.
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+    /// Epochs done and the next global iteration when the checkpoint was written.
+    pub epoch: usize,
+    pub iteration: usize,
+    /// The run config (None when the checkpoint's copy is missing or no longer parses).
+    pub config: Option<Config>,
+    pub config_yaml: String,
+    /// Holds the backbone's weights (float32, CPU, frozen), under `backbone.*`.
+    pub vs: nn::VarStore,
+    pub vit: VisionTransformer,
+}
+
+impl Source {
+    pub fn load(path: &Path, network: CheckpointKey) -> Result<Self, ExportError> {
+        let ck = checkpoint::load(path)?;
+        let invalid = |what: String| ExportError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        };
+        let model = ModelRecord::from_fingerprint(&ck.meta.fingerprint, path)?;
+        let k = model.channel_names.len();
+        if ck.meta.mean.len() != k || ck.meta.std.len() != k {
+            return Err(invalid(format!(
+                "it records {} means and {} stds for its {k} channels; export needs the per-channel mean/std the model was trained with",
+                ck.meta.mean.len(),
+                ck.meta.std.len()
+            )));
+        }
+        let prefix = format!("{}.backbone.", network_name(network));
+        let mut vs = nn::VarStore::new(tch::Device::Cpu);
+        let vit = VisionTransformer::new(vs.root() / "backbone", model.vit_config());
+        let mut vars = vs.variables();
+        let stored: BTreeSet<&str> = ck
+            .tensors
+            .keys()
+            .filter_map(|n| n.strip_prefix(&prefix))
+            .collect();
+        if stored.is_empty() {
+            return Err(invalid(format!(
+                "no {} backbone in the checkpoint (no {prefix}* tensors)",
+                network_name(network)
+            )));
+        }
+        let wanted: BTreeSet<String> = vars
+            .keys()
+            .map(|n| n.trim_start_matches("backbone.").to_string())
+            .collect();
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|n| !stored.contains(n.as_str()))
+            .collect();
+        let unexpected: Vec<&&str> = stored.iter().filter(|n| !wanted.contains(**n)).collect();
+        if !missing.is_empty() || !unexpected.is_empty() {
+            return Err(invalid(format!(
+                "its {} backbone does not fit the recorded model ({}): missing {missing:?}, unexpected {unexpected:?}",
+                network_name(network),
+                model.describe()
+            )));
+        }
+        tch::no_grad(|| {
+            for (name, var) in vars.iter_mut() {
+                let short = name.trim_start_matches("backbone.");
+                let src = &ck.tensors[&format!("{prefix}{short}")];
+                if src.size() != var.size() {
+                    return Err(invalid(format!(
+                        "{prefix}{short} has shape {:?}, the recorded model ({}) needs {:?}",
+                        src.size(),
+                        model.describe(),
+                        var.size()
+                    )));
+                }
+                var.copy_(&src.to_kind(Kind::Float));
+            }
+            Ok(())
+        })?;
+        vs.freeze();
+        let config = (!ck.meta.config_yaml.trim().is_empty())
+            .then(|| Config::from_yaml(&ck.meta.config_yaml, &path.display().to_string()))
+            .and_then(|r| {
+                r.map_err(|e| {
+                    tracing::warn!("the run config stored in the checkpoint does not parse ({e}); the model card leaves it out")
+                })
+                .ok()
+            });
+        Ok(Self {
+            path: path.to_path_buf(),
+            network,
+            model,
+            mean: ck.meta.mean.clone(),
+            std: ck.meta.std.clone(),
+            epoch: ck.meta.epoch,
+            iteration: ck.meta.iteration,
+            config,
+            config_yaml: ck.meta.config_yaml.clone(),
+            vs,
+            vit,
+        })
+    }
+
+    /// The backbone's tensors under their (DINO = PyTorch) names, sorted.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self
+            .vs
+            .variables()
+            .into_iter()
+            .map(|(n, t)| (n.trim_start_matches("backbone.").to_string(), t))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}

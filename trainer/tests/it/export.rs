@@ -1,0 +1,373 @@
+//! `trainer export` against the consumers it is for: timm's `VisionTransformer` and
+//! `torch.jit.load` in the venv (`tests/py/export_oracle.py`) give our CLS features on the same
+//! images; channel-adaptive models are refused by timm; bad checkpoints and occupied output
+//! folders are errors naming the file.
+use super::util::{max_abs_diff, run_py_file, torch_rng_lock};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tch::{nn, Kind, Tensor};
+use trainer::checkpoint::{self, CheckpointMeta, EpochTotals};
+use trainer::config::{Arch, ChannelMode, CheckpointKey, Config};
+use trainer::export::{export, ExportRequest, Format};
+use trainer::model::{bag_cls, VisionTransformer, VitConfig};
+
+const CHANNELS: [&str; 5] = ["DAPI", "CD3", "CD19", "CD56", "Actin"];
+const MEAN: [f32; 5] = [0.31, 0.42, 0.25, 0.5, 0.37];
+const STD: [f32; 5] = [0.21, 0.18, 0.3, 0.25, 0.2];
+
+/// A teacher (and a different student) backbone of `mode`, saved as a training checkpoint
+/// would be; returns the checkpoint and the teacher.
+fn checkpoint(
+    dir: &Path,
+    mode: ChannelMode,
+    registers: usize,
+) -> (PathBuf, nn::VarStore, VisionTransformer) {
+    let _rng = torch_rng_lock();
+    tch::manual_seed(7);
+    let k = CHANNELS.len();
+    let cfg = match mode {
+        ChannelMode::Fixed => VitConfig::new(Arch::VitTiny, 16, k),
+        ChannelMode::Bag => VitConfig::new(Arch::VitTiny, 16, 1),
+        ChannelMode::Tokens => VitConfig::new(Arch::VitTiny, 16, k).with_channel_tokens(),
+    }
+    .with_registers(registers);
+    let mut vs = nn::VarStore::new(tch::Device::Cpu);
+    let vit = VisionTransformer::new(vs.root() / "backbone", cfg);
+    let mut tensors = Vec::new();
+    tch::no_grad(|| {
+        for (name, t) in vs.variables() {
+            // Registers and LayerNorm affine parameters away from their init, so they matter.
+            if name.contains("register_tokens") || name.contains("norm") {
+                t.shallow_clone()
+                    .copy_(&(&t + Tensor::randn_like(&t) * 0.5));
+            }
+            tensors.push((format!("teacher.{name}"), t.copy()));
+            tensors.push((format!("student.{name}"), t.copy() * 0.5));
+        }
+    });
+    vs.freeze();
+    let mut fp = serde_json::json!({
+        "arch": "vit_tiny",
+        "patch_size": 16,
+        "out_dim": 128,
+        "channel_names": CHANNELS,
+        "channels": (0..k).collect::<Vec<_>>(),
+    });
+    if mode != ChannelMode::Fixed {
+        fp["model_channels"] = mode.name().into();
+    }
+    if registers > 0 {
+        fp["num_register_tokens"] = registers.into();
+    }
+    let meta = CheckpointMeta {
+        format: checkpoint::FORMAT.into(),
+        epoch: 3,
+        epoch_batch: 0,
+        iteration: 30,
+        seed: 0,
+        fingerprint: fp.to_string(),
+        config_yaml: Config::from_yaml("", "test").unwrap().to_yaml(),
+        mean: MEAN.to_vec(),
+        std: STD.to_vec(),
+        epoch_totals: EpochTotals::default(),
+        loss_scaler: None,
+    };
+    let path = dir.join("checkpoint0002.safetensors");
+    checkpoint::save(&path, &tensors, &meta).unwrap();
+    (path, vs, vit)
+}
+
+fn request(ckpt: &Path, format: Format, out: &Path) -> ExportRequest {
+    ExportRequest {
+        checkpoint: ckpt.to_path_buf(),
+        format,
+        out: out.to_path_buf(),
+        network: CheckpointKey::Teacher,
+        force: false,
+    }
+}
+
+/// Runs the oracle on `x` and our features `ours`, returning its JSON.
+fn oracle(format: &str, export_dir: &Path, x: &Tensor, ours: &Tensor) -> serde_json::Value {
+    let tensors = export_dir.with_extension("inputs.safetensors");
+    let (x, ours) = (x.contiguous(), ours.contiguous());
+    Tensor::write_safetensors(&[("x", &x), ("ours", &ours)], &tensors).unwrap();
+    let out = run_py_file(
+        "export_oracle.py",
+        &[
+            format,
+            export_dir.to_str().unwrap(),
+            tensors.to_str().unwrap(),
+        ],
+    );
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// Images scaled to [0, 1] and their normalisation with the checkpoint's mean/std.
+fn images(b: i64, k: i64) -> (Tensor, Tensor) {
+    let _rng = torch_rng_lock();
+    tch::manual_seed(11);
+    let raw = Tensor::rand([b, k, 224, 224], (Kind::Float, tch::Device::Cpu));
+    let mean = Tensor::from_slice(&MEAN[..k as usize]).reshape([1, k, 1, 1]);
+    let std = Tensor::from_slice(&STD[..k as usize]).reshape([1, k, 1, 1]);
+    let normalized = (&raw - mean) / std;
+    (raw, normalized)
+}
+
+fn timm_matches(registers: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, _vs, vit) = checkpoint(dir.path(), ChannelMode::Fixed, registers);
+    let out = dir.path().join("timm");
+    let files = export(&request(&ckpt, Format::Timm, &out)).unwrap();
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["README.md", "config.json", "model.safetensors"]);
+    let (_, x) = images(3, 5);
+    let ours = tch::no_grad(|| vit.forward_t(&x, false));
+    assert!(
+        ours.abs().max().double_value(&[]) > 0.1,
+        "features worth comparing"
+    );
+    let v = oracle("timm", &out, &x, &ours);
+    for route in ["local_dir", "overlay", "state_dict"] {
+        let diff = v[route].as_f64().unwrap();
+        eprintln!("timm ({route}, {registers} registers): max |timm - ours| = {diff:e}");
+        assert!(diff <= 1e-4, "{route}: max |timm - ours| = {diff}");
+        assert_eq!(v[format!("{route}_shape")], serde_json::json!([3, 192]));
+    }
+    let close = |a: &serde_json::Value, b: &[f32]| {
+        a.as_array()
+            .unwrap()
+            .iter()
+            .zip(b)
+            .all(|(a, b)| (a.as_f64().unwrap() - f64::from(*b)).abs() < 1e-6)
+    };
+    assert!(close(&v["mean"], &MEAN) && close(&v["std"], &STD), "{v}");
+    assert_eq!(v["input_size"], serde_json::json!([5, 224, 224]));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architecture"], "vit_tiny_patch16_224");
+    assert_eq!(config["channel_names"], serde_json::json!(CHANNELS));
+    assert_eq!(config["pretrained_cfg"]["notes"][1], "channel 1: CD3");
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    for needle in [
+        "local-dir:",
+        "pretrained_cfg_overlay",
+        "| 1 | CD3 | 0.42 | 0.18 |",
+    ] {
+        assert!(card.contains(needle), "the card lacks {needle}:\n{card}");
+    }
+}
+
+#[test]
+fn export_timm_gives_our_cls_features() {
+    timm_matches(0);
+}
+
+#[test]
+fn export_timm_with_registers_gives_our_cls_features() {
+    timm_matches(4);
+}
+
+#[test]
+fn export_torchscript_gives_our_cls_features_for_every_channel_mode() {
+    for (mode, registers) in [
+        (ChannelMode::Fixed, 2),
+        (ChannelMode::Tokens, 0),
+        (ChannelMode::Bag, 0),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ckpt, _vs, vit) = checkpoint(dir.path(), mode, registers);
+        let out = dir.path().join("ts");
+        export(&request(&ckpt, Format::Torchscript, &out)).unwrap();
+        // Traced on two images; three go through (the batch is not baked in).
+        let (raw, x) = images(3, 5);
+        let ours = tch::no_grad(|| match mode {
+            ChannelMode::Fixed => vit.forward_t(&x, false),
+            ChannelMode::Tokens => vit.forward_channels_t(&x, Some(&[0, 1, 2, 3, 4]), false),
+            ChannelMode::Bag => bag_cls(&vit, &x),
+        });
+        assert!(
+            ours.abs().max().double_value(&[]) > 0.1,
+            "features worth comparing"
+        );
+        let v = oracle("torchscript", &out, &raw, &ours);
+        let diff = v["torchscript"].as_f64().unwrap();
+        eprintln!("torchscript ({}): max |ts - ours| = {diff:e}", mode.name());
+        assert!(
+            diff <= 1e-5,
+            "{}: max |torchscript - ours| = {diff}",
+            mode.name()
+        );
+        let shape = if mode == ChannelMode::Bag {
+            serde_json::json!([3, 5, 192])
+        } else {
+            serde_json::json!([3, 192])
+        };
+        assert_eq!(v["shape"], shape, "{}", mode.name());
+        // No device is written into the graph: map_location places the whole module.
+        let code = v["code"].as_str().unwrap();
+        assert!(!code.contains("cpu"), "{code}");
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(config["model_channels"], mode.name());
+        assert!(out.join("README.md").exists());
+    }
+}
+
+#[test]
+fn export_student_differs_from_teacher() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, _vs, _vit) = checkpoint(dir.path(), ChannelMode::Fixed, 0);
+    let mut req = request(&ckpt, Format::Timm, &dir.path().join("teacher"));
+    export(&req).unwrap();
+    req.network = CheckpointKey::Student;
+    req.out = dir.path().join("student");
+    export(&req).unwrap();
+    let read = |d: &str| {
+        Tensor::read_safetensors(dir.path().join(d).join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .find(|(n, _)| n == "blocks.0.attn.qkv.weight")
+            .unwrap()
+            .1
+    };
+    let (t, s) = (read("teacher"), read("student"));
+    assert!(max_abs_diff(&(t * 0.5), &s) < 1e-7);
+    let card = std::fs::read_to_string(dir.path().join("student/README.md")).unwrap();
+    assert!(card.contains("student backbone"), "{card}");
+}
+
+#[test]
+fn export_timm_refuses_channel_adaptive_models() {
+    for mode in [ChannelMode::Bag, ChannelMode::Tokens] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ckpt, _vs, _vit) = checkpoint(dir.path(), mode, 0);
+        let out = dir.path().join("timm");
+        let e = export(&request(&ckpt, Format::Timm, &out))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("model.channels: {}", mode.name()))
+                && e.contains("checkpoint0002.safetensors")
+                && e.contains("as timm"),
+            "{e}"
+        );
+        assert!(!out.exists(), "a refused export leaves no folder");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
+
+#[test]
+fn export_refuses_bad_checkpoints_and_occupied_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, _vs, _vit) = checkpoint(dir.path(), ChannelMode::Fixed, 0);
+    // A checkpoint that does not record its model (as one imported from a .pth).
+    let bare = dir.path().join("imported.safetensors");
+    let ck = checkpoint::load(&ckpt).unwrap();
+    let mut meta = ck.meta.clone();
+    meta.fingerprint = serde_json::json!({"imported_from": "x.pth"}).to_string();
+    let tensors: Vec<(String, Tensor)> = ck
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    checkpoint::save(&bare, &tensors, &meta).unwrap();
+    let e = export(&request(&bare, Format::Timm, &dir.path().join("a")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("imported.safetensors")
+            && e.contains("arch, patch_size, channel_names")
+            && e.contains("imported from a .pth"),
+        "{e}"
+    );
+    // Not a checkpoint at all.
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"not a checkpoint").unwrap();
+    let e = export(&request(&junk, Format::Timm, &dir.path().join("b")))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("junk.safetensors"), "{e}");
+    // An output folder with files: refused, untouched; replaced with force.
+    let out = dir.path().join("occupied");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), b"mine").unwrap();
+    let mut req = request(&ckpt, Format::Timm, &out);
+    let e = export(&req).unwrap_err().to_string();
+    assert!(
+        e.contains("occupied") && e.contains("not empty") && e.contains("--force"),
+        "{e}"
+    );
+    assert!(out.join("keep.txt").exists());
+    req.force = true;
+    export(&req).unwrap();
+    assert!(!out.join("keep.txt").exists() && out.join("model.safetensors").exists());
+    // An empty folder is fine without force; a file is not a folder.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    export(&request(&ckpt, Format::Torchscript, &empty)).unwrap();
+    assert!(empty.join("model.pt").exists());
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let e = export(&request(&ckpt, Format::Timm, &file))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is a file"), "{e}");
+    // The binary: its error names the folder, exit status 1.
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["export", "--format", "timm", "--checkpoint"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("occupied") && stderr.contains("--force"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn export_card_reports_the_runs_scores_for_this_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("run/scDINO_ViTs/vit_tiny_channel_all");
+    std::fs::create_dir_all(&model_dir).unwrap();
+    let (ckpt, _vs, _vit) = checkpoint(&model_dir, ChannelMode::Fixed, 0);
+    // The pipeline's evaluation of this checkpoint (3 epochs done: tag epoch2).
+    let eval_dir = dir
+        .path()
+        .join("run/vit_tiny_channel_all_analyses/evaluation");
+    std::fs::create_dir_all(&eval_dir).unwrap();
+    let scores = |top1: f64| serde_json::json!({"top1_percent": top1, "balanced_accuracy_percent": 61.5, "macro_f1": 0.6});
+    let report = serde_json::json!({
+        "queries_from": "held-out split",
+        "n_train": 40,
+        "n_queries": 10,
+        "knn": [{"k": 20, "scores": scores(70.0)}],
+        "linear_probe": {"scores": scores(80.0)},
+    });
+    std::fs::write(eval_dir.join("epoch2_evaluation.json"), report.to_string()).unwrap();
+    let out = dir.path().join("ts");
+    export(&request(&ckpt, Format::Torchscript, &out)).unwrap();
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    for needle in [
+        "| 20-NN | 70.00 | 61.50 | 0.6000 |",
+        "| linear probe | 80.00 | 61.50 | 0.6000 |",
+        "held-out split, 40 training and 10 query images",
+        "torch.jit.load",
+        "3 epochs done",
+    ] {
+        assert!(card.contains(needle), "the card lacks {needle}:\n{card}");
+    }
+}
