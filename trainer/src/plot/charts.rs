@@ -127,8 +127,8 @@ pub struct Curve {
     pub points: Vec<(f64, f64)>,
 }
 
-/// A line chart (training curves); the y axis is logarithmic when `log_y` and every value is
-/// positive.
+/// A line chart (training curves); the y axis is logarithmic when `log_y`, every value is
+/// positive and they span more than two decades.
 pub fn lines_png(
     path: &Path,
     title: &str,
@@ -156,7 +156,7 @@ pub fn lines_png(
     }
     let palette = colors::hls_palette(series.len().max(1));
     // The report shows these 900 px wide charts at about 600 px: the fonts are sized for that
-    // (20 px here, 13 px on screen), the grid is one light line per labelled tick (plotters'
+    // (checked in a browser screenshot: about 13 px on screen), the grid is one light line per labelled tick (plotters'
     // default adds ten faint lines between ticks, which buried the curve), and the y axis is
     // named after a single curve.
     let y_label = match series {
@@ -165,13 +165,15 @@ pub fn lines_png(
     };
     let integral_x = all().all(|p| p.0.fract() == 0.0);
     render_png(path, 900, 420, |root| {
-        let log = log_y && y0 > 0.0;
+        // A log axis only labels powers of ten: over less than two decades it would show one
+        // label or none, so such a range is drawn linear.
+        let log = log_y && y0 > 0.0 && y1 / y0 > 100.0;
         let mut builder = ChartBuilder::on(root);
         builder
-            .caption(title, ("sans-serif", 26))
+            .caption(title, ("sans-serif", 34))
             .margin(14)
-            .x_label_area_size(60)
-            .y_label_area_size(100);
+            .x_label_area_size(70)
+            .y_label_area_size(120);
         macro_rules! draw {
             ($chart:expr) => {{
                 let mut chart = $chart;
@@ -187,8 +189,8 @@ pub fn lines_png(
                     .y_labels(6)
                     .x_label_formatter(&|v| tick_label(*v))
                     .y_label_formatter(&|v| tick_label(*v))
-                    .label_style(("sans-serif", 20))
-                    .axis_desc_style(("sans-serif", 20))
+                    .label_style(("sans-serif", 28))
+                    .axis_desc_style(("sans-serif", 28))
                     .light_line_style(TRANSPARENT)
                     .bold_line_style(BLACK.mix(0.15))
                     .draw()?;
