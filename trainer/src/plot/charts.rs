@@ -2,6 +2,7 @@
 use super::{colors, render, render_png, write_png, PlotError};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 
 /// A class-coloured 2-D scatter (scDINO's `plot_in_2D.py`: hls palette, small opaque dots,
@@ -256,28 +257,31 @@ pub fn confusion_png(
             "confusion matrix is not {n}×{n}"
         )));
     }
-    let size = (160 + 60 * n as u32).clamp(400, 1600);
-    // Pixel size of one cell (plot area over n), for centring the counts.
-    let cell = ((size as i32 - 120) / n.max(1) as i32).max(10);
+    let size = (200 + 70 * n as u32).clamp(480, 1600);
     render_png(path, size, size, |root| {
         let mut chart = ChartBuilder::on(root)
-            .caption("Confusion matrix (rows: true class)", ("sans-serif", 20))
-            .margin(10)
-            .x_label_area_size(60)
-            .y_label_area_size(90)
-            .build_cartesian_2d(0i32..n as i32, n as i32..0i32)?;
-        let names = class_names.to_vec();
-        let names2 = class_names.to_vec();
+            .caption("Confusion matrix (rows: true class)", ("sans-serif", 30))
+            .margin(12)
+            .x_label_area_size(80)
+            .y_label_area_size(110)
+            .build_cartesian_2d(0f64..n as f64, n as f64..0f64)?;
+        // No axis ticks: the class names are drawn at the cell centres below (plotters puts
+        // integer ticks on the cell edges).
         chart
             .configure_mesh()
             .disable_mesh()
-            .x_labels(n)
-            .y_labels(n)
+            .x_labels(0)
+            .y_labels(0)
             .x_desc("predicted")
-            .x_label_formatter(&move |v| names.get(*v as usize).cloned().unwrap_or_default())
-            .y_label_formatter(&move |v| names2.get(*v as usize).cloned().unwrap_or_default())
-            .label_style(("sans-serif", 13))
+            .y_desc("true class")
+            .axis_desc_style(("sans-serif", 26))
             .draw()?;
+        let centred = |size: u32, colour: &RGBColor| {
+            ("sans-serif", size)
+                .into_font()
+                .color(colour)
+                .pos(Pos::new(HPos::Center, VPos::Center))
+        };
         for (i, row) in matrix.iter().enumerate() {
             let total: u64 = row.iter().sum();
             for (j, &count) in row.iter().enumerate() {
@@ -287,21 +291,35 @@ pub fn confusion_png(
                     0.0
                 };
                 let [r, g, b] = colors::viridis(rate);
-                let (x, y) = (j as i32, i as i32);
+                let (x, y) = (j as f64, i as f64);
                 chart.draw_series(std::iter::once(Rectangle::new(
-                    [(x, y), (x + 1, y + 1)],
+                    [(x, y), (x + 1.0, y + 1.0)],
                     RGBColor(r, g, b).filled(),
                 )))?;
                 let text_colour = if rate > 0.6 { BLACK } else { WHITE };
-                chart.draw_series(std::iter::once(
-                    EmptyElement::at((x, y))
-                        + Text::new(
-                            count.to_string(),
-                            (cell / 2 - 8, cell / 2 - 7),
-                            ("sans-serif", 14).into_font().color(&text_colour),
-                        ),
-                ))?;
+                chart.draw_series(std::iter::once(Text::new(
+                    count.to_string(),
+                    (x + 0.5, y + 0.5),
+                    centred(24, &text_colour),
+                )))?;
             }
+        }
+        for (k, name) in class_names.iter().enumerate() {
+            let centre = k as f64 + 0.5;
+            let (x, bottom) = chart.backend_coord(&(centre, n as f64));
+            root.draw(&Text::new(
+                name.clone(),
+                (x, bottom + 8),
+                TextStyle::from(("sans-serif", 22).into_font())
+                    .pos(Pos::new(HPos::Center, VPos::Top)),
+            ))?;
+            let (left, y) = chart.backend_coord(&(0.0, centre));
+            root.draw(&Text::new(
+                name.clone(),
+                (left - 8, y),
+                TextStyle::from(("sans-serif", 22).into_font())
+                    .pos(Pos::new(HPos::Right, VPos::Center)),
+            ))?;
         }
         Ok(())
     })
