@@ -297,6 +297,18 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
     );
     let knn_table = json("kNN/epoch2_knn_metrics.json");
     assert_eq!(knn_table["results"], knn_stage["results"]);
+    let umap_stage = json("embedding_plots/epoch2_umap.json");
+    ok(
+        "trainer",
+        &[
+            "umap",
+            "--config",
+            &cfg,
+            "--profiles",
+            table.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(json("embedding_plots/epoch2_umap.json"), umap_stage);
     let table = a.join("evaluation/epoch2_profiles.parquet");
     ok(
         "trainer",

@@ -142,7 +142,7 @@ pub struct KnnArgs {
     #[arg(long, conflicts_with = "profiles")]
     tag: Option<String>,
     /// A Parquet profile table to run on instead of the extracted features (ours, or any
-    /// table with `Metadata_Class` and float feature columns; rows are L2-normalised); the
+    /// table with `Metadata_Class` and float feature columns; rows not of unit length are L2-normalised); the
     /// outputs are named after the file (`epoch4_profiles.parquet` -> `epoch4`).
     #[arg(long, value_name = "FILE")]
     profiles: Option<PathBuf>,
@@ -187,7 +187,7 @@ pub struct EvaluateArgs {
     checkpoint: Option<PathBuf>,
     /// A Parquet profile table to evaluate instead of embedding images: rows whose
     /// `Metadata_Split` is `train` against the others (as `evaluation/{tag}_profiles.parquet`
-    /// holds them; rows are L2-normalised).
+    /// holds them; rows not of unit length are L2-normalised).
     #[arg(long, value_name = "FILE")]
     profiles: Option<PathBuf>,
 }
