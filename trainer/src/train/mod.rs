@@ -5,6 +5,7 @@ pub mod channels;
 pub mod collapse;
 pub mod error;
 pub mod flops;
+pub mod ibot;
 pub mod input;
 pub mod koleo;
 pub mod loader;

@@ -7,6 +7,7 @@ mod data;
 mod dist;
 mod evaluate;
 mod export;
+mod ibot;
 mod knn;
 mod metrics;
 mod model;
