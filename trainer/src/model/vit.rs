@@ -29,6 +29,9 @@ pub struct VitConfig {
     pub channel_tokens: bool,
     /// DINOv2's register tokens, inserted after the CLS token (no position embedding).
     pub num_register_tokens: i64,
+    /// DINOv2's `mask_token` (iBOT): the embedding a masked patch is replaced by. Only models
+    /// trained with iBOT have the parameter, so scDINO's stays as it was.
+    pub mask_token: bool,
 }
 
 impl VitConfig {
@@ -49,7 +52,13 @@ impl VitConfig {
             drop_path_rate: 0.0,
             channel_tokens: false,
             num_register_tokens: 0,
+            mask_token: false,
         }
+    }
+
+    pub fn with_mask_token(mut self) -> Self {
+        self.mask_token = true;
+        self
     }
 
     pub fn with_registers(mut self, n: usize) -> Self {
@@ -425,6 +434,8 @@ pub struct VisionTransformer {
     pos_embed: Tensor,
     /// `[1, R, D]` (DINOv2's name and shape), absent without registers.
     register_tokens: Option<Tensor>,
+    /// `[1, D]` (DINOv2's name and shape), absent unless trained with iBOT.
+    mask_token: Option<Tensor>,
     blocks: Vec<Block>,
     norm: nn::LayerNorm,
     cfg: VitConfig,
@@ -456,6 +467,10 @@ impl VisionTransformer {
                 },
             )
         });
+        // DINOv2: nn.Parameter(torch.zeros(1, embed_dim)).
+        let mask_token = cfg
+            .mask_token
+            .then(|| p.var("mask_token", &[1, d], nn::Init::Const(0.0)));
         let depth = cfg.depth;
         // Per-block drop rates: `torch.linspace(0, drop_path_rate, depth)` in float32, as DINO
         // computes them; the f32 rounding of each rate reaches the outputs through 1/keep.
@@ -475,6 +490,7 @@ impl VisionTransformer {
             cls_token,
             pos_embed,
             register_tokens,
+            mask_token,
             blocks,
             norm,
             cfg,
@@ -490,6 +506,9 @@ impl VisionTransformer {
         embeddings.extend(names(&self.name, &["cls_token", "pos_embed"]));
         if self.register_tokens.is_some() {
             embeddings.extend(names(&self.name, &["register_tokens"]));
+        }
+        if self.mask_token.is_some() {
+            embeddings.extend(names(&self.name, &["mask_token"]));
         }
         let mut units = vec![Unit {
             kind: UnitKind::Embeddings,
@@ -557,7 +576,19 @@ impl VisionTransformer {
     /// With channel tokens, `x`'s channels are the model's channels `channels` (all of them,
     /// in order, when None), and each channel's patches get the same position embeddings.
     pub fn prepare_tokens(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
-        let t = self.prepare_tokens_without_registers(x, channels);
+        self.prepare_tokens_with_masks(x, channels, None)
+    }
+
+    /// [`VisionTransformer::prepare_tokens`] with the patches where `masks` (`[B, patches]`,
+    /// bool) is set replaced by the mask token before positions are added (DINOv2's
+    /// `prepare_tokens_with_masks`, iBOT's student input).
+    pub fn prepare_tokens_with_masks(
+        &self,
+        x: &Tensor,
+        channels: Option<&[i64]>,
+        masks: Option<&Tensor>,
+    ) -> Tensor {
+        let t = self.prepare_tokens_without_registers(x, channels, masks);
         match &self.register_tokens {
             None => t,
             Some(r) => {
@@ -579,11 +610,29 @@ impl VisionTransformer {
         self.cfg.num_register_tokens
     }
 
-    fn prepare_tokens_without_registers(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
+    fn prepare_tokens_without_registers(
+        &self,
+        x: &Tensor,
+        channels: Option<&[i64]>,
+        masks: Option<&Tensor>,
+    ) -> Tensor {
         let (_, c, h, w) = x.size4().expect("images are [B, C, H, W]");
+        let masked = |patches: Tensor| match masks {
+            None => patches,
+            Some(m) => {
+                let token = self
+                    .mask_token
+                    .as_ref()
+                    .expect("masks need a model built with a mask token");
+                patches.where_self(
+                    &m.unsqueeze(-1).logical_not(),
+                    &token.to_kind(patches.kind()).unsqueeze(0),
+                )
+            }
+        };
         match &self.patch_embed {
             Tokenizer::Image(embed) => {
-                let patches = embed.forward(x);
+                let patches = masked(embed.forward(x));
                 let npatch = patches.size()[1];
                 let cls = batch_expand(&self.cls_token, &patches);
                 Tensor::cat(&[cls, patches], 1) + self.interpolate_pos_encoding(npatch, h, w)
@@ -597,7 +646,7 @@ impl VisionTransformer {
                     );
                     Tensor::from_slice(channels).to_device(x.device())
                 });
-                let patches = embed.forward(x, index.as_ref());
+                let patches = masked(embed.forward(x, index.as_ref()));
                 let cls = batch_expand(&self.cls_token, &patches);
                 let per_channel = patches.size()[1] / c;
                 let pos = self.interpolate_pos_encoding(per_channel, h, w);
@@ -616,7 +665,28 @@ impl VisionTransformer {
     /// [`VisionTransformer::forward_t`] on an input holding the model's channels `channels`
     /// (channel tokens only; None: all of them, in order).
     pub fn forward_channels_t(&self, x: &Tensor, channels: Option<&[i64]>, train: bool) -> Tensor {
-        let mut t = self.prepare_tokens(x, channels);
+        self.blocks_and_norm(self.prepare_tokens(x, channels), train)
+            .select(1, 0)
+    }
+
+    /// DINOv2's `x_norm_clstoken` `[B, D]` and `x_norm_patchtokens` `[B, patches, D]`
+    /// (registers left out), with the patches where `masks` is set replaced by the mask token
+    /// (iBOT: masked for the student, None for the teacher).
+    pub fn forward_features_t(
+        &self,
+        x: &Tensor,
+        channels: Option<&[i64]>,
+        masks: Option<&Tensor>,
+        train: bool,
+    ) -> (Tensor, Tensor) {
+        let t = self.blocks_and_norm(self.prepare_tokens_with_masks(x, channels, masks), train);
+        let skip = 1 + self.cfg.num_register_tokens;
+        let n = t.size()[1];
+        (t.select(1, 0), t.narrow(1, skip, n - skip))
+    }
+
+    /// Every block (with the installed hooks around each), then the final norm.
+    fn blocks_and_norm(&self, mut t: Tensor, train: bool) -> Tensor {
         for (i, block) in self.blocks.iter().enumerate() {
             match &self.hooks.0 {
                 Some(h) => {
@@ -628,7 +698,7 @@ impl VisionTransformer {
                 None => t = block.forward_t(&t, train),
             }
         }
-        self.norm.forward(&t).select(1, 0)
+        self.norm.forward(&t)
     }
 
     /// The last block's softmax attention over the CLS and patch tokens, `[B, heads, N, N]`

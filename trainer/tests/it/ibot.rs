@@ -3,7 +3,7 @@
 //! Sinkhorn-Knopp targets of the masked patches.
 use super::util::{max_abs_diff, run_python};
 use std::collections::HashMap;
-use tch::{Device, Kind, Tensor};
+use tch::{nn, Device, Kind, Tensor};
 use trainer::dist::Single;
 use trainer::train::ibot::{collate_masks, patch_loss, MaskingGenerator, PatchCenter};
 use trainer::train::loss::sinkhorn_knopp;
@@ -95,4 +95,76 @@ save_file({"loss": loss.detach().reshape(1), "grad": s.grad, "targets": t.contig
         .mean(Kind::Float);
     let ours = patch_loss(&s6, &t6, &all, 0.1);
     assert!((ours.double_value(&[]) - mean.double_value(&[])).abs() < 1e-5);
+}
+
+/// The student's masked input (DINOv2's `prepare_tokens_with_masks`) and the normed CLS and
+/// patch tokens against the reference backbone with a mask token, with and without registers:
+/// masked patches become the mask token before positions are added; registers stay out of the
+/// patch tokens.
+#[test]
+fn masked_backbone_matches_the_reference() {
+    use trainer::config::Arch;
+    use trainer::model::{load_safetensors_strict, VisionTransformer, VitConfig};
+    let _rng = super::util::torch_rng_lock();
+    for registers in [0usize, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let weights = dir.path().join("w.safetensors");
+        let out = dir.path().join("out.safetensors");
+        run_python(
+            r#"
+import sys, torch
+from safetensors.torch import save_file
+from dino_reference import VisionTransformer
+torch.manual_seed(0)
+registers = int(sys.argv[3])
+vit = VisionTransformer("vit_tiny", 16, 3, num_register_tokens=registers, mask_token=True).eval()
+with torch.no_grad():
+    vit.mask_token.normal_(0, 0.5)
+    if registers:
+        vit.register_tokens.normal_(0, 0.5)
+x = torch.randn(3, 3, 64, 64)
+masks = torch.rand(3, 16) < 0.4
+masks[2] = False
+with torch.no_grad():
+    cls, patches = vit.forward_features(x, masks)
+    cls0, patches0 = vit.forward_features(x)
+save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, sys.argv[1])
+save_file({"x": x, "masks": masks.to(torch.uint8), "cls": cls.contiguous(), "patches": patches.contiguous(),
+           "cls0": cls0.contiguous(), "patches0": patches0.contiguous()}, sys.argv[2])
+"#,
+            &[
+                weights.to_str().unwrap(),
+                out.to_str().unwrap(),
+                &registers.to_string(),
+            ],
+        );
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        let cfg = VitConfig::new(Arch::VitTiny, 16, 3)
+            .with_registers(registers)
+            .with_mask_token();
+        let vit = VisionTransformer::new(vs.root(), cfg);
+        load_safetensors_strict(&mut vs, &weights).expect("the reference's names load");
+        let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
+            .unwrap()
+            .into_iter()
+            .collect();
+        let masks = t["masks"].to_kind(Kind::Bool);
+        let (cls, patches) =
+            tch::no_grad(|| vit.forward_features_t(&t["x"], None, Some(&masks), false));
+        let (cls0, patches0) = tch::no_grad(|| vit.forward_features_t(&t["x"], None, None, false));
+        assert_eq!(patches.size(), [3, 16, 192]);
+        for (name, ours) in [
+            ("cls", &cls),
+            ("patches", &patches),
+            ("cls0", &cls0),
+            ("patches0", &patches0),
+        ] {
+            let d = max_abs_diff(ours, &t[name]);
+            assert!(d < 1e-4, "registers {registers}, {name}: {d}");
+        }
+        // The masks matter: a masked image's tokens differ from its unmasked ones, the
+        // unmasked image's do not.
+        assert!(max_abs_diff(&cls.get(0), &cls0.get(0)) > 1e-3);
+        assert!(max_abs_diff(&cls.get(2), &cls0.get(2)) < 1e-6);
+    }
 }

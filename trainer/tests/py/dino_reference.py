@@ -98,7 +98,7 @@ class PatchEmbed(nn.Module):
 
 class VisionTransformer(nn.Module):
     def __init__(self, arch="vit_small", patch_size=16, in_chans=5, drop_path_rate=0.0, img_size=224,
-                 num_register_tokens=0):
+                 num_register_tokens=0, mask_token=False):
         super().__init__()
         dim, depth, heads = ARCHS[arch]
         self.num_register_tokens = num_register_tokens
@@ -114,6 +114,8 @@ class VisionTransformer(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.apply(_init_weights)
         # DINOv2 (dinov2/models/vision_transformer.py): registers after the CLS token.
+        # DINOv2: nn.Parameter(torch.zeros(1, embed_dim)), the token a masked patch becomes.
+        self.mask_token = nn.Parameter(torch.zeros(1, dim)) if mask_token else None
         self.register_tokens = None
         if num_register_tokens:
             self.register_tokens = nn.Parameter(torch.zeros(1, num_register_tokens, dim))
@@ -139,9 +141,11 @@ class VisionTransformer(nn.Module):
         patch_pos_embed = patch_pos_embed.permute(0, 2, 3, 1).reshape(1, -1, dim)
         return torch.cat((class_pos_embed.unsqueeze(0), patch_pos_embed), dim=1)
 
-    def prepare_tokens(self, x):
+    def prepare_tokens(self, x, masks=None):
         B, nc, w, h = x.shape
         x = self.patch_embed(x)
+        if masks is not None:  # DINOv2's prepare_tokens_with_masks (iBOT)
+            x = torch.where(masks.unsqueeze(-1), self.mask_token.to(x.dtype).unsqueeze(0), x)
         x = torch.cat((self.cls_token.expand(B, -1, -1), x), dim=1)
         x = x + self.interpolate_pos_encoding(x, w, h)
         if self.register_tokens is not None:  # DINOv2's prepare_tokens_with_masks
@@ -153,6 +157,14 @@ class VisionTransformer(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         return self.norm(x)[:, 0]
+
+    def forward_features(self, x, masks=None):
+        """DINOv2's x_norm_clstoken and x_norm_patchtokens (registers left out)."""
+        x = self.prepare_tokens(x, masks)
+        for blk in self.blocks:
+            x = blk(x)
+        x = self.norm(x)
+        return x[:, 0], x[:, 1 + self.num_register_tokens:]
 
     def get_last_selfattention(self, x):
         x = self.prepare_tokens(x)
