@@ -11,8 +11,9 @@
 #   - `trainer selftest` exits 0 and reports each GPU check as skipped, with its reason;
 # and reports the image's size uncompressed (the engine's) and compressed (the layers pushed to
 # the loopback registry, read back with `launcher image inspect --registry`), and with
-# --squash the Enroot squashfs's. Too long and too large for CI (docs/image.md gives the last
-# run's figures): run it before a release, with 12 GB free disk (the build's peak).
+# --squash the Enroot squashfs's. About 5 minutes with the binaries built, but 12 GB of free
+# disk at the build's peak, so not a CI step: run it before a release (docs/image.md keeps the
+# last run's figures).
 #
 # usage: scripts/gpu-image.sh [--squash] [--keep] [--bin-dir DIR]
 #   --squash  also write the squashfs (launcher image squash) and report its size and time
