@@ -134,8 +134,8 @@ libs_unresolved=$(grep 'not found' <<<"$libs_ldd" | grep -Ev ':[[:space:]]+libcu
 [[ -z $libs_unresolved ]] || { echo "$libs_unresolved" >&2; fail "a staged library does not resolve"; }
 need_driver=$(grep 'not found' <<<"$libs_ldd" | grep -E ':[[:space:]]+libcuda\.so\.1 ' |
   cut -d: -f1 | sort -u | paste -sd' ')
-staged=$(in_image 'ls /opt/scdino/lib | wc -l; du -sm /opt/scdino | cut -f1' | paste -sd' ')
-say "ldd: both binaries resolve every library ($nlibs from /opt/scdino/lib); staged: $staged (files, MB)"
+staged=$(in_image 'echo "$(ls /opt/scdino/lib | wc -l) libraries, $(($(du -sb /opt/scdino | cut -f1) / 1000000)) MB"')
+say "/opt/scdino: 2 binaries, $staged; ldd: both binaries resolve every library ($nlibs from /opt/scdino/lib); /opt/scdino: $staged"
 
 version=$(docker run --rm --network none "$IMG" --version)
 say "trainer --version: $(tr '\n' ' ' <<<"$version")"
