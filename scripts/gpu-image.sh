@@ -11,7 +11,7 @@
 #   - `trainer selftest` exits 0 and reports each GPU check as skipped, with its reason;
 # and reports the image's size uncompressed (the engine's) and compressed (the layers pushed to
 # the loopback registry, read back with `launcher image inspect --registry`), and with
-# --squash the Enroot squashfs's. About 5 minutes with the binaries built, but 12 GB of free
+# --squash the Enroot squashfs's. About 6 minutes with the binaries built, but 12 GB of free
 # disk at the build's peak, so not a CI step: run it before a release (docs/image.md keeps the
 # last run's figures).
 #
@@ -135,7 +135,7 @@ libs_unresolved=$(grep 'not found' <<<"$libs_ldd" | grep -Ev ':[[:space:]]+libcu
 need_driver=$(grep 'not found' <<<"$libs_ldd" | grep -E ':[[:space:]]+libcuda\.so\.1 ' |
   cut -d: -f1 | sort -u | paste -sd' ')
 staged=$(in_image 'echo "$(ls /opt/scdino/lib | wc -l) libraries, $(($(du -sb /opt/scdino | cut -f1) / 1000000)) MB"')
-say "/opt/scdino: 2 binaries, $staged; ldd: both binaries resolve every library ($nlibs from /opt/scdino/lib); /opt/scdino: $staged"
+say "ldd: both binaries resolve every library ($nlibs from /opt/scdino/lib); /opt/scdino: $staged"
 
 version=$(docker run --rm --network none "$IMG" --version)
 say "trainer --version: $(tr '\n' ' ' <<<"$version")"
@@ -180,7 +180,7 @@ cat <<EOF
 GPU image check passed: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -n), $(nproc) CPUs, commit $REV
 $(tr '\n' ' ' <<<"$version" | sed 's/ *$//')
 build (launcher image build, BINARIES=prebuilt, local base cached): $build_s s; push to the loopback registry: $push_s s
-ldd: both binaries resolve every library ($nlibs from /opt/scdino/lib); staged libraries needing the driver's libcuda.so.1 (injected at start): ${need_driver:-none}; nothing else unresolved
+/opt/scdino: 2 binaries, $staged; ldd: both binaries resolve every library ($nlibs from /opt/scdino/lib); staged libraries needing the driver's libcuda.so.1 (injected at start): ${need_driver:-none}; nothing else unresolved
 selftest: exit 0, GPU checks skipped ("no CUDA device visible")
 image size: $(printf '%.0f' "$(echo "$size / 1000000" | bc -l)") MB uncompressed, $(printf '%.0f' "$(echo "$comp / 1000000" | bc -l)") MB compressed (pushed layers)
 $squash_line
