@@ -4,7 +4,7 @@
 # public registry: none is reachable here, so the base image is made with debootstrap from
 # Debian's package mirror and imported (cached between runs on the same machine).
 #
-# usage: scripts/docker-local.sh start|stop|status|env|clean-tests
+# usage: scripts/docker-local.sh start|stop|status|env|clean-tests [NAME]
 #   start   install the Debian packages if missing (root + apt), start dockerd unless one answers
 #           on the socket, start the registry, make or reuse the base image. Idempotent.
 #   stop    stop the registry and the dockerd this script started (by their recorded pids);
@@ -15,6 +15,8 @@
 #           registry), untagged build layers, and the registry's scdino-e2e repositories (blobs
 #           garbage-collected; the registry is stopped for that). Each full test run builds about 3 GB of images; without this a
 #           machine that runs the tests repeatedly fills its disk. The base image stays.
+#           With NAME, the same for images and repositories named NAME instead of scdino-e2e
+#           (scripts/gpu-image.sh removes its own that way, leaving the tests' alone).
 #   env     the line to eval so that tests find them:  eval "$(scripts/docker-local.sh env)"
 # State (pids, logs, registry root, the cached rootfs tarball) lives in $SCDINO_DOCKER_DIR
 # (default /var/tmp/scdino-docker). Registry port: $SCDINO_REGISTRY_PORT (default 5555).
@@ -143,19 +145,21 @@ stop_pid() {
 }
 
 clean_tests() {
+  local name=${1:-scdino-e2e}
+  [[ $name =~ ^[a-z0-9][a-z0-9._-]*$ ]] || { log "clean-tests: bad name $name"; exit 2; }
   if engine_up; then
     docker images --format '{{.Repository}}:{{.Tag}}' |
-      grep -E '(^|/)scdino-e2e([:/]|$)' | xargs -r docker rmi -f >/dev/null 2>&1 || true
+      grep -E "(^|/)$name([:/]|\$)" | xargs -r docker rmi -f >/dev/null 2>&1 || true
     docker image prune -f >/dev/null 2>&1 || true
   fi
-  if [[ -d $S/registry/docker/registry/v2/repositories/scdino-e2e ]]; then
+  if [[ -d $S/registry/docker/registry/v2/repositories/$name ]]; then
     # Stopped first: a running registry caches blob descriptors in memory and would answer
     # "exists" for a blob collected under it. `start` brings it back.
     stop_pid "$(pid_of "$S"/registry.pid)"
-    rm -rf "$S"/registry/docker/registry/v2/repositories/scdino-e2e
+    rm -rf "$S/registry/docker/registry/v2/repositories/$name"
     docker-registry garbage-collect "$S"/registry.yml >/dev/null 2>&1 || true
   fi
-  log "test images removed"
+  log "$name images removed"
 }
 
 case ${1:-} in
@@ -172,7 +176,7 @@ stop)
   log "stopped"
   ;;
 clean-tests)
-  clean_tests
+  clean_tests "${2:-}"
   ;;
 status)
   engine_up || { log "engine not answering on $SOCK"; exit 1; }
@@ -183,7 +187,7 @@ env)
   printf 'export SCDINO_TEST_REGISTRY=%q SCDINO_BASE_IMAGE=%q\n' "127.0.0.1:$PORT" "$BASE"
   ;;
 *)
-  echo "usage: $0 start|stop|status|env|clean-tests" >&2
+  echo "usage: $0 start|stop|status|env|clean-tests [NAME]" >&2
   exit 2
   ;;
 esac

@@ -41,7 +41,7 @@ stage_deps() {
     esac
     base=${lib##*/}
     [[ -e $OUT/lib/$base ]] && continue
-    cp -L "$lib" "$OUT/lib/"
+    place "$lib"
     dir=$(dirname "$(readlink -f "$lib")")
     case $base in
     libcudnn.so.*) companions=("$dir"/libcudnn_*.so*) ;;
@@ -51,11 +51,15 @@ stage_deps() {
     esac
     for companion in "${companions[@]}"; do
       [[ -e $companion && ! -e $OUT/lib/${companion##*/} ]] || continue
-      cp -L "$companion" "$OUT/lib/"
+      place "$companion"
       stage_deps "$companion"
     done
   done < <(ldd "$file" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 }
+
+# A library is hard-linked where OUT shares the venv's filesystem, else copied: the CUDA stack
+# of the NCCL build is 3.5 GB, and only the binaries are ever modified (patchelf, on copies).
+place() { cp -lL "$1" "$OUT/lib/" 2>/dev/null || cp -L "$1" "$OUT/lib/"; }
 
 command -v patchelf >/dev/null || { echo "stage-runtime: patchelf is missing (apt-get install patchelf)" >&2; exit 1; }
 for bin in "$@"; do

@@ -9,4 +9,5 @@ mod shards_cli;
 mod train_cli;
 mod trainer_cli;
 mod util;
+mod version_cli;
 mod workflows_cli;

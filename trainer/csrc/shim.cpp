@@ -144,3 +144,45 @@ int64_t tchx_storage_nbytes(at::Tensor* t) {
   return static_cast<int64_t>(t->storage().nbytes());
 }
 }
+
+// ---- Build information for `trainer --version` ----------------------------------------------
+// Versions compiled into the libtorch this binary loads (the headers it was built against for
+// torch itself); none of them needs a GPU or a driver, so an image can be checked offline.
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/headeronly/version.h>
+#ifdef SCDINO_NCCL
+// Declared by hand: torch/csrc/cuda/nccl.h pulls in ATen/cuda headers; libtorch_cuda exports it.
+namespace torch::cuda::nccl {
+std::uint64_t version();
+}
+#endif
+
+extern "C" {
+
+const char* shim_torch_version() { return TORCH_VERSION; }
+
+// CUDART_VERSION libtorch_cuda was built with (13000 for 13.0); -1 where libtorch_cuda is not
+// loaded (the build without the nccl feature), as the hooks then are the CPU stub.
+int64_t shim_cuda_build_version() {
+  int64_t v = -1;
+  guarded([&] { v = at::detail::getCUDAHooks().versionCUDART(); });
+  return v;
+}
+
+// CUDNN_VERSION libtorch_cuda was built with (91500 for 9.15.0); -1 as above.
+int64_t shim_cudnn_build_version() {
+  int64_t v = -1;
+  guarded([&] { v = at::detail::getCUDAHooks().versionCuDNN(); });
+  return v;
+}
+
+// NCCL libtorch_cuda was built with, as (major << 32) | (minor << 16) | patch; 0 without the
+// nccl feature (libtorch_cuda is then not linked).
+uint64_t shim_nccl_build_version() {
+#ifdef SCDINO_NCCL
+  return torch::cuda::nccl::version();
+#else
+  return 0;
+#endif
+}
+}

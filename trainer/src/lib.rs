@@ -3,6 +3,7 @@
 mod alloc_count;
 pub mod analysis;
 pub mod augment;
+pub mod build_info;
 pub mod checkpoint;
 /// The run config lives in its own crate (no libtorch) so the launcher applies the same rules.
 pub use scdino_config as config;

@@ -62,6 +62,7 @@ fn resolve_config(given: Option<&Path>, baked: &Path) -> Result<PathBuf> {
 #[command(
     name = "trainer",
     version,
+    long_version = trainer::build_info::long_version(),
     about = "scDINO ViT-DINO training on multi-channel microscopy"
 )]
 pub struct Cli {
