@@ -1,6 +1,10 @@
-//! Where the epoch loop's numbers go besides the progress line: TensorBoard scalars, the
-//! Prometheus textfile and scDINO's `log.txt`. Only rank 0 writes (every rank computes the same
-//! global values); on other ranks every call is a no-op.
+//! Where the epoch loop's numbers go: the progress line a person reads ([`progress`]),
+//! TensorBoard scalars, the Prometheus textfile and scDINO's `log.txt`, all fed once per
+//! logged window ([`throughput`]). Only rank 0 writes (every rank computes the same global
+//! values); on other ranks every call is a no-op.
+pub mod progress;
+pub mod throughput;
+
 use super::collapse::TeacherSnapshot;
 use super::error::TrainError;
 use super::flops::Utilisation;
