@@ -352,7 +352,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             None,
             &report_inputs,
             &[t.files.report_html()],
-            || report::write_report(&t).map(|_| ()),
+            || report::write_report(&t, t.dataset()?).map(|_| ()),
         )?;
     }
     if r.lead {

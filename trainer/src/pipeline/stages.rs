@@ -9,10 +9,12 @@ use crate::analysis::mean_std::MeanStd;
 use crate::analysis::umap::{self, UmapParams};
 use crate::config::Config;
 use crate::data::tiff_reader::write_atomic;
+use crate::data::{SharedSource, Split};
 use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use crate::layout::{ModelLayout, RunLayout};
 use crate::plot;
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
 /// One trained model: a channel combination of a config, and where its files live.
@@ -23,6 +25,24 @@ pub struct Target<'a> {
     pub run: RunLayout,
     /// Checkpoints, logs and analyses of this combination.
     pub files: ModelLayout,
+    /// Opened on first use: a listing (S3) and a shuffle that stages share.
+    dataset: OnceCell<Dataset>,
+}
+
+/// The dataset of a config and its training / held-out split (the one training uses).
+pub struct Dataset {
+    pub source: SharedSource,
+    pub split: Split,
+}
+
+impl Dataset {
+    pub fn open(cfg: &Config) -> Result<Self, StageError> {
+        let source = crate::data::open_source(&cfg.data)?;
+        let n = source.index().len();
+        let split =
+            crate::data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
+        Ok(Self { source, split })
+    }
 }
 
 impl<'a> Target<'a> {
@@ -40,7 +60,17 @@ impl<'a> Target<'a> {
             files: run.model(cfg, &channels),
             run,
             channels,
+            dataset: OnceCell::new(),
         })
+    }
+
+    /// The dataset and its split, opened once per target.
+    pub fn dataset(&self) -> Result<&Dataset, StageError> {
+        if let Some(d) = self.dataset.get() {
+            return Ok(d);
+        }
+        let d = Dataset::open(self.cfg)?;
+        Ok(self.dataset.get_or_init(|| d))
     }
 
     pub fn mean_std(&self) -> Result<MeanStd, StageError> {
@@ -174,9 +204,8 @@ fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<u
 pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationReport, StageError> {
     let cfg = t.cfg;
     let ms = t.mean_std()?;
-    let source = crate::data::open_source(&cfg.data)?;
+    let Dataset { source, split } = t.dataset()?;
     let n = source.index().len();
-    let split = crate::data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
     let extract = |src: &dyn crate::data::ImageSource, idx: &[usize]| {
         features::extract_indices(cfg, t.combination, ckpt, &ms, src, idx)
     };
