@@ -53,8 +53,12 @@ fn read_log(path: &Path) -> Result<EpochLog, StageError> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| StageError::Invalid(format!("{} line {}: {e}", path.display(), n + 1)))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|source| StageError::LogLine {
+                path: path.to_path_buf(),
+                line: n + 1,
+                source,
+            })?;
         let num = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
         log.epoch.push(num("epoch"));
         log.loss.push(num("train_loss"));
@@ -488,5 +492,8 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, StageErro
         path: path.to_path_buf(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))
+    serde_json::from_str(&text).map_err(|source| StageError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
 }

@@ -47,12 +47,14 @@ impl Dataset {
 
 impl<'a> Target<'a> {
     pub fn new(cfg: &'a Config, combination: usize) -> Result<Self, StageError> {
-        let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
-            StageError::Invalid(format!(
-                "channel combination {combination} does not exist (the config has {})",
-                cfg.channel_sets.len()
-            ))
-        })?;
+        let channels =
+            cfg.channel_sets
+                .get(combination)
+                .cloned()
+                .ok_or(StageError::NoCombination {
+                    index: combination,
+                    count: cfg.channel_sets.len(),
+                })?;
         let run = RunLayout::new(cfg);
         Ok(Self {
             cfg,
@@ -75,11 +77,7 @@ impl<'a> Target<'a> {
 
     pub fn mean_std(&self) -> Result<MeanStd, StageError> {
         let path = self.run.mean_std();
-        MeanStd::read(&path).map_err(|e| {
-            StageError::Invalid(format!(
-                "{e} (run `trainer mean-std` or `trainer pipeline` first)"
-            ))
-        })
+        MeanStd::read(&path).map_err(|source| StageError::NoMeanStd { source })
     }
 
     /// The numbered checkpoints training kept (`saveckp_freq` epochs and the last), oldest
@@ -151,20 +149,17 @@ pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>,
         env.world,
         std::time::Duration::from_secs(t.cfg.train.dist_timeout_seconds),
         false,
-    )
-    .map_err(|e| StageError::Invalid(e.to_string()))?;
+    )?;
     let mut set = features::extract_shard(t.cfg, t.combination, ckpt, &ms, env.rank, env.world)?;
     set.features = gather_shards(&mut group, env.world, &set.features, set.labels.len())
-        .map_err(|e| StageError::Invalid(format!("gathering features: {e}")))?;
+        .map_err(|source| StageError::GatherFeatures { source })?;
     let rows = if env.rank == 0 {
         Some(write_features(t, tag, &set)?)
     } else {
         None
     };
     // Nobody leaves before rank 0 has written (a following stage may start right away).
-    group
-        .barrier()
-        .map_err(|e| StageError::Invalid(e.to_string()))?;
+    group.barrier()?;
     Ok(rows)
 }
 
@@ -285,8 +280,9 @@ pub fn read_evaluation(path: &Path) -> Result<EvaluationReport, StageError> {
         path: path.to_path_buf(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|e| {
-        StageError::Invalid(format!("{}: not an evaluation report: {e}", path.display()))
+    serde_json::from_str(&text).map_err(|source| StageError::NotEvaluationReport {
+        path: path.to_path_buf(),
+        source,
     })
 }
 
@@ -361,7 +357,10 @@ pub fn read_knn_json(path: &Path) -> Result<KnnReport, StageError> {
         path: path.to_path_buf(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))
+    serde_json::from_str(&text).map_err(|source| StageError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// What `trainer umap` computed, next to its PNG (the report reads it).
