@@ -29,8 +29,8 @@ pub enum AttentionError {
     Plot(#[from] PlotError),
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
-    #[error("{0}")]
-    Invalid(String),
+    #[error("channel combination {index} does not exist")]
+    NoCombination { index: usize },
 }
 
 /// One image's outputs, for the report.
@@ -182,9 +182,11 @@ pub fn write_attention_maps(
     mean_std: &MeanStd,
     out: &Path,
 ) -> Result<Vec<AttentionImage>, AttentionError> {
-    let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
-        AttentionError::Invalid(format!("channel combination {combination} does not exist"))
-    })?;
+    let channels = cfg
+        .channel_sets
+        .get(combination)
+        .cloned()
+        .ok_or(AttentionError::NoCombination { index: combination })?;
     let weights = BackboneWeights::load(checkpoint_path, cfg.downstream.features.checkpoint_key)
         .map_err(FeaturesError::from)?;
     let device = crate::device::resolve_for_this_process(cfg.train.device)?;

@@ -26,6 +26,36 @@ pub enum FeaturesError {
     MeanStd(#[from] crate::analysis::mean_std::MeanStdError),
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
+    #[error("channel combination {index} does not exist")]
+    NoCombination { index: usize },
+    #[error("the held-out split is empty")]
+    EmptyHeldOut,
+    #[error("{} has {found} channels but data.channel_names lists {expected}", path.display())]
+    ChannelCount {
+        path: PathBuf,
+        found: usize,
+        expected: usize,
+    },
+    #[error("{} was trained with model.channels: {trained}, the config says {configured}", checkpoint.display())]
+    ChannelModeMismatch {
+        checkpoint: PathBuf,
+        trained: &'static str,
+        configured: &'static str,
+    },
+    #[error("{} was trained on channel {channel}, which data.channel_names does not list", checkpoint.display())]
+    MissingChannel {
+        channel: String,
+        checkpoint: PathBuf,
+    },
+    #[error("{}: {features} feature rows but {labels} labels, {paths} paths, {indices} indices", path.display())]
+    RowCountMismatch {
+        path: PathBuf,
+        features: usize,
+        labels: usize,
+        paths: usize,
+        indices: usize,
+    },
+    /// A checkpoint or feature bundle that does not hold what this stage needs.
     #[error("{0}")]
     Invalid(String),
     #[error("{path}: {source}")]
@@ -201,11 +231,11 @@ pub fn load_embedder(
     let path = weights.path.display();
     if let Some(t) = &weights.trained {
         if t.mode != mode {
-            return Err(FeaturesError::Invalid(format!(
-                "{path} was trained with model.channels: {}, the config says {}",
-                t.mode.name(),
-                mode.name()
-            )));
+            return Err(FeaturesError::ChannelModeMismatch {
+                checkpoint: weights.path.clone(),
+                trained: t.mode.name(),
+                configured: mode.name(),
+            });
         }
     } else if mode.is_adaptive() {
         return Err(FeaturesError::Invalid(format!(
@@ -236,10 +266,9 @@ pub fn load_embedder(
                                 .channel_names
                                 .iter()
                                 .position(|c| c == n)
-                                .ok_or_else(|| {
-                                    FeaturesError::Invalid(format!(
-                                        "{path} was trained on channel {n}, which data.channel_names does not list"
-                                    ))
+                                .ok_or_else(|| FeaturesError::MissingChannel {
+                                    channel: n.clone(),
+                                    checkpoint: weights.path.clone(),
                                 })
                         })
                         .collect::<Result<_, _>>()?;
@@ -341,7 +370,7 @@ pub fn extract_shard(
     let split =
         data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
     if split.held_out.is_empty() {
-        return Err(FeaturesError::Invalid("the held-out split is empty".into()));
+        return Err(FeaturesError::EmptyHeldOut);
     }
     let mine: Vec<usize> = split
         .held_out
@@ -382,9 +411,11 @@ pub fn extract_indices(
     source: &dyn data::ImageSource,
     indices: &[usize],
 ) -> Result<FeatureSet, FeaturesError> {
-    let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
-        FeaturesError::Invalid(format!("channel combination {combination} does not exist"))
-    })?;
+    let channels = cfg
+        .channel_sets
+        .get(combination)
+        .cloned()
+        .ok_or(FeaturesError::NoCombination { index: combination })?;
     let f = &cfg.downstream.features;
     let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
     // The forward passes run on `train.device` (this process's GPU on a GPU node); images are
@@ -406,12 +437,11 @@ pub fn extract_indices(
             let raw = source.read(i)?;
             let path = &index.samples[i].path;
             if raw.channels != cfg.file_channels() {
-                return Err(FeaturesError::Invalid(format!(
-                    "{} has {} channels but data.channel_names lists {}",
-                    path.display(),
-                    raw.channels,
-                    cfg.file_channels()
-                )));
+                return Err(FeaturesError::ChannelCount {
+                    path: path.clone(),
+                    found: raw.channels,
+                    expected: cfg.file_channels(),
+                });
             }
             let (img, outcome) = preprocess(&raw, &opts)?;
             warn_guarded(&outcome, &channels, &cfg.data.channel_names, path);
@@ -755,12 +785,13 @@ pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
         .collect::<Result<Vec<_>, _>>()?;
     let rows = features.size()[0] as usize;
     if labels.len() != rows || paths.len() != rows || indices.len() != rows {
-        return Err(invalid(&format!(
-            "{rows} feature rows but {} labels, {} paths, {} indices",
-            labels.len(),
-            paths.len(),
-            indices.len()
-        )));
+        return Err(FeaturesError::RowCountMismatch {
+            path: path.to_path_buf(),
+            features: rows,
+            labels: labels.len(),
+            paths: paths.len(),
+            indices: indices.len(),
+        });
     }
     let tag = path
         .file_name()

@@ -86,9 +86,33 @@ pub enum KnnError {
         line: usize,
         reason: String,
     },
-    /// Inconsistent inputs or parameters.
-    #[error("kNN: {0}")]
-    Invalid(String),
+    #[error("kNN: features must be a non-empty [N, D] matrix, got shape {shape:?}")]
+    FeatureShape { shape: Vec<i64> },
+    #[error("kNN: features must be f32 or f64, got {kind:?}")]
+    FeatureKind { kind: Kind },
+    #[error("kNN: {features} feature rows but {labels} labels")]
+    RowCountMismatch { features: usize, labels: usize },
+    #[error("kNN: {} has {features} feature rows but {} has {labels} labels; they must correspond row for row", features_csv.display(), labels_csv.display())]
+    CsvRowCountMismatch {
+        features_csv: PathBuf,
+        features: usize,
+        labels_csv: PathBuf,
+        labels: usize,
+    },
+    #[error("kNN: label {label:?} was not fitted")]
+    UnfittedLabel { label: String },
+    #[error("kNN: k must be a non-empty list of values ≥ 1, got {ks:?}")]
+    BadKs { ks: Vec<usize> },
+    #[error("kNN: temperature must be finite and > 0, got {temperature}")]
+    BadTemperature { temperature: f64 },
+    #[error("kNN: train fraction must be within (0, 1), got {fraction}")]
+    BadTrainFraction { fraction: f64 },
+    #[error(
+        "kNN: {n} samples give {train} train and {test} test rows; both sides need at least one"
+    )]
+    EmptySide { n: usize, train: usize, test: usize },
+    #[error("kNN: non-finite votes: exp(similarity / T) overflows for T = {temperature}")]
+    NonFiniteVotes { temperature: f64 },
     #[error("kNN: libtorch: {0}")]
     Torch(#[from] tch::TchError),
 }
@@ -124,22 +148,18 @@ impl KnnInput {
     pub fn new(features: Tensor, labels: Vec<String>) -> Result<Self, KnnError> {
         let size = features.size();
         if size.len() != 2 || size[0] < 1 || size[1] < 1 {
-            return Err(KnnError::Invalid(format!(
-                "features must be a non-empty [N, D] matrix, got shape {size:?}"
-            )));
+            return Err(KnnError::FeatureShape { shape: size });
         }
         if !matches!(features.kind(), Kind::Float | Kind::Double) {
-            return Err(KnnError::Invalid(format!(
-                "features must be f32 or f64, got {:?}",
-                features.kind()
-            )));
+            return Err(KnnError::FeatureKind {
+                kind: features.kind(),
+            });
         }
         if size[0] as usize != labels.len() {
-            return Err(KnnError::Invalid(format!(
-                "{} feature rows but {} labels",
-                size[0],
-                labels.len()
-            )));
+            return Err(KnnError::RowCountMismatch {
+                features: size[0] as usize,
+                labels: labels.len(),
+            });
         }
         Ok(KnnInput { features, labels })
     }
@@ -151,12 +171,12 @@ impl KnnInput {
         let labels = read_labels_csv(labels_csv)?;
         let rows = features.size()[0] as usize;
         if rows != labels.len() {
-            return Err(KnnError::Invalid(format!(
-                "{} has {rows} feature rows but {} has {} labels; they must correspond row for row",
-                features_csv.display(),
-                labels_csv.display(),
-                labels.len()
-            )));
+            return Err(KnnError::CsvRowCountMismatch {
+                features_csv: features_csv.to_path_buf(),
+                features: rows,
+                labels_csv: labels_csv.to_path_buf(),
+                labels: labels.len(),
+            });
         }
         KnnInput::new(features, labels)
     }
@@ -348,7 +368,9 @@ impl LabelEncoder {
                 self.classes
                     .binary_search_by(|c| c.as_str().cmp(l))
                     .map(|i| i as i64)
-                    .map_err(|_| KnnError::Invalid(format!("label {l:?} was not fitted")))
+                    .map_err(|_| KnnError::UnfittedLabel {
+                        label: l.to_string(),
+                    })
             })
             .collect()
     }
@@ -525,22 +547,17 @@ struct Tally {
 /// Runs the evaluation (see the module documentation for the exact algorithm).
 pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, KnnError> {
     if cfg.ks.is_empty() || cfg.ks.contains(&0) {
-        return Err(KnnError::Invalid(format!(
-            "k must be a non-empty list of values ≥ 1, got {:?}",
-            cfg.ks
-        )));
+        return Err(KnnError::BadKs { ks: cfg.ks.clone() });
     }
     if !(cfg.temperature.is_finite() && cfg.temperature > 0.0) {
-        return Err(KnnError::Invalid(format!(
-            "temperature must be finite and > 0, got {}",
-            cfg.temperature
-        )));
+        return Err(KnnError::BadTemperature {
+            temperature: cfg.temperature,
+        });
     }
     if !(cfg.train_fraction > 0.0 && cfg.train_fraction < 1.0) {
-        return Err(KnnError::Invalid(format!(
-            "train fraction must be within (0, 1), got {}",
-            cfg.train_fraction
-        )));
+        return Err(KnnError::BadTrainFraction {
+            fraction: cfg.train_fraction,
+        });
     }
     let n = input.len();
     let d = input.dim();
@@ -548,9 +565,11 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
     let n_train = ((n as f64 * cfg.train_fraction) as usize).min(n);
     let n_test = n - n_train;
     if n_train == 0 || n_test == 0 {
-        return Err(KnnError::Invalid(format!(
-            "{n} samples give {n_train} train and {n_test} test rows; both sides need at least one"
-        )));
+        return Err(KnnError::EmptySide {
+            n,
+            train: n_train,
+            test: n_test,
+        });
     }
 
     let encoder = LabelEncoder::fit(&input.labels);
@@ -640,10 +659,9 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
                     .f_mul(&weights.view([bi, -1, 1]))?
                     .f_sum_dim_intlist(1, false, None::<Kind>)?;
                 if !bool::try_from(probs.f_isfinite()?.f_all()?)? {
-                    return Err(KnnError::Invalid(format!(
-                        "non-finite votes: exp(similarity / T) overflows for T = {}",
-                        cfg.temperature
-                    )));
+                    return Err(KnnError::NonFiniteVotes {
+                        temperature: cfg.temperature,
+                    });
                 }
                 let (_, predictions) = probs.f_sort_stable(true, 1, true)?;
                 let width = 2.min(k).min(num_classes);

@@ -17,8 +17,13 @@ use tch::{Kind, Tensor};
 pub enum UmapError {
     #[error("UMAP needs at least {needed} feature rows for n_neighbors={k}, got {got}")]
     TooFewRows { needed: usize, k: usize, got: usize },
+    #[error("umap epochs must be > 0")]
+    NoEpochs,
+    /// The features could not be laid out as an `[N, D]` array for the fit.
     #[error("{0}")]
-    Invalid(String),
+    Shape(#[from] ndarray::ShapeError),
+    #[error("{features} feature rows but {embedded} embedded points")]
+    RowCountMismatch { features: usize, embedded: usize },
 }
 
 /// The knobs that reach the algorithm (config `downstream.umap` + `run.seed`).
@@ -177,7 +182,7 @@ fn normal(rng: &mut SplitMix64) -> f64 {
 pub fn fit(features: &Tensor, p: &UmapParams) -> Result<Vec<[f32; 2]>, UmapError> {
     use umap_rs::{GraphParams, ManifoldParams, Umap, UmapConfig};
     if p.epochs == 0 {
-        return Err(UmapError::Invalid("umap epochs must be > 0".into()));
+        return Err(UmapError::NoEpochs);
     }
     let n = features.size()[0] as usize;
     let k = p.n_neighbors;
@@ -192,8 +197,7 @@ pub fn fit(features: &Tensor, p: &UmapParams) -> Result<Vec<[f32; 2]>, UmapError
     let data = {
         let x = features.to_kind(Kind::Float).contiguous();
         let v = Vec::<f32>::try_from(x.flatten(0, -1)).expect("f32 features");
-        Array2::from_shape_vec((n, x.size()[1] as usize), v)
-            .map_err(|e| UmapError::Invalid(e.to_string()))?
+        Array2::from_shape_vec((n, x.size()[1] as usize), v)?
     };
     let config = UmapConfig {
         n_components: 2,
@@ -337,10 +341,10 @@ pub fn trustworthiness(features: &Tensor, emb: &[[f32; 2]], k: usize) -> Result<
     let x = features.to_kind(Kind::Double).contiguous();
     let n = x.size()[0] as usize;
     if n != emb.len() {
-        return Err(UmapError::Invalid(format!(
-            "{n} feature rows but {} embedded points",
-            emb.len()
-        )));
+        return Err(UmapError::RowCountMismatch {
+            features: n,
+            embedded: emb.len(),
+        });
     }
     if k == 0 || n < 2 * k + 2 {
         return Err(UmapError::TooFewRows {

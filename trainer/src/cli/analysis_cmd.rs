@@ -315,7 +315,7 @@ impl ReportArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        let path = trainer::pipeline::report::write_report(&t)?;
+        let path = trainer::pipeline::report::write_report(&t, t.dataset()?)?;
         println!("{}", path.display());
         if let Some(table) = trainer::pipeline::combinations::write_table(&cfg)? {
             println!("{}", table.display());

@@ -469,7 +469,7 @@ impl StepBench {
 
     /// The input pipeline of `trainer train` (index, TIFF, min–max, multi-crop augmentation,
     /// EpochLoader) over `dir`, for the first `steps` batches of a seeded epoch order.
-    /// The sample function is a copy of the one in `train::run::train` (not public there).
+    /// The sample function is training's own, [`training_image_fn`].
     fn real_loader(
         &self,
         cfg: &Config,

@@ -1,7 +1,6 @@
 use anyhow::Result;
 use clap::Args;
 use trainer::pipeline::{run_pipeline, PipelineOptions, PipelineOutcome};
-use trainer::train::run::EXIT_PREEMPTED;
 
 /// `trainer pipeline`: every stage for every channel combination, make-like.
 #[derive(Debug, Args)]
@@ -63,7 +62,7 @@ impl PipelineArgs {
             }
             PipelineOutcome::Preempted(_) => {
                 tracing::info!("pipeline stopped by signal; rerun to continue");
-                std::process::exit(EXIT_PREEMPTED);
+                trainer::train::preempt::exit_preempted();
             }
         }
     }

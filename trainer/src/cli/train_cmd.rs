@@ -2,16 +2,14 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome, EXIT_PREEMPTED};
+use trainer::train::preempt;
+use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome};
 
 /// SIGUSR1 (Slurm's --signal) and SIGTERM (scancel, preemption) set this flag: checkpoint at
-/// the next step boundary, then exit with EXIT_PREEMPTED so a requeued job resumes.
+/// the next step boundary, then exit with EXIT_PREEMPTED so a requeued job resumes (see
+/// [`preempt`]).
 pub fn stop_flag() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGUSR1, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
-    }
-    Ok(stop)
+    preempt::stop_on_signals().context("installing signal handlers")
 }
 
 /// `trainer train`: DINO pretraining; resumes automatically from the output folder.
@@ -58,7 +56,7 @@ impl TrainArgs {
                     "stopped by signal after a checkpoint; rerun to resume: {}",
                     dir.display()
                 );
-                std::process::exit(EXIT_PREEMPTED);
+                preempt::exit_preempted();
             }
         }
         Ok(())

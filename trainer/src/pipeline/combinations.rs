@@ -36,9 +36,15 @@ pub fn rows(cfg: &Config) -> Result<Vec<Row>, StageError> {
             let Ok(text) = std::fs::read_to_string(&path) else {
                 continue;
             };
-            let bad = |what: &str| StageError::Invalid(format!("{}: {what}", path.display()));
+            let bad = |what| StageError::IncompleteEvaluation {
+                path: path.clone(),
+                what,
+            };
             let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
+                serde_json::from_str(&text).map_err(|source| StageError::Json {
+                    path: path.clone(),
+                    source,
+                })?;
             let knn = v["knn"]
                 .as_array()
                 .ok_or_else(|| bad("no knn list"))?

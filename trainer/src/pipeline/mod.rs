@@ -46,8 +46,49 @@ pub enum StageError {
     },
     #[error(transparent)]
     DistEnv(#[from] crate::dist::env::DistEnvError),
-    #[error("{0}")]
-    Invalid(String),
+    /// The features stage's rendezvous and barrier.
+    #[error(transparent)]
+    Dist(#[from] crate::dist::group::DistError),
+    #[error("gathering features: {source}")]
+    GatherFeatures {
+        #[source]
+        source: crate::dist::group::DistError,
+    },
+    #[error("channel combination {index} does not exist (the config has {count})")]
+    NoCombination { index: usize, count: usize },
+    /// Every stage after training needs the dataset statistics.
+    #[error("{source} (run `trainer mean-std` or `trainer pipeline` first)")]
+    NoMeanStd {
+        #[source]
+        source: crate::analysis::mean_std::MeanStdError,
+    },
+    /// Nothing to analyse: training kept no checkpoint.
+    #[error("training finished but {} has no numbered checkpoints", dir.display())]
+    NoNumberedCheckpoints { dir: PathBuf },
+    /// A JSON file a stage wrote that does not parse as what it should hold.
+    #[error("{}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: not an evaluation report: {source}", path.display())]
+    NotEvaluationReport {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An evaluation report without a value the combinations table shows.
+    #[error("{}: {what}", path.display())]
+    IncompleteEvaluation { path: PathBuf, what: &'static str },
+    /// A line of `log.txt` that is not JSON (`line` counts from 1).
+    #[error("{} line {line}: {source}", path.display())]
+    LogLine {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A stage failed; the source stays typed so callers can tell, e.g., a dead rank from a
     /// bad file.
     #[error("stage {label}: {source}")]
@@ -243,10 +284,9 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
 
         let checkpoints = t.numbered_checkpoints();
         if checkpoints.is_empty() {
-            return Err(StageError::Invalid(format!(
-                "training finished but {} has no numbered checkpoints",
-                t.files.dir().display()
-            )));
+            return Err(StageError::NoNumberedCheckpoints {
+                dir: t.files.dir().to_path_buf(),
+            });
         }
         for (tag, ckpt) in &checkpoints {
             let tag = tag.as_str();
@@ -319,7 +359,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             None,
             &report_inputs,
             &[t.files.report_html()],
-            || report::write_report(&t).map(|_| ()),
+            || report::write_report(&t, t.dataset()?).map(|_| ()),
         )?;
     }
     if r.lead {

@@ -1,10 +1,13 @@
 //! `report.html`: one self-contained page per model (every figure embedded as a data URI, so
 //! the file can be mailed or opened from a login node without the output tree). It is built
-//! only from files the stages wrote, so it can be regenerated at any time.
-use super::stages::{best_k, read_knn_json, sort_tags, Target, UmapSummary};
+//! only from files the stages wrote (and the dataset's split, which the caller already has),
+//! so it can be regenerated at any time. One function per section, in page order.
+use super::stages::{best_k, read_knn_json, Dataset, Target, UmapSummary};
 use super::StageError;
 use crate::analysis::attention::AttentionImage;
-use crate::data::{open_source, train_heldout_split};
+use crate::analysis::evaluate::EvaluationReport;
+use crate::analysis::knn::KnnReport;
+use crate::config::Config;
 use crate::plot::{self, Curve};
 use base64::Engine;
 use std::fmt::Write as _;
@@ -50,8 +53,12 @@ fn read_log(path: &Path) -> Result<EpochLog, StageError> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| StageError::Invalid(format!("{} line {}: {e}", path.display(), n + 1)))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|source| StageError::LogLine {
+                path: path.to_path_buf(),
+                line: n + 1,
+                source,
+            })?;
         let num = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
         log.epoch.push(num("epoch"));
         log.loss.push(num("train_loss"));
@@ -68,31 +75,72 @@ fn file_name(path: &str) -> String {
         .map_or_else(|| path.to_string(), |f| f.to_string_lossy().into_owned())
 }
 
-/// Writes `{analyses}/report.html` (and the curve PNGs it embeds under `report_assets/`).
-pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
-    let cfg = t.cfg;
-    let mut h = String::new();
-    let title = format!("scDINO report: {}", cfg.model_dir_name(&t.channels));
-    let _ = write!(
-        h,
+/// Writes `{analyses}/report.html` (and the curve PNGs it embeds under `report_assets/`);
+/// `dataset` is the dataset `t` trained on, split as training split it.
+pub fn write_report(t: &Target, dataset: &Dataset) -> Result<PathBuf, StageError> {
+    let mut h = head(&format!(
+        "scDINO report: {}",
+        t.cfg.model_dir_name(&t.channels)
+    ));
+    h.push_str(&dataset_section(t, dataset));
+    h.push_str(&training_section(t)?);
+    let tags = t.feature_tags();
+    let knn = read_tagged(&tags, |tag| t.files.knn_json(tag), read_knn_json)?;
+    h.push_str(&knn_section(&knn));
+    let evaluations = read_tagged(
+        &tags,
+        |tag| t.files.evaluation_json(tag),
+        super::stages::read_evaluation,
+    )?;
+    h.push_str(&evaluation_section(&evaluations));
+    h.push_str(&knn_per_class_section(t, &knn)?);
+    h.push_str(&umap_section(t, &tags)?);
+    h.push_str(&attention_section(t, &tags)?);
+    h.push_str(&footer(t.cfg));
+    let out = t.files.report_html();
+    std::fs::create_dir_all(t.files.analyses()).map_err(|source| StageError::Io {
+        path: t.files.analyses().to_path_buf(),
+        source,
+    })?;
+    crate::data::tiff_reader::write_atomic(&out, h.as_bytes())?;
+    Ok(out)
+}
+
+/// The reports of the `tags` whose file (`path_of`) exists, in tag order.
+fn read_tagged<R>(
+    tags: &[String],
+    path_of: impl Fn(&str) -> PathBuf,
+    read: impl Fn(&Path) -> Result<R, StageError>,
+) -> Result<Vec<(String, R)>, StageError> {
+    tags.iter()
+        .filter(|tag| path_of(tag).exists())
+        .map(|tag| Ok((tag.clone(), read(&path_of(tag))?)))
+        .collect()
+}
+
+/// The document head, the style sheet and the title.
+fn head(title: &str) -> String {
+    format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\
          <style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}}\
          table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;\
          text-align:right}}th{{background:#f3f3f3}}pre{{background:#f7f7f7;padding:1em;overflow:auto;\
          max-height:30em}}figure{{display:inline-block;margin:4px;text-align:center;font-size:80%}}\
          img{{image-rendering:pixelated}}</style></head><body>\n<h1>{}</h1>\n",
-        esc(&title),
-        esc(&title)
-    );
+        esc(title),
+        esc(title)
+    )
+}
 
-    // Dataset.
-    let source = open_source(&cfg.data)?;
-    let index = source.index();
-    let split = train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+/// Images per class, the split, and the channels' mean/std (when computed).
+fn dataset_section(t: &Target, dataset: &Dataset) -> String {
+    let cfg = t.cfg;
+    let index = dataset.source.index();
     let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
     for s in &index.samples {
         *counts.entry(s.label.as_str()).or_default() += 1;
     }
+    let mut h = String::new();
     let _ = write!(
         h,
         "<h2>Dataset</h2><p>{} images in {} at <code>{}</code>; training split {} images, \
@@ -100,8 +148,8 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
         index.len(),
         counts.len(),
         esc(&cfg.data.dataset_dir.display().to_string()),
-        split.train.len(),
-        split.held_out.len(),
+        dataset.split.train.len(),
+        dataset.split.held_out.len(),
         cfg.run.seed
     );
     for (c, n) in &counts {
@@ -121,257 +169,271 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
         }
         h.push_str("</table>");
     }
+    h
+}
 
-    // Training curves.
+/// The epoch curves of `log.txt` (written as PNGs next to the report) and their table.
+fn training_section(t: &Target) -> Result<String, StageError> {
     let log = read_log(&t.files.log())?;
-    h.push_str("<h2>Training</h2>");
+    let mut h = String::from("<h2>Training</h2>");
     if log.epoch.is_empty() {
         h.push_str("<p>No <code>log.txt</code> yet.</p>");
-    } else {
-        let assets = t.files.report_assets();
-        for (name, values, log_y) in [
-            ("loss", &log.loss, false),
-            ("lr", &log.lr, true),
-            ("wd", &log.wd, false),
-        ] {
-            let path = assets.join(format!("train_{name}.png"));
-            let points = log
-                .epoch
-                .iter()
-                .copied()
-                .zip(values.iter().copied())
-                .collect();
-            plot::lines_png(
-                &path,
-                &format!("train_{name} (epoch mean)"),
-                "epoch",
-                &[Curve {
-                    name: name.to_string(),
-                    points,
-                }],
-                log_y,
-            )?;
-            h.push_str(&img_tag(&path, &format!("train_{name}"), Some(590))?);
-        }
-        h.push_str("<table><tr><th>epoch</th><th>loss</th><th>lr</th><th>wd</th></tr>");
-        for i in 0..log.epoch.len() {
-            let _ = write!(
-                h,
-                "<tr><td>{}</td><td>{:.4}</td><td>{:.3e}</td><td>{:.4}</td></tr>",
-                log.epoch[i], log.loss[i], log.lr[i], log.wd[i]
-            );
-        }
-        h.push_str("</table>");
+        return Ok(h);
     }
-
-    // kNN per epoch.
-    let mut tags = t.feature_tags();
-    sort_tags(&mut tags);
-    let reports: Vec<(String, crate::analysis::knn::KnnReport)> = tags
-        .iter()
-        .filter(|tag| t.files.knn_json(tag).exists())
-        .map(|tag| Ok((tag.clone(), read_knn_json(&t.files.knn_json(tag))?)))
-        .collect::<Result<_, StageError>>()?;
-    h.push_str("<h2>Weighted kNN (held-out split)</h2>");
-    if let Some((_, first)) = reports.first() {
+    let assets = t.files.report_assets();
+    for (name, values, log_y) in [
+        ("loss", &log.loss, false),
+        ("lr", &log.lr, true),
+        ("wd", &log.wd, false),
+    ] {
+        let path = assets.join(format!("train_{name}.png"));
+        let points = log
+            .epoch
+            .iter()
+            .copied()
+            .zip(values.iter().copied())
+            .collect();
+        plot::lines_png(
+            &path,
+            &format!("train_{name} (epoch mean)"),
+            "epoch",
+            &[Curve {
+                name: name.to_string(),
+                points,
+            }],
+            log_y,
+        )?;
+        h.push_str(&img_tag(&path, &format!("train_{name}"), Some(590))?);
+    }
+    h.push_str("<table><tr><th>epoch</th><th>loss</th><th>lr</th><th>wd</th></tr>");
+    for i in 0..log.epoch.len() {
         let _ = write!(
             h,
-            "<p>{} held-out feature rows: {} as kNN train, {} as test (seed {}, T = {}).</p>\
-             <table id=\"knn\"><tr><th>checkpoint</th><th>from file</th>",
-            first.n_samples, first.n_train, first.n_test, first.seed, first.temperature
+            "<tr><td>{}</td><td>{:.4}</td><td>{:.3e}</td><td>{:.4}</td></tr>",
+            log.epoch[i], log.loss[i], log.lr[i], log.wd[i]
         );
-        for r in &first.results {
-            let _ = write!(h, "<th>{}-NN top-1</th><th>top-2</th>", r.k);
+    }
+    h.push_str("</table>");
+    Ok(h)
+}
+
+/// The weighted kNN accuracies of every checkpoint, one row each.
+fn knn_section(reports: &[(String, KnnReport)]) -> String {
+    let mut h = String::from("<h2>Weighted kNN (held-out split)</h2>");
+    let Some((_, first)) = reports.first() else {
+        h.push_str("<p>No kNN results yet.</p>");
+        return h;
+    };
+    let _ = write!(
+        h,
+        "<p>{} held-out feature rows: {} as kNN train, {} as test (seed {}, T = {}).</p>\
+         <table id=\"knn\"><tr><th>checkpoint</th><th>from file</th>",
+        first.n_samples, first.n_train, first.n_test, first.seed, first.temperature
+    );
+    for r in &first.results {
+        let _ = write!(h, "<th>{}-NN top-1</th><th>top-2</th>", r.k);
+    }
+    h.push_str("</tr>");
+    for (tag, rep) in reports {
+        let from = match (&rep.checkpoint, rep.checkpoint_epoch) {
+            (Some(c), Some(e)) => format!("{} ({e} epochs done)", file_name(c)),
+            (Some(c), None) => file_name(c),
+            _ => "?".to_string(),
+        };
+        let _ = write!(h, "<tr><td>{}</td><td>{}</td>", esc(tag), esc(&from));
+        for r in &rep.results {
+            let _ = write!(
+                h,
+                "<td>{:.1}</td><td>{:.1}</td>",
+                r.top1_percent, r.top2_percent
+            );
         }
         h.push_str("</tr>");
-        for (tag, rep) in &reports {
-            let from = match (&rep.checkpoint, rep.checkpoint_epoch) {
-                (Some(c), Some(e)) => format!("{} ({e} epochs done)", file_name(c)),
-                (Some(c), None) => file_name(c),
-                _ => "?".to_string(),
-            };
-            let _ = write!(h, "<tr><td>{}</td><td>{}</td>", esc(tag), esc(&from));
-            for r in &rep.results {
-                let _ = write!(
-                    h,
-                    "<td>{:.1}</td><td>{:.1}</td>",
-                    r.top1_percent, r.top2_percent
-                );
-            }
-            h.push_str("</tr>");
-        }
-        h.push_str("</table>");
-    } else {
-        h.push_str("<p>No kNN results yet.</p>");
     }
-    // Evaluation: kNN + linear probe on the test folder (or held-out split).
-    let evaluations: Vec<(String, crate::analysis::evaluate::EvaluationReport)> = tags
+    h.push_str("</table>");
+    h
+}
+
+/// kNN and linear probe on the test folder (or the held-out split) for every checkpoint,
+/// then the newest checkpoint's probe per class.
+fn evaluation_section(evaluations: &[(String, EvaluationReport)]) -> String {
+    let mut h = String::from("<h2>Evaluation: kNN and linear probe</h2>");
+    let Some((_, first)) = evaluations.first() else {
+        h.push_str("<p>No evaluation yet (<code>trainer evaluate</code>).</p>");
+        return h;
+    };
+    let _ = write!(
+        h,
+        "<p>{} training images → {} queries from the {}; kNN T = {}; linear probe = \
+         multinomial logistic regression on frozen CLS features, L2 chosen on a validation \
+         split. Percentages unrounded.</p><table id=\"evaluation\"><tr><th>checkpoint</th>\
+         <th>epoch</th><th>method</th><th>top-1</th><th>top-5</th><th>balanced acc.</th>\
+         <th>macro-F1</th></tr>",
+        first.n_train,
+        first.n_queries,
+        esc(&first.queries_from),
+        first.knn_temperature
+    );
+    for (_, e) in evaluations {
+        evaluation_rows(&mut h, e);
+    }
+    h.push_str("</table>");
+    if let Some((tag, e)) = evaluations.last() {
+        probe_per_class(&mut h, tag, e);
+    }
+    h
+}
+
+/// One row per kNN k and one for the linear probe, of one checkpoint.
+fn evaluation_rows(h: &mut String, e: &EvaluationReport) {
+    let file = file_name(&e.provenance.checkpoint);
+    let epoch = e
+        .provenance
+        .epoch
+        .map_or("?".to_string(), |x| x.to_string());
+    let rows = e
+        .knn
         .iter()
-        .filter(|tag| t.files.evaluation_json(tag).exists())
-        .map(|tag| {
-            Ok((
-                tag.clone(),
-                super::stages::read_evaluation(&t.files.evaluation_json(tag))?,
-            ))
-        })
-        .collect::<Result<_, StageError>>()?;
-    h.push_str("<h2>Evaluation: kNN and linear probe</h2>");
-    if let Some((_, first)) = evaluations.first() {
+        .map(|k| (format!("{}-NN", k.k), &k.scores))
+        .chain(std::iter::once((
+            format!("linear probe (λ {:e})", e.linear_probe.l2),
+            &e.linear_probe.scores,
+        )));
+    for (method, s) in rows {
         let _ = write!(
             h,
-            "<p>{} training images → {} queries from the {}; kNN T = {}; linear probe = \
-             multinomial logistic regression on frozen CLS features, L2 chosen on a validation \
-             split. Percentages unrounded.</p><table id=\"evaluation\"><tr><th>checkpoint</th>\
-             <th>epoch</th><th>method</th><th>top-1</th><th>top-5</th><th>balanced acc.</th>\
-             <th>macro-F1</th></tr>",
-            first.n_train,
-            first.n_queries,
-            esc(&first.queries_from),
-            first.knn_temperature
+            "<tr><td title=\"sha256 {}\">{}</td><td>{}</td><td>{}</td><td>{:.3}</td>\
+             <td>{:.3}</td><td>{:.3}</td><td>{:.4}</td></tr>",
+            esc(&e.provenance.checkpoint_sha256),
+            esc(&file),
+            esc(&epoch),
+            esc(&method),
+            s.top1_percent,
+            s.top5_percent,
+            s.balanced_accuracy_percent,
+            s.macro_f1
         );
-        for (_, e) in &evaluations {
-            let file = file_name(&e.provenance.checkpoint);
-            let epoch = e
-                .provenance
-                .epoch
-                .map_or("?".to_string(), |x| x.to_string());
-            let rows = e
-                .knn
-                .iter()
-                .map(|k| (format!("{}-NN", k.k), &k.scores))
-                .chain(std::iter::once((
-                    format!("linear probe (λ {:e})", e.linear_probe.l2),
-                    &e.linear_probe.scores,
-                )));
-            for (method, s) in rows {
-                let _ = write!(
-                    h,
-                    "<tr><td title=\"sha256 {}\">{}</td><td>{}</td><td>{}</td><td>{:.3}</td>\
-                     <td>{:.3}</td><td>{:.3}</td><td>{:.4}</td></tr>",
-                    esc(&e.provenance.checkpoint_sha256),
-                    esc(&file),
-                    esc(&epoch),
-                    esc(&method),
-                    s.top1_percent,
-                    s.top5_percent,
-                    s.balanced_accuracy_percent,
-                    s.macro_f1
-                );
-            }
-        }
-        h.push_str("</table>");
-        if let Some((tag, e)) = evaluations.last() {
-            if !e.unseen_classes.is_empty() {
-                let list: Vec<String> = e
-                    .unseen_classes
-                    .iter()
-                    .map(|(c, n)| format!("{} ({n})", esc(c)))
-                    .collect();
-                let _ = write!(
-                    h,
-                    "<p>Query classes without training images: {}.</p>",
-                    list.join(", ")
-                );
-            }
-            let _ = write!(
-                h,
-                "<h3>Linear probe per class, {} (<code>{}</code>)</h3><table id=\"probe-per-class\">\
-                 <tr><th>class</th><th>support</th><th>precision</th><th>recall</th><th>F1</th></tr>",
-                esc(tag),
-                esc(&e.provenance.checkpoint)
-            );
-            for m in &e.linear_probe.scores.per_class {
-                let _ = write!(
-                    h,
-                    "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
-                    esc(&m.class),
-                    m.support,
-                    m.precision,
-                    m.recall,
-                    m.f1
-                );
-            }
-            h.push_str("</table>");
-        }
-    } else {
-        h.push_str("<p>No evaluation yet (<code>trainer evaluate</code>).</p>");
     }
-    if let Some((tag, rep)) = reports.last() {
-        if let Some(best) = best_k(rep) {
-            let _ = write!(
-                h,
-                "<h3>Per class, {} at k = {} (top-1 {:.1} %)</h3><table id=\"per-class\"><tr>\
-                 <th>class</th><th>support</th><th>precision</th><th>recall</th><th>F1</th></tr>",
-                esc(tag),
-                best.k,
-                best.top1_percent
-            );
-            for c in &best.per_class {
-                let _ = write!(
-                    h,
-                    "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td></tr>",
-                    esc(&c.class),
-                    c.support,
-                    c.precision,
-                    c.recall,
-                    c.f1
-                );
-            }
-            h.push_str("</table>");
-            let png = t.files.confusion_png(tag);
-            if png.exists() {
-                h.push_str(&img_tag(
-                    &png,
-                    &format!("confusion matrix {tag}"),
-                    Some(600),
-                )?);
-            }
-        }
-    }
+}
 
-    // UMAP of the newest tag that has one.
-    h.push_str("<h2>UMAP</h2>");
-    match tags
+/// The query classes no training image has, and the linear probe's scores per class.
+fn probe_per_class(h: &mut String, tag: &str, e: &EvaluationReport) {
+    if !e.unseen_classes.is_empty() {
+        let list: Vec<String> = e
+            .unseen_classes
+            .iter()
+            .map(|(c, n)| format!("{} ({n})", esc(c)))
+            .collect();
+        let _ = write!(
+            h,
+            "<p>Query classes without training images: {}.</p>",
+            list.join(", ")
+        );
+    }
+    let _ = write!(
+        h,
+        "<h3>Linear probe per class, {} (<code>{}</code>)</h3><table id=\"probe-per-class\">\
+         <tr><th>class</th><th>support</th><th>precision</th><th>recall</th><th>F1</th></tr>",
+        esc(tag),
+        esc(&e.provenance.checkpoint)
+    );
+    for m in &e.linear_probe.scores.per_class {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
+            esc(&m.class),
+            m.support,
+            m.precision,
+            m.recall,
+            m.f1
+        );
+    }
+    h.push_str("</table>");
+}
+
+/// The newest checkpoint's kNN per class at its best k, and its confusion matrix.
+fn knn_per_class_section(
+    t: &Target,
+    reports: &[(String, KnnReport)],
+) -> Result<String, StageError> {
+    let mut h = String::new();
+    let Some((tag, best)) = reports
+        .last()
+        .and_then(|(tag, rep)| best_k(rep).map(|best| (tag, best)))
+    else {
+        return Ok(h);
+    };
+    let _ = write!(
+        h,
+        "<h3>Per class, {} at k = {} (top-1 {:.1} %)</h3><table id=\"per-class\"><tr>\
+         <th>class</th><th>support</th><th>precision</th><th>recall</th><th>F1</th></tr>",
+        esc(tag),
+        best.k,
+        best.top1_percent
+    );
+    for c in &best.per_class {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td></tr>",
+            esc(&c.class),
+            c.support,
+            c.precision,
+            c.recall,
+            c.f1
+        );
+    }
+    h.push_str("</table>");
+    let png = t.files.confusion_png(tag);
+    if png.exists() {
+        h.push_str(&img_tag(
+            &png,
+            &format!("confusion matrix {tag}"),
+            Some(600),
+        )?);
+    }
+    Ok(h)
+}
+
+/// The UMAP of the newest tag that has one.
+fn umap_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
+    let mut h = String::from("<h2>UMAP</h2>");
+    let Some(tag) = tags
         .iter()
         .rev()
         .find(|tag| t.files.umap_json(tag).exists())
-    {
-        Some(tag) => {
-            let path = t.files.umap_json(tag);
-            let text = std::fs::read_to_string(&path).map_err(|source| StageError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let u: UmapSummary = serde_json::from_str(&text)
-                .map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))?;
-            let _ = write!(
-                h,
-                "<p>{} · {} rows · n_neighbors {} · min_dist {} · spread {} · {} epochs · \
-                 {:?} · seed {} · trustworthiness {:.3} (k = {}, {} rows)</p>",
-                esc(tag),
-                u.rows,
-                u.n_neighbors,
-                u.min_dist,
-                u.spread,
-                u.epochs,
-                u.metric,
-                u.seed,
-                u.trustworthiness,
-                u.trust_k,
-                u.trust_rows
-            );
-            h.push_str(&img_tag(
-                Path::new(&u.png),
-                &format!("UMAP {tag}"),
-                Some(1100),
-            )?);
-        }
-        None => h.push_str("<p>No UMAP yet.</p>"),
-    }
+    else {
+        h.push_str("<p>No UMAP yet.</p>");
+        return Ok(h);
+    };
+    let u: UmapSummary = read_json(&t.files.umap_json(tag))?;
+    let _ = write!(
+        h,
+        "<p>{} · {} rows · n_neighbors {} · min_dist {} · spread {} · {} epochs · \
+         {:?} · seed {} · trustworthiness {:.3} (k = {}, {} rows)</p>",
+        esc(tag),
+        u.rows,
+        u.n_neighbors,
+        u.min_dist,
+        u.spread,
+        u.epochs,
+        u.metric,
+        u.seed,
+        u.trustworthiness,
+        u.trust_k,
+        u.trust_rows
+    );
+    h.push_str(&img_tag(
+        Path::new(&u.png),
+        &format!("UMAP {tag}"),
+        Some(1100),
+    )?);
+    Ok(h)
+}
 
-    // Attention maps of the newest tag that has them.
-    h.push_str("<h2>Attention maps (last block, CLS token)</h2>");
-    let registers = cfg.model.num_register_tokens;
+/// The attention maps of the newest tag that has them.
+fn attention_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
+    let mut h = String::from("<h2>Attention maps (last block, CLS token)</h2>");
+    let registers = t.cfg.model.num_register_tokens;
     if registers > 0 {
         let _ = write!(
             h,
@@ -379,58 +441,59 @@ pub fn write_report(t: &Target) -> Result<PathBuf, StageError> {
             if registers == 1 { "" } else { "s" }
         );
     }
-    match tags
+    let Some(tag) = tags
         .iter()
         .rev()
         .find(|tag| t.files.attention_manifest(tag).exists())
-    {
-        Some(tag) => {
-            let dir = t.files.attention_dir(tag);
-            let path = t.files.attention_manifest(tag);
-            let text = std::fs::read_to_string(&path).map_err(|source| StageError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let images: Vec<AttentionImage> = serde_json::from_str(&text)
-                .map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))?;
-            let _ = write!(h, "<p>{}</p>", esc(tag));
-            for img in &images {
-                let _ = write!(
-                    h,
-                    "<h4>{} / {} ({} px)</h4><div>",
-                    esc(&img.class),
-                    esc(&img.file),
-                    img.size
-                );
-                for rel in img.channel_pngs.iter().chain(&img.head_pngs) {
-                    let name = Path::new(rel)
-                        .file_stem()
-                        .map(|s| s.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    let _ = write!(
-                        h,
-                        "<figure>{}<figcaption>{}</figcaption></figure>",
-                        img_tag(&dir.join(rel), &name, Some(128))?,
-                        esc(&name)
-                    );
-                }
-                h.push_str("</div>");
-            }
+    else {
+        h.push_str("<p>No attention maps yet.</p>");
+        return Ok(h);
+    };
+    let dir = t.files.attention_dir(tag);
+    let images: Vec<AttentionImage> = read_json(&t.files.attention_manifest(tag))?;
+    let _ = write!(h, "<p>{}</p>", esc(tag));
+    for img in &images {
+        let _ = write!(
+            h,
+            "<h4>{} / {} ({} px)</h4><div>",
+            esc(&img.class),
+            esc(&img.file),
+            img.size
+        );
+        for rel in img.channel_pngs.iter().chain(&img.head_pngs) {
+            let name = Path::new(rel)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let _ = write!(
+                h,
+                "<figure>{}<figcaption>{}</figcaption></figure>",
+                img_tag(&dir.join(rel), &name, Some(128))?,
+                esc(&name)
+            );
         }
-        None => h.push_str("<p>No attention maps yet.</p>"),
+        h.push_str("</div>");
     }
+    Ok(h)
+}
 
-    let _ = write!(
-        h,
+/// The resolved config and the trainer's version, and the end of the document.
+fn footer(cfg: &Config) -> String {
+    format!(
         "<h2>Configuration</h2><pre>{}</pre>\n<p>trainer {}</p></body></html>\n",
         esc(&cfg.to_yaml()),
         env!("CARGO_PKG_VERSION")
-    );
-    let out = t.files.report_html();
-    std::fs::create_dir_all(t.files.analyses()).map_err(|source| StageError::Io {
-        path: t.files.analyses().to_path_buf(),
+    )
+}
+
+/// A JSON file a stage wrote.
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, StageError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StageError::Io {
+        path: path.to_path_buf(),
         source,
     })?;
-    crate::data::tiff_reader::write_atomic(&out, h.as_bytes())?;
-    Ok(out)
+    serde_json::from_str(&text).map_err(|source| StageError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
 }

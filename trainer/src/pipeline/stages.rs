@@ -10,10 +10,12 @@ use crate::analysis::profiles::{self, ProfileRows, Profiles};
 use crate::analysis::umap::{self, UmapParams};
 use crate::config::Config;
 use crate::data::tiff_reader::write_atomic;
+use crate::data::{SharedSource, Split};
 use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use crate::layout::{ModelLayout, RunLayout};
 use crate::plot;
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
 /// One trained model: a channel combination of a config, and where its files live.
@@ -24,16 +26,36 @@ pub struct Target<'a> {
     pub run: RunLayout,
     /// Checkpoints, logs and analyses of this combination.
     pub files: ModelLayout,
+    /// Opened on first use: a listing (S3) and a shuffle that stages share.
+    dataset: OnceCell<Dataset>,
+}
+
+/// The dataset of a config and its training / held-out split (the one training uses).
+pub struct Dataset {
+    pub source: SharedSource,
+    pub split: Split,
+}
+
+impl Dataset {
+    pub fn open(cfg: &Config) -> Result<Self, StageError> {
+        let source = crate::data::open_source(&cfg.data)?;
+        let n = source.index().len();
+        let split =
+            crate::data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
+        Ok(Self { source, split })
+    }
 }
 
 impl<'a> Target<'a> {
     pub fn new(cfg: &'a Config, combination: usize) -> Result<Self, StageError> {
-        let channels = cfg.channel_sets.get(combination).cloned().ok_or_else(|| {
-            StageError::Invalid(format!(
-                "channel combination {combination} does not exist (the config has {})",
-                cfg.channel_sets.len()
-            ))
-        })?;
+        let channels =
+            cfg.channel_sets
+                .get(combination)
+                .cloned()
+                .ok_or(StageError::NoCombination {
+                    index: combination,
+                    count: cfg.channel_sets.len(),
+                })?;
         let run = RunLayout::new(cfg);
         Ok(Self {
             cfg,
@@ -41,6 +63,7 @@ impl<'a> Target<'a> {
             files: run.model(cfg, &channels),
             run,
             channels,
+            dataset: OnceCell::new(),
         })
     }
 
@@ -52,13 +75,18 @@ impl<'a> Target<'a> {
             .collect()
     }
 
+    /// The dataset and its split, opened once per target.
+    pub fn dataset(&self) -> Result<&Dataset, StageError> {
+        if let Some(d) = self.dataset.get() {
+            return Ok(d);
+        }
+        let d = Dataset::open(self.cfg)?;
+        Ok(self.dataset.get_or_init(|| d))
+    }
+
     pub fn mean_std(&self) -> Result<MeanStd, StageError> {
         let path = self.run.mean_std();
-        MeanStd::read(&path).map_err(|e| {
-            StageError::Invalid(format!(
-                "{e} (run `trainer mean-std` or `trainer pipeline` first)"
-            ))
-        })
+        MeanStd::read(&path).map_err(|source| StageError::NoMeanStd { source })
     }
 
     /// The numbered checkpoints training kept (`saveckp_freq` epochs and the last), oldest
@@ -130,20 +158,17 @@ pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>,
         env.world,
         std::time::Duration::from_secs(t.cfg.train.dist_timeout_seconds),
         false,
-    )
-    .map_err(|e| StageError::Invalid(e.to_string()))?;
+    )?;
     let mut set = features::extract_shard(t.cfg, t.combination, ckpt, &ms, env.rank, env.world)?;
     set.features = gather_shards(&mut group, env.world, &set.features, set.labels.len())
-        .map_err(|e| StageError::Invalid(format!("gathering features: {e}")))?;
+        .map_err(|source| StageError::GatherFeatures { source })?;
     let rows = if env.rank == 0 {
         Some(write_features(t, tag, &set)?)
     } else {
         None
     };
     // Nobody leaves before rank 0 has written (a following stage may start right away).
-    group
-        .barrier()
-        .map_err(|e| StageError::Invalid(e.to_string()))?;
+    group.barrier()?;
     Ok(rows)
 }
 
@@ -189,9 +214,8 @@ fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<u
 pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationReport, StageError> {
     let cfg = t.cfg;
     let ms = t.mean_std()?;
-    let source = crate::data::open_source(&cfg.data)?;
+    let Dataset { source, split } = t.dataset()?;
     let n = source.index().len();
-    let split = crate::data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
     let extract = |src: &dyn crate::data::ImageSource, idx: &[usize]| {
         features::extract_indices(cfg, t.combination, ckpt, &ms, src, idx)
     };
@@ -358,8 +382,9 @@ pub fn read_evaluation(path: &Path) -> Result<EvaluationReport, StageError> {
         path: path.to_path_buf(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|e| {
-        StageError::Invalid(format!("{}: not an evaluation report: {e}", path.display()))
+    serde_json::from_str(&text).map_err(|source| StageError::NotEvaluationReport {
+        path: path.to_path_buf(),
+        source,
     })
 }
 
@@ -438,7 +463,10 @@ pub fn read_knn_json(path: &Path) -> Result<KnnReport, StageError> {
         path: path.to_path_buf(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|e| StageError::Invalid(format!("{}: {e}", path.display())))
+    serde_json::from_str(&text).map_err(|source| StageError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// What `trainer umap` computed, next to its PNG (the report reads it).

@@ -9,7 +9,11 @@
 //! The KL needs no second pass: the DINO loss is the mean cross-entropy H(p_t, p_s) over the
 //! (teacher crop, other crop) pairs, each teacher crop in the same number of pairs, and
 //! H(p_t, p_s) = H(p_t) + KL(p_t ‖ p_s), so mean KL = loss − mean teacher entropy.
+//!
+//! What a detected collapse does is `train.on_collapse` ([`CollapsePolicy`]): a warning, or a
+//! stop with a checkpoint at the exact position.
 use super::loss::TeacherStats;
+use crate::config::{OnCollapse, TrainSection};
 use crate::dist::group::DistError;
 use crate::dist::Collective;
 use tch::{Kind, Tensor};
@@ -178,6 +182,67 @@ pub fn describe(kind: CollapseKind, s: &TeacherSnapshot, iteration: usize) -> St
         "{} at iteration {iteration}: {what}; {remedies}",
         kind.name()
     )
+}
+
+/// What `train.on_collapse` makes of a reported collapse. `warn` logs it (once, on rank 0:
+/// every rank sees the same global snapshot) and trains on; `stop` ends the run with a
+/// checkpoint at the exact position, so the run can be inspected or resumed with other
+/// settings.
+#[derive(Debug, Clone)]
+pub struct CollapsePolicy {
+    watch: CollapseWatch,
+    on_collapse: OnCollapse,
+    warns: bool,
+    /// A collapse to stop on, seen on an epoch's last batch: the end-of-epoch checkpoint and
+    /// log line are the exact position there, so the stop waits for them.
+    after_epoch: Option<String>,
+}
+
+impl CollapsePolicy {
+    pub fn new(train: &TrainSection, iters_per_epoch: usize, rank: usize) -> Self {
+        // Collapse is judged once the lr and teacher-temperature warm-ups are over (and never
+        // in the first epoch, where an untrained head can look flat).
+        let warmups = (train.warmup_epochs)
+            .max(train.warmup_teacher_temp_epochs)
+            .max(1);
+        Self {
+            watch: CollapseWatch::new(warmups * iters_per_epoch),
+            on_collapse: train.on_collapse,
+            warns: rank == 0,
+            after_epoch: None,
+        }
+    }
+
+    /// Feeds the snapshot logged at `iteration`. Returns the error text when the run must
+    /// stop at this step (after checkpointing it); on an epoch's last batch
+    /// (`last_in_epoch`) a stop is kept for [`Self::stop_after_epoch`] instead.
+    pub fn observe(
+        &mut self,
+        iteration: usize,
+        teacher: &TeacherSnapshot,
+        last_in_epoch: bool,
+    ) -> Option<String> {
+        let kind = self.watch.observe(iteration, teacher)?;
+        let text = describe(kind, teacher, iteration);
+        match self.on_collapse {
+            OnCollapse::Warn => {
+                if self.warns {
+                    tracing::warn!("{text} (train.on_collapse: stop would end the run here)");
+                }
+                None
+            }
+            OnCollapse::Stop if !last_in_epoch => Some(text),
+            OnCollapse::Stop => {
+                self.after_epoch = Some(text);
+                None
+            }
+        }
+    }
+
+    /// The stop [`Self::observe`] kept for after the epoch's checkpoint and log line.
+    pub fn stop_after_epoch(&mut self) -> Option<String> {
+        self.after_epoch.take()
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! DINO training: schedules, loss, optimiser, the iteration, and (in `run`) the epoch loop.
+//! DINO training: schedules, loss, optimiser, the iteration (`step`), the parallel strategy,
+//! and (in `run`) a whole run: setup, the epoch loop and how it ends.
 pub mod ahead;
 pub mod bag;
 pub mod channels;
@@ -11,6 +12,7 @@ pub mod koleo;
 pub mod loader;
 pub mod loss;
 pub mod optim;
+pub mod preempt;
 pub mod run;
 pub mod sampler;
 pub mod schedule;

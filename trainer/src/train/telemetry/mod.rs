@@ -1,6 +1,10 @@
-//! Where the epoch loop's numbers go besides the progress line: TensorBoard scalars, the
-//! Prometheus textfile and scDINO's `log.txt`. Only rank 0 writes (every rank computes the same
-//! global values); on other ranks every call is a no-op.
+//! Where the epoch loop's numbers go: the progress line a person reads ([`progress`]),
+//! TensorBoard scalars, the Prometheus textfile and scDINO's `log.txt`, all fed once per
+//! logged window ([`throughput`]). Only rank 0 writes (every rank computes the same global
+//! values); on other ranks every call is a no-op.
+pub mod progress;
+pub mod throughput;
+
 use super::collapse::TeacherSnapshot;
 use super::error::TrainError;
 use super::flops::Utilisation;
@@ -61,8 +65,43 @@ impl Telemetry {
         let Some(s) = &mut self.sinks else {
             return Ok(());
         };
+        s.scalars(r)?;
+        let metrics = s.gauges(r);
+        s.prom.write(&metrics)?;
+        Ok(())
+    }
+
+    /// The end of an epoch: scDINO's `log.txt` line (appended and synced) and the epoch's
+    /// mean loss in TensorBoard.
+    pub fn epoch(
+        &mut self,
+        finished: usize,
+        line: &serde_json::Value,
+        mean_loss: f64,
+    ) -> Result<(), TrainError> {
+        let Some(s) = &mut self.sinks else {
+            return Ok(());
+        };
+        append_line(&s.log, &line.to_string())?;
+        s.tb.add_scalars(finished as i64, &[("epoch/loss", mean_loss as f32)])?;
+        s.tb.flush()?;
+        Ok(())
+    }
+
+    /// Before the loop returns early (stop signal, step limit, collapse).
+    pub fn flush(&mut self) -> Result<(), TrainError> {
+        if let Some(s) = &mut self.sinks {
+            s.tb.flush()?;
+        }
+        Ok(())
+    }
+}
+
+impl Sinks {
+    /// The step's TensorBoard scalars.
+    fn scalars(&mut self, r: &StepRecord) -> Result<(), TrainError> {
         let t = r.teacher;
-        s.tb.add_scalars(
+        self.tb.add_scalars(
             r.iteration as i64,
             &[
                 ("train/loss", r.loss as f32),
@@ -82,10 +121,11 @@ impl Telemetry {
             ],
         )?;
         if let Some(mfu) = r.utilisation.mfu {
-            s.tb.add_scalars(r.iteration as i64, &[("train/mfu", mfu as f32)])?;
+            self.tb
+                .add_scalars(r.iteration as i64, &[("train/mfu", mfu as f32)])?;
         }
         if let Some(g) = r.gpu {
-            s.tb.add_scalars(
+            self.tb.add_scalars(
                 r.iteration as i64,
                 &[
                     ("gpu/utilization_percent", g.utilization_percent as f32),
@@ -93,10 +133,16 @@ impl Telemetry {
                 ],
             )?;
         }
+        Ok(())
+    }
+
+    /// The step's Prometheus gauges, labelled with the run and the rank.
+    fn gauges(&self, r: &StepRecord) -> Vec<Metric> {
+        let t = r.teacher;
         let m = |name: &str, help: &str, v: f64| {
             Metric::gauge(name, help, v)
-                .label("run", &s.run_label)
-                .label("rank", s.rank.to_string())
+                .label("run", &self.run_label)
+                .label("rank", self.rank.to_string())
         };
         let mut metrics =
             vec![
@@ -163,33 +209,7 @@ impl Telemetry {
                 g.memory_total_bytes,
             ));
         }
-        s.prom.write(&metrics)?;
-        Ok(())
-    }
-
-    /// The end of an epoch: scDINO's `log.txt` line (appended and synced) and the epoch's
-    /// mean loss in TensorBoard.
-    pub fn epoch(
-        &mut self,
-        finished: usize,
-        line: &serde_json::Value,
-        mean_loss: f64,
-    ) -> Result<(), TrainError> {
-        let Some(s) = &mut self.sinks else {
-            return Ok(());
-        };
-        append_line(&s.log, &line.to_string())?;
-        s.tb.add_scalars(finished as i64, &[("epoch/loss", mean_loss as f32)])?;
-        s.tb.flush()?;
-        Ok(())
-    }
-
-    /// Before the loop returns early (stop signal, step limit, collapse).
-    pub fn flush(&mut self) -> Result<(), TrainError> {
-        if let Some(s) = &mut self.sinks {
-            s.tb.flush()?;
-        }
-        Ok(())
+        metrics
     }
 }
 

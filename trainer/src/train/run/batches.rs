@@ -1,0 +1,246 @@
+//! From the dataset to the crops of a step, epoch by epoch. The sample order, the reads and
+//! the augmentation are functions of (seed, epoch, rank, index) only, so a resumed epoch starts
+//! at its batch without replaying the ones before; reads run on loader threads and crops one
+//! batch ahead of the step, and batch tensors are recycled through a pool so that a step
+//! allocates no input memory.
+use super::{RunShape, TrainError};
+use crate::augment::{AugmentOps, MultiCropAugment, MultiCropConfig};
+use crate::config::{ChannelMode, Config, OnCorrupt};
+use crate::data::preprocess::preprocess_into;
+use crate::data::quality;
+use crate::data::{ImageChw, PreprocessOptions, SharedSource};
+use crate::train::ahead::{ahead, Ahead};
+use crate::train::bag::BagOfChannels;
+use crate::train::input::{ImageFn, TrainInput};
+use crate::train::loader::{BufferPool, EpochLoader, LoadError, LoadedBatch};
+use crate::train::sampler::configured_epoch_order;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tch::Tensor;
+
+/// What the epochs shuffle: the training split's images, or with Bag-of-Channels its
+/// (image, channel) items.
+pub struct TrainItems {
+    pub bag: Option<Arc<BagOfChannels>>,
+    pub items: Vec<usize>,
+}
+
+impl TrainItems {
+    /// `train`: the training split; `mean`/`std`: of the selected channels.
+    pub fn new(cfg: &Config, train: &[usize], mean: &[f32], std: &[f32]) -> Self {
+        let bag = (cfg.model.channels == ChannelMode::Bag)
+            .then(|| Arc::new(BagOfChannels::new(mean, std)));
+        let items = match &bag {
+            Some(b) => b.items(train),
+            None => train.to_vec(),
+        };
+        Self { bag, items }
+    }
+}
+
+/// A loaded batch and the model's crops of it, on the training device.
+pub type PreparedBatch = (LoadedBatch, Vec<Tensor>);
+
+/// The training input of one run: what the epochs draw from and how an item becomes crops.
+pub struct TrainingData {
+    source: SharedSource,
+    train: TrainItems,
+    input: TrainInput,
+    prep: PreprocessOptions,
+    /// Corrupt images skipped this epoch (`data.on_corrupt: skip`).
+    corrupt_skipped: Arc<AtomicU64>,
+    pool: BufferPool,
+    device: tch::Device,
+}
+
+impl TrainingData {
+    pub fn new(
+        cfg: &Config,
+        source: SharedSource,
+        train: TrainItems,
+        channels: &[usize],
+        (mean, std): (&[f32], &[f32]),
+        device: tch::Device,
+    ) -> Result<Self, TrainError> {
+        let (augment_mean, augment_std) = match &train.bag {
+            Some(_) => BagOfChannels::augment_mean_std(),
+            None => (mean.to_vec(), std.to_vec()),
+        };
+        let augment = MultiCropAugment::new(MultiCropConfig {
+            global_crops_scale: cfg.augment.global_crops_scale,
+            local_crops_scale: cfg.augment.local_crops_scale,
+            global_size: cfg.augment.global_crop_size,
+            local_size: cfg.augment.local_crop_size,
+            local_crops_number: cfg.augment.local_crops_number,
+            mean: augment_mean,
+            std: augment_std,
+            ops: AugmentOps::from(&cfg.augment),
+        })
+        .map_err(TrainError::Augment)?;
+        Ok(Self {
+            source,
+            train,
+            input: TrainInput::new(Arc::new(augment), cfg.augment.augment_on, cfg.run.seed),
+            prep: PreprocessOptions {
+                selected_channels: Some(channels.to_vec()),
+                center_crop: cfg.data.center_crop,
+            },
+            corrupt_skipped: Arc::new(AtomicU64::new(0)),
+            // Enough sets for every batch in flight: 2 per worker prefetched, one prepared
+            // ahead, one in the step, one being handed back.
+            pool: BufferPool::new(2 * cfg.data.num_workers.max(1) + 3),
+            device,
+        })
+    }
+
+    /// Batches `start_batch..` of this rank's share of `epoch`, each with its crops made one
+    /// step ahead on their own thread (with `augment_on: device`, the augmentation too).
+    pub fn epoch(
+        &self,
+        cfg: &Config,
+        shape: &RunShape,
+        epoch: usize,
+        start_batch: usize,
+    ) -> Result<Ahead<PreparedBatch, LoadError>, TrainError> {
+        let order = configured_epoch_order(
+            &cfg.data,
+            self.source.as_ref(),
+            &self.train.items,
+            cfg.run.seed,
+            epoch as u64,
+            shape.rank,
+            shape.world,
+        )?;
+        // A resumed epoch starts at `start_batch`: announce only what will be read.
+        let ahead_items = &order[(start_batch * shape.batch).min(order.len())..];
+        match &self.train.bag {
+            Some(b) => self.source.will_read(&b.images_of(ahead_items)),
+            None => self.source.will_read(ahead_items),
+        }
+        let skip_corrupt =
+            (cfg.data.on_corrupt == OnCorrupt::Skip).then(|| self.corrupt_skipped.clone());
+        let images = training_image_fn(
+            self.source.clone(),
+            self.prep.clone(),
+            cfg.file_channels(),
+            cfg.data.channel_names.clone(),
+            skip_corrupt,
+        );
+        let images = match &self.train.bag {
+            Some(b) => b.image_fn(images),
+            None => images,
+        };
+        let sample = self.input.samples(images, epoch as u64, &order)?;
+        let workers = cfg.data.num_workers.max(1);
+        let loader = EpochLoader::new(
+            order,
+            shape.batch,
+            workers,
+            2 * workers,
+            start_batch,
+            sample,
+            self.pool.clone(),
+        );
+        let (input, device, bag) = (self.input.clone(), self.device, self.train.bag.clone());
+        Ok(ahead(loader, move |loaded| -> Result<_, LoadError> {
+            let b = loaded?;
+            if b.indices.is_empty() {
+                return Ok((b, Vec::new()));
+            }
+            let crops = input
+                .crops(&b, epoch as u64, device)
+                .map_err(LoadError::Crops)?;
+            let crops = match &bag {
+                Some(bag) => bag.normalise(&b.indices, crops),
+                None => crops,
+            };
+            Ok((b, crops))
+        }))
+    }
+
+    /// Hands a stepped batch's tensors back to the loader's pool.
+    ///
+    /// # Safety
+    /// The step that used the batch has finished (backward, optimizer, EMA) and kept no
+    /// handle on its crops; see [`BufferPool::put`].
+    pub unsafe fn recycle(&self, (batch, crops): PreparedBatch) {
+        drop(crops);
+        let LoadedBatch { crops, buffers, .. } = batch;
+        drop(crops);
+        // SAFETY: the model's crops and the batch's views are dropped just above, and the
+        // caller vouches for the rest.
+        unsafe { self.pool.put(buffers) };
+    }
+
+    /// Says what the source fetched this epoch and how many corrupt images were skipped, and
+    /// starts the count again. Every rank reports its own (each reads only its own samples).
+    pub fn report_epoch(&self, epoch: usize) {
+        if let Some(r) = self.source.report() {
+            tracing::info!("epoch {epoch}: {r}");
+        }
+        let skipped = self.corrupt_skipped.swap(0, Ordering::Relaxed);
+        if skipped > 0 {
+            tracing::info!(
+                "epoch {epoch}: skipped {skipped} corrupt image(s) (data.on_corrupt: skip)"
+            );
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        self.source.describe()
+    }
+}
+
+/// What a loader worker reads for one dataset index during training: the TIFF, its channel
+/// count checked, channels selected / cropped / min–max scaled into the caller's buffer
+/// (a constant channel or a NaN pixel is guarded and named once per process, see
+/// [`crate::data::quality`]; scDINO dropped such an image). [`TrainInput`] augments it. With
+/// `data.on_corrupt: skip` (a counter given), an undecodable image is dropped and counted
+/// too. The file bytes and the decoded image live in per-thread buffers, so a worker
+/// allocates nothing per sample (for uncompressed TIFFs from files or shards).
+pub fn training_image_fn(
+    source: SharedSource,
+    prep: PreprocessOptions,
+    file_channels: usize,
+    channel_names: Vec<String>,
+    skip_corrupt: Option<Arc<AtomicU64>>,
+) -> Arc<ImageFn> {
+    thread_local! {
+        static READ: std::cell::RefCell<(Vec<u8>, ImageChw)> = Default::default();
+    }
+    Arc::new(move |i: usize, out: &mut ImageChw| {
+        READ.with(|buffers| {
+            let (bytes, raw) = &mut *buffers.borrow_mut();
+            match source.read_into(i, bytes, raw) {
+                Ok(()) => {}
+                Err(e) if e.is_corrupt_image() && skip_corrupt.is_some() => {
+                    if let Some(n) = &skip_corrupt {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::warn!("skipping corrupt image (data.on_corrupt: skip): {e}");
+                    return Ok(false);
+                }
+                Err(e) => return Err(e.into()),
+            }
+            if raw.channels != file_channels {
+                return Err(LoadError::ChannelCount {
+                    path: source.index().samples[i].path.clone(),
+                    found: raw.channels,
+                    expected: file_channels,
+                });
+            }
+            let notes = preprocess_into(raw, &prep, out)?;
+            if notes.first_constant_channel.is_some() || notes.nonfinite_pixels > 0 {
+                let path = &source.index().samples[i].path;
+                if let Some(k) = notes.first_constant_channel {
+                    let channel = prep.selected_channels.as_ref().map_or(k, |sel| sel[k]);
+                    quality::constant_channel(channel, &channel_names, path);
+                }
+                if notes.nonfinite_pixels > 0 {
+                    quality::nonfinite_pixels(notes.nonfinite_pixels, path);
+                }
+            }
+            Ok(true)
+        })
+    })
+}

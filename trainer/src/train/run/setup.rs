@@ -1,0 +1,258 @@
+//! Everything a run settles before its first step, in the order the ranks must agree on it:
+//! the ranks meet before the statistics are read (rank 0 computes them), the weights are
+//! initialised from the seed before anything else draws from libtorch's generator, and a
+//! resume is restored before the parallel strategy takes the learner over (FSDP shards it).
+use super::batches::{TrainItems, TrainingData};
+use super::resume::{self, CheckpointWriter, Start};
+use super::run_files::{dataset_mean_std, trim_log, RunLog};
+use super::{RunShape, TrainError, TrainOptions, TrainingRun};
+use crate::analysis::mean_std::MeanStd;
+use crate::config::Config;
+use crate::data::{self, ImageSource, SharedSource};
+use crate::device::CudaFacts;
+use crate::dist::env::DistEnv;
+use crate::dist::group::ProcessGroup;
+use crate::layout::{ModelLayout, RunLayout};
+use crate::train::collapse::CollapsePolicy;
+use crate::train::loss::DinoLoss;
+use crate::train::preempt::StopRequest;
+use crate::train::sampler::iters_per_epoch;
+use crate::train::schedule::{scale_lr, teacher_temp_schedule, Schedules};
+use crate::train::step::{Learner, Networks};
+use crate::train::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
+use crate::train::telemetry::throughput::ThroughputMeter;
+use crate::train::telemetry::Telemetry;
+use std::time::Duration;
+
+impl<'a> TrainingRun<'a> {
+    /// Prepares combination `opts.combination` of `cfg` on this rank: resumes from the newest
+    /// checkpoint of its model folder if there is one.
+    pub fn setup(cfg: &'a Config, opts: &TrainOptions) -> Result<Self, TrainError> {
+        let channels =
+            cfg.training_channels(opts.combination)
+                .ok_or(TrainError::NoCombination {
+                    index: opts.combination,
+                    count: cfg.channel_sets.len(),
+                })?;
+        let files = model_files(cfg, &channels)?;
+        let (source, train_split) = training_split(cfg)?;
+        let denv = DistEnv::from_process_env()?;
+        let device = crate::device::resolve(cfg.train.device, denv.local_rank, CudaFacts::probe())?;
+        if denv.rank == 0 || device.is_cuda() {
+            tracing::info!("training on {device:?}");
+        }
+        let mut group = join_group(cfg, &denv, device.is_cuda())?;
+        let (mean, std) = run_mean_std(cfg, source.as_ref(), &channels, denv.rank, group.as_mut())?;
+        let items = TrainItems::new(cfg, &train_split, &mean, &std);
+        let batch = cfg.train.batch_size_per_gpu;
+        let shape = RunShape {
+            rank: denv.rank,
+            world: denv.world,
+            batch,
+            niter: iters_per_epoch(items.items.len(), denv.world, batch),
+        };
+        let (peak_lr, sched) = schedules(cfg, &shape);
+        let mut learner = new_learner(cfg, channels.len(), device)?;
+        let fingerprint = resume::fingerprint(cfg, &channels);
+        let (strategy, start) =
+            resume_and_distribute(cfg, group, &files, &fingerprint, &mut learner, shape.rank)?;
+        if shape.rank == 0 {
+            let log = RunLog {
+                channels: &channels,
+                iters_per_epoch: shape.niter,
+                scaled_lr: peak_lr,
+                resumed: start.resumed,
+            };
+            log.write(&files.run_log(), cfg)?;
+            trim_log(&files.log(), start.at.epoch)?;
+        }
+        let data = TrainingData::new(cfg, source, items, &channels, (&mean, &std), device)?;
+        let telemetry = Telemetry::new(shape.rank, &files, &cfg.run.name)?;
+        let throughput = ThroughputMeter::new(cfg, channels.len(), device);
+        tracing::info!("data: {}", data.describe());
+        Ok(Self {
+            cfg,
+            shape,
+            sched,
+            data,
+            learner,
+            strategy,
+            checkpoints: checkpoint_writer(cfg, files, fingerprint, mean, std),
+            telemetry,
+            throughput,
+            collapse: CollapsePolicy::new(&cfg.train, shape.niter, shape.rank),
+            stop: StopRequest::new(opts.stop.clone()),
+            max_steps: opts.max_steps,
+            at: start.at,
+            meter: start.totals,
+            channels,
+        })
+    }
+}
+
+/// The model folder of `channels`, created.
+fn model_files(cfg: &Config, channels: &[usize]) -> Result<ModelLayout, TrainError> {
+    let files = RunLayout::new(cfg).model(cfg, channels);
+    std::fs::create_dir_all(files.dir()).map_err(|source| TrainError::Io {
+        path: files.dir().to_path_buf(),
+        source,
+    })?;
+    Ok(files)
+}
+
+/// The dataset and the indices of its training split (never empty).
+fn training_split(cfg: &Config) -> Result<(SharedSource, Vec<usize>), TrainError> {
+    let source = data::open_source(&cfg.data)?;
+    let n = source.index().len();
+    let split = data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
+    if split.train.is_empty() {
+        return Err(TrainError::EmptySplit);
+    }
+    Ok((source, split.train))
+}
+
+/// Restores the newest checkpoint into `learner`, then hands the learner to the parallel
+/// strategy (which may resume newer FSDP shards). Returns the strategy and where the run
+/// starts.
+fn resume_and_distribute(
+    cfg: &Config,
+    group: Option<ProcessGroup>,
+    files: &ModelLayout,
+    fingerprint: &str,
+    learner: &mut Learner,
+    rank: usize,
+) -> Result<(Box<dyn ParallelStrategy>, Start), TrainError> {
+    let resumed = resume::restore_latest(cfg, files, fingerprint, learner, rank)?;
+    let Chosen {
+        strategy,
+        resumed_shards,
+    } = strategy::choose(
+        cfg.train.strategy,
+        group,
+        learner,
+        files,
+        fingerprint,
+        resumed.as_ref().map(|r| r.at.iteration),
+        StrategyOptions {
+            ddp_overlap: cfg.train.ddp_overlap,
+            fsdp_reshard_after_forward: cfg.train.fsdp_reshard_after_forward,
+        },
+    )?;
+    let start = match (resumed_shards, resumed) {
+        (Some(meta), consolidated) => Start::from_shards(&meta, consolidated.is_some()),
+        (None, Some(consolidated)) => consolidated,
+        (None, None) => Start::default(),
+    };
+    Ok((strategy, start))
+}
+
+/// The job's process group, `None` for a world of one.
+fn join_group(
+    cfg: &Config,
+    denv: &DistEnv,
+    cuda: bool,
+) -> Result<Option<ProcessGroup>, TrainError> {
+    if denv.world <= 1 {
+        return Ok(None);
+    }
+    let group = ProcessGroup::new(
+        &denv.master_addr,
+        denv.master_port,
+        denv.rank,
+        denv.world,
+        Duration::from_secs(cfg.train.dist_timeout_seconds),
+        cuda,
+    )?;
+    if denv.rank == 0 {
+        tracing::info!(
+            "distributed: {} ranks ({}), master {}:{}",
+            denv.world,
+            denv.source,
+            denv.master_addr,
+            denv.master_port
+        );
+    }
+    Ok(Some(group))
+}
+
+/// The dataset mean/std of the selected `channels`. Rank 0 computes the statistics (once per
+/// run folder); the others read them once it is done.
+fn run_mean_std(
+    cfg: &Config,
+    source: &dyn ImageSource,
+    channels: &[usize],
+    rank: usize,
+    group: Option<&mut ProcessGroup>,
+) -> Result<(Vec<f32>, Vec<f32>), TrainError> {
+    let ms = if rank == 0 {
+        Some(dataset_mean_std(cfg, source)?)
+    } else {
+        None
+    };
+    if let Some(g) = group {
+        g.barrier()?;
+    }
+    let ms = match ms {
+        Some(ms) => ms,
+        None => MeanStd::read(&RunLayout::new(cfg).mean_std())?,
+    };
+    if ms.mean.len() != cfg.file_channels() {
+        return Err(TrainError::MeanStdChannels {
+            found: ms.mean.len(),
+            expected: cfg.file_channels(),
+        });
+    }
+    Ok(ms.select(channels, &cfg.data.channel_names))
+}
+
+/// The peak lr (scaled to the global batch) and the per-iteration schedules.
+fn schedules(cfg: &Config, shape: &RunShape) -> (f64, Schedules) {
+    let (batch, world) = (shape.batch, shape.world);
+    let peak_lr = scale_lr(cfg.train.lr_scaling, cfg.train.lr, batch, world);
+    if shape.rank == 0 {
+        tracing::info!(
+            "lr: {} per 256 images, {:?} scaling to the global batch {} ({world} x {batch}): peak lr {peak_lr:e}",
+            cfg.train.lr,
+            cfg.train.lr_scaling,
+            batch * world
+        );
+    }
+    (peak_lr, Schedules::new(&cfg.train, peak_lr, shape.niter))
+}
+
+/// Student, teacher, loss and optimizer, initialised from `run.seed`.
+fn new_learner(cfg: &Config, channels: usize, device: tch::Device) -> Result<Learner, TrainError> {
+    let t = &cfg.train;
+    let temps = teacher_temp_schedule(
+        t.warmup_teacher_temp,
+        t.teacher_temp,
+        t.warmup_teacher_temp_epochs,
+        t.epochs,
+    );
+    let ncrops = 2 + cfg.augment.local_crops_number;
+    tch::manual_seed(cfg.run.seed as i64);
+    crate::precision::check_supported(cfg.train.precision, device)?;
+    let nets = Networks::new(cfg, channels, device);
+    let loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
+    let mut learner = Learner::new(nets, loss_fn, cfg.train.precision, device);
+    learner.koleo_weight = cfg.train.koleo_weight;
+    learner.centering = cfg.train.centering;
+    Ok(learner)
+}
+
+fn checkpoint_writer(
+    cfg: &Config,
+    files: ModelLayout,
+    fingerprint: String,
+    mean: Vec<f32>,
+    std: Vec<f32>,
+) -> CheckpointWriter {
+    CheckpointWriter {
+        files,
+        seed: cfg.run.seed,
+        fingerprint,
+        config_yaml: cfg.to_yaml(),
+        mean,
+        std,
+    }
+}
