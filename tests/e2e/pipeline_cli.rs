@@ -253,6 +253,13 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
         .any(|(alt, w, h)| alt == "attn-head0" && *w == 48 && *h == 48));
     let html = std::fs::read_to_string(&report).unwrap();
     assert!(html.contains("<td>epoch0</td>") && html.contains("<td>epoch2</td>"));
+    // One "what to look at" line per section: dataset, training, kNN, evaluation, UMAP,
+    // attention.
+    assert_eq!(html.matches("What to look at:").count(), 6, "{html}");
+    assert!(
+        html.contains("ln(out_dim) = 5.55"),
+        "uniform-collapse level of out_dim 256"
+    );
 
     // Everything is up to date: a rerun runs nothing and leaves the report alone.
     let before = std::fs::metadata(&report).unwrap().modified().unwrap();

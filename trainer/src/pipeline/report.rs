@@ -126,10 +126,17 @@ fn head(title: &str) -> String {
          table{{border-collapse:collapse;margin:.5em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;\
          text-align:right}}th{{background:#f3f3f3}}pre{{background:#f7f7f7;padding:1em;overflow:auto;\
          max-height:30em}}figure{{display:inline-block;margin:4px;text-align:center;font-size:80%}}\
-         img{{image-rendering:pixelated}}</style></head><body>\n<h1>{}</h1>\n",
+         img{{image-rendering:pixelated}}.look{{background:#eef5ff;border-left:4px solid #5b8def;\
+         padding:.4em .8em}}</style></head><body>\n<h1>{}</h1>\n",
         esc(title),
         esc(title)
     )
+}
+
+/// The section's one line on what to read from it, so a first-time reader knows what good
+/// and bad look like.
+fn look(text: &str) -> String {
+    format!("<p class=\"look\"><b>What to look at:</b> {text}</p>")
 }
 
 /// Images per class, the split, and the channels' mean/std (when computed).
@@ -144,13 +151,18 @@ fn dataset_section(t: &Target, dataset: &Dataset) -> String {
     let _ = write!(
         h,
         "<h2>Dataset</h2><p>{} images in {} at <code>{}</code>; training split {} images, \
-         held-out {} (seed {}).</p><table><tr><th>class</th><th>images</th></tr>",
+         held-out {} (seed {}).</p>{}<table><tr><th>class</th><th>images</th></tr>",
         index.len(),
         counts.len(),
         esc(&cfg.data.dataset_dir.display().to_string()),
         dataset.split.train.len(),
         dataset.split.held_out.len(),
-        cfg.run.seed
+        cfg.run.seed,
+        look(
+            "classes of very different sizes weigh unequally in top-1 accuracy (the \
+             evaluation's balanced accuracy and macro-F1 correct for it); a channel whose std \
+             is 0 carries no signal."
+        )
     );
     for (c, n) in &counts {
         let _ = write!(h, "<tr><td>{}</td><td>{n}</td></tr>", esc(c));
@@ -176,6 +188,12 @@ fn dataset_section(t: &Target, dataset: &Dataset) -> String {
 fn training_section(t: &Target) -> Result<String, StageError> {
     let log = read_log(&t.files.log())?;
     let mut h = String::from("<h2>Training</h2>");
+    h.push_str(&look(&format!(
+        "the loss falls, then flattens. A loss that stays at ln(out_dim) = {:.2} is uniform \
+         collapse, one that falls towards 0 while kNN does not improve is one prototype taking \
+         over (docs/troubleshooting.md); lr warms up, then decays.",
+        (t.cfg.model.out_dim as f64).ln()
+    )));
     if log.epoch.is_empty() {
         h.push_str("<p>No <code>log.txt</code> yet.</p>");
         return Ok(h);
@@ -220,6 +238,11 @@ fn training_section(t: &Target) -> Result<String, StageError> {
 /// The weighted kNN accuracies of every checkpoint, one row each.
 fn knn_section(reports: &[(String, KnnReport)]) -> String {
     let mut h = String::from("<h2>Weighted kNN (held-out split)</h2>");
+    let classes = reports.last().map_or(0, |(_, r)| r.classes.len());
+    h.push_str(&look(&format!(
+        "top-1 rising from the first checkpoint (barely trained) to the last; chance is \
+         1/{classes}. A score that falls over training points at collapse."
+    )));
     let Some((_, first)) = reports.first() else {
         h.push_str("<p>No kNN results yet.</p>");
         return h;
@@ -258,6 +281,11 @@ fn knn_section(reports: &[(String, KnnReport)]) -> String {
 /// then the newest checkpoint's probe per class.
 fn evaluation_section(evaluations: &[(String, EvaluationReport)]) -> String {
     let mut h = String::from("<h2>Evaluation: kNN and linear probe</h2>");
+    h.push_str(&look(
+        "the scores on images training never saw, against chance (one over the number of \
+         classes); the linear probe usually scores at or above kNN, and macro-F1 below top-1 \
+         means small classes are missed.",
+    ));
     let Some((_, first)) = evaluations.first() else {
         h.push_str("<p>No evaluation yet (<code>trainer evaluate</code>).</p>");
         return h;
@@ -397,6 +425,10 @@ fn knn_per_class_section(
 /// The UMAP of the newest tag that has one.
 fn umap_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
     let mut h = String::from("<h2>UMAP</h2>");
+    h.push_str(&look(
+        "cells of a class together and classes apart. Trustworthiness near 1 means the 2-D \
+         map keeps each cell's neighbours; the layout itself changes with the seed.",
+    ));
     let Some(tag) = tags
         .iter()
         .rev()
@@ -433,6 +465,10 @@ fn umap_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
 /// The attention maps of the newest tag that has them.
 fn attention_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
     let mut h = String::from("<h2>Attention maps (last block, CLS token)</h2>");
+    h.push_str(&look(
+        "heads that attend to the cell, or to parts of it such as the nucleus, rather than \
+         to the background or to one corner.",
+    ));
     let registers = t.cfg.model.num_register_tokens;
     if registers > 0 {
         let _ = write!(
