@@ -21,10 +21,12 @@
 //! Linux).
 
 pub mod cache;
+pub mod chw;
 pub mod error;
 pub mod index;
 pub mod local_cache;
 pub mod object_store;
+pub mod open;
 pub mod preload;
 pub mod preprocess;
 pub mod quality;
@@ -38,8 +40,9 @@ pub mod tiff_reader;
 
 pub use error::DataError;
 pub use index::{build_index, build_index_from_keys, DatasetIndex, Sample};
+pub use open::open_source;
 pub use preprocess::{MinMaxOutcome, PreprocessOptions, ScaleNotes};
-pub use source::{open_source, ImageSource, LocalSource, SharedSource};
+pub use source::{ImageSource, LocalSource, SharedSource};
 pub use split::{mean_std_subset, numpy_shuffled_indices, train_heldout_split, Split};
 pub use synth::{generate as generate_synthetic, SynthOptions, SynthSummary};
 pub use tiff_reader::{

@@ -10,7 +10,7 @@
 //! reports the error. The two paths give identical values (tested on every layout tifffile
 //! writes).
 
-use super::tiff_reader::ImageChw;
+use super::chw::ImageChw;
 
 const TAG_WIDTH: u16 = 256;
 const TAG_HEIGHT: u16 = 257;

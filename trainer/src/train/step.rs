@@ -5,15 +5,52 @@
 use super::koleo::koleo_loss;
 use super::loss::{sinkhorn_knopp, DinoLoss, TeacherTargets};
 use super::optim::AdamW;
-use super::strategy::ParallelStrategy;
 use crate::config::{Centering, Config, Precision};
 use crate::dist::group::DistError;
+use crate::dist::Collective;
 use crate::model::{configs_for, ModelUnits, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
 
 /// DINOv2's `sinkhorn_knopp_teacher` iterations.
 pub const SINKHORN_ITERATIONS: usize = 3;
+
+/// What the parallel strategy (one process, DDP or FSDP; `super::strategy`) does at the points
+/// of a step where the strategies differ. Declared here, with the step that calls it, so the
+/// step knows no strategy. Every rank calls every method in the same order (several are
+/// collectives).
+pub trait StepHooks {
+    /// The collectives the shared parts use: the loss centre, the global loss, the stop
+    /// agreement and the collapse statistics.
+    fn collective(&mut self) -> &mut dyn Collective;
+    /// Before the teacher's forward (FSDP gathers the teacher's parameters).
+    fn before_teacher(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// Between the teacher's and the student's forward (FSDP frees the teacher, gathers the
+    /// student and arms its backward hooks).
+    fn before_student(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// After the student's forward and the loss (FSDP reports a failure inside a hook).
+    fn after_student(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// From the (finite) loss to updated student and teacher: backward, gradients across
+    /// ranks, fp16 unscaling, per-parameter clipping, AdamW (last layer frozen while
+    /// `p.freeze_last_layer`), loss-scale update and teacher EMA. Returns the gradient norms
+    /// before clipping and whether an fp16 overflow skipped the update.
+    fn backward_and_update(
+        &mut self,
+        learner: &mut Learner,
+        loss: &Tensor,
+        p: &StepParams,
+    ) -> Result<(Vec<f64>, bool), StepError>;
+    /// After every step, also a failed one (FSDP frees what the step gathered).
+    fn end_step(&mut self) -> Result<(), StepError> {
+        Ok(())
+    }
+}
 
 /// Student and teacher with their variable stores. The teacher starts as a copy of the
 /// student and never receives gradients.
@@ -144,13 +181,13 @@ impl Learner {
 
     /// One iteration. `crops`: `[global1, global2, local1, ...]`, each `[B, C, H, W]`. The
     /// computation is the same for every strategy; `strategy` moves parameters around the
-    /// forwards and does the backward and update (see [`ParallelStrategy`]).
+    /// forwards and does the backward and update (see [`StepHooks`]).
     pub fn step(
         &mut self,
         crops: &[Tensor],
         p: StepParams,
         iteration: usize,
-        strategy: &mut dyn ParallelStrategy,
+        strategy: &mut dyn StepHooks,
     ) -> Result<StepOutput, StepError> {
         tch::manual_seed(p.rng_seed);
         let result = self.step_phases(crops, &p, iteration, strategy);
@@ -166,7 +203,7 @@ impl Learner {
         crops: &[Tensor],
         p: &StepParams,
         iteration: usize,
-        strategy: &mut dyn ParallelStrategy,
+        strategy: &mut dyn StepHooks,
     ) -> Result<StepOutput, StepError> {
         // Channel tokens: the step's channel subset, for the teacher and every crop alike.
         let subset = p.channels.map(|c| c.indices());

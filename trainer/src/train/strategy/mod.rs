@@ -14,7 +14,7 @@ pub mod fsdp;
 
 use super::error::TrainError;
 use super::optim::{clip_gradients, ema_update};
-use super::step::{Learner, StepError, StepParams};
+use super::step::{Learner, StepError, StepHooks, StepParams};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, RestoreError};
 use crate::config::Strategy;
 use crate::dist::ddp::Ddp;
@@ -26,41 +26,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use tch::Tensor;
 
-/// What differs between one process, DDP and FSDP, at the points where the shared step and
-/// loop need it. Every rank calls every method in the same order (several are collectives).
-pub trait ParallelStrategy {
+/// What differs between one process, DDP and FSDP, at the points where the shared loop needs
+/// it; the step's own points are its supertrait [`StepHooks`] (declared beside the step, so
+/// the step does not depend on the strategies). Every rank calls every method in the same
+/// order (several are collectives).
+pub trait ParallelStrategy: StepHooks {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
-    /// The collectives the shared parts use: the loss centre, the global loss, the stop
-    /// agreement and the collapse statistics.
-    fn collective(&mut self) -> &mut dyn Collective;
-    /// Before the teacher's forward (FSDP gathers the teacher's parameters).
-    fn before_teacher(&mut self) -> Result<(), StepError> {
-        Ok(())
-    }
-    /// Between the teacher's and the student's forward (FSDP frees the teacher, gathers the
-    /// student and arms its backward hooks).
-    fn before_student(&mut self) -> Result<(), StepError> {
-        Ok(())
-    }
-    /// After the student's forward and the loss (FSDP reports a failure inside a hook).
-    fn after_student(&mut self) -> Result<(), StepError> {
-        Ok(())
-    }
-    /// From the (finite) loss to updated student and teacher: backward, gradients across
-    /// ranks, fp16 unscaling, per-parameter clipping, AdamW (last layer frozen while
-    /// `p.freeze_last_layer`), loss-scale update and teacher EMA. Returns the gradient norms
-    /// before clipping and whether an fp16 overflow skipped the update.
-    fn backward_and_update(
-        &mut self,
-        learner: &mut Learner,
-        loss: &Tensor,
-        p: &StepParams,
-    ) -> Result<(Vec<f64>, bool), StepError>;
-    /// After every step, also a failed one (FSDP frees what the step gathered).
-    fn end_step(&mut self) -> Result<(), StepError> {
-        Ok(())
-    }
     /// Writes the checkpoint `meta` describes: `checkpoint.safetensors` of the model folder,
     /// and also `numbered` when given. Rank 0 writes the files; FSDP ranks also write their
     /// shards first.
@@ -204,13 +176,7 @@ pub struct FullySharded {
     shard_files: Option<(PathBuf, String)>,
 }
 
-impl<C: Collective> ParallelStrategy for Replicated<C> {
-    fn rank(&self) -> usize {
-        self.group.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.group.world_size()
-    }
+impl<C: Collective> StepHooks for Replicated<C> {
     fn collective(&mut self) -> &mut dyn Collective {
         &mut self.group
     }
@@ -221,6 +187,15 @@ impl<C: Collective> ParallelStrategy for Replicated<C> {
         p: &StepParams,
     ) -> Result<(Vec<f64>, bool), StepError> {
         replicated_update(learner, loss, p, &mut self.group)
+    }
+}
+
+impl<C: Collective> ParallelStrategy for Replicated<C> {
+    fn rank(&self) -> usize {
+        self.group.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.group.world_size()
     }
     fn save(
         &mut self,
@@ -314,13 +289,7 @@ impl FullySharded {
     }
 }
 
-impl ParallelStrategy for FullySharded {
-    fn rank(&self) -> usize {
-        self.ddp.group.rank
-    }
-    fn world_size(&self) -> usize {
-        self.ddp.group.world
-    }
+impl StepHooks for FullySharded {
     fn collective(&mut self) -> &mut dyn Collective {
         &mut self.ddp
     }
@@ -343,6 +312,15 @@ impl ParallelStrategy for FullySharded {
     }
     fn end_step(&mut self) -> Result<(), StepError> {
         self.fsdp.end_step()
+    }
+}
+
+impl ParallelStrategy for FullySharded {
+    fn rank(&self) -> usize {
+        self.ddp.group.rank
+    }
+    fn world_size(&self) -> usize {
+        self.ddp.group.world
     }
     /// Every rank writes its shard, then the consolidated checkpoint is gathered (its
     /// all-gathers complete only once every shard is on disk) and rank 0 writes it.

@@ -1,0 +1,96 @@
+//! Which source reads a dataset: the one place that knows every kind (local folder, packed
+//! shards, S3 objects or shards, each with or without the node-local cache), so the sources
+//! themselves know only the [`ImageSource`] trait and not each other.
+use super::error::DataError;
+use super::source::{LocalSource, SharedSource};
+use std::sync::Arc;
+
+/// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` holding packed shards
+/// (`data.format: shards`, or `auto` and a `shard-index.json` object under the prefix, one
+/// HEAD) is read by ranged GETs through [`S3ShardStore`], in chunks ahead of a sequential
+/// order ([`StreamedShardStore`]) or, with `data.cache.dir`, through a [`CachedShardStore`]
+/// that caches whole shards; any other `s3://` prefix streams
+/// through [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
+/// [`super::shards`]) when `data.format` says so or, with `auto`, when it holds a shard index;
+/// otherwise the `ImageFolder` tree on a local or shared (FSx) file system. With
+/// `data.cache.dir`, every source goes through the node-local cache (S3 objects, and local
+/// or S3 shards cached whole).
+pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
+    use super::shards::{
+        is_packed_dir, CachedShardStore, LocalShardStore, S3ShardStore, ShardSource,
+        StreamSettings, StreamedShardStore,
+    };
+    use crate::config::DataFormat;
+    let location = data.dataset_dir.to_string_lossy().to_string();
+    if super::object_store::S3Url::is_s3(&location) {
+        let packed = match data.format {
+            DataFormat::Folder => None,
+            DataFormat::Shards => Some(S3ShardStore::open(&location, &data.s3)?),
+            DataFormat::Auto => {
+                let store = S3ShardStore::open(&location, &data.s3)?;
+                store.is_packed()?.then_some(store)
+            }
+        };
+        if let Some(store) = packed {
+            let store: Arc<dyn super::shards::ShardStore> = match &data.cache.dir {
+                Some(dir) => {
+                    let url = &store.remote().url;
+                    let cache = super::cache::NodeCache::open(
+                        dir,
+                        &dir.join(&url.bucket).join(&url.prefix),
+                        data.cache.max_bytes,
+                        super::stream::processes_per_node(),
+                    )?;
+                    Arc::new(CachedShardStore::open(Arc::new(store), cache)?)
+                }
+                None => Arc::new(StreamedShardStore::new(
+                    Arc::new(store),
+                    StreamSettings {
+                        chunk_bytes: data.s3.shard_chunk_bytes,
+                        chunks_ahead: data.s3.shard_chunks_ahead,
+                        fetchers: data.s3.max_concurrency,
+                    },
+                )),
+            };
+            return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
+        }
+        return Ok(Arc::new(super::stream::ObjectStoreSource::open(data)?));
+    }
+    let packed = match data.format {
+        DataFormat::Folder => false,
+        DataFormat::Shards => true,
+        DataFormat::Auto => is_packed_dir(&data.dataset_dir),
+    };
+    // With `data.cache.dir`, a local or FSx dataset is cached under `{cache}/fs/{its path}`.
+    let cache = match &data.cache.dir {
+        Some(dir) => {
+            let absolute = std::path::absolute(&data.dataset_dir)
+                .map_err(|e| DataError::io(&data.dataset_dir, "resolving", e))?;
+            let below: std::path::PathBuf = absolute
+                .components()
+                .filter(|c| matches!(c, std::path::Component::Normal(_)))
+                .collect();
+            Some(super::cache::NodeCache::open(
+                dir,
+                &dir.join("fs").join(below),
+                data.cache.max_bytes,
+                super::stream::processes_per_node(),
+            )?)
+        }
+        None => None,
+    };
+    if packed {
+        let store: Arc<dyn super::shards::ShardStore> =
+            Arc::new(LocalShardStore::new(&data.dataset_dir));
+        let store = match cache {
+            Some(cache) => Arc::new(CachedShardStore::open(store, cache)?),
+            None => store,
+        };
+        return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
+    }
+    let files = LocalSource::open(&data.dataset_dir, data.label_folder_depth)?;
+    Ok(match cache {
+        Some(cache) => Arc::new(super::local_cache::CachedLocalSource::new(files, cache)?),
+        None => Arc::new(files),
+    })
+}
