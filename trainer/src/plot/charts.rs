@@ -47,17 +47,16 @@ fn scatter_rgb(path: &Path, spec: &ScatterSpec) -> Result<Vec<u8>, PlotError> {
 
 fn check_scatter(spec: &ScatterSpec) -> Result<(), PlotError> {
     if spec.points.len() != spec.labels.len() {
-        return Err(PlotError::Invalid(format!(
-            "{} points but {} labels",
-            spec.points.len(),
-            spec.labels.len()
-        )));
+        return Err(PlotError::PointsWithoutLabels {
+            points: spec.points.len(),
+            labels: spec.labels.len(),
+        });
     }
     if let Some(&bad) = spec.labels.iter().find(|&&l| l >= spec.class_names.len()) {
-        return Err(PlotError::Invalid(format!(
-            "label {bad} but only {} classes",
-            spec.class_names.len()
-        )));
+        return Err(PlotError::UnknownLabel {
+            label: bad,
+            classes: spec.class_names.len(),
+        });
     }
     Ok(())
 }
@@ -253,9 +252,7 @@ pub fn confusion_png(
 ) -> Result<(), PlotError> {
     let n = class_names.len();
     if matrix.len() != n || matrix.iter().any(|r| r.len() != n) {
-        return Err(PlotError::Invalid(format!(
-            "confusion matrix is not {n}×{n}"
-        )));
+        return Err(PlotError::NotSquare { classes: n });
     }
     let size = (200 + 70 * n as u32).clamp(480, 1600);
     render_png(path, size, size, |root| {
@@ -332,6 +329,28 @@ mod tests {
 
     /// The PDF copy is vector: one filled circle per point and per legend entry, the title,
     /// subtitle and class names as text, the dots at the PNG's opacity, no image.
+    #[test]
+    fn inconsistent_inputs_are_refused_with_what_is_wrong() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        let spec = |points: &'static [[f32; 2]], labels: &'static [usize]| ScatterSpec {
+            points,
+            labels,
+            class_names: &names,
+            title: "",
+            subtitle: "",
+            width: 100,
+            height: 100,
+        };
+        let err = check_scatter(&spec(&[[0.0, 0.0]], &[0, 1])).unwrap_err();
+        assert_eq!(err.to_string(), "1 points but 2 labels");
+        let err = check_scatter(&spec(&[[0.0, 0.0]], &[2])).unwrap_err();
+        assert_eq!(err.to_string(), "label 2 but only 2 classes");
+        let dir = tempfile::tempdir().unwrap();
+        let err = confusion_png(&dir.path().join("c.png"), &[vec![1, 0]], &names).unwrap_err();
+        assert!(matches!(err, PlotError::NotSquare { classes: 2 }), "{err}");
+        assert!(!dir.path().join("c.png").exists());
+    }
+
     #[test]
     fn tick_labels_stay_short() {
         assert_eq!(tick_label(3.0), "3");

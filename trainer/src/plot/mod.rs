@@ -24,8 +24,12 @@ pub enum PlotError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Invalid(String),
+    #[error("{points} points but {labels} labels")]
+    PointsWithoutLabels { points: usize, labels: usize },
+    #[error("label {label} but only {classes} classes")]
+    UnknownLabel { label: usize, classes: usize },
+    #[error("confusion matrix is not {classes}×{classes}")]
+    NotSquare { classes: usize },
 }
 
 static FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
