@@ -167,9 +167,13 @@ fn donor_condition(root: &str, path: &str, label: &str) -> Option<(String, Strin
     })
 }
 
+/// Columns that hold a value only for the rows whose path has it (null elsewhere).
+const NULLABLE: [&str; 2] = ["Metadata_Donor", "Metadata_Condition"];
+
 /// Writes `parts` as one table at `path`, atomically: `Metadata_ImagePath`, `Metadata_Class`,
-/// `Metadata_Split`, `Metadata_Donor` and `Metadata_Condition` (only when every row's path has
-/// them), `Metadata_Checkpoint`, `Metadata_Epoch` (null when unknown), `Metadata_Channels`
+/// `Metadata_Split`, `Metadata_Donor` and `Metadata_Condition` (when any row's path has them;
+/// null for the rows whose path has not, e.g. the training rows beside test-folder rows),
+/// `Metadata_Checkpoint`, `Metadata_Epoch` (null when unknown), `Metadata_Channels`
 /// (`channels` joined by `+`), then `DINO_CLS_0…` (float32).
 pub fn write(path: &Path, parts: &[ProfileRows], channels: &[String]) -> Result<(), ProfilesError> {
     let dim = parts
@@ -182,7 +186,7 @@ pub fn write(path: &Path, parts: &[ProfileRows], channels: &[String]) -> Result<
         ("Metadata_Class", vec![]),
         ("Metadata_Split", vec![]),
     ];
-    let mut donors = Some((vec![], vec![]));
+    let mut donors: Vec<Option<(String, String)>> = vec![];
     let mut checkpoints = vec![];
     let mut epochs: Vec<Option<i64>> = vec![];
     let mut values: Vec<f32> = vec![];
@@ -201,15 +205,12 @@ pub fn write(path: &Path, parts: &[ProfileRows], channels: &[String]) -> Result<
         meta[2]
             .1
             .extend(std::iter::repeat_n(part.split.to_string(), rows));
-        for (p, l) in set.paths.iter().zip(&set.labels) {
-            match (donor_condition(part.root, p, l), donors.as_mut()) {
-                (Some((d, c)), Some((ds, cs))) => {
-                    ds.push(d);
-                    cs.push(c);
-                }
-                _ => donors = None,
-            }
-        }
+        donors.extend(
+            set.paths
+                .iter()
+                .zip(&set.labels)
+                .map(|(p, l)| donor_condition(part.root, p, l)),
+        );
         checkpoints.extend(std::iter::repeat_n(set.checkpoint.clone(), rows));
         epochs.extend(std::iter::repeat_n(
             set.checkpoint_epoch.map(|e| e as i64),
@@ -222,7 +223,9 @@ pub fn write(path: &Path, parts: &[ProfileRows], channels: &[String]) -> Result<
             .flatten(0, -1);
         values.extend(Vec::<f32>::try_from(&flat).expect("float features convert"));
     }
-    if let Some((d, c)) = donors.filter(|(d, _)| !d.is_empty()) {
+    if donors.iter().any(Option::is_some) {
+        // An empty string is the null of these columns (a folder name is never empty).
+        let (d, c) = donors.into_iter().map(Option::unwrap_or_default).unzip();
         meta.push(("Metadata_Donor", d));
         meta.push(("Metadata_Condition", c));
     }
@@ -258,9 +261,14 @@ struct Table<'a> {
 }
 
 fn string_field(name: &str) -> parquet::errors::Result<Arc<Type>> {
+    let repetition = if NULLABLE.contains(&name) {
+        Repetition::OPTIONAL
+    } else {
+        Repetition::REQUIRED
+    };
     Ok(Arc::new(
         Type::primitive_type_builder(name, PhysicalType::BYTE_ARRAY)
-            .with_repetition(Repetition::REQUIRED)
+            .with_repetition(repetition)
             .with_logical_type(Some(LogicalType::String))
             .build()?,
     ))
@@ -332,11 +340,17 @@ impl Table<'_> {
         let mut column_values = Vec::with_capacity(rows.len());
         while let Some(mut col) = group.next_column()? {
             if column < self.strings.len() {
-                let v: Vec<ByteArray> = self.strings[column].1[rows.clone()]
+                let (name, values) = &self.strings[column];
+                let values = &values[rows.clone()];
+                let present = |s: &&String| !s.is_empty();
+                let v: Vec<ByteArray> = values
                     .iter()
+                    .filter(|s| !NULLABLE.contains(name) || present(s))
                     .map(|s| ByteArray::from(s.as_str()))
                     .collect();
-                col.typed::<ByteArrayType>().write_batch(&v, None, None)?;
+                let defined: Vec<i16> = values.iter().map(|s| present(&s) as i16).collect();
+                let defs = NULLABLE.contains(name).then_some(&defined[..]);
+                col.typed::<ByteArrayType>().write_batch(&v, defs, None)?;
             } else if column == self.strings.len() {
                 let epochs = &self.epochs[rows.clone()];
                 let defined: Vec<i16> = epochs.iter().map(|e| e.is_some() as i16).collect();
@@ -543,10 +557,22 @@ fn read_column(
             (ColumnReader::ByteArrayColumnReader(mut r), Column::Strings(out)) => {
                 let mut v = Vec::with_capacity(n);
                 r.read_records(n, Some(&mut defs), None, &mut v)?;
-                out.extend(
-                    v.iter()
-                        .map(|b| String::from_utf8_lossy(b.data()).into_owned()),
-                );
+                let mut text = v
+                    .iter()
+                    .map(|b| String::from_utf8_lossy(b.data()).into_owned());
+                if defs.is_empty() || !name.starts_with("Metadata_") {
+                    // Required, or a non-metadata string column (refused later): as read.
+                    out.extend(text);
+                } else {
+                    // An optional metadata column: null reads as the empty string.
+                    out.extend(defs.iter().map(|&d| {
+                        if d > 0 {
+                            text.next().unwrap_or_default()
+                        } else {
+                            String::new()
+                        }
+                    }));
+                }
             }
             (ColumnReader::FloatColumnReader(mut r), Column::Floats(out)) => {
                 r.read_records(n, Some(&mut defs), None, out)?;

@@ -119,6 +119,48 @@ print(json.dumps({
     assert!(got["normalized_mean"].as_f64().unwrap() < 1e-5, "{got}");
     assert_eq!(got["selected_rows"], 60);
     assert_eq!(got["selected_meta"], true);
+
+    // Training rows (no donor folder) beside the test rows: null donor and condition there.
+    let mut train = feature_set(4, 8);
+    train.paths = (0..4)
+        .map(|i| format!("/data/Training/{}/t{i}.tiff", train.labels[i]))
+        .collect();
+    let mixed = dir.path().join("mixed_profiles.parquet");
+    profiles::write(
+        &mixed,
+        &[
+            ProfileRows {
+                set: &train,
+                split: "train",
+                root: "/data/Training",
+            },
+            ProfileRows {
+                set: &set,
+                split: "test",
+                root: "/data/Test",
+            },
+        ],
+        &["DAPI".into()],
+    )
+    .unwrap();
+    let out = run_python(
+        r#"
+import sys, json, pandas as pd
+df = pd.read_parquet(sys.argv[1])
+print(json.dumps({"null_donors": int(df["Metadata_Donor"].isna().sum()),
+                  "first_test_donor": df["Metadata_Donor"].iloc[4],
+                  "null_conditions": int(df["Metadata_Condition"].isna().sum())}))
+"#,
+        &[mixed.to_str().unwrap()],
+    );
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        got,
+        serde_json::json!({"null_donors": 4, "first_test_donor": "Donor01", "null_conditions": 4})
+    );
+    let back = profiles::read(&mixed).unwrap();
+    assert_eq!(back.labels.len(), 64);
+    assert_eq!(back.rows_where_split("train", true), [0, 1, 2, 3]);
 }
 
 #[test]
