@@ -107,6 +107,26 @@ fn read_profiles(
     Ok((trainer::analysis::profiles::tag_of(path), table))
 }
 
+/// The tags to run on, each with the rows given by `--profiles` (then the one tag the file
+/// names) or none (every extracted tag, or the one asked for, read from its bundle).
+fn inputs(
+    t: &Target,
+    tag: Option<String>,
+    profiles: Option<&std::path::Path>,
+) -> Result<Vec<(String, Option<trainer::analysis::features::FeatureSet>)>> {
+    Ok(match profiles {
+        Some(path) => {
+            let (tag, table) = read_profiles(path)?;
+            let set = table.into_feature_set(&tag);
+            vec![(tag, Some(set))]
+        }
+        None => tags_or_all(t, tag)?
+            .into_iter()
+            .map(|tag| (tag, None))
+            .collect(),
+    })
+}
+
 /// `trainer features`: CLS features, labels and paths of the held-out images.
 #[derive(Debug, Args)]
 pub struct FeaturesArgs {
@@ -152,14 +172,8 @@ impl KnnArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        let given = self.profiles.as_deref().map(read_profiles).transpose()?;
-        let tags = match &given {
-            Some((tag, _)) => vec![tag.clone()],
-            None => tags_or_all(&t, self.tag)?,
-        };
-        let mut given = given.map(|(tag, table)| table.into_feature_set(&tag));
-        for tag in tags {
-            let report = match given.take() {
+        for (tag, given) in inputs(&t, self.tag, self.profiles.as_deref())? {
+            let report = match given {
                 Some(set) => stages::run_knn_on(&t, &tag, set),
                 None => stages::run_knn(&t, &tag),
             }
@@ -254,14 +268,8 @@ impl UmapArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
         let t = Target::new(&cfg, self.model.combination)?;
-        let given = self.profiles.as_deref().map(read_profiles).transpose()?;
-        let tags = match &given {
-            Some((tag, _)) => vec![tag.clone()],
-            None => tags_or_all(&t, self.tag)?,
-        };
-        let mut given = given.map(|(tag, table)| table.into_feature_set(&tag));
-        for tag in tags {
-            let u = match given.take() {
+        for (tag, given) in inputs(&t, self.tag, self.profiles.as_deref())? {
+            let u = match given {
                 Some(set) => stages::run_umap_on(&t, &tag, set),
                 None => stages::run_umap(&t, &tag),
             }

@@ -162,21 +162,33 @@ impl TrainingRun<'_> {
         *window = LogWindow::start();
         let last_in_epoch = done_in_epoch >= self.shape.niter;
         if let Some(text) = self.collapse.observe(iteration, &teacher, last_in_epoch) {
-            let at = Position {
-                epoch,
-                batch: done_in_epoch,
-                iteration,
-            };
-            self.checkpoints.save(
-                self.strategy.as_mut(),
-                &self.learner,
-                at,
-                &self.meter,
-                false,
-            )?;
-            self.telemetry.flush()?;
+            self.checkpoint_mid_epoch(epoch, done_in_epoch, iteration)?;
             return Err(TrainError::Collapsed(text));
         }
+        Ok(())
+    }
+
+    /// Checkpoints the exact position `batch` steps into `epoch` (a collapse stop or a stop
+    /// signal mid-epoch) and flushes the metrics.
+    fn checkpoint_mid_epoch(
+        &mut self,
+        epoch: usize,
+        batch: usize,
+        iteration: usize,
+    ) -> Result<(), TrainError> {
+        let at = Position {
+            epoch,
+            batch,
+            iteration,
+        };
+        self.checkpoints.save(
+            self.strategy.as_mut(),
+            &self.learner,
+            at,
+            &self.meter,
+            false,
+        )?;
+        self.telemetry.flush()?;
         Ok(())
     }
 
@@ -188,19 +200,7 @@ impl TrainingRun<'_> {
             return Ok(None);
         }
         let (epoch, iteration) = (self.at.epoch, self.at.iteration);
-        let at = Position {
-            epoch,
-            batch: done_in_epoch,
-            iteration,
-        };
-        self.checkpoints.save(
-            self.strategy.as_mut(),
-            &self.learner,
-            at,
-            &self.meter,
-            false,
-        )?;
-        self.telemetry.flush()?;
+        self.checkpoint_mid_epoch(epoch, done_in_epoch, iteration)?;
         tracing::info!(
             "checkpoint written at epoch {epoch}, batch {done_in_epoch} (iteration {iteration})"
         );
