@@ -453,6 +453,7 @@ impl Config {
             "train.optimizer",
             "only adamw is implemented (scDINO's default); sgd and lars are not yet",
         )?;
+        ibot_settings(&v, &train.ibot, model, aug, train.batch_size_per_gpu)?;
 
         crop_scale(&v, aug.global_crops_scale, "augment.global_crops_scale")?;
         crop_scale(&v, aug.local_crops_scale, "augment.local_crops_scale")?;
@@ -653,6 +654,75 @@ fn channel_set(combo: &ChannelCombination) -> Result<Vec<usize>, String> {
 }
 
 /// Both ends of a crop scale are fractions of the image area, smaller first.
+/// `train.ibot`, when on: masks that can exist at this batch and crop size, and a head layout
+/// the patches can go through.
+fn ibot_settings(
+    v: &Validator,
+    ibot: &IbotSection,
+    model: &ModelSection,
+    aug: &AugmentSection,
+    batch_size_per_gpu: usize,
+) -> Result<(), Invalid> {
+    v.non_negative(ibot.weight, "train.ibot.weight")?;
+    v.check(
+        ibot.out_dim.is_none() || ibot.separate_head,
+        "train.ibot.out_dim",
+        "sets the prototypes of a separate iBOT head: set train.ibot.separate_head: true too (the shared head has model.out_dim)",
+    )?;
+    if !ibot.enabled() {
+        return Ok(());
+    }
+    v.check(
+        (0.0..=1.0).contains(&ibot.mask_probability),
+        "train.ibot.mask_probability",
+        "must be in [0, 1] (0.5 in DINOv2)",
+    )?;
+    let masked_images = (2.0 * batch_size_per_gpu as f64 * ibot.mask_probability) as usize;
+    v.check(
+        masked_images > 0,
+        "train.ibot.mask_probability",
+        &format!(
+            "is {} but with train.batch_size_per_gpu {batch_size_per_gpu} no global crop of a step would be masked (2 × batch × probability < 1)",
+            ibot.mask_probability
+        ),
+    )?;
+    let [lo, hi] = ibot.mask_ratio;
+    v.check(
+        0.0 <= lo && lo <= hi && hi <= 1.0,
+        "train.ibot.mask_ratio",
+        &format!("is [{lo}, {hi}]; needs 0 <= min <= max <= 1 ([0.1, 0.5] in DINOv2)"),
+    )?;
+    let grid = aug.global_crop_size / model.patch_size.max(1);
+    let most = (grid * grid) as f64 * hi;
+    v.check(
+        grid >= 3 && most >= 4.0,
+        "train.ibot.mask_ratio",
+        &format!(
+            "masks at most {most:.1} of the {} patches of a global crop ({} px, patch {}), but a mask is made of rectangles of at least 4 patches: raise the ratio or the crop size",
+            grid * grid,
+            aug.global_crop_size,
+            model.patch_size
+        ),
+    )?;
+    v.positive(ibot.student_temp, "train.ibot.student_temp")?;
+    if let Some(t) = ibot.teacher_temp {
+        v.positive(t, "train.ibot.teacher_temp")?;
+    }
+    if let Some(k) = ibot.out_dim {
+        v.check(k > 0, "train.ibot.out_dim", "must be at least 1")?;
+    }
+    v.check(
+        !(ibot.separate_head && model.use_bn_in_head),
+        "train.ibot.separate_head",
+        "a separate iBOT head with model.use_bn_in_head would batch-normalise one rank's few masked patches (possibly none): use the shared head, or no BatchNorm in the head",
+    )?;
+    v.check(
+        !model.channels.is_adaptive() || model.channels == ChannelMode::Bag,
+        "train.ibot",
+        "is not implemented for model.channels: tokens yet (a mask would have to cover every channel's tokens of a patch); use fixed or bag",
+    )
+}
+
 fn crop_scale(v: &Validator, (lo, hi): (f64, f64), key: &str) -> Result<(), Invalid> {
     v.check(
         lo > 0.0 && hi <= 1.0,
@@ -755,6 +825,43 @@ mod tests {
         // A default that becomes invalid through another key has no line of its own.
         let (key, line, _) = invalid("model:\n  patch_size: 32\naugment:\n  local_crop_size: 16\n");
         assert_eq!((key.as_str(), line), ("augment.local_crop_size", Some(4)));
+    }
+
+    #[test]
+    fn ibot_is_off_by_default_and_its_keys_are_validated() {
+        let d = Config::from_yaml("", "t").unwrap();
+        assert!(!d.train.ibot.enabled());
+        assert_eq!(d.train.ibot.mask_ratio, [0.1, 0.5]);
+        let on = Config::from_yaml("train:\n  ibot:\n    weight: 1.0\n", "t").unwrap();
+        assert!(on.train.ibot.enabled() && !on.train.ibot.separate_head);
+        let (key, line, _) =
+            invalid("train:\n  ibot:\n    weight: 1.0\n    mask_ratio: [0.5, 0.1]\n");
+        assert_eq!((key.as_str(), line), ("train.ibot.mask_ratio", Some(4)));
+        let (key, _, msg) = invalid("train:\n  ibot:\n    out_dim: 128\n");
+        assert_eq!(key, "train.ibot.out_dim");
+        assert!(msg.contains("separate_head: true"), "{msg}");
+        // One image per rank and probability 0.5: ⌊2 · 1 · 0.4⌋ = 0 masked crops.
+        let (key, _, msg) = invalid(
+            "train:\n  batch_size_per_gpu: 1\n  ibot:\n    weight: 1.0\n    mask_probability: 0.4\n",
+        );
+        assert_eq!(key, "train.ibot.mask_probability");
+        assert!(msg.contains("no global crop"), "{msg}");
+        // A 32 px crop of 16 px patches: a 2 × 2 grid has no room for a 4-patch rectangle.
+        let (key, _, msg) = invalid(
+            "augment:\n  global_crop_size: 32\n  local_crop_size: 16\ntrain:\n  ibot:\n    weight: 1.0\n",
+        );
+        assert_eq!(key, "train.ibot.mask_ratio");
+        assert!(msg.contains("4 patches"), "{msg}");
+        let (key, _, _) = invalid(
+            "model:\n  use_bn_in_head: true\ntrain:\n  ibot:\n    weight: 1.0\n    separate_head: true\n",
+        );
+        assert_eq!(key, "train.ibot.separate_head");
+        let (key, _, msg) = invalid(
+            "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\"]\nmodel:\n  channels: tokens\ntrain:\n  ibot:\n    weight: 1.0\n",
+        );
+        assert_eq!(key, "train.ibot");
+        assert!(msg.contains("tokens"), "{msg}");
+        assert!(Config::from_yaml("train:\n  ibot:\n    wieght: 1.0\n", "t").is_err());
     }
 
     #[test]

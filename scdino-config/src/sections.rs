@@ -410,6 +410,60 @@ pub struct TrainSection {
     /// iterations: targets whose prototypes are used equally across the global batch, the
     /// sums all-reduced over the ranks; no centre).
     pub centering: Centering,
+    /// DINOv2's iBOT masked-patch objective (Zhou et al., ICLR 2022), off by default.
+    pub ibot: IbotSection,
+}
+
+/// iBOT (`dinov2/loss/ibot_patch_loss.py`, the `ibot` block of DINOv2's config): the student
+/// sees some patches of each global crop replaced by a learned mask token and learns to
+/// predict, for those patches, the teacher's distribution of the unmasked crop. It trains the
+/// patch tokens (attention maps, dense features) besides the CLS token, and adds a second,
+/// per-patch target the teacher cannot satisfy by collapsing the CLS alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IbotSection {
+    /// `ibot.loss_weight` (1.0 in DINOv2): the patch loss's weight in the total loss; 0 = off
+    /// (scDINO, and no mask token in the model).
+    pub weight: f64,
+    /// `ibot.mask_sample_probability` (0.5): the share of each rank's global-crop images that
+    /// get a mask in a step (rounded down); the others are seen whole.
+    pub mask_probability: f64,
+    /// `ibot.mask_ratio_min_max` (`[0.1, 0.5]`): the share of a masked image's patches that is
+    /// masked, spread evenly over this range across the masked images of a step, in block
+    /// rectangles (DINOv2's `MaskingGenerator`).
+    pub mask_ratio: [f64; 2],
+    /// `ibot.separate_head`: `false` (DINOv2's default) projects the masked patch tokens with
+    /// the DINO head; `true` gives them their own head, `ibot_head`, with `out_dim` prototypes.
+    pub separate_head: bool,
+    /// `ibot.head_n_prototypes`: the separate head's number of prototypes; unset =
+    /// `model.out_dim`. Only with `separate_head: true`.
+    pub out_dim: Option<usize>,
+    /// The teacher temperature of the patch targets; unset = the DINO teacher temperature of
+    /// the epoch, as DINOv2 does.
+    pub teacher_temp: Option<f64>,
+    /// The student temperature of the patch loss (`iBOTPatchLoss.student_temp`).
+    pub student_temp: f64,
+}
+
+impl IbotSection {
+    /// Whether the objective is on (a weight above zero).
+    pub fn enabled(&self) -> bool {
+        self.weight > 0.0
+    }
+}
+
+impl Default for IbotSection {
+    fn default() -> Self {
+        Self {
+            weight: 0.0,
+            mask_probability: 0.5,
+            mask_ratio: [0.1, 0.5],
+            separate_head: false,
+            out_dim: None,
+            teacher_temp: None,
+            student_temp: 0.1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -451,6 +505,7 @@ impl Default for TrainSection {
             peak_tflops: None,
             koleo_weight: 0.0,
             centering: Centering::Ema,
+            ibot: IbotSection::default(),
         }
     }
 }

@@ -406,7 +406,8 @@ fn adaptive_models_under_ddp_and_fsdp_match_one_process() {
 /// DINOv2's stabilisers under the parallel strategies. Sinkhorn-Knopp centring all-reduces
 /// its sums and register tokens are one more declared parameter: DDP and FSDP on 2 ranks give
 /// one process's losses and parameters. KoLeo runs per rank (as DINOv2), so 2 ranks differ
-/// from one process there, but DDP and FSDP must agree with each other.
+/// from one process there, but DDP and FSDP must agree with each other; so must iBOT (each
+/// rank masks its own images), whose patch centre is averaged over the ranks.
 #[test]
 fn dinov2_stabilisers_under_ddp_and_fsdp() {
     let dir = tempfile::tempdir().unwrap();
@@ -447,7 +448,11 @@ fn dinov2_stabilisers_under_ddp_and_fsdp() {
         );
     };
     let mut koleo = Vec::new();
-    for (strategy, ports) in [("ddp", ["29601", "29605"]), ("fsdp", ["29609", "29613"])] {
+    let mut ibot = Vec::new();
+    for (strategy, ports) in [
+        ("ddp", ["29601", "29605", "29617"]),
+        ("fsdp", ["29609", "29613", "29621"]),
+    ] {
         let name = format!("sk_{strategy}2");
         let path = cfg(&name, 2, &format!("{sk}  strategy: {strategy}\n"));
         let losses = launch_train(2, ports[0], &path, &steps);
@@ -459,7 +464,24 @@ fn dinov2_stabilisers_under_ddp_and_fsdp() {
             &format!("{sk}  strategy: {strategy}\n  koleo_weight: 0.1\n"),
         );
         koleo.push((name, launch_train(2, ports[1], &path, &steps)));
+        // iBOT through the shared head with its EMA patch centre (each rank masks its own
+        // images, so two ranks differ from one process; 8 px patches give a 32 px crop a 4 × 4
+        // grid to mask).
+        let name = format!("ibot_{strategy}2");
+        let path = cfg(
+            &name,
+            2,
+            &format!("  log_every: 1\n  strategy: {strategy}\n  ibot:\n    weight: 1.0\n"),
+        );
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("  out_dim: 64\n", "  out_dim: 64\n  patch_size: 8\n");
+        std::fs::write(&path, text).unwrap();
+        ibot.push((name, launch_train(2, ports[2], &path, &steps)));
     }
+    close(&ibot[0].0, &ibot[1].0, &ibot[0].1, &ibot[1].1);
+    let digests = super::util::tensor_digests(&ck(&ibot[0].0));
+    assert!(digests.contains_key("ibot_patch_loss.center"));
     assert!(
         (koleo[0].1[0] - single_losses[0]).abs() > 1e-3,
         "KoLeo did not change the loss"

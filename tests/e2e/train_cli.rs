@@ -365,3 +365,101 @@ fn the_digits_recipe_learns_in_its_first_epochs_without_a_collapse_warning() {
         "epoch 0 mean {mean0}, epoch 1 last {last}"
     );
 }
+
+/// DINOv2's iBOT in a real run (separate `ibot_head`, EMA patch centre, 8 px patches so a
+/// 32 px global crop has a 4 × 4 grid to mask): the checkpoint holds the mask token, the iBOT
+/// head and the patch centre under DINOv2's names; a run stopped mid-epoch resumes bit for bit
+/// (same masks, same centre); the checkpoint feeds `trainer features` and a timm export (the
+/// mask token is training-only and left out); switching iBOT off on resume is refused.
+#[test]
+fn ibot_resumes_bitwise_feeds_features_and_export_and_a_switch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 2, 8);
+    let extra = "  epochs: 2\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n  lr: 0.05\n  ibot:\n    weight: 1.0\n    separate_head: true\n    out_dim: 96\n";
+    let with_patch8 = |name: &str| {
+        let path = config(dir.path(), &data, name, extra);
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("  out_dim: 128\n", "  out_dim: 128\n  patch_size: 8\n");
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let straight = with_patch8("ibot_straight");
+    let out = ok(
+        "trainer",
+        &["train", "--config", &straight, "--threads", "1"],
+    );
+    let _ = out;
+    let ck = model_dir(dir.path(), "ibot_straight").join("checkpoint.safetensors");
+    let reference = tensor_digests(&ck);
+    for key in [
+        "ibot_patch_loss.center",
+        "student.backbone.mask_token",
+        "teacher.backbone.mask_token",
+        "student.ibot_head.last_layer.weight_v",
+        "teacher.ibot_head.mlp.0.weight",
+    ] {
+        assert!(
+            reference.contains_key(key),
+            "{key} missing from the checkpoint"
+        );
+    }
+
+    let cfg = with_patch8("ibot_mid");
+    ok(
+        "trainer",
+        &[
+            "train",
+            "--config",
+            &cfg,
+            "--threads",
+            "1",
+            "--max-steps",
+            "3",
+        ],
+    );
+    let resumed = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    let got = tensor_digests(&model_dir(dir.path(), "ibot_mid").join("checkpoint.safetensors"));
+    let differing: Vec<&String> = reference
+        .keys()
+        .filter(|k| reference.get(*k) != got.get(*k))
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "resumed iBOT run differs: {differing:?}"
+    );
+
+    ok(
+        "trainer",
+        &["features", "--config", &straight, "--threads", "1"],
+    );
+    let export = dir.path().join("timm");
+    ok(
+        "trainer",
+        &[
+            "export",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--format",
+            "timm",
+            "--out",
+            export.to_str().unwrap(),
+        ],
+    );
+    assert!(export.join("model.safetensors").exists());
+
+    let off = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("    weight: 1.0\n", "    weight: 0.0\n")
+        .replace("    out_dim: 96\n", "")
+        .replace("  epochs: 2\n", "  epochs: 3\n");
+    std::fs::write(&cfg, off).unwrap();
+    let out = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    assert!(!out.status.success(), "resumed with iBOT switched off");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot resume") && err.contains("ibot"),
+        "{err}"
+    );
+}

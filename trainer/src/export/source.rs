@@ -159,10 +159,13 @@ impl Source {
         let mut vs = nn::VarStore::new(tch::Device::Cpu);
         let vit = VisionTransformer::new(vs.root() / "backbone", model.vit_config());
         let mut vars = vs.variables();
+        // iBOT's mask token only ever replaces masked patches in training: no inference
+        // network (ours or timm's) has it.
         let stored: BTreeSet<&str> = ck
             .tensors
             .keys()
             .filter_map(|n| n.strip_prefix(&prefix))
+            .filter(|n| *n != "mask_token")
             .collect();
         if stored.is_empty() {
             return Err(invalid(format!(

@@ -7,7 +7,7 @@ mod units;
 mod vit;
 
 pub use head::{DinoHead, HeadConfig};
-pub use multicrop::MultiCropNet;
+pub use multicrop::{IbotForward, MultiCropNet};
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
 
@@ -39,6 +39,9 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
         ChannelMode::Tokens => VitConfig::new(m.arch, m.patch_size, in_chans).with_channel_tokens(),
     };
     vit = vit.with_registers(m.num_register_tokens);
+    if cfg.train.ibot.enabled() {
+        vit = vit.with_mask_token();
+    }
     if student {
         vit = vit.with_drop_path(m.drop_path_rate);
     }
@@ -46,6 +49,22 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
     let norm_last = !student || m.norm_last_layer;
     let head = HeadConfig::new(vit.embed_dim, m.out_dim as i64, m.use_bn_in_head, norm_last);
     (vit, head)
+}
+
+/// The separate iBOT head of the student (or teacher), when `train.ibot` asks for one: the
+/// DINO head's layout with `train.ibot.out_dim` prototypes (default `model.out_dim`).
+pub fn ibot_head_config(cfg: &Config, vit: &VitConfig, student: bool) -> Option<HeadConfig> {
+    let ibot = &cfg.train.ibot;
+    (ibot.enabled() && ibot.separate_head).then(|| {
+        let m = &cfg.model;
+        let out_dim = ibot.out_dim.unwrap_or(m.out_dim) as i64;
+        HeadConfig::new(
+            vit.embed_dim,
+            out_dim,
+            m.use_bn_in_head,
+            !student || m.norm_last_layer,
+        )
+    })
 }
 
 /// DINO Bag-of-Channels: the per-channel CLS tokens of `x` (`[B, k, H, W]`) from a

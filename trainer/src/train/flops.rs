@@ -15,8 +15,15 @@
 //! uniform on 1..=C, so a step's expected FLOPs are the mean over k (attention grows with k²,
 //! so this is not the count at the mean k). `bag` counts per item, one channel of one image
 //! (C items per image).
+//!
+//! iBOT adds the head over the masked patches of the global crops (teacher forward, student
+//! forward and backward); the mask token replaces a patch embedding, which costs nothing
+//! counted. The number of masked patches is random: a step is counted at its expectation,
+//! the masked images times the mean target ratio of their patches (the block masks can fall
+//! a little short of their target, so this is an upper estimate by a few per cent of the
+//! head's share).
 use crate::config::{ChannelMode, Config};
-use crate::model::{configs_for, HeadConfig, VitConfig};
+use crate::model::{configs_for, ibot_head_config, HeadConfig, VitConfig};
 
 /// FLOPs of one step on one rank.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -121,6 +128,46 @@ pub fn step_flops_on(cfg: &Config, in_chans: usize, batch: usize, k: usize) -> S
         // The patch embedding's backward computes its weight gradient only.
         flops.student_backward += images * (embed + 2.0 * (rest + head));
     }
+    let masked = expected_masked_patches(cfg, batch);
+    let ibot = ibot_flops(cfg, in_chans, masked);
+    flops.teacher_forward += ibot.teacher_forward;
+    flops.student_forward += ibot.student_forward;
+    flops.student_backward += ibot.student_backward;
+    flops
+}
+
+/// iBOT's masked patches in one step on one rank, in expectation (0 without iBOT): DINOv2's
+/// collate masks ⌊2·B·probability⌋ of the 2·B global-crop images, with target ratios spread
+/// evenly over `mask_ratio`.
+pub fn expected_masked_patches(cfg: &Config, batch: usize) -> f64 {
+    let ibot = &cfg.train.ibot;
+    if !ibot.enabled() {
+        return 0.0;
+    }
+    let grid = (cfg.augment.global_crop_size / cfg.model.patch_size) as f64;
+    let images = (2.0 * batch as f64 * ibot.mask_probability).floor();
+    let mean_ratio = (ibot.mask_ratio[0] + ibot.mask_ratio[1]) / 2.0;
+    images * grid * grid * mean_ratio
+}
+
+/// The head work of iBOT on `masked` patches: the teacher's forward, the student's forward
+/// and backward (its separate head, or the DINO head).
+pub fn ibot_flops(cfg: &Config, in_chans: usize, masked: f64) -> StepFlops {
+    let mut flops = StepFlops {
+        teacher_forward: 0.0,
+        student_forward: 0.0,
+        student_backward: 0.0,
+    };
+    if !cfg.train.ibot.enabled() {
+        return flops;
+    }
+    let head = |student: bool| {
+        let (vit, head) = configs_for(cfg, in_chans, student);
+        head_forward(&ibot_head_config(cfg, &vit, student).unwrap_or(head))
+    };
+    flops.teacher_forward = masked * head(false);
+    flops.student_forward = masked * head(true);
+    flops.student_backward = 2.0 * masked * head(true);
     flops
 }
 

@@ -177,9 +177,9 @@ impl PatchCenter {
         })
     }
 
-    /// DINOv2's update after the step's targets: the mean over the masked patches, summed
-    /// over ranks and divided by (this rank's count × world), which is the global mean when
-    /// every rank masks as many patches.
+    /// DINOv2's update after the step's targets (`reduce_center_update` and
+    /// `apply_center_update`): the mean over this rank's masked patches, averaged over the
+    /// ranks. A rank without masked patches adds zero, as DINOv2's mean of none would not.
     pub fn update(
         &mut self,
         teacher: &Tensor,
@@ -187,14 +187,79 @@ impl PatchCenter {
     ) -> Result<(), DistError> {
         tch::no_grad(|| {
             let rows = teacher.size()[0].max(1);
-            let mut sum = teacher
+            let mut mean = teacher
                 .to_kind(Kind::Float)
-                .sum_dim_intlist(0, true, Kind::Float);
-            group.all_reduce_sum(&mut sum)?;
-            let batch = sum / (rows * group.world_size() as i64) as f64;
+                .sum_dim_intlist(0, true, Kind::Float)
+                / rows as f64;
+            group.all_reduce_sum(&mut mean)?;
+            let batch = mean / group.world_size() as f64;
             self.center = &self.center * self.momentum + batch * (1.0 - self.momentum);
             Ok(())
         })
+    }
+}
+
+/// The seed of a step's masks on `rank`: a function of the step's seed (itself one of the run
+/// seed and the iteration), so that a resumed run draws the same masks, and of the rank, so
+/// that ranks mask their different images independently.
+pub fn mask_seed(step_seed: i64, rank: usize) -> u64 {
+    scdino_base::rng::mix64(step_seed as u64 ^ (rank as u64).rotate_left(32))
+}
+
+/// `train.ibot` as one step uses it: the masking, the loss's settings and the patch centre.
+#[derive(Debug)]
+pub struct IbotObjective {
+    pub weight: f64,
+    pub mask_probability: f64,
+    pub mask_ratio: (f64, f64),
+    /// None: the DINO teacher temperature of the epoch.
+    pub teacher_temp: Option<f64>,
+    pub student_temp: f64,
+    /// The EMA centre of the patch targets (`ibot_patch_loss.center` in checkpoints); unused
+    /// with Sinkhorn-Knopp centring.
+    pub center: PatchCenter,
+}
+
+/// DINOv2's `iBOTPatchLoss` centre momentum.
+pub const PATCH_CENTER_MOMENTUM: f64 = 0.9;
+
+impl IbotObjective {
+    /// The objective `cfg` asks for, None when `train.ibot` is off. The centre has the
+    /// prototypes of the head that projects the patches (the separate head's, or the DINO
+    /// head's).
+    pub fn from_config(cfg: &crate::config::Config, device: tch::Device) -> Option<Self> {
+        let ibot = &cfg.train.ibot;
+        ibot.enabled().then(|| {
+            let shared = cfg.model.out_dim;
+            let out_dim = if ibot.separate_head {
+                ibot.out_dim.unwrap_or(shared)
+            } else {
+                shared
+            };
+            Self {
+                weight: ibot.weight,
+                mask_probability: ibot.mask_probability,
+                mask_ratio: (ibot.mask_ratio[0], ibot.mask_ratio[1]),
+                teacher_temp: ibot.teacher_temp,
+                student_temp: ibot.student_temp,
+                center: PatchCenter::new(out_dim as i64, PATCH_CENTER_MOMENTUM, device),
+            }
+        })
+    }
+
+    /// The masks of one step's `images` global-crop images of `grid` patches (rows, columns),
+    /// drawn from `seed` (a function of the run seed, the iteration and the rank, so a
+    /// resumed run draws the same masks and the ranks draw different ones).
+    pub fn masks(&self, images: usize, grid: (usize, usize), seed: u64) -> Tensor {
+        let generator = MaskingGenerator::new(grid.0, grid.1);
+        let mut rng = SplitMix64::new(seed);
+        collate_masks(
+            &generator,
+            images,
+            self.mask_probability,
+            self.mask_ratio,
+            &mut rng,
+        )
     }
 }
 

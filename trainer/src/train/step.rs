@@ -2,13 +2,14 @@
 //! global crops, student on all crops, loss (+ centre update), finite check, backward,
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
+use super::ibot::{mask_seed, patch_loss, IbotObjective};
 use super::koleo::koleo_loss;
 use super::loss::{sinkhorn_knopp, DinoLoss, TeacherTargets};
 use super::optim::AdamW;
 use crate::config::{Centering, Config, Precision};
 use crate::dist::group::DistError;
 use crate::dist::Collective;
-use crate::model::{configs_for, ModelUnits, MultiCropNet};
+use crate::model::{configs_for, ibot_head_config, IbotForward, ModelUnits, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
 
@@ -68,10 +69,16 @@ impl Networks {
     pub fn new(cfg: &Config, in_chans: usize, device: Device) -> Self {
         let student_vs = nn::VarStore::new(device);
         let (vit, head) = configs_for(cfg, in_chans, true);
-        let student = MultiCropNet::new(&student_vs.root(), vit, head);
+        let mut student = MultiCropNet::new(&student_vs.root(), vit, head);
+        if let Some(ibot) = ibot_head_config(cfg, &vit, true) {
+            student = student.with_ibot_head(&student_vs.root(), ibot);
+        }
         let mut teacher_vs = nn::VarStore::new(device);
         let (vit_t, head_t) = configs_for(cfg, in_chans, false);
-        let teacher = MultiCropNet::new(&teacher_vs.root(), vit_t, head_t);
+        let mut teacher = MultiCropNet::new(&teacher_vs.root(), vit_t, head_t);
+        if let Some(ibot) = ibot_head_config(cfg, &vit_t, false) {
+            teacher = teacher.with_ibot_head(&teacher_vs.root(), ibot);
+        }
         teacher_vs
             .copy(&student_vs)
             .expect("teacher and student share variable names");
@@ -162,6 +169,9 @@ pub struct Learner {
     pub koleo_weight: f64,
     /// `train.centering` (EMA, the default of [`Learner::new`]).
     pub centering: Centering,
+    /// `train.ibot` (None: off, the default of [`Learner::new`]). The networks must have
+    /// been built for it (mask token, and the separate head if asked for).
+    pub ibot: Option<IbotObjective>,
 }
 
 impl Learner {
@@ -176,6 +186,7 @@ impl Learner {
             device,
             koleo_weight: 0.0,
             centering: Centering::Ema,
+            ibot: None,
         }
     }
 
@@ -217,28 +228,84 @@ impl Learner {
             None => crops,
         };
         let channels = subset.as_deref();
+        // iBOT: which patches of the global crops the student sees masked.
+        let masks = self.ibot.as_ref().map(|ibot| {
+            let (b, _, h, w) = crops[0].size4().expect("crops are [B, C, H, W]");
+            let patch = self.nets.student.backbone.config().patch_size;
+            let seed = mask_seed(p.rng_seed, strategy.collective().rank());
+            ibot.masks(
+                2 * b as usize,
+                ((h / patch) as usize, (w / patch) as usize),
+                seed,
+            )
+            .to_device(crops[0].device())
+        });
         strategy.before_teacher()?;
         let nets = &self.nets;
-        let teacher_out = autocast(self.precision, self.device, || {
-            tch::no_grad(|| nets.teacher.forward_channels_t(&crops[..2], channels, true))
+        let (teacher_out, teacher_patches) = autocast(self.precision, self.device, || {
+            tch::no_grad(|| match &masks {
+                Some(m) => {
+                    let t = nets
+                        .teacher
+                        .forward_ibot_t(&crops[..2], m, false, channels, true);
+                    (t.logits, Some(t.patch_logits))
+                }
+                None => (
+                    nets.teacher.forward_channels_t(&crops[..2], channels, true),
+                    None,
+                ),
+            })
         });
         // DINOv2's Sinkhorn-Knopp targets instead of the EMA centre (its sums all-reduced).
+        let teacher_temp = self.loss.teacher_temp(p.epoch);
         let assigned = match self.centering {
             Centering::SinkhornKnopp => Some(sinkhorn_knopp(
                 &teacher_out,
-                self.loss.teacher_temp(p.epoch),
+                teacher_temp,
                 SINKHORN_ITERATIONS,
                 strategy.collective(),
             )?),
             Centering::Ema => None,
         };
+        // iBOT's targets for the masked patches, centred as the CLS targets are.
+        let patch_targets = match (&self.ibot, &teacher_patches) {
+            (Some(ibot), Some(t)) => {
+                let temp = ibot.teacher_temp.unwrap_or(teacher_temp);
+                Some(match self.centering {
+                    Centering::SinkhornKnopp => {
+                        sinkhorn_knopp(t, temp, SINKHORN_ITERATIONS, strategy.collective())?
+                    }
+                    Centering::Ema => ibot.center.targets(t, temp),
+                })
+            }
+            _ => None,
+        };
         strategy.before_student()?;
         let loss_fn = &self.loss;
+        let ibot = self.ibot.as_ref();
         let (loss, cls) = autocast(self.precision, self.device, || {
-            let (s, cls) = nets.student.forward_with_backbone_t(crops, channels, true);
+            let (s, cls, patch_term) = match (&masks, &patch_targets, ibot) {
+                (Some(m), Some(targets), Some(ibot)) => {
+                    let IbotForward {
+                        logits,
+                        cls,
+                        patch_logits,
+                    } = nets.student.forward_ibot_t(crops, m, true, channels, true);
+                    let term = patch_loss(&patch_logits, targets, m, ibot.student_temp);
+                    (logits, cls, Some(term * ibot.weight))
+                }
+                _ => {
+                    let (s, cls) = nets.student.forward_with_backbone_t(crops, channels, true);
+                    (s, cls, None)
+                }
+            };
             let loss = match &assigned {
                 Some(q) => loss_fn.forward_targets(&s, q),
                 None => loss_fn.forward(&s, &teacher_out, p.epoch),
+            };
+            let loss = match patch_term {
+                Some(term) => loss.to_kind(tch::Kind::Float) + term,
+                None => loss,
             };
             (loss, cls)
         });
@@ -252,6 +319,11 @@ impl Learner {
         };
         strategy.after_student()?;
         let group = strategy.collective();
+        if let (Some(ibot), Some(t), Centering::Ema) =
+            (self.ibot.as_mut(), &teacher_patches, self.centering)
+        {
+            ibot.center.update(&t.to_kind(tch::Kind::Float), group)?;
+        }
         let teacher = match assigned {
             Some(q) => TeacherTargets::Assigned(q),
             None => {

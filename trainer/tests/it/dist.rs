@@ -808,3 +808,35 @@ fn sinkhorn_knopp_over_two_ranks_equals_one_process_on_the_global_batch() {
         assert!(worst < 1e-6, "rank {rank}: {worst}");
     }
 }
+
+/// iBOT's patch centre across 2 Gloo ranks that masked different numbers of patches (3 and
+/// 5): as DINOv2's `reduce_center_update`/`apply_center_update`, each rank's mean over its
+/// patches, averaged over the ranks, and the same centre on both ranks.
+#[test]
+fn ibot_patch_centre_over_two_ranks_is_dinov2s_mean_of_rank_means() {
+    use trainer::train::ibot::PatchCenter;
+    fn rows(rank: usize) -> Tensor {
+        let n = [3, 5][rank];
+        ((Tensor::arange(n * 8, (Kind::Float, tch::Device::Cpu)) + 40.0 * rank as f64) * 0.53)
+            .cos()
+            .reshape([n, 8])
+    }
+    let out = on_two_ranks(29807, |g| {
+        let rank = g.rank;
+        let mut ddp = Ddp::new(g);
+        let mut centre = PatchCenter::new(8, 0.9, tch::Device::Cpu);
+        centre.update(&rows(rank), &mut ddp).unwrap();
+        values(&centre.center)
+    });
+    let rank_means =
+        (rows(0).mean_dim(0, true, Kind::Float) + rows(1).mean_dim(0, true, Kind::Float)) / 2.0;
+    let expected = values(&(rank_means * 0.1));
+    for (rank, got) in out.iter().enumerate() {
+        let worst = got
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-7, "rank {rank}: {got:?} vs {expected:?}");
+    }
+}

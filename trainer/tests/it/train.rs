@@ -31,8 +31,6 @@ fn check_steps_against_pytorch_in(steps: usize, freeze_epochs: usize, mode: &str
     check_steps_against_pytorch_with(steps, freeze_epochs, mode, 0.0, "ema");
 }
 
-/// [`check_steps_against_pytorch_in`] with `train.koleo_weight` (DINOv2's KoLeo in the
-/// reference, koleo_reference.py).
 fn check_steps_against_pytorch_with(
     steps: usize,
     freeze_epochs: usize,
@@ -40,10 +38,57 @@ fn check_steps_against_pytorch_with(
     koleo: f64,
     centering: &str,
 ) {
+    check_steps_against_pytorch_ibot(steps, freeze_epochs, mode, koleo, centering, "none");
+}
+
+/// [`check_steps_against_pytorch_in`] with `train.koleo_weight` (DINOv2's KoLeo in the
+/// reference, koleo_reference.py), `train.centering` and `train.ibot` (`none`, `shared` or
+/// `separate` head; the masks of each step drawn here, as the step draws them, and handed to
+/// the reference).
+fn check_steps_against_pytorch_ibot(
+    steps: usize,
+    freeze_epochs: usize,
+    mode: &str,
+    koleo: f64,
+    centering: &str,
+    ibot: &str,
+) {
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ref.safetensors");
+    let masks_file = dir.path().join("masks.safetensors");
+    let cfg = tiny_config()
+        .edit("tokens", |s| {
+            if mode == "tokens" {
+                s.model.channels = trainer::config::ChannelMode::Tokens;
+            }
+            if ibot != "none" {
+                s.train.ibot.weight = 1.0;
+                s.train.ibot.separate_head = ibot == "separate";
+                s.train.ibot.out_dim = (ibot == "separate").then_some(128);
+            }
+        })
+        .unwrap();
+    let objective = trainer::train::ibot::IbotObjective::from_config(&cfg, Device::Cpu);
+    if let Some(o) = &objective {
+        // 3 images per crop, 64 px crops of 16 px patches: a 4 × 4 grid.
+        let masks: Vec<(String, Tensor)> = (0..steps)
+            .map(|it| {
+                let seed = trainer::train::ibot::mask_seed(1000 + it as i64, 0);
+                (
+                    format!("step{it}"),
+                    o.masks(6, (4, 4), seed).to_kind(Kind::Uint8),
+                )
+            })
+            .collect();
+        let total: i64 = masks
+            .iter()
+            .map(|(_, m)| m.sum(Kind::Int64).int64_value(&[]))
+            .sum();
+        assert!(total > 0, "no patch masked in {steps} steps");
+        Tensor::write_safetensors(&masks, &masks_file).unwrap();
+    }
     run_py_file(
         "train_step_reference.py",
         &[
@@ -53,19 +98,14 @@ fn check_steps_against_pytorch_with(
             mode,
             &koleo.to_string(),
             centering,
+            ibot,
+            masks_file.to_str().unwrap(),
         ],
     );
     let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
         .unwrap()
         .into_iter()
         .collect();
-    let cfg = tiny_config()
-        .edit("tokens", |s| {
-            if mode == "tokens" {
-                s.model.channels = trainer::config::ChannelMode::Tokens;
-            }
-        })
-        .unwrap();
     let mut nets = Networks::new(&cfg, 4, Device::Cpu);
     load_safetensors_strict(
         &mut nets.student_vs,
@@ -80,6 +120,7 @@ fn check_steps_against_pytorch_with(
     if centering == "sinkhorn_knopp" {
         learner.centering = trainer::config::Centering::SinkhornKnopp;
     }
+    learner.ibot = objective;
     let expected_losses: Vec<f64> = Vec::<f64>::try_from(&t["out.losses"]).unwrap();
     let mut lr_sum = 0.0;
     for it in 0..steps {
@@ -115,6 +156,10 @@ fn check_steps_against_pytorch_with(
         max_abs_diff(&learner.loss.center, &t["out.center"]) <= 1e-7,
         "centre differs"
     );
+    if let Some(ibot) = &learner.ibot {
+        let d = max_abs_diff(&ibot.center.center, &t["out.ibot_center"]);
+        assert!(d <= 1e-7, "iBOT patch centre differs by {d}");
+    }
     let nets = &learner.nets;
     for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
         let mut worst = (0.0, String::new());
@@ -162,6 +207,16 @@ fn training_steps_match_pytorch() {
 #[test]
 fn channel_token_training_steps_match_pytorch() {
     check_steps_against_pytorch_in(6, 1, "tokens");
+}
+
+/// DINOv2's iBOT on the masked patches of the global crops, through the DINO head (DINOv2's
+/// default) with the EMA patch centre, then through a separate `ibot_head` with its own
+/// prototypes under Sinkhorn-Knopp centring: six full steps each against the PyTorch
+/// reference, to the fixed model's tolerances.
+#[test]
+fn training_steps_with_ibot_match_pytorch() {
+    check_steps_against_pytorch_ibot(6, 1, "fixed", 0.0, "ema", "shared");
+    check_steps_against_pytorch_ibot(6, 1, "fixed", 0.1, "sinkhorn_knopp", "separate");
 }
 
 /// DINOv2's KoLeo (weight 0.1, its default) added to the loss: six full steps against the
@@ -862,6 +917,60 @@ print(fc.get_total_flops())
         (mean - expected).abs() / expected < 0.01,
         "{mean:e} vs {expected:e}"
     );
+}
+
+/// iBOT's FLOPs (the heads over M masked patches: teacher forward, student forward and
+/// backward, the patch tokens needing their gradient) against `torch.utils.flop_counter`,
+/// through the shared DINO head and a separate head with its own prototypes; and the logged
+/// step figure adds them at the expected number of masked patches.
+#[test]
+fn ibot_flops_match_torch_flop_counter() {
+    const SCRIPT: &str = r#"
+import sys, torch
+from torch.utils.flop_counter import FlopCounterMode
+from dino_reference import DINOHead
+dim, k, m = map(int, sys.argv[1:4])
+student, teacher = DINOHead(dim, k), DINOHead(dim, k)
+for q in teacher.parameters():
+    q.requires_grad = False
+x = torch.randn(m, dim, requires_grad=True)
+with FlopCounterMode(display=False) as fc:
+    t = teacher(x.detach())
+    s = student(x)
+    (torch.log_softmax(s, -1).sum() + 0 * t.sum()).backward()
+print(fc.get_total_flops())
+"#;
+    for (separate, k) in [(false, 256), (true, 96)] {
+        let cfg = Config::from_yaml(
+            &format!(
+                "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\"]\n\
+                 model:\n  arch: vit_tiny\n  patch_size: 16\n  out_dim: 256\n\
+                 train:\n  ibot:\n    weight: 1.0\n    separate_head: {separate}\n{}",
+                if separate { "    out_dim: 96\n" } else { "" }
+            ),
+            "test",
+        )
+        .unwrap();
+        let ours = trainer::train::flops::ibot_flops(&cfg, 2, 37.0).total();
+        let torch: f64 = run_python(SCRIPT, &["192", &k.to_string(), "37"])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            (ours - torch).abs() / torch < 0.01,
+            "separate {separate}: ours {ours:e} vs torch {torch:e}"
+        );
+        let without = cfg
+            .edit("no ibot", |s| s.train.ibot = Default::default())
+            .unwrap();
+        let expected = trainer::train::flops::expected_masked_patches(&cfg, 3);
+        // 6 global-crop images, 3 masked, 14 × 14 patches at a mean ratio of 0.3.
+        assert!((expected - 3.0 * 196.0 * 0.3).abs() < 1e-9, "{expected}");
+        let added = trainer::train::flops::step_flops(&cfg, 2, 3).total()
+            - trainer::train::flops::step_flops(&without, 2, 3).total();
+        let head = trainer::train::flops::ibot_flops(&cfg, 2, expected).total();
+        assert!((added - head).abs() <= 1e-9 * head, "{added:e} vs {head:e}");
+    }
 }
 
 /// One network of the FLOPs test: ours for `model.channels: mode` against the reference

@@ -1,7 +1,7 @@
 """scDINO's training iteration in PyTorch (main_dino.py train_one_epoch + utils), as the oracle
 for the Rust step: K iterations from one initialisation on given crops and schedule values.
 
-usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens] [KOLEO_WEIGHT] [ema|sinkhorn_knopp]
+usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens] [KOLEO_WEIGHT] [ema|sinkhorn_knopp] [none|shared|separate MASKS.safetensors]
 Writes OUT (inputs, per-step losses, final weights) and OUT.init.safetensors (initial student).
 With `tokens` the backbones are ChannelViT (channel_reference.py) and step i trains on the
 channel subset SUBSETS[i] of the crops (as hierarchical channel sampling would draw it), for
@@ -9,6 +9,12 @@ the teacher and every crop alike. A KOLEO_WEIGHT above 0 adds DINOv2's KoLeo los
 (koleo_reference.py) of the student's backbone CLS on each global crop, times that weight;
 `sinkhorn_knopp` takes DINOv2's Sinkhorn-Knopp targets (sinkhorn_reference.py) instead
 of the EMA-centred softmax, and leaves the centre alone, as DINOv2 does.
+`shared` or `separate` adds DINOv2's iBOT loss (weight IBOT_WEIGHT) on the masked patches of
+the global crops, the masks of step i being MASKS' `step{i}` ([2·B, N] bool, drawn by the Rust
+side's generator), as dinov2/train/ssl_meta_arch.py computes it: the teacher's unmasked patch
+tokens at the masked positions through the DINO head (`shared`, one call together with the CLS
+tokens) or a separate `ibot_head` with IBOT_OUT_DIM prototypes, centred with iBOTPatchLoss's
+EMA centre (or Sinkhorn-Knopp), against the student's masked-input patch tokens.
 """
 import sys
 
@@ -21,6 +27,7 @@ import dino_reference
 from channel_reference import ChannelVisionTransformer
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer
 from koleo_reference import KoLeoLoss
+from ibot_reference import iBOTPatchLoss
 from sinkhorn_reference import sinkhorn_knopp_teacher
 
 dino_reference.USE_SDPA = True
@@ -28,6 +35,12 @@ out, steps, freeze_epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mode = sys.argv[4] if len(sys.argv) > 4 else "fixed"
 koleo_weight = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 centering = sys.argv[6] if len(sys.argv) > 6 else "ema"
+ibot = sys.argv[7] if len(sys.argv) > 7 else "none"
+if ibot != "none":
+    from safetensors.torch import load_file
+
+    MASKS = load_file(sys.argv[8])
+IBOT_WEIGHT, IBOT_OUT_DIM = 1.0, 128
 SUBSETS = [[0, 1, 2, 3], [1, 3], [2], [0, 2, 3], [0, 1], [3]]
 torch.set_num_threads(2)
 torch.manual_seed(0)
@@ -36,8 +49,28 @@ OUT_DIM, B, C = 256, 3, 4
 
 def net(drop):
     backbone = ChannelVisionTransformer if mode == "tokens" else VisionTransformer
-    vit = backbone("vit_tiny", 16, C, drop_path_rate=drop)
-    return MultiCropWrapper(vit, DINOHead(vit.embed_dim, OUT_DIM))
+    if ibot != "none":
+        vit = backbone("vit_tiny", 16, C, drop_path_rate=drop, mask_token=True)
+    else:
+        vit = backbone("vit_tiny", 16, C, drop_path_rate=drop)
+    wrapper = MultiCropWrapper(vit, DINOHead(vit.embed_dim, OUT_DIM))
+    if ibot == "separate":
+        wrapper.ibot_head = DINOHead(vit.embed_dim, IBOT_OUT_DIM)
+    return wrapper
+
+
+def ibot_forward(net, crops, masks, mask_input):
+    """ssl_meta_arch.py: global crops with (student) or without (teacher) masked input, their
+    CLS and masked patch tokens, the local crops' CLS; heads as configured."""
+    cls, patches = net.backbone.forward_features(torch.cat(crops[:2]), masks if mask_input else None)
+    if len(crops) > 2:
+        cls = torch.cat((cls, net.backbone(torch.cat(crops[2:]))))
+    idx = masks.flatten().nonzero().flatten()
+    masked = torch.index_select(patches.flatten(0, 1), 0, idx)
+    if ibot == "separate":
+        return net.head(cls), cls, net.ibot_head(masked)
+    out = net.head(torch.cat((cls, masked)))
+    return out[: len(cls)], cls, out[len(cls):]
 
 
 student, teacher = net(0.1), net(0.0)
@@ -102,6 +135,7 @@ def clip_gradients(model, clip):
 ncrops = 4
 temps = np.concatenate((np.linspace(0.04, 0.07, 2), np.ones(3) * 0.07))
 loss_fn = DINOLoss(OUT_DIM, ncrops, temps)
+ibot_loss = iBOTPatchLoss(IBOT_OUT_DIM if ibot == "separate" else OUT_DIM)
 opt = torch.optim.AdamW(get_params_groups(student))
 gen = torch.Generator().manual_seed(1)
 tensors = {}
@@ -124,14 +158,31 @@ for it in range(steps):
         crops = [c[:, ch] for c in crops]
         student.backbone.channels = teacher.backbone.channels = ch
     torch.manual_seed(1000 + it)
-    teacher_output = teacher(crops[:2])
-    if koleo_weight > 0:
+    if ibot != "none":
+        masks = MASKS[f"step{it}"].bool()
+        with torch.no_grad():
+            teacher_output, _, t_patch = ibot_forward(teacher, crops[:2], masks, False)
+        student_output, cls, s_patch = ibot_forward(student, crops, masks, True)
+        temp = temps[epoch]
+        if centering == "sinkhorn_knopp":
+            targets = ibot_loss.sinkhorn_knopp_teacher(t_patch, temp, len(t_patch))
+        else:
+            targets = ibot_loss.softmax_center_teacher(t_patch, temp)
+            # DINOv2 passes [1, M, K] (after its unsqueeze(0)): the mean over the patches.
+            ibot_loss.update_center(t_patch.unsqueeze(0))
+        loss = loss_fn(student_output, teacher_output, epoch)
+        loss = loss + IBOT_WEIGHT * ibot_loss.forward_masked(s_patch, targets, masks)
+        if koleo_weight > 0:
+            loss = loss + koleo_weight * sum(KoLeoLoss()(c) for c in cls[: 2 * B].chunk(2))
+    elif koleo_weight > 0:
+        teacher_output = teacher(crops[:2])
         # DINOv2 (ssl_meta_arch.py): weight × Σ over the global crops of KoLeo(CLS).
         student.return_backbone = True
         student_output, cls = student(crops)
         loss = loss_fn(student_output, teacher_output, epoch)
         loss = loss + koleo_weight * sum(KoLeoLoss()(c) for c in cls[: 2 * B].chunk(2))
     else:
+        teacher_output = teacher(crops[:2])
         student_output = student(crops)
         loss = loss_fn(student_output, teacher_output, epoch)
     opt.zero_grad()
@@ -149,6 +200,8 @@ for it in range(steps):
 
 tensors["out.losses"] = torch.tensor(losses, dtype=torch.float64)
 tensors["out.center"] = loss_fn.center
+if ibot != "none":
+    tensors["out.ibot_center"] = ibot_loss.center.reshape(1, -1)
 for k, v in student.state_dict().items():
     tensors[f"out.student.{k}"] = v
 for k, v in teacher.state_dict().items():

@@ -48,6 +48,14 @@ pub fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     if m.num_register_tokens > 0 {
         fp["num_register_tokens"] = m.num_register_tokens.into();
     }
+    // iBOT adds the mask token and perhaps a head; its loss settings are not shapes.
+    let ibot = &cfg.train.ibot;
+    if ibot.enabled() {
+        fp["ibot"] = serde_json::json!({
+            "separate_head": ibot.separate_head,
+            "out_dim": ibot.separate_head.then(|| ibot.out_dim.unwrap_or(m.out_dim)),
+        });
+    }
     fp.to_string()
 }
 

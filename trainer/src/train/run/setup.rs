@@ -14,6 +14,7 @@ use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use crate::layout::{ModelLayout, RunLayout};
 use crate::train::collapse::CollapsePolicy;
+use crate::train::ibot::IbotObjective;
 use crate::train::loss::DinoLoss;
 use crate::train::preempt::StopRequest;
 use crate::train::sampler::iters_per_epoch;
@@ -237,6 +238,7 @@ fn new_learner(cfg: &Config, channels: usize, device: tch::Device) -> Result<Lea
     let mut learner = Learner::new(nets, loss_fn, cfg.train.precision, device);
     learner.koleo_weight = cfg.train.koleo_weight;
     learner.centering = cfg.train.centering;
+    learner.ibot = IbotObjective::from_config(cfg, device);
     Ok(learner)
 }
 

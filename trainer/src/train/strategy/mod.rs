@@ -273,9 +273,7 @@ impl FullySharded {
             source,
         };
         self.fsdp.load_shards(&ck, learner).map_err(resume_err)?;
-        let shape = learner.loss.center.size();
-        learner.loss.center =
-            RestoreError::fetch(&ck, "dino_loss.center", &shape).map_err(resume_err)?;
+        restore_loss_centres(&ck, learner).map_err(resume_err)?;
         if self.ddp.group.rank == 0 {
             tracing::info!(
                 "resuming from the FSDP shards {} at epoch {}, batch {} (iteration {})",
@@ -331,12 +329,9 @@ impl ParallelStrategy for FullySharded {
         meta: &CheckpointMeta,
         numbered: Option<PathBuf>,
     ) -> Result<(), TrainError> {
-        let center = (
-            "dino_loss.center".to_string(),
-            learner.loss.center.shallow_clone(),
-        );
+        let centres = loss_centres(learner);
         let mut shard = self.fsdp.shard_tensors(learner);
-        shard.push((center.0.clone(), center.1.shallow_clone()));
+        shard.extend(centres.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
         let (shard_dir, fingerprint) = self.shard_files()?;
         let shard_meta = CheckpointMeta {
             fingerprint,
@@ -344,7 +339,7 @@ impl ParallelStrategy for FullySharded {
         };
         checkpoint::save_latest(&shard_dir, &shard, &shard_meta)?;
         let mut full = self.fsdp.consolidated_tensors(learner)?;
-        full.push(center);
+        full.extend(centres);
         if self.rank() != 0 {
             return Ok(());
         }
@@ -424,7 +419,7 @@ fn save_files(
 
 /// Student, teacher, optimizer state and centre under PyTorch-style names.
 pub fn checkpoint_tensors(learner: &Learner) -> Vec<(String, Tensor)> {
-    let (nets, opt, loss) = (&learner.nets, &learner.optimizer, &learner.loss);
+    let (nets, opt) = (&learner.nets, &learner.optimizer);
     let mut out = Vec::new();
     for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
         let mut vars: Vec<_> = vs.variables().into_iter().collect();
@@ -436,8 +431,35 @@ pub fn checkpoint_tensors(learner: &Learner) -> Vec<(String, Tensor)> {
             .into_iter()
             .map(|(n, t)| (format!("optimizer.{n}"), t)),
     );
-    out.push(("dino_loss.center".into(), loss.center.shallow_clone()));
+    out.extend(loss_centres(learner));
     out
+}
+
+/// The running centres of the loss under DINOv2's names: the CLS targets' (`dino_loss.center`)
+/// and, with iBOT, the patch targets' (`ibot_patch_loss.center`).
+fn loss_centres(learner: &Learner) -> Vec<(String, Tensor)> {
+    let mut out = vec![(
+        "dino_loss.center".to_string(),
+        learner.loss.center.shallow_clone(),
+    )];
+    if let Some(ibot) = &learner.ibot {
+        out.push((
+            "ibot_patch_loss.center".to_string(),
+            ibot.center.center.shallow_clone(),
+        ));
+    }
+    out
+}
+
+/// Restores what [`loss_centres`] saved.
+fn restore_loss_centres(ck: &Checkpoint, learner: &mut Learner) -> Result<(), RestoreError> {
+    let loss = &mut learner.loss;
+    loss.center = RestoreError::fetch(ck, "dino_loss.center", &loss.center.size())?;
+    if let Some(ibot) = &mut learner.ibot {
+        let shape = ibot.center.center.size();
+        ibot.center.center = RestoreError::fetch(ck, "ibot_patch_loss.center", &shape)?;
+    }
+    Ok(())
 }
 
 /// Σ|θ| over the student, in f64: equal on all ranks when they hold the same weights.
@@ -469,7 +491,6 @@ fn restore_tensors(
     let Learner {
         nets,
         optimizer,
-        loss,
         scaler,
         ..
     } = learner;
@@ -495,11 +516,10 @@ fn restore_tensors(
         Ok::<(), RestoreError>(())
     })?;
     optimizer.load_state(ck)?;
-    loss.center = RestoreError::fetch(ck, "dino_loss.center", &loss.center.size())?;
     if scaler.is_some() {
         if let Some(saved) = &ck.meta.loss_scaler {
             *scaler = Some(saved.clone());
         }
     }
-    Ok(())
+    restore_loss_centres(ck, learner)
 }
