@@ -7,6 +7,7 @@
 //! bakes it into an image.
 mod locate;
 mod location;
+mod parse;
 pub mod reference;
 pub mod scdino;
 mod sections;
@@ -15,6 +16,7 @@ mod validate;
 
 pub use locate::KeyLines;
 pub use location::{DatasetLocation, LocationError, S3Url};
+pub use parse::{parse_yaml, Unparsed};
 pub use sections::*;
 pub use stage::{Stage, UnknownStage, PIPELINE_STAGES};
 pub use validate::{Invalid, Validator};
@@ -105,15 +107,8 @@ impl Config {
     /// `origin` names the source in messages (a file path, or `<stdin>`).
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let lines = KeyLines::scan(text);
-        let sections: Sections = if text.trim().is_empty() {
-            Sections::default()
-        } else {
-            location::check_text(text, &Validator::new(origin, &lines))?;
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-                origin: origin.to_string(),
-                message: e.to_string(),
-            })?
-        };
+        location::check_text(text, &Validator::new(origin, &lines))?;
+        let sections: Sections = parse_yaml(text, origin)?;
         Self::validate(sections, origin, &lines)
     }
 
@@ -645,6 +640,15 @@ fn crop_scale(v: &Validator, (lo, hi): (f64, f64), key: &str) -> Result<(), Inva
         key,
         &format!("[{lo}, {hi}]: the smaller scale must come first"),
     )
+}
+
+impl From<Unparsed> for ConfigError {
+    fn from(u: Unparsed) -> Self {
+        ConfigError::Parse {
+            origin: u.origin,
+            message: u.message,
+        }
+    }
 }
 
 impl From<Invalid> for ConfigError {
