@@ -7,7 +7,7 @@
 //! seen as `/data`) the jobs get a copy of the config with the container's paths, written next
 //! to the scripts; with identity mounts (`/fsx:/fsx`) they read the user's file as it is.
 use crate::cluster::{container_path, Cluster};
-use scdino_config::{Config, KeyLines, Validator};
+use scdino_config::{Config, DatasetLocation, KeyLines, Validator};
 use std::path::{Component, Path, PathBuf};
 
 /// The container's copy of the trainer config, written into the render folder when needed.
@@ -211,18 +211,12 @@ pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, V
         Ok(())
     };
     each("run.output_dir", &mut sections.run.output_dir)?;
-    if !sections
-        .data
-        .dataset_dir
-        .to_string_lossy()
-        .starts_with("s3://")
-    {
-        each("data.dataset_dir", &mut sections.data.dataset_dir)?;
+    // An S3 dataset needs no mount: the jobs reach it through the network.
+    if let DatasetLocation::Local(dir) = &mut sections.data.dataset_dir {
+        each("data.dataset_dir", dir)?;
     }
-    if let Some(dir) = sections.data.test_dir.as_mut() {
-        if !dir.to_string_lossy().starts_with("s3://") {
-            each("data.test_dir", dir)?;
-        }
+    if let Some(DatasetLocation::Local(dir)) = sections.data.test_dir.as_mut() {
+        each("data.test_dir", dir)?;
     }
     if let Some(dir) = sections.data.cache.dir.as_mut() {
         each("data.cache.dir", dir)?;
@@ -284,7 +278,10 @@ mod tests {
         let copy = v.config_copy.unwrap();
         let back = Config::from_yaml(&copy, "copy").unwrap();
         assert_eq!(back.run.output_dir, Path::new("/w/out"));
-        assert_eq!(back.data.dataset_dir, Path::new("/data"));
+        assert_eq!(
+            back.data.dataset_dir,
+            DatasetLocation::Local("/data".into())
+        );
         // Relative and still right inside: kept as it is mapped the same way.
         assert_eq!(back.data.cache.dir.as_deref(), Some(Path::new("../cache")));
         let orig = Config::from_yaml(&text, "orig").unwrap();

@@ -6,6 +6,8 @@
 //! (re-exported as `trainer::config`) and the launcher, which validates a config before it
 //! bakes it into an image.
 mod locate;
+mod location;
+mod parse;
 pub mod reference;
 pub mod scdino;
 mod sections;
@@ -13,6 +15,8 @@ mod stage;
 mod validate;
 
 pub use locate::KeyLines;
+pub use location::{DatasetLocation, LocationError, S3Url};
+pub use parse::{parse_yaml, Unparsed};
 pub use sections::*;
 pub use stage::{Stage, UnknownStage, PIPELINE_STAGES};
 pub use validate::{Invalid, Validator};
@@ -102,15 +106,9 @@ impl Config {
 
     /// `origin` names the source in messages (a file path, or `<stdin>`).
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let sections: Sections = if text.trim().is_empty() {
-            Sections::default()
-        } else {
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-                origin: origin.to_string(),
-                message: e.to_string(),
-            })?
-        };
         let lines = KeyLines::scan(text);
+        location::check_text(text, &Validator::new(origin, &lines))?;
+        let sections: Sections = parse_yaml(text, origin)?;
         Self::validate(sections, origin, &lines)
     }
 
@@ -275,20 +273,6 @@ impl Config {
                 !ep.starts_with("http://") || data.s3.allow_http,
                 "data.s3.endpoint",
                 &format!("{ep:?} is plain HTTP: set data.s3.allow_http: true (local S3-compatible servers only)"),
-            )?;
-        }
-        let ds = data.dataset_dir.to_string_lossy();
-        if let Some(rest) = ds.strip_prefix("s3://") {
-            v.check(
-                !rest.is_empty() && !rest.starts_with('/'),
-                "data.dataset_dir",
-                "an s3:// dataset needs a bucket: s3://bucket/prefix",
-            )?;
-        } else {
-            v.check(
-                !ds.contains("://"),
-                "data.dataset_dir",
-                &format!("{ds:?}: only local paths and s3://bucket/prefix are supported"),
             )?;
         }
         v.check(
@@ -577,14 +561,6 @@ impl Config {
             "downstream.linear_probe.max_iterations",
             "must be at least 1",
         )?;
-        if let Some(test) = &data.test_dir {
-            let t = test.to_string_lossy();
-            v.check(
-                t.starts_with("s3://") || !t.contains("://"),
-                "data.test_dir",
-                &format!("{t:?}: only local paths and s3://bucket/prefix are supported"),
-            )?;
-        }
         let u = &down.umap;
         v.check(
             u.n_neighbors >= 2,
@@ -736,6 +712,15 @@ fn crop_scale(v: &Validator, (lo, hi): (f64, f64), key: &str) -> Result<(), Inva
     )
 }
 
+impl From<Unparsed> for ConfigError {
+    fn from(u: Unparsed) -> Self {
+        ConfigError::Parse {
+            origin: u.origin,
+            message: u.message,
+        }
+    }
+}
+
 impl From<Invalid> for ConfigError {
     fn from(i: Invalid) -> Self {
         ConfigError::Invalid {
@@ -775,6 +760,36 @@ mod tests {
             }
             other => panic!("expected a validation error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn dataset_locations_are_parsed_once_and_refused_with_key_and_line() {
+        let c = Config::from_yaml(
+            "data:\n  dataset_dir: s3://bkt/pbmc/\n  test_dir: /fsx/Test\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.data.dataset_dir,
+            DatasetLocation::S3(S3Url::parse("s3://bkt/pbmc").unwrap())
+        );
+        assert_eq!(
+            c.data.test_dir,
+            Some(DatasetLocation::Local("/fsx/Test".into()))
+        );
+        // Written back as the YAML spells it, and read again to the same value.
+        let yaml = c.to_yaml();
+        assert!(yaml.contains("dataset_dir: s3://bkt/pbmc\n"), "{yaml}");
+        assert!(yaml.contains("test_dir: /fsx/Test\n"), "{yaml}");
+        assert_eq!(Config::from_yaml(&yaml, "back").unwrap(), c);
+        let (key, line, msg) = invalid("run:\n  seed: 1\ndata:\n  dataset_dir: s3:///x\n");
+        assert_eq!((key.as_str(), line), ("data.dataset_dir", Some(4)));
+        assert_eq!(msg, "an s3:// dataset needs a bucket: s3://bucket/prefix");
+        let (key, line, _) = invalid("data: {test_dir: 's3://'}\n");
+        assert_eq!((key.as_str(), line), ("data.test_dir", Some(1)));
+        let (key, _, msg) = invalid("data:\n  dataset_dir: gs://b/x\n");
+        assert_eq!(key, "data.dataset_dir");
+        assert!(msg.contains("only local paths and s3://"), "{msg}");
     }
 
     #[test]

@@ -50,7 +50,17 @@ pub fn import(text: &str, origin: &str) -> Result<Imported, ImportError> {
     let mut meta = imp.section(&mut root, "meta");
     imp.string(&mut meta, "meta.name_of_run", &mut s.run.name);
     imp.path(&mut meta, "meta.output_dir", &mut s.run.output_dir);
-    imp.path(&mut meta, "meta.dataset_dir", &mut s.data.dataset_dir);
+    let mut dataset_dir = String::new();
+    if imp.string(&mut meta, "meta.dataset_dir", &mut dataset_dir) {
+        match dataset_dir.parse::<crate::DatasetLocation>() {
+            Ok(l) => s.data.dataset_dir = l,
+            Err(e) => imp.bad(
+                "meta.dataset_dir",
+                &Value::String(dataset_dir),
+                &e.to_string(),
+            ),
+        }
+    }
     imp.uint(
         &mut meta,
         "meta.folder_depth_for_labels",

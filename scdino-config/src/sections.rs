@@ -4,6 +4,7 @@
 //! Unknown keys are rejected (`deny_unknown_fields`) because scDINO silently ignored its own
 //! misspelled keys (`warump_epochs`, `techer_temp`) and trained with values nobody chose.
 //! The doc comment of each field names the scDINO key it replaces.
+use crate::DatasetLocation;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -46,8 +47,9 @@ impl Default for RunSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataSection {
-    /// `meta.dataset_dir`: an ImageFolder-style tree of multi-channel TIFFs.
-    pub dataset_dir: PathBuf,
+    /// `meta.dataset_dir`: an ImageFolder-style tree of multi-channel TIFFs (or the shards
+    /// packed from one), a local path or `s3://bucket/prefix`.
+    pub dataset_dir: DatasetLocation,
     /// `meta.folder_depth_for_labels`: 0 = the folder holding the image, 1 = the one above, ...
     pub label_folder_depth: usize,
     /// `meta.train_datasetsplit_fraction`: DINO trains on this fraction; analyses use the rest.
@@ -88,7 +90,7 @@ pub struct DataSection {
     /// local or `s3://`. When set, `trainer evaluate` uses every image of `dataset_dir` as the
     /// kNN bank and probe training set and this folder as queries; when null it uses the
     /// training split and the held-out split.
-    pub test_dir: Option<PathBuf>,
+    pub test_dir: Option<DatasetLocation>,
 }
 
 /// `data.format`.
@@ -200,7 +202,7 @@ pub enum OnCorrupt {
 impl Default for DataSection {
     fn default() -> Self {
         Self {
-            dataset_dir: "/datasetdir".into(),
+            dataset_dir: DatasetLocation::Local("/datasetdir".into()),
             label_folder_depth: 0,
             train_fraction: 0.8,
             images_are_rgb: false,

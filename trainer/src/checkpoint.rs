@@ -102,49 +102,9 @@ fn checksum(tensors: &[(String, Tensor)]) -> String {
     for (name, t) in sorted {
         h.update(name.as_bytes());
         h.update(format!("{:?}{:?}", t.kind(), t.size()).as_bytes());
-        h.update(tensor_bytes(t));
+        h.update(crate::tensor_file::tensor_bytes(t));
     }
     format!("{:x}", h.finalize())
-}
-
-fn tensor_bytes(t: &Tensor) -> Vec<u8> {
-    let t = t.contiguous();
-    let n = t.numel();
-    let mut out = vec![0u8; n * t.kind().elt_size_in_bytes()];
-    t.copy_data_u8(&mut out, n);
-    out
-}
-
-struct View {
-    bytes: Vec<u8>,
-    shape: Vec<usize>,
-    dtype: safetensors::Dtype,
-}
-
-impl safetensors::View for View {
-    fn dtype(&self) -> safetensors::Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        (&self.bytes[..]).into()
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-fn dtype(kind: Kind) -> safetensors::Dtype {
-    match kind {
-        Kind::Float => safetensors::Dtype::F32,
-        Kind::Double => safetensors::Dtype::F64,
-        Kind::Int64 => safetensors::Dtype::I64,
-        Kind::BFloat16 => safetensors::Dtype::BF16,
-        Kind::Half => safetensors::Dtype::F16,
-        other => panic!("checkpoint tensors are float or int64, not {other:?}"),
-    }
 }
 
 /// Writes `tensors` and `meta` to `path` atomically.
@@ -159,22 +119,8 @@ pub fn save(
         serde_json::to_string(meta).expect("meta serializes"),
     );
     info.insert("sha256".to_string(), checksum(tensors));
-    let views: Vec<(String, View)> = tensors
-        .iter()
-        .map(|(n, t)| {
-            let t = t.detach().to_device(tch::Device::Cpu);
-            (
-                n.clone(),
-                View {
-                    bytes: tensor_bytes(&t),
-                    shape: t.size().iter().map(|&d| d as usize).collect(),
-                    dtype: dtype(t.kind()),
-                },
-            )
-        })
-        .collect();
     let bytes =
-        safetensors::serialize(views, &Some(info)).map_err(|e| CheckpointError::Invalid {
+        crate::tensor_file::serialize(tensors, info).map_err(|e| CheckpointError::Invalid {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;

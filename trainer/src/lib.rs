@@ -22,4 +22,5 @@ pub mod precision;
 pub mod probe;
 pub mod pth;
 pub mod selftest;
+pub mod tensor_file;
 pub mod train;

@@ -164,16 +164,17 @@ pub struct DatasetSummary {
 /// `data.channel_names`. `Ok(None)` when `dataset_dir` does not exist on this machine (a
 /// config written for a cluster path).
 pub fn check_dataset(cfg: &Config) -> Result<Option<DatasetSummary>, ProbeError> {
-    let remote = data::object_store::S3Url::is_s3(&cfg.data.dataset_dir.to_string_lossy());
-    if !remote && !cfg.data.dataset_dir.exists() {
-        return Ok(None);
+    if let Some(dir) = cfg.data.dataset_dir.local() {
+        if !dir.exists() {
+            return Ok(None);
+        }
     }
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
     let first = index.samples.first().ok_or_else(|| {
         ProbeError::Mismatch(format!(
             "{} holds no .tif/.tiff images",
-            cfg.data.dataset_dir.display()
+            cfg.data.dataset_dir
         ))
     })?;
     let img = source.read(0)?;

@@ -38,6 +38,15 @@ pub enum ClusterError {
     Invalid(#[from] Invalid),
 }
 
+impl From<scdino_config::Unparsed> for ClusterError {
+    fn from(u: scdino_config::Unparsed) -> Self {
+        ClusterError::Parse {
+            origin: u.origin,
+            message: u.message,
+        }
+    }
+}
+
 /// A validated cluster file. Its sections are read through `Deref` (`cluster.slurm.nodes`)
 /// and cannot change, so rendering relies on what validation established (an image with
 /// Pyxis, a trainer path on the host) instead of checking again.
@@ -95,14 +104,7 @@ impl Cluster {
     }
 
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ClusterError> {
-        let file: ClusterFile = if text.trim().is_empty() {
-            ClusterFile::default()
-        } else {
-            serde_saphyr::from_str(text).map_err(|e| ClusterError::Parse {
-                origin: origin.to_string(),
-                message: e.to_string(),
-            })?
-        };
+        let file: ClusterFile = scdino_config::parse_yaml(text, origin)?;
         let source = Source {
             origin: origin.to_string(),
             lines: KeyLines::scan(text),

@@ -55,15 +55,67 @@ pub enum FeaturesError {
         paths: usize,
         indices: usize,
     },
-    /// A checkpoint or feature bundle that does not hold what this stage needs.
-    #[error("{0}")]
-    Invalid(String),
+    /// The checkpoint lacks a tensor the configured backbone has.
+    #[error("{}: backbone tensor {tensor} is missing", checkpoint.display())]
+    MissingTensor { checkpoint: PathBuf, tensor: String },
+    #[error(transparent)]
+    ShapeMismatch(Box<ShapeMismatch>),
+    /// An adaptive `model.channels` needs to know which channels the checkpoint saw; a
+    /// checkpoint from elsewhere does not say.
+    #[error("{} does not record how it takes channels; model.channels: {configured} needs a checkpoint trained here with it", checkpoint.display())]
+    ChannelModeUnrecorded {
+        checkpoint: PathBuf,
+        configured: &'static str,
+    },
+    /// A `fixed` model asked to embed channels other than the ones it was trained on.
+    #[error("{} is a model.channels: fixed model trained on [{}]; it takes exactly those channels, not [{}] (train a model for this combination, or one model for every combination with model.channels: tokens or bag; downstream.features.missing_channels: zeros feeds the channels it lacks as zeros)", checkpoint.display(), trained.join(", "), wanted.join(", "))]
+    FixedChannels {
+        checkpoint: PathBuf,
+        trained: Vec<String>,
+        wanted: Vec<String>,
+    },
+    /// A feature bundle without the tensor or metadata that binds its rows.
+    #[error("{}: {problem}", path.display())]
+    Bundle {
+        path: PathBuf,
+        problem: BundleProblem,
+    },
+    /// Features that could not be copied out of their tensor.
+    #[error(transparent)]
+    Tensor(tch::TchError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// A checkpoint tensor of another shape than the configured backbone's (`hint` says what
+/// the checkpoint was trained with, when it records it).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: backbone tensor {tensor} has shape {found:?}, the configured model ({model}) needs {needed:?}{hint}", checkpoint.display())]
+pub struct ShapeMismatch {
+    pub checkpoint: PathBuf,
+    pub tensor: String,
+    pub found: Vec<i64>,
+    pub needed: Vec<i64>,
+    pub model: String,
+    pub hint: String,
+}
+
+/// What a feature bundle lacks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BundleProblem {
+    #[error("no `features` tensor")]
+    NoFeatures,
+    #[error("metadata is not JSON")]
+    MetadataNotJson,
+    #[error("metadata has no `{0}` list")]
+    NoList(&'static str),
+    /// An entry of the `{0}` list of another type than the list's.
+    #[error("{0}")]
+    BadEntry(&'static str),
 }
 
 /// Rows in held-out order: `features[i]` belongs to `labels[i]` and `paths[i]`.
@@ -118,7 +170,6 @@ fn build_backbone(
     hint: &str,
     device: Device,
 ) -> Result<(nn::VarStore, VisionTransformer), FeaturesError> {
-    let path = weights.path.display();
     let mut vs = nn::VarStore::new(device);
     let vit = VisionTransformer::new(vs.root() / "backbone", vit_cfg);
     tch::no_grad(|| {
@@ -130,18 +181,20 @@ fn build_backbone(
                     .tensors
                     .get(short)
                     .map(Tensor::shallow_clone)
-                    .ok_or_else(|| {
-                        FeaturesError::Invalid(format!(
-                            "{path}: backbone tensor {short} is missing"
-                        ))
+                    .ok_or_else(|| FeaturesError::MissingTensor {
+                        checkpoint: weights.path.clone(),
+                        tensor: short.to_string(),
                     })?,
             };
             if src.size() != t.size() {
-                return Err(FeaturesError::Invalid(format!(
-                    "{path}: backbone tensor {short} has shape {:?}, the configured model ({model}) needs {:?}{hint}",
-                    src.size(),
-                    t.size()
-                )));
+                return Err(FeaturesError::ShapeMismatch(Box::new(ShapeMismatch {
+                    checkpoint: weights.path.clone(),
+                    tensor: short.to_string(),
+                    found: src.size(),
+                    needed: t.size(),
+                    model: model.to_string(),
+                    hint: hint.to_string(),
+                })));
             }
             t.copy_(&src);
         }
@@ -228,7 +281,6 @@ pub fn load_embedder(
     device: Device,
 ) -> Result<(nn::VarStore, Embedder), FeaturesError> {
     let mode = cfg.model.channels;
-    let path = weights.path.display();
     if let Some(t) = &weights.trained {
         if t.mode != mode {
             return Err(FeaturesError::ChannelModeMismatch {
@@ -238,10 +290,10 @@ pub fn load_embedder(
             });
         }
     } else if mode.is_adaptive() {
-        return Err(FeaturesError::Invalid(format!(
-            "{path} does not record how it takes channels; model.channels: {} needs a checkpoint trained here with it",
-            mode.name()
-        )));
+        return Err(FeaturesError::ChannelModeUnrecorded {
+            checkpoint: weights.path.clone(),
+            configured: mode.name(),
+        });
     }
     let wanted: Vec<&str> = channels
         .iter()
@@ -287,11 +339,11 @@ pub fn load_embedder(
                     .map(String::as_str)
                     .ne(wanted.iter().copied())
                 {
-                    return Err(FeaturesError::Invalid(format!(
-                        "{path} is a model.channels: fixed model trained on [{}]; it takes exactly those channels, not [{}] (train a model for this combination, or one model for every combination with model.channels: tokens or bag; downstream.features.missing_channels: zeros feeds the channels it lacks as zeros)",
-                        t.names.join(", "),
-                        wanted.join(", ")
-                    )));
+                    return Err(FeaturesError::FixedChannels {
+                        checkpoint: weights.path.clone(),
+                        trained: t.names.clone(),
+                        wanted: wanted.iter().map(|w| w.to_string()).collect(),
+                    });
                 }
             }
             let (vs, vit) = load_backbone(cfg, weights, channels, device)?;
@@ -633,7 +685,7 @@ pub fn write_csv(path: &Path, features: &Tensor) -> Result<(), FeaturesError> {
     let rows = features.size()[0] as usize;
     let d = features.size()[1] as usize;
     let f64s = Vec::<f64>::try_from(features.to_kind(Kind::Double).flatten(0, -1))
-        .map_err(|e| FeaturesError::Invalid(e.to_string()))?;
+        .map_err(FeaturesError::Tensor)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = rows.div_ceil(threads).max(1);
     let format_rows = |rows: std::ops::Range<usize>| {
@@ -757,30 +809,37 @@ pub fn provenance(
 /// bound together, checksum verified).
 pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
     let ck = checkpoint::load(path)?;
-    let invalid = |what: &str| FeaturesError::Invalid(format!("{}: {what}", path.display()));
+    let invalid = |problem| FeaturesError::Bundle {
+        path: path.to_path_buf(),
+        problem,
+    };
     let features = ck
         .get("features")
-        .ok_or_else(|| invalid("no `features` tensor"))?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&ck.meta.fingerprint).map_err(|_| invalid("metadata is not JSON"))?;
-    let strings = |key: &str| -> Result<Vec<String>, FeaturesError> {
+        .ok_or_else(|| invalid(BundleProblem::NoFeatures))?;
+    let meta: serde_json::Value = serde_json::from_str(&ck.meta.fingerprint)
+        .map_err(|_| invalid(BundleProblem::MetadataNotJson))?;
+    let strings = |key: &'static str| -> Result<Vec<String>, FeaturesError> {
         meta[key]
             .as_array()
-            .ok_or_else(|| invalid(&format!("metadata has no `{key}` list")))?
+            .ok_or_else(|| invalid(BundleProblem::NoList(key)))?
             .iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| invalid(key)))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| invalid(BundleProblem::BadEntry(key)))
+            })
             .collect()
     };
     let labels = strings("labels")?;
     let paths = strings("paths")?;
     let indices = meta["indices"]
         .as_array()
-        .ok_or_else(|| invalid("metadata has no `indices` list"))?
+        .ok_or_else(|| invalid(BundleProblem::NoList("indices")))?
         .iter()
         .map(|v| {
             v.as_u64()
                 .map(|i| i as usize)
-                .ok_or_else(|| invalid("indices"))
+                .ok_or_else(|| invalid(BundleProblem::BadEntry("indices")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let rows = features.size()[0] as usize;
@@ -813,6 +872,129 @@ pub fn read_bundle(path: &Path) -> Result<FeatureSet, FeaturesError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The messages of the checkpoint and bundle refusals, as they read when they were
+    /// strings.
+    #[test]
+    fn refusals_name_the_file_and_what_it_lacks() {
+        let ck = || PathBuf::from("/r/checkpoint.safetensors");
+        let cases = [
+            (
+                FeaturesError::MissingTensor {
+                    checkpoint: ck(),
+                    tensor: "cls_token".into(),
+                },
+                "/r/checkpoint.safetensors: backbone tensor cls_token is missing",
+            ),
+            (
+                FeaturesError::ShapeMismatch(Box::new(ShapeMismatch {
+                    checkpoint: ck(),
+                    tensor: "pos_embed".into(),
+                    found: vec![1, 5, 192],
+                    needed: vec![1, 17, 192],
+                    model: "VitTiny, patch 16".into(),
+                    hint: " (the checkpoint was trained with x)".into(),
+                })),
+                "/r/checkpoint.safetensors: backbone tensor pos_embed has shape [1, 5, 192], the configured model (VitTiny, patch 16) needs [1, 17, 192] (the checkpoint was trained with x)",
+            ),
+            (
+                FeaturesError::ChannelModeUnrecorded {
+                    checkpoint: ck(),
+                    configured: "tokens",
+                },
+                "/r/checkpoint.safetensors does not record how it takes channels; model.channels: tokens needs a checkpoint trained here with it",
+            ),
+            (
+                FeaturesError::FixedChannels {
+                    checkpoint: ck(),
+                    trained: vec!["a".into(), "b".into()],
+                    wanted: vec!["a".into()],
+                },
+                "/r/checkpoint.safetensors is a model.channels: fixed model trained on [a, b]; it takes exactly those channels, not [a] (train a model for this combination, or one model for every combination with model.channels: tokens or bag; downstream.features.missing_channels: zeros feeds the channels it lacks as zeros)",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.to_string(), want);
+        }
+        let bundle = |problem| {
+            FeaturesError::Bundle {
+                path: "/r/t_features.safetensors".into(),
+                problem,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            bundle(BundleProblem::NoFeatures),
+            "/r/t_features.safetensors: no `features` tensor"
+        );
+        assert_eq!(
+            bundle(BundleProblem::MetadataNotJson),
+            "/r/t_features.safetensors: metadata is not JSON"
+        );
+        assert_eq!(
+            bundle(BundleProblem::NoList("labels")),
+            "/r/t_features.safetensors: metadata has no `labels` list"
+        );
+        assert_eq!(
+            bundle(BundleProblem::BadEntry("indices")),
+            "/r/t_features.safetensors: indices"
+        );
+    }
+
+    #[test]
+    fn a_bundle_without_features_or_metadata_is_refused_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t_features.safetensors");
+        let write = |name: &str, fingerprint: &str| {
+            let meta = checkpoint::CheckpointMeta {
+                format: checkpoint::FORMAT.into(),
+                epoch: 0,
+                epoch_batch: 0,
+                iteration: 0,
+                seed: 0,
+                fingerprint: fingerprint.into(),
+                config_yaml: String::new(),
+                mean: vec![],
+                std: vec![],
+                epoch_totals: Default::default(),
+                loss_scaler: None,
+            };
+            let t = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
+            checkpoint::save(&path, &[(name.to_string(), t)], &meta).unwrap();
+        };
+        write("other", "{}");
+        assert!(matches!(
+            read_bundle(&path),
+            Err(FeaturesError::Bundle {
+                problem: BundleProblem::NoFeatures,
+                ..
+            })
+        ));
+        write("features", "not json");
+        assert!(matches!(
+            read_bundle(&path),
+            Err(FeaturesError::Bundle {
+                problem: BundleProblem::MetadataNotJson,
+                ..
+            })
+        ));
+        write("features", r#"{"labels": ["a", 1]}"#);
+        assert!(matches!(
+            read_bundle(&path),
+            Err(FeaturesError::Bundle {
+                problem: BundleProblem::BadEntry("labels"),
+                ..
+            })
+        ));
+        write("features", r#"{"labels": ["a", "b"], "paths": ["x", "y"]}"#);
+        assert!(matches!(
+            read_bundle(&path),
+            Err(FeaturesError::Bundle {
+                problem: BundleProblem::NoList("indices"),
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn numpy_e18_format() {

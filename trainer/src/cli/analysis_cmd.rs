@@ -20,8 +20,8 @@ pub struct MeanStdArgs {
 impl MeanStdArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.config.load()?;
-        let source = open_source(&cfg.data)
-            .with_context(|| format!("indexing {}", cfg.data.dataset_dir.display()))?;
+        let source =
+            open_source(&cfg.data).with_context(|| format!("indexing {}", cfg.data.dataset_dir))?;
         let path = trainer::layout::RunLayout::new(&cfg).mean_std();
         if self.force {
             let _ = std::fs::remove_file(&path);

@@ -669,10 +669,7 @@ impl LoaderBench {
         let (source, name): (SharedSource, String) = match (&self.config, &self.data) {
             (Some(c), _) => {
                 let cfg = Config::load(c)?;
-                (
-                    open_source(&cfg.data)?,
-                    cfg.data.dataset_dir.display().to_string(),
-                )
+                (open_source(&cfg.data)?, cfg.data.dataset_dir.to_string())
             }
             (None, Some(d)) => (Arc::new(LocalSource::open(d, 0)?), d.display().to_string()),
             (None, None) => bail!("give --data DIR or --config FILE"),

@@ -28,7 +28,7 @@ impl ConfigCommand {
                     cfg.channel_sets.len(),
                     cfg.model.arch,
                     cfg.model.patch_size,
-                    cfg.data.dataset_dir.display()
+                    cfg.data.dataset_dir
                 );
                 match check_dataset(&cfg)
                     .with_context(|| format!("{}: data.dataset_dir", file.display()))?
@@ -53,7 +53,7 @@ impl ConfigCommand {
                     }
                     None => println!(
                         "dataset: {} does not exist on this machine; not checked",
-                        cfg.data.dataset_dir.display()
+                        cfg.data.dataset_dir
                     ),
                 }
                 Ok(())

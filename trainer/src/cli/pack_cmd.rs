@@ -4,7 +4,8 @@ use clap::Args;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::time::Instant;
-use trainer::data::object_store::{Remote, S3Url};
+use trainer::config::DatasetLocation;
+use trainer::data::object_store::Remote;
 use trainer::data::open_source;
 use trainer::data::shards::{pack, upload, PackEvent, PackOptions, UploadEvent};
 
@@ -64,33 +65,33 @@ fn parse_size(s: &str) -> Result<u64, String> {
 impl PackArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.config.load()?;
-        let remote_out = S3Url::is_s3(&self.out);
-        let local_out: PathBuf = if remote_out {
-            if cfg.data.dataset_dir.to_string_lossy().trim_end_matches('/')
-                == self.out.trim_end_matches('/')
-            {
-                bail!("--out must differ from data.dataset_dir");
-            }
-            match &self.staging {
-                Some(d) => d.clone(),
-                None => {
-                    let h = Sha256::digest(S3Url::parse(&self.out)?.root().as_bytes());
-                    let h: String = h[..8].iter().map(|b| format!("{b:02x}")).collect();
-                    std::env::temp_dir().join(format!("trainer-pack-{h}"))
+        let out: DatasetLocation = self.out.parse().context("--out")?;
+        let local_out: PathBuf = match &out {
+            DatasetLocation::S3(url) => {
+                if cfg.data.dataset_dir == out {
+                    bail!("--out must differ from data.dataset_dir");
+                }
+                match &self.staging {
+                    Some(d) => d.clone(),
+                    None => {
+                        let h = Sha256::digest(url.root().as_bytes());
+                        let h: String = h[..8].iter().map(|b| format!("{b:02x}")).collect();
+                        std::env::temp_dir().join(format!("trainer-pack-{h}"))
+                    }
                 }
             }
-        } else {
-            PathBuf::from(&self.out)
+            DatasetLocation::Local(dir) => dir.clone(),
         };
-        let out_abs = std::path::absolute(&local_out).unwrap_or(local_out.clone());
-        let src_abs =
-            std::path::absolute(&cfg.data.dataset_dir).unwrap_or(cfg.data.dataset_dir.clone());
-        if out_abs == src_abs {
-            bail!("--out must differ from data.dataset_dir");
+        if let Some(src) = cfg.data.dataset_dir.local() {
+            let out_abs = std::path::absolute(&local_out).unwrap_or(local_out.clone());
+            let src_abs = std::path::absolute(src).unwrap_or(src.to_path_buf());
+            if out_abs == src_abs {
+                bail!("--out must differ from data.dataset_dir");
+            }
         }
         let t0 = Instant::now();
-        let source = open_source(&cfg.data)
-            .with_context(|| format!("opening {}", cfg.data.dataset_dir.display()))?;
+        let source =
+            open_source(&cfg.data).with_context(|| format!("opening {}", cfg.data.dataset_dir))?;
         tracing::info!(
             "packing {} into {} (shards of at most {} bytes{})",
             source.describe(),
@@ -153,10 +154,10 @@ impl PackArgs {
             s.seconds,
             s.written_samples as f64 / s.seconds.max(1e-9)
         );
-        if remote_out {
+        if let DatasetLocation::S3(url) = &out {
             let t1 = Instant::now();
-            let remote = Remote::open(&self.out, &cfg.data.s3)
-                .with_context(|| format!("opening {}", self.out))?;
+            let remote =
+                Remote::open(url, &cfg.data.s3).with_context(|| format!("opening {}", self.out))?;
             let mut report = |e: UploadEvent| match e {
                 UploadEvent::Skipped { shard, bytes } => {
                     tracing::info!("shard {shard:6}: already in the bucket ({bytes} bytes, same sha256), skipped")

@@ -3,6 +3,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
+use trainer::config::DatasetLocation;
 
 #[derive(Debug, Args)]
 pub struct PreloadArgs {
@@ -23,16 +24,17 @@ pub struct PreloadArgs {
 impl PreloadArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.config.load()?;
-        let src = cfg.data.dataset_dir.to_string_lossy().into_owned();
-        if !src.starts_with("s3://") {
-            bail!(
-                "{}: data.dataset_dir is {src}, not an s3:// URL: nothing to preload",
-                self.config.path()?.display()
-            );
-        }
+        let src = match &cfg.data.dataset_dir {
+            DatasetLocation::S3(url) => url,
+            DatasetLocation::Local(dir) => bail!(
+                "{}: data.dataset_dir is {}, not an s3:// URL: nothing to preload",
+                self.config.path()?.display(),
+                dir.display()
+            ),
+        };
         let jobs = self.jobs.unwrap_or(cfg.data.s3.max_concurrency).max(1);
         let t = Instant::now();
-        let s = trainer::data::preload::preload(&cfg.data, &self.to, jobs, !self.quiet)
+        let s = trainer::data::preload::preload(src, &cfg.data, &self.to, jobs, !self.quiet)
             .with_context(|| format!("preloading {src} to {}", self.to.display()))?;
         let secs = t.elapsed().as_secs_f64();
         println!(

@@ -13,67 +13,13 @@
 //! (`eval "$(aws configure export-credentials --format env)"`).
 use super::error::DataError;
 use crate::config::S3Section;
+pub use crate::config::S3Url;
 use ::object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use ::object_store::path::Path as ObjPath;
 use ::object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
 use futures_util::StreamExt;
 use std::sync::{Arc, Once};
 use std::time::Duration;
-
-/// `s3://bucket/prefix`, split. `prefix` has no leading or trailing '/'.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3Url {
-    pub bucket: String,
-    pub prefix: String,
-}
-
-impl S3Url {
-    pub fn parse(url: &str) -> Result<Self, DataError> {
-        let bad = |reason: &str| DataError::StoreConfig {
-            url: url.to_string(),
-            reason: reason.to_string(),
-        };
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| bad("not an s3:// URL"))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(bad("no bucket name (expected s3://bucket/prefix)"));
-        }
-        Ok(Self {
-            bucket: bucket.to_string(),
-            prefix: prefix.trim_matches('/').to_string(),
-        })
-    }
-
-    /// True for `s3://...` dataset locations.
-    pub fn is_s3(location: &str) -> bool {
-        location.starts_with("s3://")
-    }
-
-    /// The dataset root as it appears in sample paths: `s3://bucket/prefix`.
-    pub fn root(&self) -> String {
-        if self.prefix.is_empty() {
-            format!("s3://{}", self.bucket)
-        } else {
-            format!("s3://{}/{}", self.bucket, self.prefix)
-        }
-    }
-
-    /// The object key of `rel` (a key relative to the prefix).
-    pub fn key(&self, rel: &str) -> String {
-        if self.prefix.is_empty() {
-            rel.to_string()
-        } else {
-            format!("{}/{rel}", self.prefix)
-        }
-    }
-
-    /// `s3://bucket/key` of `rel`, for messages and sample paths.
-    pub fn url_of(&self, rel: &str) -> String {
-        format!("s3://{}/{}", self.bucket, self.key(rel))
-    }
-}
 
 /// One listed object.
 #[derive(Debug, Clone)]
@@ -228,7 +174,7 @@ fn build_store(url: &S3Url, s3: &S3Section) -> Result<(AmazonS3, CredentialSourc
     TLS.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
-    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(url.bucket());
     if let Some(ep) = &s3.endpoint {
         b = b.with_endpoint(ep);
     }
@@ -276,8 +222,8 @@ fn build_store(url: &S3Url, s3: &S3Section) -> Result<(AmazonS3, CredentialSourc
 }
 
 impl Remote {
-    pub fn open(url: &str, s3: &S3Section) -> Result<Self, DataError> {
-        let url = S3Url::parse(url)?;
+    pub fn open(url: &S3Url, s3: &S3Section) -> Result<Self, DataError> {
+        let url = url.clone();
         let (store, credentials) = build_store(&url, s3)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -370,11 +316,11 @@ impl Remote {
 
     /// Every object below the prefix, in the store's order.
     pub fn list(&self) -> Result<Vec<Listed>, DataError> {
-        let prefix = (!self.url.prefix.is_empty()).then(|| ObjPath::from(self.url.prefix.as_str()));
-        let strip = if self.url.prefix.is_empty() {
+        let prefix = (!self.url.prefix().is_empty()).then(|| ObjPath::from(self.url.prefix()));
+        let strip = if self.url.prefix().is_empty() {
             String::new()
         } else {
-            format!("{}/", self.url.prefix)
+            format!("{}/", self.url.prefix())
         };
         let metas = self
             .retrying(|| async {
@@ -403,7 +349,7 @@ impl Remote {
     /// The whole object at `location` (retried per `data.s3`); `expected` (from the
     /// listing) catches a truncated body.
     pub fn get(&self, location: &ObjPath, expected: Option<u64>) -> Result<Vec<u8>, DataError> {
-        let url = || format!("s3://{}/{}", self.url.bucket, location.as_ref());
+        let url = || format!("s3://{}/{}", self.url.bucket(), location.as_ref());
         let bytes = self.retrying(|| async { self.store.get(location).await?.bytes().await });
         let bytes = bytes.map_err(|e| self.error(url(), "reading object", e))?;
         if let Some(n) = expected {
@@ -472,20 +418,5 @@ mod tests {
         );
         assert_eq!(http_status("Received redirect without LOCATION"), None);
         assert_eq!(http_status("status code: 4"), None);
-    }
-
-    #[test]
-    fn urls() {
-        let u = S3Url::parse("s3://bkt/a/b/").unwrap();
-        assert_eq!((u.bucket.as_str(), u.prefix.as_str()), ("bkt", "a/b"));
-        assert_eq!(u.root(), "s3://bkt/a/b");
-        assert_eq!(u.url_of("C/x.tif"), "s3://bkt/a/b/C/x.tif");
-        let top = S3Url::parse("s3://bkt").unwrap();
-        assert_eq!(
-            (top.root(), top.key("C/x.tif")),
-            ("s3://bkt".into(), "C/x.tif".into())
-        );
-        assert!(S3Url::parse("s3:///x").is_err());
-        assert!(S3Url::parse("/data/x").is_err());
     }
 }

@@ -3,6 +3,7 @@
 //! themselves know only the [`ImageSource`] trait and not each other.
 use super::error::DataError;
 use super::source::{LocalSource, SharedSource};
+use crate::config::S3Url;
 use std::sync::Arc;
 
 /// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` holding packed shards
@@ -16,56 +17,22 @@ use std::sync::Arc;
 /// `data.cache.dir`, every source goes through the node-local cache (S3 objects, and local
 /// or S3 shards cached whole).
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
-    use super::shards::{
-        is_packed_dir, CachedShardStore, LocalShardStore, S3ShardStore, ShardSource,
-        StreamSettings, StreamedShardStore,
+    use super::shards::{is_packed_dir, CachedShardStore, LocalShardStore, ShardSource};
+    use crate::config::{DataFormat, DatasetLocation};
+    let dataset_dir = match &data.dataset_dir {
+        DatasetLocation::Local(dir) => dir,
+        DatasetLocation::S3(url) => return open_s3(url, data),
     };
-    use crate::config::DataFormat;
-    let location = data.dataset_dir.to_string_lossy().to_string();
-    if super::object_store::S3Url::is_s3(&location) {
-        let packed = match data.format {
-            DataFormat::Folder => None,
-            DataFormat::Shards => Some(S3ShardStore::open(&location, &data.s3)?),
-            DataFormat::Auto => {
-                let store = S3ShardStore::open(&location, &data.s3)?;
-                store.is_packed()?.then_some(store)
-            }
-        };
-        if let Some(store) = packed {
-            let store: Arc<dyn super::shards::ShardStore> = match &data.cache.dir {
-                Some(dir) => {
-                    let url = &store.remote().url;
-                    let cache = super::cache::NodeCache::open(
-                        dir,
-                        &dir.join(&url.bucket).join(&url.prefix),
-                        data.cache.max_bytes,
-                        super::stream::processes_per_node(),
-                    )?;
-                    Arc::new(CachedShardStore::open(Arc::new(store), cache)?)
-                }
-                None => Arc::new(StreamedShardStore::new(
-                    Arc::new(store),
-                    StreamSettings {
-                        chunk_bytes: data.s3.shard_chunk_bytes,
-                        chunks_ahead: data.s3.shard_chunks_ahead,
-                        fetchers: data.s3.max_concurrency,
-                    },
-                )),
-            };
-            return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
-        }
-        return Ok(Arc::new(super::stream::ObjectStoreSource::open(data)?));
-    }
     let packed = match data.format {
         DataFormat::Folder => false,
         DataFormat::Shards => true,
-        DataFormat::Auto => is_packed_dir(&data.dataset_dir),
+        DataFormat::Auto => is_packed_dir(dataset_dir),
     };
     // With `data.cache.dir`, a local or FSx dataset is cached under `{cache}/fs/{its path}`.
     let cache = match &data.cache.dir {
         Some(dir) => {
-            let absolute = std::path::absolute(&data.dataset_dir)
-                .map_err(|e| DataError::io(&data.dataset_dir, "resolving", e))?;
+            let absolute = std::path::absolute(dataset_dir)
+                .map_err(|e| DataError::io(dataset_dir, "resolving", e))?;
             let below: std::path::PathBuf = absolute
                 .components()
                 .filter(|c| matches!(c, std::path::Component::Normal(_)))
@@ -80,17 +47,55 @@ pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, Da
         None => None,
     };
     if packed {
-        let store: Arc<dyn super::shards::ShardStore> =
-            Arc::new(LocalShardStore::new(&data.dataset_dir));
+        let store: Arc<dyn super::shards::ShardStore> = Arc::new(LocalShardStore::new(dataset_dir));
         let store = match cache {
             Some(cache) => Arc::new(CachedShardStore::open(store, cache)?),
             None => store,
         };
         return Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?));
     }
-    let files = LocalSource::open(&data.dataset_dir, data.label_folder_depth)?;
+    let files = LocalSource::open(dataset_dir, data.label_folder_depth)?;
     Ok(match cache {
         Some(cache) => Arc::new(super::local_cache::CachedLocalSource::new(files, cache)?),
         None => Arc::new(files),
     })
+}
+
+/// [`open_source`] for a dataset below `url`: its shards, or its objects one by one.
+fn open_s3(url: &S3Url, data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
+    use super::shards::{
+        CachedShardStore, S3ShardStore, ShardSource, StreamSettings, StreamedShardStore,
+    };
+    use crate::config::DataFormat;
+    let packed = match data.format {
+        DataFormat::Folder => None,
+        DataFormat::Shards => Some(S3ShardStore::open(url, &data.s3)?),
+        DataFormat::Auto => {
+            let store = S3ShardStore::open(url, &data.s3)?;
+            store.is_packed()?.then_some(store)
+        }
+    };
+    let Some(store) = packed else {
+        return Ok(Arc::new(super::stream::ObjectStoreSource::open(url, data)?));
+    };
+    let store: Arc<dyn super::shards::ShardStore> = match &data.cache.dir {
+        Some(dir) => {
+            let cache = super::cache::NodeCache::open(
+                dir,
+                &dir.join(url.bucket()).join(url.prefix()),
+                data.cache.max_bytes,
+                super::stream::processes_per_node(),
+            )?;
+            Arc::new(CachedShardStore::open(Arc::new(store), cache)?)
+        }
+        None => Arc::new(StreamedShardStore::new(
+            Arc::new(store),
+            StreamSettings {
+                chunk_bytes: data.s3.shard_chunk_bytes,
+                chunks_ahead: data.s3.shard_chunks_ahead,
+                fetchers: data.s3.max_concurrency,
+            },
+        )),
+    };
+    Ok(Arc::new(ShardSource::open(store, data.label_folder_depth)?))
 }

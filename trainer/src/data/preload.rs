@@ -5,7 +5,7 @@
 //! the dataset's tree, usable as `data.dataset_dir` with the same index and splits.
 use super::cache::{is_verified, safe_rel, write_verified};
 use super::error::DataError;
-use super::object_store::Remote;
+use super::object_store::{Remote, S3Url};
 use crate::config::DataSection;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,16 +21,16 @@ pub struct PreloadSummary {
     pub bytes_copied: u64,
 }
 
-/// Copies every object below `data.dataset_dir` to `to/{key relative to the prefix}` with
-/// `jobs` concurrent downloads.
+/// Copies every object below `url` (`data.dataset_dir`) to `to/{key relative to the prefix}`
+/// with `jobs` concurrent downloads, through the client `data.s3` configures.
 pub fn preload(
+    url: &S3Url,
     data: &DataSection,
     to: &Path,
     jobs: usize,
     show_progress: bool,
 ) -> Result<PreloadSummary, DataError> {
-    let url = data.dataset_dir.to_string_lossy().into_owned();
-    let remote = Remote::open(&url, &data.s3)?;
+    let remote = Remote::open(url, &data.s3)?;
     let mut objects = remote.list()?;
     objects.retain(|o| !o.rel.ends_with('/'));
     if let Some(bad) = objects.iter().find(|o| !safe_rel(&o.rel)) {

@@ -10,7 +10,7 @@
 use super::cache::{NodeCache, Origin};
 use super::error::DataError;
 use super::index::{build_index_from_keys, DatasetIndex};
-use super::object_store::{Listed, Remote};
+use super::object_store::{Listed, Remote, S3Url};
 use super::source::ImageSource;
 use crate::config::DataSection;
 use std::collections::{HashMap, VecDeque};
@@ -96,10 +96,10 @@ pub struct ObjectStoreSource {
 }
 
 impl ObjectStoreSource {
-    /// Lists `data.dataset_dir` (an `s3://` URL) and starts the fetcher threads.
-    pub fn open(data: &DataSection) -> Result<Self, DataError> {
-        let url = data.dataset_dir.to_string_lossy().into_owned();
-        let remote = Remote::open(&url, &data.s3)?;
+    /// Lists `url` (`data.dataset_dir`, or the test folder) and starts the fetcher threads;
+    /// the rest of `data` says how (client, cache, labels, concurrency).
+    pub fn open(url: &S3Url, data: &DataSection) -> Result<Self, DataError> {
+        let remote = Remote::open(url, &data.s3)?;
         let mut listed = remote.list()?;
         listed.retain(|o| !o.rel.ends_with('/'));
         let keys: Vec<&str> = listed.iter().map(|o| o.rel.as_str()).collect();
@@ -117,7 +117,7 @@ impl ObjectStoreSource {
             .collect();
         let cache = match &data.cache.dir {
             Some(dir) => {
-                let sub = dir.join(&remote.url.bucket).join(&remote.url.prefix);
+                let sub = dir.join(url.bucket()).join(url.prefix());
                 Some(NodeCache::open(
                     dir,
                     &sub,
@@ -143,7 +143,7 @@ impl ObjectStoreSource {
             std::thread::Builder::new()
                 .name("s3-fetch".into())
                 .spawn(move || fetch_loop(&pf, &fetcher))
-                .map_err(|e| DataError::io(&data.dataset_dir, "starting fetcher threads", e))?;
+                .map_err(|e| DataError::io(url.root(), "starting fetcher threads", e))?;
         }
         Ok(Self { index, fetcher, pf })
     }

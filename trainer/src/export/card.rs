@@ -76,7 +76,7 @@ fn training(s: &mut String, src: &Source) {
     let _ = writeln!(s, "## Training\n");
     let _ = writeln!(s, "| | |\n|---|---|");
     let _ = writeln!(s, "| run | {} |", c.run.name);
-    let _ = writeln!(s, "| data | `{}` |", c.data.dataset_dir.display());
+    let _ = writeln!(s, "| data | `{}` |", c.data.dataset_dir);
     let _ = writeln!(
         s,
         "| training fraction | {} (the rest is held out for the analyses) |",

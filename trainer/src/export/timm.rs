@@ -204,31 +204,6 @@ other sizes, but timm resamples the position embeddings its own way, not DINO's)
 
 /// safetensors bytes with Hugging Face's `{"format": "pt"}` metadata.
 fn serialize(tensors: &[(String, Tensor)]) -> Result<Vec<u8>, String> {
-    struct View {
-        bytes: Vec<u8>,
-        shape: Vec<usize>,
-    }
-    impl safetensors::View for View {
-        fn dtype(&self) -> safetensors::Dtype {
-            safetensors::Dtype::F32
-        }
-        fn shape(&self) -> &[usize] {
-            &self.shape
-        }
-        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-            (&self.bytes[..]).into()
-        }
-        fn data_len(&self) -> usize {
-            self.bytes.len()
-        }
-    }
-    let views = tensors.iter().map(|(name, t)| {
-        let n = t.numel();
-        let mut bytes = vec![0u8; n * 4];
-        t.copy_data_u8(&mut bytes, n);
-        let shape = t.size().iter().map(|&d| d as usize).collect();
-        (name.clone(), View { bytes, shape })
-    });
     let info = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize(views, &Some(info)).map_err(|e| e.to_string())
+    crate::tensor_file::serialize(tensors, info).map_err(|e| e.to_string())
 }

@@ -310,7 +310,10 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 || stages::run_knn(&t, tag).map(|_| ()),
             )?;
             let mut eval_inputs = vec![ckpt.clone(), ms_path.clone()];
-            eval_inputs.extend(cfg.data.test_dir.iter().filter(|d| d.exists()).cloned());
+            // A local test folder is an input (its change reruns the evaluation); an S3 one
+            // has no modification time to compare.
+            let local_test = cfg.data.test_dir.as_ref().and_then(|d| d.local());
+            eval_inputs.extend(local_test.filter(|d| d.exists()).map(Path::to_path_buf));
             r.stage(
                 Stage::Evaluate,
                 Ranks::Lead,

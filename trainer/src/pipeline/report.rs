@@ -154,7 +154,7 @@ fn dataset_section(t: &Target, dataset: &Dataset) -> String {
          held-out {} (seed {}).</p>{}<table><tr><th>class</th><th>images</th></tr>",
         index.len(),
         counts.len(),
-        esc(&cfg.data.dataset_dir.display().to_string()),
+        esc(&cfg.data.dataset_dir.to_string()),
         dataset.split.train.len(),
         dataset.split.held_out.len(),
         cfg.run.seed,

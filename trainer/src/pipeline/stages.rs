@@ -198,7 +198,7 @@ fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<u
     let rows = ProfileRows {
         set,
         split: "heldout",
-        root: &t.cfg.data.dataset_dir.display().to_string(),
+        root: &t.cfg.data.dataset_dir.to_string(),
     };
     profiles::write(&t.files.profiles(tag), &[rows], &t.channel_names())?;
     if t.cfg.model.channels == crate::config::ChannelMode::Bag {
@@ -231,8 +231,8 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
             (
                 extract(source.as_ref(), &train_all)?,
                 extract(test.as_ref(), &all)?,
-                format!("test folder {}", dir.display()),
-                ("test", dir.display().to_string()),
+                format!("test folder {dir}"),
+                ("test", dir.to_string()),
             )
         }
         None => {
@@ -248,7 +248,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
                 extract(source.as_ref(), &split.train)?,
                 held_out,
                 "held-out split".to_string(),
-                ("heldout", cfg.data.dataset_dir.display().to_string()),
+                ("heldout", cfg.data.dataset_dir.to_string()),
             )
         }
     };
@@ -269,7 +269,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
         ProfileRows {
             set: &train,
             split: "train",
-            root: &cfg.data.dataset_dir.display().to_string(),
+            root: &cfg.data.dataset_dir.to_string(),
         },
         ProfileRows {
             set: &queries,

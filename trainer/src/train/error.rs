@@ -19,6 +19,8 @@ pub enum TrainError {
     #[error(transparent)]
     Dist(#[from] crate::dist::group::DistError),
     #[error(transparent)]
+    Fsdp(#[from] super::strategy::fsdp_error::FsdpError),
+    #[error(transparent)]
     Load(#[from] super::loader::LoadError),
     #[error(transparent)]
     DistEnv(#[from] crate::dist::env::DistEnvError),

@@ -44,11 +44,10 @@ pub fn iters_per_epoch(train_len: usize, world: usize, batch: usize) -> usize {
 /// `data.order: shard_sequential` on a dataset that is not packed.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "data.order: shard_sequential needs a packed dataset, but {} is not one (pack it with `trainer data pack`)",
-    dataset.display()
+    "data.order: shard_sequential needs a packed dataset, but {dataset} is not one (pack it with `trainer data pack`)"
 )]
 pub struct NotPacked {
-    pub dataset: std::path::PathBuf,
+    pub dataset: crate::config::DatasetLocation,
 }
 
 /// The epoch order for `data.order`: [`epoch_order`] (`exact`) or the shard-streaming order

@@ -143,6 +143,9 @@ pub enum StepError {
     NonFinite(#[from] NonFiniteLoss),
     #[error("collective failed (another rank may have died): {0}")]
     Dist(#[from] DistError),
+    /// FSDP's gathers, frees and reductions around the forward and backward.
+    #[error(transparent)]
+    Fsdp(#[from] super::strategy::fsdp_error::FsdpError),
 }
 
 pub struct StepOutput {

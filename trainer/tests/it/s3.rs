@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
-use trainer::config::Config;
+use trainer::config::{Config, DatasetLocation, S3Url};
 use trainer::data::stream::ObjectStoreSource;
 use trainer::data::{self, ImageSource, LocalSource, SynthOptions};
 use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome};
@@ -309,6 +309,14 @@ fn config_yaml(out: &Path, dataset_dir: &str, data_extra: &str, epochs: usize) -
     )
 }
 
+/// The bucket prefix a test config reads.
+fn s3_url(cfg: &Config) -> &S3Url {
+    match &cfg.data.dataset_dir {
+        DatasetLocation::S3(url) => url,
+        DatasetLocation::Local(dir) => panic!("{} is not an s3:// dataset", dir.display()),
+    }
+}
+
 /// [`config_yaml`], parsed.
 fn config(out: &Path, dataset_dir: &str, data_extra: &str, epochs: usize) -> Config {
     Config::from_yaml(
@@ -384,7 +392,7 @@ fn s3_listing_indexes_and_reads_like_the_local_tree() {
         &s3_yaml(proxy.port).replace("  s3:", "  label_folder_depth: 1\n  s3:"),
         1,
     );
-    let remote = ObjectStoreSource::open(&cfg.data).unwrap();
+    let remote = ObjectStoreSource::open(s3_url(&cfg), &cfg.data).unwrap();
     let local = LocalSource::open(&root, 1).unwrap();
     let (ri, li) = (remote.index(), local.index());
     assert_eq!(ri.len(), li.len());
@@ -619,7 +627,7 @@ fn s3_throttling_is_retried_with_backoff() {
         1,
     );
     let t = Instant::now();
-    let remote = ObjectStoreSource::open(&cfg.data).unwrap();
+    let remote = ObjectStoreSource::open(s3_url(&cfg), &cfg.data).unwrap();
     let local = LocalSource::open(&root.join("Training"), 0).unwrap();
     let order: Vec<usize> = (0..16).collect();
     remote.will_read(&order);
@@ -659,7 +667,7 @@ fn s3_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
         1,
     );
     let url = format!("s3://{BUCKET}/{PREFIX}/Training");
-    let remote = Remote::open(&url, &cfg.data.s3).unwrap();
+    let remote = Remote::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3).unwrap();
     let listed = remote.list().unwrap();
     let first = &listed[0];
     let want = std::fs::read(root.join("Training").join(&first.rel)).unwrap();
@@ -849,7 +857,7 @@ fn s3_preload_copies_verified_files_and_resumes() {
     let to = dir.path().join("fsx");
     let n = walk_files(&root).len() as u64;
     assert!(n > 16);
-    let s = trainer::data::preload::preload(&cfg.data, &to, 4, false).unwrap();
+    let s = trainer::data::preload::preload(s3_url(&cfg), &cfg.data, &to, 4, false).unwrap();
     assert_eq!((s.objects, s.copied, s.skipped), (n, n, 0));
     for p in walk_tifs(&root) {
         let rel = p.strip_prefix(&root).unwrap();
@@ -870,7 +878,7 @@ fn s3_preload_copies_verified_files_and_resumes() {
     torn[last] ^= 0xff;
     std::fs::write(&files[1], &torn).unwrap();
     proxy.clear();
-    let s = trainer::data::preload::preload(&cfg.data, &to, 4, false).unwrap();
+    let s = trainer::data::preload::preload(s3_url(&cfg), &cfg.data, &to, 4, false).unwrap();
     assert_eq!((s.objects, s.copied, s.skipped), (n, 2, n - 2));
     assert_eq!(proxy.object_gets(200).len(), 2);
     for p in walk_tifs(&root) {
@@ -898,7 +906,7 @@ fn s3_each_rank_fetches_only_its_own_samples() {
     let split = data::train_heldout_split(16, 0.8, 3).unwrap();
     let mut total = 0;
     for rank in 0..2 {
-        let src = ObjectStoreSource::open(&cfg.data).unwrap();
+        let src = ObjectStoreSource::open(s3_url(&cfg), &cfg.data).unwrap();
         let order = trainer::train::sampler::epoch_order(&split.train, 3, 0, rank, 2);
         src.will_read(&order);
         for &i in &order {
@@ -1088,7 +1096,7 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
 
     // A shard replaced in the bucket (same size, other bytes) is uploaded again on rerun.
     let remote = trainer::data::object_store::Remote::open(
-        &url,
+        &S3Url::parse(&url).unwrap(),
         &config(dir.path(), &url, &s3_yaml(proxy.port), 1).data.s3,
     )
     .unwrap();
@@ -1115,7 +1123,9 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
     pack_to_s3(dir.path(), &tree, moto.port, &url, &staging);
     let index = staged_index(&staging);
     let cfg = config(dir.path(), &url, &s3_yaml(moto.port), 1);
-    let remote = trainer::data::object_store::Remote::open(&url, &cfg.data.s3).unwrap();
+    let remote =
+        trainer::data::object_store::Remote::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3)
+            .unwrap();
     // A sample training reads (as in the loose-objects corrupt test).
     let bad = data::train_heldout_split(16, 0.8, 3).unwrap().train[1];
     let s = &index.samples[bad];
@@ -1175,7 +1185,8 @@ fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
 
     // Pass 1 streams by ranged GETs while whole-shard downloads fill the cache.
     let open = || {
-        let remote = Arc::new(S3ShardStore::open(&url, &cfg.data.s3).unwrap());
+        let remote =
+            Arc::new(S3ShardStore::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3).unwrap());
         let cache = NodeCache::open(&nvme, &cache_dir, 1 << 30, 1).unwrap();
         Arc::new(CachedShardStore::open(remote, cache).unwrap())
     };
@@ -1304,7 +1315,9 @@ fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
     let proxy = Proxy::start(moto.port);
     let url = format!("s3://{BUCKET}/big");
     let cfg = config(dir.path(), &url, &s3_yaml(proxy.port), 1);
-    let remote = trainer::data::object_store::Remote::open(&url, &cfg.data.s3).unwrap();
+    let remote =
+        trainer::data::object_store::Remote::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3)
+            .unwrap();
     // 13 MiB of pseudo-random bytes: three parts of 5 + 5 + 3 MiB (S3's minimum part is 5 MiB).
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let bytes: Vec<u8> = (0..13 << 20)

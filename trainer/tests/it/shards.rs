@@ -47,7 +47,7 @@ fn pack_quiet(
 
 fn data_section(dir: &Path, format: DataFormat, depth: usize) -> DataSection {
     DataSection {
-        dataset_dir: dir.to_path_buf(),
+        dataset_dir: dir.to_path_buf().into(),
         format,
         label_folder_depth: depth,
         ..DataSection::default()

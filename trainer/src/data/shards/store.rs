@@ -115,7 +115,10 @@ impl S3ShardStore {
     }
 
     /// Opens `url` with the `data.s3` client settings.
-    pub fn open(url: &str, s3: &crate::config::S3Section) -> Result<Self, DataError> {
+    pub fn open(
+        url: &crate::config::S3Url,
+        s3: &crate::config::S3Section,
+    ) -> Result<Self, DataError> {
         Ok(Self::new(crate::data::object_store::Remote::open(url, s3)?))
     }
 

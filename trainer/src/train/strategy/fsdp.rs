@@ -44,9 +44,10 @@
 //! `reshard_after_forward` a block stays gathered from its first forward until its gradients
 //! are accumulated: one full student from forward to backward, 1 all-gather per block instead
 //! of 4.
+use super::fsdp_error::FsdpError;
 use crate::checkpoint::{Checkpoint, RestoreError};
 use crate::dist::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
-use crate::dist::hooks::{resize_storage, set_grad, storage_bytes, HookSet};
+use crate::dist::hooks::{resize_storage, set_grad, storage_bytes, HookError, HookSet};
 use crate::model::{BlockHooks, ModelUnits, UnitKind};
 use crate::train::optim::adamw_update;
 use crate::train::step::{Learner, StepError, StepParams};
@@ -54,11 +55,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tch::{Kind, Tensor};
 
-fn err(what: &str, message: impl ToString) -> DistError {
-    DistError {
-        what: format!("FSDP: {what}"),
-        message: message.to_string(),
-    }
+/// A shim failure of the storage operation `what`.
+fn storage(what: &'static str) -> impl Fn(HookError) -> FsdpError {
+    move |source| FsdpError::Storage { what, source }
 }
 
 /// One trainable parameter's place in its unit.
@@ -116,7 +115,7 @@ struct Inner {
     /// Whether param i received a gradient in the current backward.
     used: Vec<bool>,
     armed: bool,
-    error: Option<DistError>,
+    error: Option<FsdpError>,
     /// Unit of each backbone block (`None` if the block has no trainable parameter).
     blocks: Vec<Option<usize>>,
     /// `train.fsdp_reshard_after_forward`: free a block's parameters after each forward and
@@ -155,14 +154,14 @@ impl Inner {
         self.units[u].shard as usize * self.world * 4
     }
 
-    fn gather(&self, u: usize, teacher: bool) -> Result<(), DistError> {
+    fn gather(&self, u: usize, teacher: bool) -> Result<(), FsdpError> {
         let unit = &self.units[u];
         let (full, shard) = if teacher {
             (&unit.teacher_full, &unit.teacher)
         } else {
             (&unit.student_full, &unit.student)
         };
-        resize_storage(full, self.full_bytes(u)).map_err(|e| err("gather", e))?;
+        resize_storage(full, self.full_bytes(u)).map_err(storage("gather"))?;
         self.group.all_gather(full, shard)?.wait()?;
         Ok(())
     }
@@ -177,7 +176,7 @@ impl Inner {
         self.units[u].gathered = true;
         let r = if self.error.is_some() {
             resize_storage(&self.units[u].student_full, self.full_bytes(u))
-                .map_err(|e| err("gather", e))
+                .map_err(storage("gather"))
         } else {
             self.gather(u, false)
         };
@@ -205,7 +204,7 @@ impl Inner {
     fn gather_teacher(&mut self, u: usize) {
         let r = if self.error.is_some() {
             resize_storage(&self.units[u].teacher_full, self.full_bytes(u))
-                .map_err(|e| err("gather", e))
+                .map_err(storage("gather"))
         } else {
             self.gather(u, true)
         };
@@ -238,7 +237,7 @@ impl Inner {
         }
     }
 
-    fn free_student(&mut self, u: usize) -> Result<(), DistError> {
+    fn free_student(&mut self, u: usize) -> Result<(), FsdpError> {
         self.units[u].gathered = false;
         self.free(u, false)
     }
@@ -276,7 +275,7 @@ impl Inner {
             r = hooks.on_grad(input, 0);
         }
         if let Err(e) = r {
-            self.error.get_or_insert(err("block hooks", e));
+            self.error.get_or_insert(storage("block hooks")(e));
         }
     }
 
@@ -304,18 +303,18 @@ impl Inner {
         }
     }
 
-    fn free(&self, u: usize, teacher: bool) -> Result<(), DistError> {
+    fn free(&self, u: usize, teacher: bool) -> Result<(), FsdpError> {
         let unit = &self.units[u];
         let full = if teacher {
             &unit.teacher_full
         } else {
             &unit.student_full
         };
-        resize_storage(full, 0).map_err(|e| err("free", e))
+        resize_storage(full, 0).map_err(storage("free"))
     }
 
     /// Starts unit `u`'s gradient reduce-scatter and frees its full gradients and parameters.
-    fn reduce_unit(&mut self, u: usize) -> Result<(), DistError> {
+    fn reduce_unit(&mut self, u: usize) -> Result<(), FsdpError> {
         let unit = &self.units[u];
         let flat = Tensor::zeros(
             [unit.shard * self.world as i64],
@@ -329,9 +328,9 @@ impl Inner {
                 if g.defined() {
                     flat.narrow(0, p.offset, p.numel).copy_(&g.reshape([-1]));
                 }
-                set_grad(&p.student, None).map_err(|e| err("freeing a gradient", e))?;
+                set_grad(&p.student, None).map_err(storage("freeing a gradient"))?;
             }
-            Ok::<(), DistError>(())
+            Ok::<(), FsdpError>(())
         })?;
         let work = self
             .group
@@ -413,7 +412,7 @@ impl Fsdp {
     /// Shards `learner`'s current (full, identical on every rank) student, teacher and AdamW
     /// state, re-points the module variables at freed full-size buffers and drops the full
     /// optimizer state. Call after weights were broadcast or restored.
-    pub fn new(group: &ProcessGroup, learner: &mut Learner) -> Result<Self, DistError> {
+    pub fn new(group: &ProcessGroup, learner: &mut Learner) -> Result<Self, FsdpError> {
         let (rank, world) = (group.rank, group.world);
         let teacher_vars = learner.nets.teacher_vs.variables();
         let trainable: Vec<String> = learner
@@ -435,9 +434,7 @@ impl Fsdp {
         };
         let declared = &learner.nets.units;
         let mut names = trainable.clone();
-        declared
-            .sort_forward(&mut names)
-            .map_err(|e| err("setup", e))?;
+        declared.sort_forward(&mut names)?;
         // Blocks in forward order, then the rest (the shard files' layout).
         let mut unit_names: Vec<String> = declared.blocks().map(|u| u.name.clone()).collect();
         unit_names.retain(|u| names.iter().any(|n| &fsdp_unit_of(declared, n) == u));
@@ -467,7 +464,7 @@ impl Fsdp {
                     let numel = ap.tensor.numel() as i64;
                     let teacher = teacher_vars
                         .get(n.as_str())
-                        .ok_or_else(|| err("setup", format!("teacher has no {n}")))?
+                        .ok_or_else(|| FsdpError::NoTeacherParameter(n.to_string()))?
                         .shallow_clone();
                     idxs.push(params.len());
                     params.push(Param {
@@ -525,7 +522,7 @@ impl Fsdp {
                     in_backward: 0,
                 });
             }
-            Ok::<(), DistError>(())
+            Ok::<(), FsdpError>(())
         })?;
         learner.optimizer.params.clear();
         let blocks = learner
@@ -568,7 +565,7 @@ impl Fsdp {
                 .on_accumulated(i);
         }));
         for (i, t) in students.iter().enumerate() {
-            hooks.on_accumulated(t, i).map_err(|e| err("hooks", e))?;
+            hooks.on_accumulated(t, i).map_err(storage("hooks"))?;
         }
         learner
             .nets
@@ -749,10 +746,11 @@ impl Fsdp {
             .map(|(&c, p)| {
                 let ranks = c.round() as usize;
                 if ranks != 0 && ranks != world {
-                    Err(err(
-                        "backward",
-                        format!("parameter {} received a gradient on {ranks} of {world} ranks; every rank must use the same parameters", p.name),
-                    ))
+                    Err(FsdpError::UnevenGradients {
+                        name: p.name.clone(),
+                        ranks,
+                        world,
+                    })
                 } else {
                     Ok(ranks == world)
                 }
@@ -833,7 +831,7 @@ impl Fsdp {
             }
         }
         for p in &g.params {
-            set_grad(&p.student, None).map_err(|e| err("freeing a gradient", e))?;
+            set_grad(&p.student, None).map_err(storage("freeing a gradient"))?;
         }
         Ok(())
     }

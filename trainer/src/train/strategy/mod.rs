@@ -11,6 +11,7 @@
 //! tricks sharding needs, and knows nothing of training; the strategies here combine them with
 //! the [`Learner`] (networks, optimizer, loss).
 pub mod fsdp;
+pub mod fsdp_error;
 
 use super::error::TrainError;
 use super::optim::{clip_gradients, ema_update};
@@ -217,7 +218,7 @@ impl<C: Collective> ParallelStrategy for Replicated<C> {
 impl FullySharded {
     /// Shards the learner's (already broadcast) parameters and optimizer state over `ddp`'s
     /// group.
-    pub fn new(ddp: Ddp, learner: &mut Learner) -> Result<Self, DistError> {
+    pub fn new(ddp: Ddp, learner: &mut Learner) -> Result<Self, fsdp_error::FsdpError> {
         let fsdp = Fsdp::new(&ddp.group, learner)?;
         Ok(Self {
             fsdp,
