@@ -366,8 +366,9 @@ fn the_digits_recipe_learns_in_its_first_epochs_without_a_collapse_warning() {
     );
 }
 
-/// DINOv2's iBOT in a real run (separate `ibot_head`, EMA patch centre, 8 px patches so a
-/// 32 px global crop has a 4 × 4 grid to mask): the checkpoint holds the mask token, the iBOT
+/// DINOv2's iBOT in a real run (separate `ibot_head`, EMA patch centre, KoLeo too, 8 px patches
+/// so a 32 px global crop has a 4 × 4 grid to mask): the progress line splits the loss into
+/// its DINO, KoLeo and iBOT terms, which add up to it; the checkpoint holds the mask token, the iBOT
 /// head and the patch centre under DINOv2's names; a run stopped mid-epoch resumes bit for bit
 /// (same masks, same centre); the checkpoint feeds `trainer features` and a timm export (the
 /// mask token is training-only and left out); switching iBOT off on resume is refused.
@@ -375,7 +376,7 @@ fn the_digits_recipe_learns_in_its_first_epochs_without_a_collapse_warning() {
 fn ibot_resumes_bitwise_feeds_features_and_export_and_a_switch_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset(dir.path(), 2, 8);
-    let extra = "  epochs: 2\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n  lr: 0.05\n  ibot:\n    weight: 1.0\n    separate_head: true\n    out_dim: 96\n";
+    let extra = "  epochs: 2\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n  lr: 0.05\n  koleo_weight: 0.1\n  ibot:\n    weight: 1.0\n    separate_head: true\n    out_dim: 96\n";
     let with_patch8 = |name: &str| {
         let path = config(dir.path(), &data, name, extra);
         let text = std::fs::read_to_string(&path)
@@ -385,11 +386,32 @@ fn ibot_resumes_bitwise_feeds_features_and_export_and_a_switch_is_refused() {
         path
     };
     let straight = with_patch8("ibot_straight");
-    let out = ok(
-        "trainer",
-        &["train", "--config", &straight, "--threads", "1"],
-    );
-    let _ = out;
+    let out = run("trainer", &["train", "--config", &straight, "--threads", "1"]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Every progress line splits the loss into its terms, which add up to it.
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("Epoch: [") && l.contains("loss: "))
+        .collect();
+    assert!(!lines.is_empty(), "{stderr}");
+    for line in lines {
+        let number = |after: &str| -> f64 {
+            let rest = &line[line.find(after).unwrap_or_else(|| panic!("{after} in {line}")) + after.len()..];
+            rest.split_whitespace().next().unwrap().parse().unwrap()
+        };
+        let (total, dino, koleo, ibot) = (
+            number("loss: "),
+            number("= DINO "),
+            number("+ KoLeo "),
+            number("+ iBOT "),
+        );
+        assert!(
+            (dino + koleo + ibot - total).abs() < 2e-4,
+            "terms do not add up: {line}"
+        );
+        assert!(ibot > 0.0, "{line}");
+    }
     let ck = model_dir(dir.path(), "ibot_straight").join("checkpoint.safetensors");
     let reference = tensor_digests(&ck);
     for key in [

@@ -148,8 +148,23 @@ pub enum StepError {
     Fsdp(#[from] super::strategy::fsdp_error::FsdpError),
 }
 
+/// The parts of a step's loss, each the mean over the ranks: what the progress line shows and
+/// what the collapse detector reads (the DINO term alone is a cross-entropy whose teacher
+/// entropy it can subtract).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossTerms {
+    /// The DINO (CLS) term.
+    pub dino: f64,
+    /// KoLeo's term, weight included (`train.koleo_weight` > 0).
+    pub koleo: Option<f64>,
+    /// iBOT's masked-patch term, weight included (`train.ibot`).
+    pub ibot: Option<f64>,
+}
+
 pub struct StepOutput {
+    /// The total loss (the DINO term plus the stabilisers'), mean over the ranks.
     pub loss: f64,
+    pub terms: LossTerms,
     /// Gradient norms before clipping, one per parameter with a gradient.
     pub grad_norms: Vec<f64>,
     /// fp16 only: the optimizer step was skipped because a gradient overflowed.
@@ -286,7 +301,7 @@ impl Learner {
         strategy.before_student()?;
         let loss_fn = &self.loss;
         let ibot = self.ibot.as_ref();
-        let (loss, cls) = autocast(self.precision, self.device, || {
+        let (dino, cls, patch_term) = autocast(self.precision, self.device, || {
             let (s, cls, patch_term) = match (&masks, &patch_targets, ibot) {
                 (Some(m), Some(targets), Some(ibot)) => {
                     let IbotForward {
@@ -302,23 +317,24 @@ impl Learner {
                     (s, cls, None)
                 }
             };
-            let loss = match &assigned {
+            let dino = match &assigned {
                 Some(q) => loss_fn.forward_targets(&s, q),
                 None => loss_fn.forward(&s, &teacher_out, p.epoch),
             };
-            let loss = match patch_term {
-                Some(term) => loss.to_kind(tch::Kind::Float) + term,
-                None => loss,
-            };
-            (loss, cls)
+            (dino, cls, patch_term)
         });
         // DINOv2's KoLeo on each global crop's CLS tokens, per rank, in fp32.
-        let loss = if self.koleo_weight > 0.0 {
+        let koleo_term = (self.koleo_weight > 0.0).then(|| {
             let b = crops[0].size()[0];
-            let koleo = koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b));
-            loss.to_kind(tch::Kind::Float) + koleo * self.koleo_weight
-        } else {
-            loss
+            (koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b))) * self.koleo_weight
+        });
+        let loss = match &patch_term {
+            Some(term) => dino.to_kind(tch::Kind::Float) + term,
+            None => dino.shallow_clone(),
+        };
+        let loss = match &koleo_term {
+            Some(term) => loss.to_kind(tch::Kind::Float) + term,
+            None => loss,
         };
         strategy.after_student()?;
         let group = strategy.collective();
@@ -337,10 +353,33 @@ impl Learner {
             }
         };
         // The mean loss over all ranks: every rank logs it and takes the same finite/NaN
-        // decision, so none is left waiting in a collective.
-        let mut global = loss.detach().to_kind(tch::Kind::Double).reshape([1]);
+        // decision, so none is left waiting in a collective. The terms travel in the same
+        // all-reduce (only when there is more than one).
+        let mut parts = vec![&loss];
+        if koleo_term.is_some() || patch_term.is_some() {
+            parts.push(&dino);
+            parts.extend(koleo_term.iter());
+            parts.extend(patch_term.iter());
+        }
+        let parts: Vec<Tensor> = parts
+            .into_iter()
+            .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
+            .collect();
+        let mut global = Tensor::cat(&parts, 0);
         group.all_reduce_sum(&mut global)?;
-        let loss_value = global.double_value(&[0]) / group.world_size() as f64;
+        let world = group.world_size() as f64;
+        let global = Vec::<f64>::try_from(global.to_device(Device::Cpu))
+            .expect("the packed loss terms are f64")
+            .into_iter()
+            .map(|x| x / world)
+            .collect::<Vec<_>>();
+        let loss_value = global[0];
+        let mut rest = global[1..].iter().copied();
+        let terms = LossTerms {
+            dino: rest.next().unwrap_or(loss_value),
+            koleo: koleo_term.as_ref().and_then(|_| rest.next()),
+            ibot: patch_term.as_ref().and_then(|_| rest.next()),
+        };
         if !loss_value.is_finite() {
             return Err(NonFiniteLoss {
                 loss: loss_value,
@@ -352,6 +391,7 @@ impl Learner {
         let (grad_norms, skipped) = strategy.backward_and_update(self, &loss, p)?;
         Ok(StepOutput {
             loss: loss_value,
+            terms,
             grad_norms,
             skipped,
             teacher,

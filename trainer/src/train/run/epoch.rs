@@ -134,12 +134,13 @@ impl TrainingRun<'_> {
     ) -> Result<(), TrainError> {
         let rates = self.throughput.rates(window);
         let teacher =
-            TeacherSnapshot::gather(&out.teacher.stats(), out.loss, self.strategy.collective())?;
+            TeacherSnapshot::gather(&out.teacher.stats(), out.terms.dino, self.strategy.collective())?;
         let (epoch, iteration) = (self.at.epoch, self.at.iteration);
         let record = StepRecord {
             iteration,
             epoch,
             loss: out.loss,
+            terms: out.terms,
             lr: params.lr,
             weight_decay: params.weight_decay,
             momentum: params.momentum,

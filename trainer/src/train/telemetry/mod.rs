@@ -8,6 +8,7 @@ pub mod throughput;
 use super::collapse::TeacherSnapshot;
 use super::error::TrainError;
 use super::flops::Utilisation;
+use super::step::LossTerms;
 use crate::gpu::GpuSample;
 use crate::layout::ModelLayout;
 use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
@@ -18,7 +19,9 @@ use std::path::{Path, PathBuf};
 pub struct StepRecord<'a> {
     pub iteration: usize,
     pub epoch: usize,
+    /// The total loss; `terms` its parts.
     pub loss: f64,
+    pub terms: LossTerms,
     pub lr: f64,
     pub weight_decay: f64,
     pub momentum: f64,
@@ -124,6 +127,13 @@ impl Sinks {
             self.tb
                 .add_scalars(r.iteration as i64, &[("train/mfu", mfu as f32)])?;
         }
+        let terms = r.terms;
+        if terms.koleo.is_some() || terms.ibot.is_some() {
+            let mut scalars = vec![("train/dino_loss", terms.dino as f32)];
+            scalars.extend(terms.koleo.map(|k| ("train/koleo_loss", k as f32)));
+            scalars.extend(terms.ibot.map(|k| ("train/ibot_loss", k as f32)));
+            self.tb.add_scalars(r.iteration as i64, &scalars)?;
+        }
         if let Some(g) = r.gpu {
             self.tb.add_scalars(
                 r.iteration as i64,
@@ -146,7 +156,8 @@ impl Sinks {
         };
         let mut metrics =
             vec![
-            m("scdino_train_loss", "DINO loss of the last iteration", r.loss),
+            m("scdino_train_loss", "total loss of the last iteration", r.loss),
+            m("scdino_train_dino_loss", "DINO (CLS) term of the last iteration's loss", r.terms.dino),
             m("scdino_train_lr", "learning rate", r.lr),
             m("scdino_train_epoch", "current epoch", r.epoch as f64),
             m(

@@ -103,6 +103,19 @@ impl ProgressLine<'_> {
                 )
             })
             .unwrap_or_default();
+        // The stabilisers' terms, when on: the DINO term is what the teacher entropy and KL
+        // are read against.
+        let terms = r.terms;
+        let mut terms_text = String::new();
+        if terms.koleo.is_some() || terms.ibot.is_some() {
+            terms_text = format!(" = DINO {:.4}", terms.dino);
+            if let Some(k) = terms.koleo {
+                terms_text += &format!(" + KoLeo {k:.4}");
+            }
+            if let Some(i) = terms.ibot {
+                terms_text += &format!(" + iBOT {i:.4}");
+            }
+        }
         let (epoch, done_in_epoch, niter) = (r.epoch, self.done_in_epoch, self.niter);
         let imgs_per_s = r.images_per_second;
         tracing::info!(
@@ -110,6 +123,9 @@ impl ProgressLine<'_> {
             epoch,
             iteration = r.iteration,
             loss = r.loss,
+            dino_loss = terms.dino,
+            koleo_loss = terms.koleo,
+            ibot_loss = terms.ibot,
             lr = r.lr,
             weight_decay = r.weight_decay,
             images_per_second = imgs_per_s,
@@ -122,7 +138,7 @@ impl ProgressLine<'_> {
             gpu_memory_used_bytes = r.gpu.map(|g| g.memory_used_bytes),
             "{}",
             format_args!(
-                "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6})  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}  TFLOP/s: {:.3}{mfu}{gpu_text}",
+                "Epoch: [{epoch}/{}]  [{done_in_epoch}/{niter}]  loss: {:.6} ({:.6}){terms_text}  lr: {:.6e}  wd: {:.6}  imgs/s: {imgs_per_s:.1}  data: {:.3}s  step: {:.3}s  teacher H: {:.3}  KL: {:.3}  prototypes: {}/{}  TFLOP/s: {:.3}{mfu}{gpu_text}",
                 self.epochs,
                 r.loss,
                 self.mean_loss,
