@@ -386,7 +386,10 @@ fn ibot_resumes_bitwise_feeds_features_and_export_and_a_switch_is_refused() {
         path
     };
     let straight = with_patch8("ibot_straight");
-    let out = run("trainer", &["train", "--config", &straight, "--threads", "1"]);
+    let out = run(
+        "trainer",
+        &["train", "--config", &straight, "--threads", "1"],
+    );
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     // Every progress line splits the loss into its terms, which add up to it.
@@ -397,7 +400,10 @@ fn ibot_resumes_bitwise_feeds_features_and_export_and_a_switch_is_refused() {
     assert!(!lines.is_empty(), "{stderr}");
     for line in lines {
         let number = |after: &str| -> f64 {
-            let rest = &line[line.find(after).unwrap_or_else(|| panic!("{after} in {line}")) + after.len()..];
+            let rest = &line[line
+                .find(after)
+                .unwrap_or_else(|| panic!("{after} in {line}"))
+                + after.len()..];
             rest.split_whitespace().next().unwrap().parse().unwrap()
         };
         let (total, dino, koleo, ibot) = (

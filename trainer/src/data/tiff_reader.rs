@@ -343,3 +343,73 @@ mod tests {
         assert_eq!(read_tiff(&path).unwrap().channels, 5);
     }
 }
+
+/// The fast path against the general decoder (here, since the decoder calls the fast path).
+#[cfg(test)]
+mod fast_path_tests {
+    use super::super::tiff_fast::decode_uncompressed;
+    use super::{decode_tiff, encode_tiff_u16_chunky, ImageChwU16};
+    use crate::data::chw::ImageChw;
+    use std::io::Cursor;
+    use std::path::Path;
+
+    fn sample_u16(c: usize, h: usize, w: usize, seed: usize) -> ImageChwU16 {
+        let data = (0..c * h * w)
+            .map(|i| ((i + seed) * 2654435761 % 65536) as u16)
+            .collect();
+        ImageChwU16::new(c, h, w, data).unwrap()
+    }
+
+    #[test]
+    fn matches_the_general_decoder_on_our_own_files() {
+        let mut out = ImageChw {
+            channels: 0,
+            height: 0,
+            width: 0,
+            data: Vec::new(),
+        };
+        for (c, h, w) in [
+            (5, 50, 50),
+            (1, 7, 3),
+            (3, 64, 17),
+            (6, 1, 1),
+            (2, 300, 200),
+        ] {
+            let bytes = encode_tiff_u16_chunky(&sample_u16(c, h, w, h)).unwrap();
+            assert!(decode_uncompressed(&bytes, &mut out), "{c}×{h}×{w}");
+            let general = decode_tiff(Cursor::new(&bytes), Path::new("x.tiff")).unwrap();
+            assert_eq!(out, general, "{c}×{h}×{w}");
+        }
+    }
+
+    #[test]
+    fn declines_what_it_does_not_handle_and_never_panics() {
+        let bytes = encode_tiff_u16_chunky(&sample_u16(5, 20, 20, 1)).unwrap();
+        let mut out = ImageChw {
+            channels: 0,
+            height: 0,
+            width: 0,
+            data: Vec::new(),
+        };
+        let full = decode_tiff(Cursor::new(&bytes), Path::new("x.tiff")).unwrap();
+        for cut in 0..bytes.len() {
+            // Truncated anywhere: declined, unless every byte it needs is still there.
+            if decode_uncompressed(&bytes[..cut], &mut out) {
+                assert_eq!(out, full, "cut at {cut}");
+            }
+        }
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..2000 {
+            let mut v = bytes.clone();
+            for _ in 0..4 {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let at = x as usize % v.len();
+                v[at] = (x >> 8) as u8;
+            }
+            let _ = decode_uncompressed(&v, &mut out);
+        }
+        assert!(!decode_uncompressed(b"not a tiff at all", &mut out));
+    }
+}

@@ -326,7 +326,8 @@ impl Learner {
         // DINOv2's KoLeo on each global crop's CLS tokens, per rank, in fp32.
         let koleo_term = (self.koleo_weight > 0.0).then(|| {
             let b = crops[0].size()[0];
-            (koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b))) * self.koleo_weight
+            (koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b)))
+                * self.koleo_weight
         });
         let loss = match &patch_term {
             Some(term) => dino.to_kind(tch::Kind::Float) + term,

@@ -244,3 +244,106 @@ pub fn training_image_fn(
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc_count::allocations_in;
+    use crate::augment::MultiCropConfig;
+    use crate::data::shards::{pack, LocalShardStore, PackOptions, ShardSource};
+    use crate::data::synth::{generate, SynthOptions};
+    use crate::data::{ImageSource, LocalSource, PreprocessOptions, SharedSource};
+    use crate::train::input::AugmentedSamples;
+    use crate::train::loader::Samples;
+    use std::path::Path;
+
+    fn dataset(dir: &Path) -> SharedSource {
+        generate(&SynthOptions {
+            out: dir.to_path_buf(),
+            seed: 5,
+            classes: 2,
+            per_class: 4,
+            size: 50,
+            channels: 5,
+            donors: 1,
+        })
+        .unwrap();
+        Arc::new(LocalSource::open(&dir.join("Training"), 0).unwrap())
+    }
+
+    // The allocation tests of `train::input`, kept here because they build the training
+    // images with this module's `training_image_fn` (input.rs importing it back would close
+    // an import cycle).
+
+    /// After one pass has grown the thread's buffers, reading, decoding, preprocessing and
+    /// augmenting every sample again allocates nothing.
+    fn assert_no_allocation_per_sample(source: SharedSource) {
+        let augment = Arc::new(
+            MultiCropAugment::new(MultiCropConfig {
+                global_crops_scale: (0.4, 1.0),
+                local_crops_scale: (0.05, 0.4),
+                global_size: 32,
+                local_size: 16,
+                local_crops_number: 4,
+                mean: vec![0.5; 3],
+                std: vec![0.25; 3],
+                ops: Default::default(),
+            })
+            .unwrap(),
+        );
+        let prep = PreprocessOptions {
+            selected_channels: Some(vec![0, 2, 4]),
+            center_crop: 40,
+        };
+        let images = training_image_fn(source.clone(), prep, 5, Vec::new(), None);
+        let samples = AugmentedSamples::new(images, augment.clone(), 7, 1);
+        let mut bufs: Vec<Vec<f32>> = (0..augment.num_crops())
+            .map(|k| vec![0.0; augment.crop_len(k)])
+            .collect();
+        let mut out: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let n = source.index().len();
+        for i in 0..n {
+            assert!(samples.write(i, &mut out).unwrap());
+        }
+        let (kept, allocations) = allocations_in(|| {
+            (0..n)
+                .filter(|&i| samples.write(i, &mut out).unwrap())
+                .count()
+        });
+        assert_eq!(kept, n);
+        assert_eq!(allocations, 0, "{}", source.describe());
+        // The counter does count: the one-off read path allocates.
+        let (_, one_off) = allocations_in(|| source.read(0).unwrap());
+        assert!(one_off > 0);
+    }
+
+    #[test]
+    fn training_samples_from_files_allocate_nothing_per_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_no_allocation_per_sample(dataset(dir.path()));
+    }
+
+    #[test]
+    fn training_samples_from_packed_shards_allocate_nothing_per_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = dataset(dir.path());
+        let packed = dir.path().join("packed");
+        pack(
+            files.as_ref(),
+            0,
+            &PackOptions {
+                out: packed.clone(),
+                max_shard_bytes: 64 << 10,
+                max_shard_samples: 0,
+                shuffle: true,
+                seed: 1,
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        let store = Arc::new(LocalShardStore::new(&packed));
+        let shards = ShardSource::open(store, 0).unwrap();
+        assert!(shards.describe().contains("shards"));
+        assert_no_allocation_per_sample(Arc::new(shards));
+    }
+}

@@ -133,8 +133,11 @@ impl TrainingRun<'_> {
         progress: &Progress,
     ) -> Result<(), TrainError> {
         let rates = self.throughput.rates(window);
-        let teacher =
-            TeacherSnapshot::gather(&out.teacher.stats(), out.terms.dino, self.strategy.collective())?;
+        let teacher = TeacherSnapshot::gather(
+            &out.teacher.stats(),
+            out.terms.dino,
+            self.strategy.collective(),
+        )?;
         let (epoch, iteration) = (self.at.epoch, self.at.iteration);
         let record = StepRecord {
             iteration,

@@ -154,10 +154,17 @@ impl Sinks {
                 .label("run", &self.run_label)
                 .label("rank", self.rank.to_string())
         };
-        let mut metrics =
-            vec![
-            m("scdino_train_loss", "total loss of the last iteration", r.loss),
-            m("scdino_train_dino_loss", "DINO (CLS) term of the last iteration's loss", r.terms.dino),
+        let mut metrics = vec![
+            m(
+                "scdino_train_loss",
+                "total loss of the last iteration",
+                r.loss,
+            ),
+            m(
+                "scdino_train_dino_loss",
+                "DINO (CLS) term of the last iteration's loss",
+                r.terms.dino,
+            ),
             m("scdino_train_lr", "learning rate", r.lr),
             m("scdino_train_epoch", "current epoch", r.epoch as f64),
             m(
