@@ -2,7 +2,8 @@
 # Which recipe learns on small real data without per-dataset tuning (issue 22): scDINO's
 # defaults scaled to the image size, each of DINOv2's stabilisers added to them (KoLeo,
 # Sinkhorn-Knopp centring, iBOT, register tokens), all four together, the digits recipe
-# (configs/digits.yaml) and the digits recipe with all four, on two datasets written from
+# (configs/digits.yaml), the digits recipe with each of them (recipe_koleo, ...; not run unless
+# named in VARIANTS) and with all four, on two datasets written from
 # scikit-learn's digits:
 #   digits16   16 px, 3 channels (digit, blurred, edges): the digits recipe's own data
 #   digits12x4 12 px, 4 channels (digit, blurred, edges, blurred2): another size and channels
@@ -28,7 +29,7 @@ PY=${PYTHON:-${SCDINO_VENV:-$ROOT/.venv}/bin/python}
 OUT=$(realpath -m "${1:?usage: bench/recipe.sh OUT [EPOCHS] [THREADS]}")
 EPOCHS=${2:-10} THREADS=${3:-1}
 SEED=${SEED:-0}
-ALL_VARIANTS="untrained scdino scdino_koleo scdino_sk scdino_ibot scdino_registers scdino_all recipe recipe_all"
+ALL_VARIANTS="untrained scdino scdino_koleo scdino_sk scdino_ibot scdino_registers scdino_all recipe recipe_koleo recipe_sk recipe_ibot recipe_registers recipe_all"
 VARIANTS=${VARIANTS:-$ALL_VARIANTS}
 DATASETS=${DATASETS:-digits16 digits12x4}
 mkdir -p "$OUT"

@@ -1031,3 +1031,72 @@ fn check_flops(script: &str, mode: &str, ref_chans: usize, c: &FlopsCase) {
         rel * 100.0
     );
 }
+
+/// DINOv2's stabilisers together (iBOT with a separate head, KoLeo, Sinkhorn-Knopp, registers)
+/// under every precision: one step from the same start gives a finite loss whose terms add up
+/// to it, master weights stay fp32, and bf16 and fp16 (loss-scaled) land near fp32.
+#[test]
+fn stabilisers_train_under_every_precision() {
+    let _rng = super::util::torch_rng_lock();
+    let cfg = Config::from_yaml(
+        "data:\n  channel_names: [a, b, c, d]\n  channel_combinations: [\"0123\"]\n\
+         model:\n  arch: vit_tiny\n  out_dim: 256\n  drop_path_rate: 0.0\n  num_register_tokens: 2\n\
+         train:\n  koleo_weight: 0.1\n  centering: sinkhorn_knopp\n  ibot:\n    weight: 1.0\n    separate_head: true\n    out_dim: 128\n",
+        "test",
+    )
+    .unwrap();
+    tch::manual_seed(3);
+    let crops: Vec<Tensor> = [64, 64, 32, 32]
+        .iter()
+        .map(|&s| Tensor::rand([4, 4, s, s], (Kind::Float, Device::Cpu)))
+        .collect();
+    let params = StepParams {
+        lr: 1e-4,
+        weight_decay: 0.04,
+        momentum: 0.996,
+        epoch: 0,
+        freeze_last_layer: true,
+        clip_grad: 3.0,
+        rng_seed: 5,
+        channels: None,
+    };
+    let mut losses = vec![];
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        tch::manual_seed(9);
+        let nets = Networks::new(&cfg, 4, Device::Cpu);
+        let loss = DinoLoss::new(256, 4, vec![0.04], Device::Cpu);
+        let mut learner = Learner::new(nets, loss, precision, Device::Cpu);
+        learner.koleo_weight = cfg.train.koleo_weight;
+        learner.centering = cfg.train.centering;
+        learner.ibot = trainer::train::ibot::IbotObjective::from_config(&cfg, Device::Cpu);
+        let out = learner
+            .step(&crops, params, 0, &mut SingleProcess::default())
+            .unwrap();
+        let t = out.terms;
+        let (koleo, ibot) = (t.koleo.unwrap(), t.ibot.unwrap());
+        assert!(out.loss.is_finite() && ibot > 0.0, "{precision:?}: {t:?}");
+        assert!(
+            (t.dino + koleo + ibot - out.loss).abs() <= 1e-4 * out.loss.abs(),
+            "{precision:?}: terms {t:?} vs loss {}",
+            out.loss
+        );
+        assert!(
+            learner
+                .nets
+                .student_vs
+                .variables()
+                .values()
+                .all(|v| v.kind() == Kind::Float),
+            "{precision:?}: master weights stay fp32"
+        );
+        losses.push(out.loss);
+    }
+    for (name, l) in [("bf16", losses[1]), ("fp16", losses[2])] {
+        let rel = (l - losses[0]).abs() / losses[0];
+        assert!(
+            rel < 0.05,
+            "{name} loss {l} vs fp32 {} ({rel:.4})",
+            losses[0]
+        );
+    }
+}
