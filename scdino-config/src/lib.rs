@@ -691,11 +691,6 @@ fn ibot_settings(
         !(ibot.separate_head && model.use_bn_in_head),
         "train.ibot.separate_head",
         "a separate iBOT head with model.use_bn_in_head would batch-normalise one rank's few masked patches (possibly none): use the shared head, or no BatchNorm in the head",
-    )?;
-    v.check(
-        !model.channels.is_adaptive() || model.channels == ChannelMode::Bag,
-        "train.ibot",
-        "is not implemented for model.channels: tokens yet (a mask would have to cover every channel's tokens of a patch); use fixed or bag",
     )
 }
 
@@ -871,11 +866,13 @@ mod tests {
             "model:\n  use_bn_in_head: true\ntrain:\n  ibot:\n    weight: 1.0\n    separate_head: true\n",
         );
         assert_eq!(key, "train.ibot.separate_head");
-        let (key, _, msg) = invalid(
-            "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\"]\nmodel:\n  channels: tokens\ntrain:\n  ibot:\n    weight: 1.0\n",
-        );
-        assert_eq!(key, "train.ibot");
-        assert!(msg.contains("tokens"), "{msg}");
+        for mode in ["bag", "tokens"] {
+            let c = Config::from_yaml(
+                &format!("data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\"]\nmodel:\n  channels: {mode}\ntrain:\n  ibot:\n    weight: 1.0\n"),
+                "t",
+            );
+            assert!(c.is_ok(), "{mode}: {c:?}");
+        }
         assert!(Config::from_yaml("train:\n  ibot:\n    wieght: 1.0\n", "t").is_err());
     }
 

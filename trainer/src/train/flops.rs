@@ -128,7 +128,9 @@ pub fn step_flops_on(cfg: &Config, in_chans: usize, batch: usize, k: usize) -> S
         // The patch embedding's backward computes its weight gradient only.
         flops.student_backward += images * (embed + 2.0 * (rest + head));
     }
-    let masked = expected_masked_patches(cfg, batch);
+    // ChannelViT tokens: a masked position is masked in each of the k channels.
+    let token_channels = if teacher_vit.channel_tokens { k } else { 1 };
+    let masked = expected_masked_patches(cfg, batch) * token_channels as f64;
     let ibot = ibot_flops(cfg, in_chans, masked);
     flops.teacher_forward += ibot.teacher_forward;
     flops.student_forward += ibot.student_forward;

@@ -261,6 +261,21 @@ impl IbotObjective {
             &mut rng,
         )
     }
+
+    /// [`IbotObjective::masks`] over the patch tokens of a model whose images give
+    /// `token_channels` tokens per patch position (ChannelViT tokens: one per channel, laid
+    /// out channel-major; 1 otherwise): a masked position is masked in every channel, so the
+    /// student cannot read it from another stain. `[images, token_channels·patches]`.
+    pub fn token_masks(
+        &self,
+        images: usize,
+        grid: (usize, usize),
+        token_channels: usize,
+        seed: u64,
+    ) -> Tensor {
+        self.masks(images, grid, seed)
+            .repeat([1, token_channels as i64])
+    }
 }
 
 #[cfg(test)]

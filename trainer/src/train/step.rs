@@ -248,15 +248,13 @@ impl Learner {
         let channels = subset.as_deref();
         // iBOT: which patches of the global crops the student sees masked.
         let masks = self.ibot.as_ref().map(|ibot| {
-            let (b, _, h, w) = crops[0].size4().expect("crops are [B, C, H, W]");
-            let patch = self.nets.student.backbone.config().patch_size;
+            let (b, c, h, w) = crops[0].size4().expect("crops are [B, C, H, W]");
+            let vit = self.nets.student.backbone.config();
+            let grid = ((h / vit.patch_size) as usize, (w / vit.patch_size) as usize);
+            let token_channels = if vit.channel_tokens { c as usize } else { 1 };
             let seed = mask_seed(p.rng_seed, strategy.collective().rank());
-            ibot.masks(
-                2 * b as usize,
-                ((h / patch) as usize, (w / patch) as usize),
-                seed,
-            )
-            .to_device(crops[0].device())
+            ibot.token_masks(2 * b as usize, grid, token_channels, seed)
+                .to_device(crops[0].device())
         });
         strategy.before_teacher()?;
         let nets = &self.nets;

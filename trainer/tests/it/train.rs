@@ -72,14 +72,19 @@ fn check_steps_against_pytorch_ibot(
         .unwrap();
     let objective = trainer::train::ibot::IbotObjective::from_config(&cfg, Device::Cpu);
     if let Some(o) = &objective {
-        // 3 images per crop, 64 px crops of 16 px patches: a 4 × 4 grid.
+        // 3 images per crop, 64 px crops of 16 px patches: a 4 × 4 grid; with channel tokens
+        // each of the step's k channels has its 16 tokens (the reference's SUBSETS).
+        const SUBSET_SIZES: [usize; 6] = [4, 2, 1, 3, 2, 1];
         let masks: Vec<(String, Tensor)> = (0..steps)
             .map(|it| {
                 let seed = trainer::train::ibot::mask_seed(1000 + it as i64, 0);
-                (
-                    format!("step{it}"),
-                    o.masks(6, (4, 4), seed).to_kind(Kind::Uint8),
-                )
+                let k = if mode == "tokens" {
+                    SUBSET_SIZES[it % 6]
+                } else {
+                    1
+                };
+                let m = o.token_masks(6, (4, 4), k, seed).to_kind(Kind::Uint8);
+                (format!("step{it}"), m)
             })
             .collect();
         let total: i64 = masks
@@ -217,6 +222,14 @@ fn channel_token_training_steps_match_pytorch() {
 fn training_steps_with_ibot_match_pytorch() {
     check_steps_against_pytorch_ibot(6, 1, "fixed", 0.0, "ema", "shared");
     check_steps_against_pytorch_ibot(6, 1, "fixed", 0.1, "sinkhorn_knopp", "separate");
+}
+
+/// iBOT on ChannelViT tokens: a masked position is masked in every channel of the step's
+/// subset, and each masked (channel, position) token is a target; six steps on changing
+/// channel subsets against the PyTorch reference.
+#[test]
+fn channel_token_training_steps_with_ibot_match_pytorch() {
+    check_steps_against_pytorch_ibot(6, 1, "tokens", 0.0, "ema", "shared");
 }
 
 /// DINOv2's KoLeo (weight 0.1, its default) added to the loss: six full steps against the
@@ -970,6 +983,26 @@ print(fc.get_total_flops())
             - trainer::train::flops::step_flops(&without, 2, 3).total();
         let head = trainer::train::flops::ibot_flops(&cfg, 2, expected).total();
         assert!((added - head).abs() <= 1e-9 * head, "{added:e} vs {head:e}");
+        // ChannelViT tokens: each masked position is a target in each of the k channels.
+        let tokens = cfg
+            .edit("tokens", |s| {
+                s.model.channels = trainer::config::ChannelMode::Tokens
+            })
+            .unwrap();
+        let tokens_without = without
+            .edit("tokens", |s| {
+                s.model.channels = trainer::config::ChannelMode::Tokens
+            })
+            .unwrap();
+        for k in 1..=2 {
+            let added = trainer::train::flops::step_flops_on(&tokens, 2, 3, k).total()
+                - trainer::train::flops::step_flops_on(&tokens_without, 2, 3, k).total();
+            let head = trainer::train::flops::ibot_flops(&tokens, 2, expected * k as f64).total();
+            assert!(
+                (added - head).abs() <= 1e-9 * head,
+                "k={k}: {added:e} vs {head:e}"
+            );
+        }
     }
 }
 

@@ -33,19 +33,21 @@ class PatchEmbedPerChannel(nn.Module):
 
 
 class ChannelVisionTransformer(VisionTransformer):
-    def __init__(self, arch="vit_tiny", patch_size=16, in_chans=5, drop_path_rate=0.0):
-        super().__init__(arch, patch_size, in_chans, drop_path_rate)
+    def __init__(self, arch="vit_tiny", patch_size=16, in_chans=5, drop_path_rate=0.0, mask_token=False):
+        super().__init__(arch, patch_size, in_chans, drop_path_rate, mask_token=mask_token)
         self.patch_embed = PatchEmbedPerChannel(patch_size, in_chans, self.embed_dim)
         # The channels the inputs of the next forwards hold when none are passed (hierarchical
         # channel sampling sets them per step; MultiCropWrapper passes images only).
         self.channels = None
 
-    def prepare_tokens(self, x, channels=None):
+    def prepare_tokens(self, x, channels=None, masks=None):
         B, k, w, h = x.shape
         if channels is None:
             channels = self.channels if self.channels is not None else list(range(k))
         assert len(channels) == k
         patches = self.patch_embed(x, channels)
+        if masks is not None:  # iBOT: masks [B, k·N] over the channel-major tokens
+            patches = torch.where(masks.unsqueeze(-1), self.mask_token.to(patches.dtype).unsqueeze(0), patches)
         per_channel = patches.shape[1] // k
         # DINO's interpolation on one channel's tokens, then the same positions per channel.
         one = torch.zeros(B, 1 + per_channel, patches.shape[-1])
@@ -59,6 +61,15 @@ class ChannelVisionTransformer(VisionTransformer):
         for blk in self.blocks:
             x = blk(x)
         return self.norm(x)[:, 0]
+
+    def forward_features(self, x, masks=None):
+        """x_norm_clstoken and x_norm_patchtokens (iBOT), the student's masked tokens replaced
+        by the mask token before the positions are added."""
+        x = self.prepare_tokens(x, None, masks)
+        for blk in self.blocks:
+            x = blk(x)
+        x = self.norm(x)
+        return x[:, 0], x[:, 1:]
 
     def get_last_selfattention(self, x, channels=None):
         x = self.prepare_tokens(x, channels)

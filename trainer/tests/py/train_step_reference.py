@@ -159,7 +159,7 @@ for it in range(steps):
         student.backbone.channels = teacher.backbone.channels = ch
     torch.manual_seed(1000 + it)
     if ibot != "none":
-        masks = MASKS[f"step{it}"].bool()
+        masks = MASKS[f"step{it}"].bool()  # tokens: already [2B, k·N], channel-major
         with torch.no_grad():
             teacher_output, _, t_patch = ibot_forward(teacher, crops[:2], masks, False)
         student_output, cls, s_patch = ibot_forward(student, crops, masks, True)
