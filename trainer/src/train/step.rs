@@ -246,20 +246,62 @@ impl Learner {
             None => crops,
         };
         let channels = subset.as_deref();
-        // iBOT: which patches of the global crops the student sees masked.
-        let masks = self.ibot.as_ref().map(|ibot| {
-            let (b, c, h, w) = crops[0].size4().expect("crops are [B, C, H, W]");
-            let vit = self.nets.student.backbone.config();
-            let grid = ((h / vit.patch_size) as usize, (w / vit.patch_size) as usize);
-            let token_channels = if vit.channel_tokens { c as usize } else { 1 };
-            let seed = mask_seed(p.rng_seed, strategy.collective().rank());
-            ibot.token_masks(2 * b as usize, grid, token_channels, seed)
-                .to_device(crops[0].device())
-        });
+        let masks = self.ibot_masks(crops, p, strategy.collective().rank());
         strategy.before_teacher()?;
+        let teacher = self.teacher_pass(crops, channels, masks.as_ref(), p.epoch, strategy)?;
+        strategy.before_student()?;
+        let loss = self.student_loss(crops, channels, masks.as_ref(), &teacher, p.epoch);
+        strategy.after_student()?;
+        let group = strategy.collective();
+        let targets = self.update_centres(teacher, p.epoch, group)?;
+        let (loss_value, terms) = global_terms(&loss, group)?;
+        if !loss_value.is_finite() {
+            return Err(NonFiniteLoss {
+                loss: loss_value,
+                epoch: p.epoch,
+                iteration,
+            }
+            .into());
+        }
+        let (grad_norms, skipped) = strategy.backward_and_update(self, &loss.total, p)?;
+        Ok(StepOutput {
+            loss: loss_value,
+            terms,
+            grad_norms,
+            skipped,
+            teacher: targets,
+        })
+    }
+
+    /// iBOT: which patch tokens of this rank's global crops the student sees masked
+    /// (`[2·B, tokens]`), None without iBOT.
+    fn ibot_masks(&self, crops: &[Tensor], p: &StepParams, rank: usize) -> Option<Tensor> {
+        let ibot = self.ibot.as_ref()?;
+        let (b, c, h, w) = crops[0].size4().expect("crops are [B, C, H, W]");
+        let vit = self.nets.student.backbone.config();
+        let grid = ((h / vit.patch_size) as usize, (w / vit.patch_size) as usize);
+        let token_channels = if vit.channel_tokens { c as usize } else { 1 };
+        let seed = mask_seed(p.rng_seed, rank);
+        Some(
+            ibot.token_masks(2 * b as usize, grid, token_channels, seed)
+                .to_device(crops[0].device()),
+        )
+    }
+
+    /// The teacher on the global crops and the targets the losses will use: the CLS logits
+    /// (EMA-centred later) or their Sinkhorn-Knopp assignment, and with iBOT the masked
+    /// patches' logits and targets.
+    fn teacher_pass(
+        &self,
+        crops: &[Tensor],
+        channels: Option<&[i64]>,
+        masks: Option<&Tensor>,
+        epoch: usize,
+        strategy: &mut dyn StepHooks,
+    ) -> Result<TeacherPass, DistError> {
         let nets = &self.nets;
-        let (teacher_out, teacher_patches) = autocast(self.precision, self.device, || {
-            tch::no_grad(|| match &masks {
+        let (logits, patch_logits) = autocast(self.precision, self.device, || {
+            tch::no_grad(|| match masks {
                 Some(m) => {
                     let t = nets
                         .teacher
@@ -273,34 +315,46 @@ impl Learner {
             })
         });
         // DINOv2's Sinkhorn-Knopp targets instead of the EMA centre (its sums all-reduced).
-        let teacher_temp = self.loss.teacher_temp(p.epoch);
+        let temp = self.loss.teacher_temp(epoch);
+        let sk = |t: &Tensor, temp: f64, group: &mut dyn Collective| {
+            sinkhorn_knopp(t, temp, SINKHORN_ITERATIONS, group)
+        };
         let assigned = match self.centering {
-            Centering::SinkhornKnopp => Some(sinkhorn_knopp(
-                &teacher_out,
-                teacher_temp,
-                SINKHORN_ITERATIONS,
-                strategy.collective(),
-            )?),
+            Centering::SinkhornKnopp => Some(sk(&logits, temp, strategy.collective())?),
             Centering::Ema => None,
         };
         // iBOT's targets for the masked patches, centred as the CLS targets are.
-        let patch_targets = match (&self.ibot, &teacher_patches) {
+        let patch_targets = match (&self.ibot, &patch_logits) {
             (Some(ibot), Some(t)) => {
-                let temp = ibot.teacher_temp.unwrap_or(teacher_temp);
+                let temp = ibot.teacher_temp.unwrap_or(temp);
                 Some(match self.centering {
-                    Centering::SinkhornKnopp => {
-                        sinkhorn_knopp(t, temp, SINKHORN_ITERATIONS, strategy.collective())?
-                    }
+                    Centering::SinkhornKnopp => sk(t, temp, strategy.collective())?,
                     Centering::Ema => ibot.center.targets(t, temp),
                 })
             }
             _ => None,
         };
-        strategy.before_student()?;
-        let loss_fn = &self.loss;
-        let ibot = self.ibot.as_ref();
-        let (dino, cls, patch_term) = autocast(self.precision, self.device, || {
-            let (s, cls, patch_term) = match (&masks, &patch_targets, ibot) {
+        Ok(TeacherPass {
+            logits,
+            assigned,
+            patch_logits,
+            patch_targets,
+        })
+    }
+
+    /// The student on every crop and the step's loss: the DINO term, plus iBOT's masked-patch
+    /// term and KoLeo's, each weighted.
+    fn student_loss(
+        &self,
+        crops: &[Tensor],
+        channels: Option<&[i64]>,
+        masks: Option<&Tensor>,
+        teacher: &TeacherPass,
+        epoch: usize,
+    ) -> StepLoss {
+        let (nets, loss_fn, ibot) = (&self.nets, &self.loss, self.ibot.as_ref());
+        let (dino, cls, ibot_term) = autocast(self.precision, self.device, || {
+            let (s, cls, ibot_term) = match (masks, &teacher.patch_targets, ibot) {
                 (Some(m), Some(targets), Some(ibot)) => {
                     let IbotForward {
                         logits,
@@ -315,85 +369,109 @@ impl Learner {
                     (s, cls, None)
                 }
             };
-            let dino = match &assigned {
+            let dino = match &teacher.assigned {
                 Some(q) => loss_fn.forward_targets(&s, q),
-                None => loss_fn.forward(&s, &teacher_out, p.epoch),
+                None => loss_fn.forward(&s, &teacher.logits, epoch),
             };
-            (dino, cls, patch_term)
+            (dino, cls, ibot_term)
         });
         // DINOv2's KoLeo on each global crop's CLS tokens, per rank, in fp32.
-        let koleo_term = (self.koleo_weight > 0.0).then(|| {
+        let koleo = (self.koleo_weight > 0.0).then(|| {
             let b = crops[0].size()[0];
             (koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b)))
                 * self.koleo_weight
         });
-        let loss = match &patch_term {
+        let total = match &ibot_term {
             Some(term) => dino.to_kind(tch::Kind::Float) + term,
             None => dino.shallow_clone(),
         };
-        let loss = match &koleo_term {
-            Some(term) => loss.to_kind(tch::Kind::Float) + term,
-            None => loss,
+        let total = match &koleo {
+            Some(term) => total.to_kind(tch::Kind::Float) + term,
+            None => total,
         };
-        strategy.after_student()?;
-        let group = strategy.collective();
+        StepLoss {
+            total,
+            dino,
+            koleo,
+            ibot: ibot_term,
+        }
+    }
+
+    /// Moves the EMA centres (the CLS centre; with iBOT the patch centre) past this step's
+    /// teacher outputs, after the targets were taken; returns the CLS targets the loss used,
+    /// for the collapse signals.
+    fn update_centres(
+        &mut self,
+        teacher: TeacherPass,
+        epoch: usize,
+        group: &mut dyn Collective,
+    ) -> Result<TeacherTargets, DistError> {
         if let (Some(ibot), Some(t), Centering::Ema) =
-            (self.ibot.as_mut(), &teacher_patches, self.centering)
+            (self.ibot.as_mut(), &teacher.patch_logits, self.centering)
         {
             ibot.center.update(&t.to_kind(tch::Kind::Float), group)?;
         }
-        let teacher = match assigned {
+        Ok(match teacher.assigned {
             Some(q) => TeacherTargets::Assigned(q),
             None => {
-                let targets = self.loss.targets(&teacher_out, p.epoch);
+                let targets = self.loss.targets(&teacher.logits, epoch);
                 self.loss
-                    .update_center(&teacher_out.to_kind(tch::Kind::Float), group)?;
+                    .update_center(&teacher.logits.to_kind(tch::Kind::Float), group)?;
                 targets
             }
-        };
-        // The mean loss over all ranks: every rank logs it and takes the same finite/NaN
-        // decision, so none is left waiting in a collective. The terms travel in the same
-        // all-reduce (only when there is more than one).
-        let mut parts = vec![&loss];
-        if koleo_term.is_some() || patch_term.is_some() {
-            parts.push(&dino);
-            parts.extend(koleo_term.iter());
-            parts.extend(patch_term.iter());
-        }
-        let parts: Vec<Tensor> = parts
-            .into_iter()
-            .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
-            .collect();
-        let mut global = Tensor::cat(&parts, 0);
-        group.all_reduce_sum(&mut global)?;
-        let world = group.world_size() as f64;
-        let global = Vec::<f64>::try_from(global.to_device(Device::Cpu))
-            .expect("the packed loss terms are f64")
-            .into_iter()
-            .map(|x| x / world)
-            .collect::<Vec<_>>();
-        let loss_value = global[0];
-        let mut rest = global[1..].iter().copied();
-        let terms = LossTerms {
-            dino: rest.next().unwrap_or(loss_value),
-            koleo: koleo_term.as_ref().and_then(|_| rest.next()),
-            ibot: patch_term.as_ref().and_then(|_| rest.next()),
-        };
-        if !loss_value.is_finite() {
-            return Err(NonFiniteLoss {
-                loss: loss_value,
-                epoch: p.epoch,
-                iteration,
-            }
-            .into());
-        }
-        let (grad_norms, skipped) = strategy.backward_and_update(self, &loss, p)?;
-        Ok(StepOutput {
-            loss: loss_value,
-            terms,
-            grad_norms,
-            skipped,
-            teacher,
         })
     }
+}
+
+/// The teacher's side of a step.
+struct TeacherPass {
+    /// CLS logits of the global crops, `[2·B, K]`.
+    logits: Tensor,
+    /// Sinkhorn-Knopp targets of those (None: EMA centring).
+    assigned: Option<Tensor>,
+    /// iBOT: the masked patches' logits `[M, K']` and their targets.
+    patch_logits: Option<Tensor>,
+    patch_targets: Option<Tensor>,
+}
+
+/// The step's loss on this rank: the total the backward runs from, and its terms.
+struct StepLoss {
+    total: Tensor,
+    dino: Tensor,
+    koleo: Option<Tensor>,
+    ibot: Option<Tensor>,
+}
+
+/// The loss and its terms averaged over the ranks. Every rank logs the same values and takes
+/// the same finite/NaN decision, so none is left waiting in a collective. The terms travel in
+/// the loss's own all-reduce (only when there is more than one).
+fn global_terms(
+    loss: &StepLoss,
+    group: &mut dyn Collective,
+) -> Result<(f64, LossTerms), DistError> {
+    let mut parts = vec![&loss.total];
+    if loss.koleo.is_some() || loss.ibot.is_some() {
+        parts.push(&loss.dino);
+        parts.extend(loss.koleo.iter());
+        parts.extend(loss.ibot.iter());
+    }
+    let parts: Vec<Tensor> = parts
+        .into_iter()
+        .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
+        .collect();
+    let mut global = Tensor::cat(&parts, 0);
+    group.all_reduce_sum(&mut global)?;
+    let world = group.world_size() as f64;
+    let global: Vec<f64> = Vec::<f64>::try_from(global.to_device(Device::Cpu))
+        .expect("the packed loss terms are f64")
+        .into_iter()
+        .map(|x| x / world)
+        .collect();
+    let mut rest = global[1..].iter().copied();
+    let terms = LossTerms {
+        dino: rest.next().unwrap_or(global[0]),
+        koleo: loss.koleo.as_ref().and_then(|_| rest.next()),
+        ibot: loss.ibot.as_ref().and_then(|_| rest.next()),
+    };
+    Ok((global[0], terms))
 }
