@@ -169,8 +169,11 @@ pub fn describe(kind: CollapseKind, s: &TeacherSnapshot, iteration: usize) -> St
             "remedies: BatchNorm in the head (model.use_bn_in_head: true), a sharper \
              teacher (lower train.teacher_temp and train.warmup_teacher_temp, e.g. 0.02), a \
              smaller model.out_dim for small datasets, a lower train.momentum_teacher for \
-             short runs (e.g. 0.99), or a lower train.lr; configs/digits.yaml is a recipe \
-             that learns on a small dataset; see docs/training.md, \"Collapse\""
+             short runs (e.g. 0.99), or a lower train.lr; DINOv2's stabilisers \
+             (train.centering: sinkhorn_knopp, train.koleo_weight: 0.1, train.ibot.weight: \
+             1.0, model.num_register_tokens: 4) kept scDINO's defaults from this collapse on \
+             a small dataset and, added to configs/digits.yaml, learned faster: \
+             configs/small-data.yaml is that recipe; see docs/training.md, \"Collapse\""
         }
         CollapseKind::OnePrototype => {
             "remedies: a softer teacher (higher train.teacher_temp), a higher \
@@ -343,6 +346,14 @@ mod tests {
         let text = describe(CollapseKind::Uniform, &flat, 150);
         assert!(text.contains("uniform collapse at iteration 150"), "{text}");
         assert!(text.contains("teacher_temp"), "{text}");
+        // The measured remedies (BENCHMARKS.md, "Which recipe learns on small real data").
+        for named in [
+            "train.centering: sinkhorn_knopp",
+            "train.ibot.weight",
+            "configs/small-data.yaml",
+        ] {
+            assert!(text.contains(named), "{named}: {text}");
+        }
     }
 
     #[test]
