@@ -16,7 +16,7 @@
 # forces: vit_tiny with 4 px patches, out_dim 512 (not 65,536), batch 32, EPOCHS epochs with
 # one of warm-up, 8 local crops of 8 px.
 # usage: [VARIANTS="untrained recipe ..."] [DATASETS="digits16 digits12x4"] [SEED=0]
-#        [TRAINER=bin] bench/recipe.sh OUT [EPOCHS] [THREADS]
+#        [TRAINER=bin] [KEEP_CHECKPOINTS=1] bench/recipe.sh OUT [EPOCHS] [THREADS]
 # Prints a Markdown table per dataset (also written to OUT/table.md); reruns skip finished runs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -155,6 +155,9 @@ for dataset in $DATASETS; do
     for ck in $cks; do
       "$TRAINER" evaluate --config "$y" --checkpoint "$ck" --threads "$THREADS" >>"$log" 2>&1
     done
+    # The evaluations are what the tables read; a run's numbered checkpoints (about 90 MB each,
+    # one per epoch) would fill a disk over the whole matrix. KEEP_CHECKPOINTS=1 keeps them.
+    [[ ${KEEP_CHECKPOINTS:-0} == 1 ]] || rm -f "$OUT/$dataset/$variant/scDINO_ViTs/"*/checkpoint[0-9]*.safetensors
     touch "$done_mark"
   done
 done
