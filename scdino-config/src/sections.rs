@@ -452,6 +452,15 @@ impl IbotSection {
     pub fn enabled(&self) -> bool {
         self.weight > 0.0
     }
+
+    /// The prototypes the masked patches are projected to: the separate head's `out_dim`
+    /// (default `model_out_dim`), or the DINO head's `model_out_dim`.
+    pub fn prototypes(&self, model_out_dim: usize) -> usize {
+        match (self.separate_head, self.out_dim) {
+            (true, Some(k)) => k,
+            _ => model_out_dim,
+        }
+    }
 }
 
 impl Default for IbotSection {

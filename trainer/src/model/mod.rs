@@ -57,10 +57,9 @@ pub fn ibot_head_config(cfg: &Config, vit: &VitConfig, student: bool) -> Option<
     let ibot = &cfg.train.ibot;
     (ibot.enabled() && ibot.separate_head).then(|| {
         let m = &cfg.model;
-        let out_dim = ibot.out_dim.unwrap_or(m.out_dim) as i64;
         HeadConfig::new(
             vit.embed_dim,
-            out_dim,
+            ibot.prototypes(m.out_dim) as i64,
             m.use_bn_in_head,
             !student || m.norm_last_layer,
         )

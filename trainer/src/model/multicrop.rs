@@ -81,6 +81,14 @@ impl MultiCropNet {
         channels: Option<&[i64]>,
         train: bool,
     ) -> (Tensor, Tensor) {
+        let features = Tensor::cat(&self.cls_by_width(crops, channels, train), 0);
+        (self.head.forward_t(&features, train), features)
+    }
+
+    /// The backbone's CLS features of `crops`, one tensor per run of consecutive crops of
+    /// the same width (DINO groups by width only), each run concatenated along the batch for a
+    /// single backbone pass.
+    fn cls_by_width(&self, crops: &[Tensor], channels: Option<&[i64]>, train: bool) -> Vec<Tensor> {
         let mut features = Vec::new();
         let mut start = 0;
         while start < crops.len() {
@@ -94,8 +102,7 @@ impl MultiCropNet {
             features.push(self.backbone.forward_channels_t(&batch, channels, train));
             start = end;
         }
-        let features = Tensor::cat(&features, 0);
-        (self.head.forward_t(&features, train), features)
+        features
     }
 
     /// DINOv2's iBOT forward (`ssl_meta_arch.py`): the two global crops (`crops[..2]`) go
@@ -117,18 +124,7 @@ impl MultiCropNet {
             self.backbone
                 .forward_features_t(&global, channels, mask_input.then_some(masks), train);
         let mut cls = vec![cls];
-        let mut start = 2;
-        while start < crops.len() {
-            let width = crops[start].size()[3];
-            let end = start
-                + crops[start..]
-                    .iter()
-                    .take_while(|c| c.size()[3] == width)
-                    .count();
-            let batch = Tensor::cat(&crops[start..end], 0);
-            cls.push(self.backbone.forward_channels_t(&batch, channels, train));
-            start = end;
-        }
+        cls.extend(self.cls_by_width(&crops[2..], channels, train));
         let cls = Tensor::cat(&cls, 0);
         let index = masks.flatten(0, 1).nonzero().squeeze_dim(1);
         let masked = patches.flatten(0, 1).index_select(0, &index);

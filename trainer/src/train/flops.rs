@@ -20,8 +20,8 @@
 //! forward and backward); the mask token replaces a patch embedding, which costs nothing
 //! counted. The number of masked patches is random: a step is counted at its expectation,
 //! the masked images times the mean target ratio of their patches (the block masks can fall
-//! a little short of their target, so this is an upper estimate by a few per cent of the
-//! head's share).
+//! short of their target, so this is an upper estimate of the heads' share; by how much is not
+//! measured).
 use crate::config::{ChannelMode, Config};
 use crate::model::{configs_for, ibot_head_config, HeadConfig, VitConfig};
 

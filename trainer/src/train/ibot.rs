@@ -179,7 +179,7 @@ impl PatchCenter {
 
     /// DINOv2's update after the step's targets (`reduce_center_update` and
     /// `apply_center_update`): the mean over this rank's masked patches, averaged over the
-    /// ranks. A rank without masked patches adds zero, as DINOv2's mean of none would not.
+    /// ranks. A rank without masked patches adds zero (DINOv2's mean of none would be NaN).
     pub fn update(
         &mut self,
         teacher: &Tensor,
@@ -230,12 +230,7 @@ impl IbotObjective {
     pub fn from_config(cfg: &crate::config::Config, device: tch::Device) -> Option<Self> {
         let ibot = &cfg.train.ibot;
         ibot.enabled().then(|| {
-            let shared = cfg.model.out_dim;
-            let out_dim = if ibot.separate_head {
-                ibot.out_dim.unwrap_or(shared)
-            } else {
-                shared
-            };
+            let out_dim = ibot.prototypes(cfg.model.out_dim);
             Self {
                 weight: ibot.weight,
                 mask_probability: ibot.mask_probability,

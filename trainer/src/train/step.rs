@@ -455,11 +455,14 @@ fn global_terms(
         parts.extend(loss.koleo.iter());
         parts.extend(loss.ibot.iter());
     }
-    let parts: Vec<Tensor> = parts
+    let mut parts: Vec<Tensor> = parts
         .into_iter()
         .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
         .collect();
-    let mut global = Tensor::cat(&parts, 0);
+    let mut global = match parts.len() {
+        1 => parts.remove(0),
+        _ => Tensor::cat(&parts, 0),
+    };
     group.all_reduce_sum(&mut global)?;
     let world = group.world_size() as f64;
     let global: Vec<f64> = Vec::<f64>::try_from(global.to_device(Device::Cpu))

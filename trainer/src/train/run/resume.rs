@@ -53,7 +53,7 @@ pub fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     if ibot.enabled() {
         fp["ibot"] = serde_json::json!({
             "separate_head": ibot.separate_head,
-            "out_dim": ibot.separate_head.then(|| ibot.out_dim.unwrap_or(m.out_dim)),
+            "out_dim": ibot.separate_head.then(|| ibot.prototypes(m.out_dim)),
         });
     }
     fp.to_string()
