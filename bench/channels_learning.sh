@@ -10,6 +10,10 @@
 #   fixed_zeros the all-channel fixed model on each subset, the missing channels fed as zeros
 #               after normalisation (downstream.features.missing_channels: zeros)
 #   tokens, bag one model each on all channels, evaluated on every combination
+#   tokens_small, bag_small
+#               the same with configs/small-data.yaml (the digits recipe + DINOv2's four
+#               stabilisers: KoLeo, Sinkhorn-Knopp centring, iBOT, 4 registers; not run unless
+#               named in RUNS)
 # Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
 # Prints one Markdown table per approach: mean and spread over the seeds.
 # usage: [SEEDS="0 1 2"] [RUNS="untrained tokens bag fixed fixed_zeros"] [TRAINER=bin] [DATA=dir]
@@ -41,22 +45,23 @@ COST=$OUT/cost.txt
 
 # The run config of approach $2 for seed $1 (written to stdout).
 config() {
-  local seed=$1 run=$2 mode=$2 lr=0.002
+  local seed=$1 run=$2 mode=$2 lr=0.002 base=digits
   case $run in
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
+    *_small) mode=${run%_small} base=small-data ;;
   esac
   sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
     -e "s|dataset_dir: digits/data/Training|dataset_dir: $DATA/Training|" \
     -e "s|test_dir: digits/data/Test|test_dir: $DATA/Test|" \
-    -e "s|name: digits$|name: $run|" \
+    -e "s|name: digits$|name: $run|" -e "s|name: small-data$|name: $run|" \
     -e "s|  seed: 0|  seed: $seed|" \
     -e "s|channel_names: \[digit, blurred, edges\]|channel_names: [digit, blurred, edges, blurred2]|" \
     -e "s|channel_combinations: \[\"012\"\]|channel_combinations: $COMBOS|" \
     -e "s|  epochs: 30|  epochs: $EPOCHS|" -e "s|  checkpoint_every: 3|  checkpoint_every: $EPOCHS|" \
     -e "s|  lr: 0.002|  lr: $lr|" \
     -e "s|  use_bn_in_head: true|  use_bn_in_head: true\n  channels: $mode|" \
-    "$ROOT/configs/digits.yaml" |
+    "$ROOT/configs/$base.yaml" |
     if [[ $run == untrained ]]; then
       sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
         -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|"
@@ -115,7 +120,7 @@ done
 "$PY" - "$OUT" "$SEEDS" <<'PYEOF'
 import glob, json, os, re, statistics, sys
 out, seeds = sys.argv[1], sys.argv[2].split()
-runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag"]
+runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small"]
 combos = ["digit", "blurred", "edges", "blurred2", "digit_blurred_edges_blurred2", "digit_edges"]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
@@ -130,6 +135,8 @@ for seed in seeds:
             knn = {k["k"]: k["scores"]["top1_percent"] for k in v["knn"]}
             p = v["linear_probe"]["scores"]
             scores.setdefault((run, combo), []).append((knn.get(20, float("nan")), p["top1_percent"], p["macro_f1"]))
+
+runs = [r for r in runs if any((r, c) in scores for c in combos)]
 
 def cell(vals, fmt):
     if not vals:

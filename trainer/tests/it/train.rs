@@ -1133,3 +1133,58 @@ fn stabilisers_train_under_every_precision() {
         );
     }
 }
+
+/// Resuming writes the saved loss centres (DINO's and iBOT's) into the learner's own tensors.
+/// A checkpoint is read to the CPU; a centre taken from it as it was stayed on the CPU while a
+/// GPU step's outputs were on the GPU, and the first resume on a GPU stopped at the first
+/// centring ("Expected all tensors to be on the same device"). Here: the same storage before
+/// and after the restore, holding the saved values.
+#[test]
+fn resume_writes_the_loss_centres_into_the_learners_tensors() {
+    use trainer::checkpoint::{Checkpoint, CheckpointMeta, EpochTotals};
+    let _rng = super::util::torch_rng_lock();
+    let cfg = tiny_config()
+        .edit("ibot", |s| s.train.ibot.weight = 1.0)
+        .unwrap();
+    let learner = || {
+        let nets = Networks::new(&cfg, 4, Device::Cpu);
+        let temps = teacher_temp_schedule(0.04, 0.07, 2, 5);
+        let loss = DinoLoss::new(256, 4, temps, Device::Cpu);
+        let mut l = Learner::new(nets, loss, Precision::Fp32, Device::Cpu);
+        l.ibot = trainer::train::ibot::IbotObjective::from_config(&cfg, Device::Cpu);
+        l
+    };
+    let mut saved = learner();
+    let dino = Tensor::randn([1, 256], (Kind::Float, Device::Cpu));
+    let ibot = Tensor::randn([1, 256], (Kind::Float, Device::Cpu));
+    saved.loss.center.copy_(&dino);
+    saved.ibot.as_mut().unwrap().center.center.copy_(&ibot);
+    let ck = Checkpoint {
+        path: "in-memory.safetensors".into(),
+        tensors: trainer::train::strategy::checkpoint_tensors(&saved)
+            .into_iter()
+            .collect(),
+        meta: CheckpointMeta {
+            format: trainer::checkpoint::FORMAT.into(),
+            epoch: 1,
+            epoch_batch: 0,
+            iteration: 10,
+            seed: 0,
+            fingerprint: "fp".into(),
+            config_yaml: cfg.to_yaml(),
+            mean: vec![0.0; 4],
+            std: vec![1.0; 4],
+            epoch_totals: EpochTotals::default(),
+            loss_scaler: None,
+        },
+    };
+    let mut resumed = learner();
+    let dino_storage = resumed.loss.center.data_ptr();
+    let ibot_storage = resumed.ibot.as_ref().unwrap().center.center.data_ptr();
+    trainer::train::strategy::restore(&ck, "fp", &mut resumed).unwrap();
+    assert_eq!(resumed.loss.center.data_ptr(), dino_storage);
+    let patch_center = &resumed.ibot.as_ref().unwrap().center.center;
+    assert_eq!(patch_center.data_ptr(), ibot_storage);
+    assert_eq!(max_abs_diff(&resumed.loss.center, &dino), 0.0);
+    assert_eq!(max_abs_diff(patch_center, &ibot), 0.0);
+}

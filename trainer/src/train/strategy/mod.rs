@@ -452,15 +452,28 @@ fn loss_centres(learner: &Learner) -> Vec<(String, Tensor)> {
     out
 }
 
-/// Restores what [`loss_centres`] saved.
+/// Restores what [`loss_centres`] saved, into the learner's own tensors: a checkpoint is read
+/// to the CPU, and a centre taken from it as it is stayed there while the step's outputs were on
+/// the GPU (the first resume on a GPU stopped with "Expected all tensors to be on the same
+/// device" at the first centring).
 fn restore_loss_centres(ck: &Checkpoint, learner: &mut Learner) -> Result<(), RestoreError> {
-    let loss = &mut learner.loss;
-    loss.center = RestoreError::fetch(ck, "dino_loss.center", &loss.center.size())?;
-    if let Some(ibot) = &mut learner.ibot {
-        let shape = ibot.center.center.size();
-        ibot.center.center = RestoreError::fetch(ck, "ibot_patch_loss.center", &shape)?;
-    }
-    Ok(())
+    tch::no_grad(|| {
+        let center = &mut learner.loss.center;
+        center.copy_(&RestoreError::fetch(
+            ck,
+            "dino_loss.center",
+            &center.size(),
+        )?);
+        if let Some(ibot) = &mut learner.ibot {
+            let center = &mut ibot.center.center;
+            center.copy_(&RestoreError::fetch(
+                ck,
+                "ibot_patch_loss.center",
+                &center.size(),
+            )?);
+        }
+        Ok(())
+    })
 }
 
 /// Σ|θ| over the student, in f64: equal on all ranks when they hold the same weights.
