@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # scDINO's one model per channel combination against one channel-adaptive model (bag, tokens),
-# trained with the same recipe (configs/digits.yaml) on the digits written with 4 channels
-# (digit, two blurred copies, edges), back to back on one machine, for every seed in SEEDS.
-# For every combination (each single channel, all four, one pair) each approach is scored on
+# trained with the same recipe (configs/digits.yaml), back to back on one machine, for every
+# seed in SEEDS, on one of two datasets (DATASET):
+#   digits  scikit-learn's digits written with 4 channels (digit, two blurred copies, edges),
+#           16 px, patch 4 (the default)
+#   pbmc    `trainer synth`'s PBMC-like cells, 5 channels (APC, BF, DAPI, GREEN, PE: the
+#           class is spread over the marker stains, the cell size and the nucleus shape),
+#           8 classes of 96 training images, 32 px, patch 8 (the same 4×4 patch grid)
+# For every combination (each single channel, all channels, one pair: digit+edges,
+# BF+DAPI) each approach is scored on
 # the test folder by `trainer evaluate` (20-NN top-1, linear-probe top-1 and macro-F1) from
 # the last checkpoint:
 #   untrained   the tokens network after one epoch at lr 1e-12 (weights move by ~1e-11)
@@ -17,11 +23,12 @@
 # Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
 # Prints one Markdown table per approach: mean and spread over the seeds.
 # usage: [SEEDS="0 1 2"] [RUNS="untrained tokens bag fixed fixed_zeros"] [TRAINER=bin] [DATA=dir]
-#        bench/channels_learning.sh OUT [EPOCHS] [THREADS]
+#        [DATASET=digits|pbmc] bench/channels_learning.sh OUT [EPOCHS] [THREADS]
 #   RUNS: the approaches to run, in this order (fixed_zeros needs fixed of the same seed).
 #   TRAINER: a trainer binary to use as it is (no setup, no build: e.g. a GPU machine with the
-#   binary of scripts/device-binary.sh); DATA: the 4-channel digits written beforehand
-#   (`scripts/digits.py --out DATA --size 16 --channels 4`), else written into OUT.
+#   binary of scripts/device-binary.sh); DATA: the dataset written beforehand
+#   (`scripts/digits.py --out DATA --size 16 --channels 4`, or `trainer synth --out DATA
+#   --size 32 --per-class 96 --channels 5`), else written into OUT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ -z ${TRAINER:-} ]]; then
@@ -35,11 +42,25 @@ EPOCHS=${2:-10} THREADS=${3:-2}
 SEEDS=${SEEDS:-0}
 RUNS=${RUNS:-untrained tokens bag fixed fixed_zeros}
 DATA=$(realpath -m "${DATA:-$OUT/data}")
+DATASET=${DATASET:-digits}
 mkdir -p "$OUT"
-[[ -d $DATA/Training ]] || "$PY" "$ROOT/scripts/digits.py" --out "$DATA" --size 16 --channels 4
-COMBOS='["0", "1", "2", "3", "0123", "02"]'
-ALL=4 # the index of "0123"
-NCOMBOS=6
+case $DATASET in
+  digits)
+    [[ -d $DATA/Training ]] || "$PY" "$ROOT/scripts/digits.py" --out "$DATA" --size 16 --channels 4
+    NAMES="digit, blurred, edges, blurred2" SIZE=16 PATCH=4
+    COMBOS='["0", "1", "2", "3", "0123", "02"]'
+    ALL=4 # the index of "0123"
+    ;;
+  pbmc)
+    [[ -d $DATA/Training ]] || "$TRAINER" synth --out "$DATA" --size 32 --per-class 96 --channels 5 >/dev/null
+    NAMES="APC, BF, DAPI, GREEN, PE" SIZE=32 PATCH=8
+    COMBOS='["0", "1", "2", "3", "4", "01234", "12"]'
+    ALL=5
+    ;;
+  *) echo "DATASET is digits or pbmc, not $DATASET" >&2; exit 2 ;;
+esac
+NCOMBOS=$(tr -cd , <<<"$COMBOS" | wc -c)
+NCOMBOS=$((NCOMBOS + 1))
 COST=$OUT/cost.txt
 : >"$COST"
 
@@ -56,7 +77,9 @@ config() {
     -e "s|test_dir: digits/data/Test|test_dir: $DATA/Test|" \
     -e "s|name: digits$|name: $run|" -e "s|name: small-data$|name: $run|" \
     -e "s|  seed: 0|  seed: $seed|" \
-    -e "s|channel_names: \[digit, blurred, edges\]|channel_names: [digit, blurred, edges, blurred2]|" \
+    -e "s|channel_names: \[digit, blurred, edges\]|channel_names: [$NAMES]|" \
+    -e "s|global_crop_size: 16|global_crop_size: $SIZE|" -e "s|resize_length: 16|resize_length: $SIZE|" \
+    -e "s|patch_size: 4|patch_size: $PATCH|" \
     -e "s|channel_combinations: \[\"012\"\]|channel_combinations: $COMBOS|" \
     -e "s|  epochs: 30|  epochs: $EPOCHS|" -e "s|  checkpoint_every: 3|  checkpoint_every: $EPOCHS|" \
     -e "s|  lr: 0.002|  lr: $lr|" \
@@ -97,7 +120,7 @@ for seed in $SEEDS; do
         ;;
       fixed_zeros)
         # The all-channel fixed model of this seed, on every other combination.
-        all=$(ls -d "$OUT/seed$seed/fixed/scDINO_ViTs/"*_channel_digit_blurred_edges_blurred2)
+        all=$(ls -d "$OUT/seed$seed/fixed/scDINO_ViTs/"*_channel_"$(tr -d ' ' <<<"$NAMES" | tr , _)")
         mkdir -p "$OUT/seed$seed/fixed_zeros"
         cp "$OUT/seed$seed/fixed/mean_and_std_of_dataset.txt" "$OUT/seed$seed/fixed_zeros/"
         for c in $(seq 0 $((NCOMBOS - 1))); do
@@ -117,11 +140,12 @@ for seed in $SEEDS; do
   done
 done
 
-"$PY" - "$OUT" "$SEEDS" <<'PYEOF'
+"$PY" - "$OUT" "$SEEDS" "$NAMES" "$COMBOS" <<'PYEOF'
 import glob, json, os, re, statistics, sys
 out, seeds = sys.argv[1], sys.argv[2].split()
+names = [n.strip() for n in sys.argv[3].split(",")]
+combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small"]
-combos = ["digit", "blurred", "edges", "blurred2", "digit_blurred_edges_blurred2", "digit_edges"]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:

@@ -10,6 +10,11 @@ file is the name of its parent folder.
 
 What is reused (imported, not copied):
   * trainer/tests/py/dino_reference.py: VisionTransformer, DINOHead, MultiCropWrapper;
+  * trainer/tests/py/koleo_reference.py, sinkhorn_reference.py, ibot_reference.py: DINOv2's
+    KoLeo, Sinkhorn-Knopp and iBOT patch loss (--koleo-weight, --centering sinkhorn_knopp,
+    --ibot-weight; with --num-register-tokens the ViT's register tokens), the same oracles the
+    trainer's step is tested against; DINOv2's MaskingGenerator and mask collation are
+    re-stated below (Python's `random`, seeded, draws the masks);
   * bench/scdino_input.py: TiffImageFolder (tifffile.imread, float64, min–max per image and
     channel with scDINO's zero-max rule) and DataAugmentationDINO (multi-channel multi-crop:
     RandomResizedCrop bicubic, horizontal + vertical flips p=0.5, per-channel brightness p=0.8,
@@ -85,6 +90,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
+from ibot_reference import iBOTPatchLoss  # noqa: E402
+from koleo_reference import KoLeoLoss  # noqa: E402
+from sinkhorn_reference import sinkhorn_knopp_teacher  # noqa: E402
 from scdino_input import DataAugmentationDINO, TiffImageFolder  # noqa: E402
 
 
@@ -131,6 +139,15 @@ def parse_args(argv=None):
     p.add_argument("--teacher-temp", type=float, default=0.04)
     p.add_argument("--warmup-teacher-temp-epochs", type=int, default=0)
     p.add_argument("--student-temp", type=float, default=0.1)
+    # DINOv2's stabilisers (issue 22), each off by default as in the trainer.
+    p.add_argument("--koleo-weight", type=float, default=0.0,
+                   help="KoLeo on the student's global-crop CLS, per crop (DINOv2: 0.1)")
+    p.add_argument("--centering", choices=["ema", "sinkhorn_knopp"], default="ema")
+    p.add_argument("--ibot-weight", type=float, default=0.0,
+                   help="iBOT masked-patch loss weight, shared head (DINOv2: 1.0; 0 = off)")
+    p.add_argument("--ibot-mask-probability", type=float, default=0.5)
+    p.add_argument("--ibot-mask-ratio", type=pair, default=(0.1, 0.5))
+    p.add_argument("--num-register-tokens", type=int, default=0)
     # multi-crop (global_crops_scale, global_crop_size, local_crops_number, local_crops_scale,
     # local_crop_size)
     p.add_argument("--global-crop-size", type=int, default=16)
@@ -159,8 +176,10 @@ def parse_args(argv=None):
 # ---- scDINO's loss, schedules and optimiser helpers (main_dino.py, utils.py) ----
 class DINOLoss(torch.nn.Module):
     def __init__(self, out_dim, ncrops, warmup_teacher_temp, teacher_temp,
-                 warmup_teacher_temp_epochs, nepochs, student_temp=0.1, center_momentum=0.9):
+                 warmup_teacher_temp_epochs, nepochs, student_temp=0.1, center_momentum=0.9,
+                 centering="ema"):
         super().__init__()
+        self.centering = centering
         self.student_temp, self.center_momentum, self.ncrops = student_temp, center_momentum, ncrops
         self.register_buffer("center", torch.zeros(1, out_dim))
         self.teacher_temp_schedule = np.concatenate((
@@ -171,7 +190,11 @@ class DINOLoss(torch.nn.Module):
     def forward(self, student_output, teacher_output, epoch):
         student_out = (student_output / self.student_temp).chunk(self.ncrops)
         temp = self.teacher_temp_schedule[epoch]
-        teacher_probs = F.softmax((teacher_output - self.center) / temp, dim=-1).detach()
+        if self.centering == "sinkhorn_knopp":
+            # DINOv2: the assignment replaces the centred softmax; the centre is not updated.
+            teacher_probs = sinkhorn_knopp_teacher(teacher_output, temp).detach()
+        else:
+            teacher_probs = F.softmax((teacher_output - self.center) / temp, dim=-1).detach()
         self.last_teacher_probs = teacher_probs
         teacher_out = teacher_probs.chunk(2)
         total_loss, n = 0, 0
@@ -182,13 +205,80 @@ class DINOLoss(torch.nn.Module):
                 total_loss += torch.sum(-q * F.log_softmax(student_out[v], dim=-1), dim=-1).mean()
                 n += 1
         total_loss /= n
-        self.update_center(teacher_output)
+        if self.centering != "sinkhorn_knopp":
+            self.update_center(teacher_output)
         return total_loss
 
     @torch.no_grad()
     def update_center(self, teacher_output):
         batch_center = torch.sum(teacher_output, dim=0, keepdim=True) / len(teacher_output)
         self.center = self.center * self.center_momentum + batch_center * (1 - self.center_momentum)
+
+
+# ---- DINOv2's masking (dinov2/data/masking.py, collate.py) and iBOT forward (ssl_meta_arch.py) ----
+class MaskingGenerator:
+    """dinov2/data/masking.py: block masks of aspect 0.3..1/0.3, at least 4 patches a block."""
+
+    def __init__(self, size, max_num_patches, min_num_patches=4, min_aspect=0.3):
+        self.height = self.width = size
+        self.min_num_patches, self.max_num_patches = min_num_patches, max_num_patches
+        self.log_aspect_ratio = (math.log(min_aspect), math.log(1 / min_aspect))
+
+    def _mask(self, mask, max_mask_patches):
+        delta = 0
+        for _ in range(10):
+            target_area = random.uniform(self.min_num_patches, max_mask_patches)
+            aspect_ratio = math.exp(random.uniform(*self.log_aspect_ratio))
+            h = int(round(math.sqrt(target_area * aspect_ratio)))
+            w = int(round(math.sqrt(target_area / aspect_ratio)))
+            if w < self.width and h < self.height:
+                top = random.randint(0, self.height - h)
+                left = random.randint(0, self.width - w)
+                num_masked = mask[top:top + h, left:left + w].sum()
+                if 0 < h * w - num_masked <= max_mask_patches:
+                    for i in range(top, top + h):
+                        for j in range(left, left + w):
+                            if mask[i, j] == 0:
+                                mask[i, j] = 1
+                                delta += 1
+                if delta > 0:
+                    break
+        return delta
+
+    def __call__(self, num_masking_patches=0):
+        mask = np.zeros((self.height, self.width), dtype=bool)
+        count = 0
+        while count < num_masking_patches:
+            delta = self._mask(mask, min(num_masking_patches - count, self.max_num_patches))
+            if delta == 0:
+                break
+            count += delta
+        return mask
+
+
+def draw_masks(n_images, generator, probability, ratio):
+    """collate_data_and_cast: int(n·probability) images masked, their ratios spread over
+    `ratio` in equal bins, the rest unmasked, shuffled; [n, N] bool."""
+    n_tokens = generator.height * generator.width
+    n_masked = int(n_images * probability)
+    probs = torch.linspace(ratio[0], ratio[1], n_masked + 1)
+    masks = [torch.from_numpy(generator(int(n_tokens * random.uniform(probs[i], probs[i + 1]))))
+             for i in range(n_masked)]
+    masks += [torch.from_numpy(generator(0)) for _ in range(n_masked, n_images)]
+    random.shuffle(masks)
+    return torch.stack(masks).flatten(1)
+
+
+def ibot_forward(net, crops, masks, mask_input):
+    """The global crops with (student) or without (teacher) the mask token, their CLS and the
+    masked patch tokens, the local crops' CLS; DINO head and iBOT share the head (one call)."""
+    cls, patches = net.backbone.forward_features(torch.cat(crops[:2]), masks if mask_input else None)
+    if len(crops) > 2:
+        cls = torch.cat((cls, net.backbone(torch.cat(crops[2:]))))
+    idx = masks.flatten().nonzero().flatten()
+    masked = torch.index_select(patches.flatten(0, 1), 0, idx)
+    out = net.head(torch.cat((cls, masked)))
+    return out[: len(cls)], cls, out[len(cls):]
 
 
 def cosine_scheduler(base_value, final_value, epochs, niter_per_ep, warmup_epochs=0,
@@ -422,10 +512,13 @@ def main(argv=None):
 
     # ---- networks (main_dino.py L232-282) ----
     img = a.global_crop_size
-    vit_s = VisionTransformer(a.arch, a.patch_size, C, drop_path_rate=a.drop_path_rate, img_size=img)
+    use_ibot = a.ibot_weight > 0
+    extra = {"num_register_tokens": a.num_register_tokens, "mask_token": use_ibot}
+    vit_s = VisionTransformer(a.arch, a.patch_size, C, drop_path_rate=a.drop_path_rate, img_size=img,
+                              **extra)
     student = MultiCropWrapper(vit_s, DINOHead(vit_s.embed_dim, a.out_dim, use_bn=a.use_bn_in_head,
                                                norm_last_layer=a.norm_last_layer))
-    vit_t = VisionTransformer(a.arch, a.patch_size, C, img_size=img)
+    vit_t = VisionTransformer(a.arch, a.patch_size, C, img_size=img, **extra)
     teacher = MultiCropWrapper(vit_t, DINOHead(vit_t.embed_dim, a.out_dim, use_bn=a.use_bn_in_head))
     teacher.load_state_dict(student.state_dict())
     for q in teacher.parameters():
@@ -440,7 +533,12 @@ def main(argv=None):
     niter = len(loader)
     ncrops = 2 + a.local_crops_number
     dino_loss = DINOLoss(a.out_dim, ncrops, a.warmup_teacher_temp, a.teacher_temp,
-                         a.warmup_teacher_temp_epochs, a.epochs, a.student_temp)
+                         a.warmup_teacher_temp_epochs, a.epochs, a.student_temp,
+                         centering=a.centering)
+    ibot_loss = iBOTPatchLoss(a.out_dim)
+    grid = a.global_crop_size // a.patch_size
+    mask_generator = MaskingGenerator(grid, max_num_patches=0.5 * grid * grid)
+    koleo = KoLeoLoss()
     optimizer = torch.optim.AdamW(get_params_groups(student))
     lr_schedule = cosine_scheduler(a.lr * a.batch_size / 256, a.min_lr, a.epochs, niter,
                                    warmup_epochs=a.warmup_epochs)
@@ -475,9 +573,29 @@ def main(argv=None):
                 g["lr"] = lr_schedule[git]
                 if i == 0:
                     g["weight_decay"] = wd_schedule[git]
-            teacher_output = teacher(images[:2])
-            student_output = student(images)
-            loss = dino_loss(student_output, teacher_output, epoch)
+            n_global = 2 * len(images[0])
+            if use_ibot:
+                masks = draw_masks(n_global, mask_generator, a.ibot_mask_probability,
+                                   a.ibot_mask_ratio)
+                with torch.no_grad():
+                    teacher_output, _, t_patch = ibot_forward(teacher, images, masks, False)
+                student_output, cls, s_patch = ibot_forward(student, images, masks, True)
+                temp = dino_loss.teacher_temp_schedule[epoch]
+                if a.centering == "sinkhorn_knopp":
+                    targets = ibot_loss.sinkhorn_knopp_teacher(t_patch, temp, len(t_patch))
+                else:
+                    targets = ibot_loss.softmax_center_teacher(t_patch, temp)
+                    ibot_loss.update_center(t_patch.unsqueeze(0))
+                loss = dino_loss(student_output, teacher_output, epoch)
+                loss = loss + a.ibot_weight * ibot_loss.forward_masked(s_patch, targets, masks)
+            else:
+                teacher_output = teacher(images[:2])
+                student.return_backbone = True
+                student_output, cls = student(images)
+                loss = dino_loss(student_output, teacher_output, epoch)
+            if a.koleo_weight > 0:
+                # DINOv2: weight × Σ over the two global crops of KoLeo(the student's CLS).
+                loss = loss + a.koleo_weight * sum(koleo(c) for c in cls[:n_global].chunk(2))
             if not math.isfinite(loss.item()):
                 emit({"epoch": epoch, "error": f"Loss is {loss.item()}, stopping training"})
                 if json_out is not None:
