@@ -7,7 +7,8 @@
 #                  against the CPU, device augmentation, a one-rank NCCL all-reduce)
 #   step.jsonl     one DINO training step on the GPU, ours (`trainer bench step --device cuda`)
 #                  and PyTorch's (bench/train_step.py --device cuda), alternating R,P per round
-#   demo/          the demo pipeline (configs/demo.yaml) trained on the GPU: log, kNN, report
+#   demo/          the demo pipeline (configs/demo.yaml) trained on the GPU, resumed after its
+#                  first 3 steps: log, kNN, report
 # usage: [OUT=dir] [ROUNDS=2] [BATCH=64] scripts/device-check.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,6 +52,9 @@ tail -n 20 "$OUT/step.err" 2>/dev/null
 mkdir -p "$OUT/demo"
 {
   "$T" synth --out demo/data --seed 0 --per-class 40 &&
+    # Stopped after 3 steps, so the pipeline's training resumes mid-epoch on the GPU (the
+    # first GPU resume stopped at its first step: the restored centre stayed on the CPU).
+    timeout 100 "$T" train --config configs/demo.yaml --max-steps 3 &&
     timeout 200 "$T" pipeline --config configs/demo.yaml
 } >"$OUT/demo/pipeline.log" 2>&1
 echo "demo rc=$?" | tee -a "$OUT/demo/pipeline.log"
