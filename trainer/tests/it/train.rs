@@ -455,6 +455,30 @@ fn loss_scaler_follows_grad_scaler_semantics() {
     assert_eq!(s.growth_tracker, 0);
 }
 
+/// The schedule values of the single-step precision tests (step 0, warm-up lr).
+fn one_step_params() -> StepParams {
+    StepParams {
+        lr: 1e-4,
+        weight_decay: 0.04,
+        momentum: 0.996,
+        epoch: 0,
+        freeze_last_layer: true,
+        clip_grad: 3.0,
+        rng_seed: 5,
+        channels: None,
+    }
+}
+
+/// Mixed precision computes in bf16/fp16 but keeps and updates fp32 weights.
+fn master_weights_are_fp32(learner: &Learner) -> bool {
+    learner
+        .nets
+        .student_vs
+        .variables()
+        .values()
+        .all(|v| v.kind() == Kind::Float)
+}
+
 #[test]
 fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
     let _rng = super::util::torch_rng_lock();
@@ -487,16 +511,7 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
         .iter()
         .map(|&s| Tensor::rand([2, 4, s, s], (Kind::Float, Device::Cpu)))
         .collect();
-    let params = StepParams {
-        lr: 1e-4,
-        weight_decay: 0.04,
-        momentum: 0.996,
-        epoch: 0,
-        freeze_last_layer: true,
-        clip_grad: 3.0,
-        rng_seed: 5,
-        channels: None,
-    };
+    let params = one_step_params();
     let mut losses = vec![];
     let dir = tempfile::tempdir().unwrap();
     for precision in [Precision::Fp32, Precision::Bf16] {
@@ -520,12 +535,7 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
             .unwrap();
         assert!(out.loss.is_finite());
         assert!(
-            learner
-                .nets
-                .student_vs
-                .variables()
-                .values()
-                .all(|v| v.kind() == Kind::Float),
+            master_weights_are_fp32(&learner),
             "master weights stay fp32"
         );
         losses.push(out.loss);
@@ -1083,16 +1093,7 @@ fn stabilisers_train_under_every_precision() {
         .iter()
         .map(|&s| Tensor::rand([4, 4, s, s], (Kind::Float, Device::Cpu)))
         .collect();
-    let params = StepParams {
-        lr: 1e-4,
-        weight_decay: 0.04,
-        momentum: 0.996,
-        epoch: 0,
-        freeze_last_layer: true,
-        clip_grad: 3.0,
-        rng_seed: 5,
-        channels: None,
-    };
+    let params = one_step_params();
     let mut losses = vec![];
     for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
         tch::manual_seed(9);
@@ -1114,12 +1115,7 @@ fn stabilisers_train_under_every_precision() {
             out.loss
         );
         assert!(
-            learner
-                .nets
-                .student_vs
-                .variables()
-                .values()
-                .all(|v| v.kind() == Kind::Float),
+            master_weights_are_fp32(&learner),
             "{precision:?}: master weights stay fp32"
         );
         losses.push(out.loss);
