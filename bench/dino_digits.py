@@ -524,6 +524,7 @@ def main(argv=None):
     for q in teacher.parameters():
         q.requires_grad = False
     student.train()
+    student.return_backbone = True  # (head output, CLS features): KoLeo reads the CLS
     teacher.train()
 
     aug = build_augmentation(a, mean, std)
@@ -590,7 +591,6 @@ def main(argv=None):
                 loss = loss + a.ibot_weight * ibot_loss.forward_masked(s_patch, targets, masks)
             else:
                 teacher_output = teacher(images[:2])
-                student.return_backbone = True
                 student_output, cls = student(images)
                 loss = dino_loss(student_output, teacher_output, epoch)
             if a.koleo_weight > 0:

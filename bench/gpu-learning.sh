@@ -57,12 +57,15 @@ jobs() {
   recipe() { # seed dir epochs variant dataset
     echo "SEED=$1 VARIANTS=$4 DATASETS=$5 bench/recipe.sh $WORK/$2 $3 2"
   }
-  for d in digits12x4 digits16; do
-    for v in untrained scdino scdino_all recipe recipe_all scdino_koleo scdino_sk scdino_ibot \
-      scdino_registers recipe_koleo recipe_sk recipe_ibot recipe_registers; do
-      recipe 0 recipe-s0 10 $v $d
+  recipe_matrix() { # seed: every variant on both datasets, 10 epochs
+    for d in digits12x4 digits16; do
+      for v in untrained scdino scdino_all recipe recipe_all scdino_koleo scdino_sk scdino_ibot \
+        scdino_registers recipe_koleo recipe_sk recipe_ibot recipe_registers; do
+        recipe "$1" "recipe-s$1" 10 $v $d
+      done
     done
-  done
+  }
+  recipe_matrix 0
   for d in digits12x4 digits16; do
     for v in untrained recipe_all scdino_all; do recipe 0 recipe-s0-e30 30 $v $d; done
   done
@@ -71,12 +74,7 @@ jobs() {
   cl 2 "untrained tokens"
   cl 2 tokens_small
   cl 2 bag_small
-  for d in digits12x4 digits16; do
-    for v in untrained scdino scdino_all recipe recipe_all scdino_koleo scdino_sk scdino_ibot \
-      scdino_registers recipe_koleo recipe_sk recipe_ibot recipe_registers; do
-      recipe 1 recipe-s1 10 $v $d
-    done
-  done
+  recipe_matrix 1
 }
 
 pack() {

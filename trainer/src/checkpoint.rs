@@ -44,6 +44,13 @@ impl RestoreError {
         }
         Ok(t)
     }
+
+    /// Copies the named tensor of `ck` into `dst` (shape checked), in place: `dst` keeps its
+    /// device and dtype while the checkpoint's tensors are on the CPU. Call under `no_grad`.
+    pub fn copy_into(ck: &Checkpoint, name: &str, dst: &mut Tensor) -> Result<(), Self> {
+        dst.copy_(&Self::fetch(ck, name, &dst.size())?);
+        Ok(())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

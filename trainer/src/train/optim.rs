@@ -103,14 +103,11 @@ impl AdamW {
         tch::no_grad(|| {
             for p in &mut self.params {
                 let name = |suffix: &str| format!("optimizer.{}.{suffix}", p.name);
-                let shape = p.tensor.size();
-                let m = RestoreError::fetch(ck, &name("exp_avg"), &shape)?;
-                let v = RestoreError::fetch(ck, &name("exp_avg_sq"), &shape)?;
+                RestoreError::copy_into(ck, &name("exp_avg"), &mut p.exp_avg)?;
+                RestoreError::copy_into(ck, &name("exp_avg_sq"), &mut p.exp_avg_sq)?;
                 let s = ck
                     .get(&name("step"))
                     .ok_or_else(|| RestoreError::Missing(name("step")))?;
-                p.exp_avg.copy_(&m);
-                p.exp_avg_sq.copy_(&v);
                 p.step = s.int64_value(&[0]) as u64;
             }
             Ok(())

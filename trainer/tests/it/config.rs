@@ -112,7 +112,12 @@ fn shipped_configs_are_valid() {
             n += 1;
         }
     }
-    assert!(n >= 1, "no configs in {}", dir.display());
+    assert!(n >= 3, "{n} configs in {}", dir.display());
+    // configs/small-data.yaml is the measured recipe with DINOv2's four stabilisers.
+    let c = Config::load(&dir.join("small-data.yaml")).unwrap();
+    assert!(c.train.ibot.enabled() && c.train.koleo_weight > 0.0);
+    assert_eq!(c.train.centering, trainer::config::Centering::SinkhornKnopp);
+    assert_eq!(c.model.num_register_tokens, 4);
 }
 
 #[test]

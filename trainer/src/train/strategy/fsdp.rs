@@ -933,7 +933,7 @@ impl Fsdp {
                     ("exp_avg_sq", &mut u.exp_avg_sq),
                 ] {
                     let name = format!("fsdp.{}.{role}", u.name);
-                    t.copy_(&RestoreError::fetch(ck, &name, &t.size())?);
+                    RestoreError::copy_into(ck, &name, t)?;
                 }
             }
             for p in &mut g.params {
@@ -944,7 +944,7 @@ impl Fsdp {
                     .int64_value(&[0]) as u64;
             }
             for (name, mut t) in self.replicated_tensors(learner) {
-                t.copy_(&RestoreError::fetch(ck, &name, &t.size())?);
+                RestoreError::copy_into(ck, &name, &mut t)?;
             }
             Ok(())
         })

@@ -458,19 +458,9 @@ fn loss_centres(learner: &Learner) -> Vec<(String, Tensor)> {
 /// device" at the first centring).
 fn restore_loss_centres(ck: &Checkpoint, learner: &mut Learner) -> Result<(), RestoreError> {
     tch::no_grad(|| {
-        let center = &mut learner.loss.center;
-        center.copy_(&RestoreError::fetch(
-            ck,
-            "dino_loss.center",
-            &center.size(),
-        )?);
+        RestoreError::copy_into(ck, "dino_loss.center", &mut learner.loss.center)?;
         if let Some(ibot) = &mut learner.ibot {
-            let center = &mut ibot.center.center;
-            center.copy_(&RestoreError::fetch(
-                ck,
-                "ibot_patch_loss.center",
-                &center.size(),
-            )?);
+            RestoreError::copy_into(ck, "ibot_patch_loss.center", &mut ibot.center.center)?;
         }
         Ok(())
     })
@@ -520,11 +510,7 @@ fn restore_tensors(
             ("teacher", &mut nets.teacher_vs),
         ] {
             for (name, mut t) in vs.variables() {
-                t.copy_(&RestoreError::fetch(
-                    ck,
-                    &format!("{prefix}.{name}"),
-                    &t.size(),
-                )?);
+                RestoreError::copy_into(ck, &format!("{prefix}.{name}"), &mut t)?;
             }
         }
         Ok::<(), RestoreError>(())
