@@ -104,6 +104,7 @@ fn main() {
         .warnings(false)
         .file("csrc/shim.cpp")
         .file("csrc/c10d.cpp")
+        .file("csrc/jit.cpp")
         .compile("scdino_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");

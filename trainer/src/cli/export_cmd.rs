@@ -23,10 +23,14 @@ pub struct ExportArgs {
     /// The folder to write (model, config.json, README.md model card); must not exist or be empty.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// The side in pixels of the square images the export takes. Default: the run's
+    /// downstream.features.resize_length, at which the export gives the features stage's numbers.
+    #[arg(long, value_name = "PX", value_parser = clap::value_parser!(u32).range(1..))]
+    image_size: Option<u32>,
     /// Export the student's backbone instead of the teacher's (DINO evaluates the teacher).
     #[arg(long)]
     student: bool,
-    /// Replace --out even if it holds files.
+    /// Replace --out when it holds a previous export (any other folder is refused, untouched).
     #[arg(long)]
     force: bool,
 }
@@ -46,6 +50,7 @@ impl ExportArgs {
                 CheckpointKey::Teacher
             },
             force: self.force,
+            image_size: self.image_size.map(|s| s as usize),
         };
         let files = export(&req).with_context(|| {
             format!(

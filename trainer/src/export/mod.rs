@@ -10,10 +10,16 @@ mod timm;
 mod torchscript;
 
 pub use output::Staging;
-pub use source::{ModelRecord, Source};
+pub use source::{InputSize, InputSizeFrom, ModelRecord, Source};
 
 use crate::config::CheckpointKey;
 use std::path::{Path, PathBuf};
+
+/// The `config.json` key that marks a folder as written by `trainer export`.
+pub const MARKER: &str = "scdino_export";
+
+/// The files an export folder may hold (whatever its format).
+const EXPORT_FILES: [&str; 4] = ["README.md", "config.json", "model.safetensors", "model.pt"];
 
 /// The file formats an export can write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +53,8 @@ pub enum ExportError {
     },
     #[error("{0} exists and is not empty; pass --force to replace it")]
     NotEmpty(PathBuf),
+    #[error("{path} is not a previous export ({why}); --force only replaces a folder `trainer export` wrote, so this one is left as it is: choose another --out")]
+    NotAnExport { path: PathBuf, why: String },
     #[error("{path}: {context}: {source}")]
     Io {
         path: PathBuf,
@@ -70,15 +78,18 @@ pub struct ExportRequest {
     pub out: PathBuf,
     /// The teacher (DINO's evaluated network, the default) or the student.
     pub network: CheckpointKey,
-    /// Replace `out` even if it holds files.
+    /// Replace `out` when it holds a previous export (never any other folder).
     pub force: bool,
+    /// The side of the square images the export takes; None: the run's features stage's
+    /// `downstream.features.resize_length`, so the export gives the pipeline's features.
+    pub image_size: Option<usize>,
 }
 
 /// Writes the export of `req` to `req.out` (all files or none: they are written to a
 /// hidden folder beside it that replaces it at the end) and returns the files written.
 pub fn export(req: &ExportRequest) -> Result<Vec<PathBuf>, ExportError> {
     let staging = Staging::begin(&req.out, req.force)?;
-    let src = Source::load(&req.checkpoint, req.network)?;
+    let src = Source::load(&req.checkpoint, req.network, req.image_size)?;
     tracing::info!(
         "exporting the {} backbone of {} ({}) as {}",
         source::network_name(req.network),

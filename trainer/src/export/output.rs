@@ -1,7 +1,7 @@
 //! The export folder, written all at once: files go to a hidden folder beside the target,
 //! which takes the target's place only when every file is written, so a failed or
 //! interrupted export leaves the old folder (or none) and never half a model.
-use super::{io, ExportError};
+use super::{io, ExportError, EXPORT_FILES, MARKER};
 use std::path::{Path, PathBuf};
 
 /// A folder being filled for `target`; dropped without [`Staging::commit`], it is removed.
@@ -13,8 +13,10 @@ pub struct Staging {
 }
 
 impl Staging {
-    /// Refuses a `target` that is a file, or a folder with entries unless `force`; then
-    /// creates the staging folder beside it (its parent is created if missing).
+    /// Refuses a `target` that is a file, or a folder with entries unless `force` and the
+    /// folder holds a previous export (nothing else is ever replaced: `--out` pointed at a
+    /// run folder by mistake must not delete the run); then creates the staging folder
+    /// beside it (its parent is created if missing).
     pub fn begin(target: &Path, force: bool) -> Result<Self, ExportError> {
         if target.is_file() {
             return Err(ExportError::Invalid {
@@ -27,6 +29,14 @@ impl Staging {
                 std::fs::read_dir(target).map_err(io(target, "reading the output folder"))?;
             if entries.next().is_some() {
                 return Err(ExportError::NotEmpty(target.to_path_buf()));
+            }
+        }
+        if target.is_dir() && force {
+            if let Err(why) = previous_export(target) {
+                return Err(ExportError::NotAnExport {
+                    path: target.to_path_buf(),
+                    why,
+                });
             }
         }
         let name = target
@@ -99,6 +109,51 @@ impl Drop for Staging {
         if !self.committed {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Ok when `dir` is empty or holds an export: only the files an export writes, and a
+/// `config.json` that is ours (the marker, or for exports written before it, the TorchScript
+/// `format` / timm `pretrained_cfg.tag` they carried); otherwise why not.
+fn previous_export(dir: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot list it: {e}"))?;
+    let mut names = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| format!("cannot list it: {e}"))?;
+        names.push(e.file_name().to_string_lossy().into_owned());
+    }
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort();
+    let foreign: Vec<&String> = names
+        .iter()
+        .filter(|n| !EXPORT_FILES.contains(&n.as_str()))
+        .collect();
+    if !foreign.is_empty() {
+        let shown: Vec<&str> = foreign.iter().take(5).map(|n| n.as_str()).collect();
+        return Err(format!(
+            "it holds {}{} besides what an export writes",
+            shown.join(", "),
+            if foreign.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        ));
+    }
+    let config = dir.join("config.json");
+    let text = std::fs::read_to_string(&config)
+        .map_err(|_| "it has no readable config.json, which every export writes".to_string())?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|_| "its config.json is not JSON".to_string())?;
+    let ours = v.get(MARKER).is_some()
+        || v["format"] == "torchscript"
+        || v["pretrained_cfg"]["tag"] == "scdino";
+    if ours {
+        Ok(())
+    } else {
+        Err("its config.json was not written by `trainer export`".into())
     }
 }
 

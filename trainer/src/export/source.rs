@@ -134,13 +134,123 @@ pub struct Source {
     /// The run config (None when the checkpoint's copy is missing or no longer parses).
     pub config: Option<Config>,
     pub config_yaml: String,
-    /// Holds the backbone's weights (float32, CPU, frozen), under `backbone.*`.
+    /// The side of the square images the export takes, and where that number came from.
+    pub input: InputSize,
+    /// Holds the backbone's weights (float32, CPU, frozen), under `backbone.*`, with the
+    /// position embeddings resampled for [`Source::input`] (see [`Source::load`]).
     pub vs: nn::VarStore,
     pub vit: VisionTransformer,
 }
 
+/// The image size an export takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputSize {
+    pub side: usize,
+    /// `downstream.features.resize_length` of the run config, or `--image-size`.
+    pub from: InputSizeFrom,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSizeFrom {
+    /// The run's `downstream.features.resize_length`: the export gives the features stage's
+    /// numbers.
+    FeaturesStage,
+    /// Asked for with `--image-size`.
+    Requested,
+}
+
+impl InputSize {
+    /// One sentence for the model card and the loading notes: where the size comes from and
+    /// what that guarantees.
+    pub fn explain(&self, cfg: &VitConfig, run: Option<&Config>) -> String {
+        let s = self.side;
+        let grid = cfg.grid();
+        let resampled = format!(
+            "its position embeddings are the trained ones resampled to {grid}×{grid} patches with DINO's bicubic `interpolate_pos_encoding`, as the pipeline does at run time"
+        );
+        match self.from {
+            InputSizeFrom::FeaturesStage => format!(
+                "The input size {s}×{s} is the run's `downstream.features.resize_length`: at this size the export gives exactly the features stage's CLS features ({resampled})."
+            ),
+            InputSizeFrom::Requested => {
+                let pipeline = match run {
+                    Some(c) if c.downstream.features.resize => format!(
+                        "the run's features stage embedded at {} px",
+                        c.downstream.features.resize_length
+                    ),
+                    _ => "the run's features stage did not resize".into(),
+                };
+                format!(
+                    "The input size {s}×{s} was asked for with `--image-size` ({pipeline}); {resampled}, so at {s} px the export gives what `trainer features` gives for images of that size."
+                )
+            }
+        }
+    }
+
+    /// The machine-readable record in each export's `config.json`.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "side": self.side,
+            "from": match self.from {
+                InputSizeFrom::FeaturesStage => "downstream.features.resize_length",
+                InputSizeFrom::Requested => "--image-size",
+            },
+        })
+    }
+
+    /// `requested` if given, else the features stage's resolution from the run `config`; an
+    /// error when neither says (no config, or a features stage that does not resize).
+    fn resolve(
+        requested: Option<usize>,
+        config: Option<&Config>,
+        patch_size: usize,
+        path: &Path,
+    ) -> Result<Self, ExportError> {
+        let invalid = |what: String| ExportError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        };
+        let size = match (requested, config) {
+            (Some(side), _) => Self {
+                side,
+                from: InputSizeFrom::Requested,
+            },
+            (None, Some(c)) if c.downstream.features.resize => Self {
+                side: c.downstream.features.resize_length,
+                from: InputSizeFrom::FeaturesStage,
+            },
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "its run config has downstream.features.resize: false (features at each image's own size), so no input size is known; pass --image-size N (the side of the square images the export will take)".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "it holds no run config saying at which size the features stage embedded images; pass --image-size N (the side of the square images the export will take)".into(),
+                ))
+            }
+        };
+        if size.side < patch_size {
+            return Err(invalid(format!(
+                "an input size of {} px is smaller than the model's patch size {patch_size}",
+                size.side
+            )));
+        }
+        Ok(size)
+    }
+}
+
 impl Source {
-    pub fn load(path: &Path, network: CheckpointKey) -> Result<Self, ExportError> {
+    /// Loads `network` of the checkpoint at `path` for images of `image_size` px (None: the
+    /// run's features-stage size). The model trains and embeds with position embeddings kept
+    /// for 224 px and resampled (DINO's bicubic `interpolate_pos_encoding`) to each input's
+    /// grid; the export holds them already resampled for its input size, so the exported
+    /// network at that size computes exactly what the features stage computes.
+    pub fn load(
+        path: &Path,
+        network: CheckpointKey,
+        image_size: Option<usize>,
+    ) -> Result<Self, ExportError> {
         let ck = checkpoint::load(path)?;
         let invalid = |what: String| ExportError::Invalid {
             path: path.to_path_buf(),
@@ -155,10 +265,19 @@ impl Source {
                 ck.meta.std.len()
             )));
         }
+        let config = (!ck.meta.config_yaml.trim().is_empty())
+            .then(|| Config::from_yaml(&ck.meta.config_yaml, &path.display().to_string()))
+            .and_then(|r| {
+                r.map_err(|e| {
+                    tracing::warn!("the run config stored in the checkpoint does not parse ({e}); the model card leaves it out")
+                })
+                .ok()
+            });
+        let input = InputSize::resolve(image_size, config.as_ref(), model.patch_size, path)?;
         let prefix = format!("{}.backbone.", network_name(network));
-        let mut vs = nn::VarStore::new(tch::Device::Cpu);
-        let vit = VisionTransformer::new(vs.root() / "backbone", model.vit_config());
-        let mut vars = vs.variables();
+        let trained_vs = nn::VarStore::new(tch::Device::Cpu);
+        let trained = VisionTransformer::new(trained_vs.root() / "backbone", model.vit_config());
+        let mut vars = trained_vs.variables();
         // iBOT's mask token only ever replaces masked patches in training: no inference
         // network (ours or timm's) has it.
         let stored: BTreeSet<&str> = ck
@@ -205,15 +324,7 @@ impl Source {
             }
             Ok(())
         })?;
-        vs.freeze();
-        let config = (!ck.meta.config_yaml.trim().is_empty())
-            .then(|| Config::from_yaml(&ck.meta.config_yaml, &path.display().to_string()))
-            .and_then(|r| {
-                r.map_err(|e| {
-                    tracing::warn!("the run config stored in the checkpoint does not parse ({e}); the model card leaves it out")
-                })
-                .ok()
-            });
+        let (vs, vit) = resampled(&trained_vs, &trained, model.vit_config(), input.side as i64);
         Ok(Self {
             path: path.to_path_buf(),
             network,
@@ -224,9 +335,15 @@ impl Source {
             iteration: ck.meta.iteration,
             config,
             config_yaml: ck.meta.config_yaml.clone(),
+            input,
             vs,
             vit,
         })
+    }
+
+    /// The exported network's configuration: the trained one at the export's input size.
+    pub fn vit_config(&self) -> VitConfig {
+        *self.vit.config()
     }
 
     /// The backbone's tensors under their (DINO = PyTorch) names, sorted.
@@ -240,4 +357,34 @@ impl Source {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
+}
+
+/// A frozen copy of `trained` (built with `cfg`, its weights in `trained_vs`) for `side`-px inputs: every tensor as it
+/// is, the position embeddings those `trained` adds to a `side × side` input.
+fn resampled(
+    trained_vs: &nn::VarStore,
+    trained: &VisionTransformer,
+    cfg: VitConfig,
+    side: i64,
+) -> (nn::VarStore, VisionTransformer) {
+    let cfg = VitConfig {
+        img_size: side,
+        ..cfg
+    };
+    let grid = cfg.grid();
+    let mut vs = nn::VarStore::new(tch::Device::Cpu);
+    let vit = VisionTransformer::new(vs.root() / "backbone", cfg);
+    let trained_vars = trained_vs.variables();
+    tch::no_grad(|| {
+        for (name, mut var) in vs.variables() {
+            let value = if name == "backbone.pos_embed" {
+                trained.interpolate_pos_encoding(grid * grid, side, side)
+            } else {
+                trained_vars[&name].shallow_clone()
+            };
+            var.copy_(&value);
+        }
+    });
+    vs.freeze();
+    (vs, vit)
 }

@@ -75,7 +75,7 @@ pub fn state_dict(src: &Source) -> Vec<(String, Tensor)> {
 /// `PretrainedCfg` dataclass, which rejects unknown keys, so the channel names are in its
 /// `notes` (one `channel i: NAME` each) and, as a list, in the top-level `channel_names`.
 pub fn config_json(src: &Source) -> serde_json::Value {
-    let cfg = src.model.vit_config();
+    let cfg = src.vit_config();
     let k = src.model.channel_names.len();
     let r = src.model.num_register_tokens;
     let notes: Vec<String> = src
@@ -91,6 +91,9 @@ pub fn config_json(src: &Source) -> serde_json::Value {
         "num_features": cfg.embed_dim,
         "global_pool": "token",
         "channel_names": src.model.channel_names,
+        // Marks the folder as this project's export (`--force` replaces only such folders)
+        // and records where the input size came from.
+        super::MARKER: {"format": "timm", "input_size": src.input.json()},
         "model_args": {
             "img_size": cfg.img_size,
             "patch_size": cfg.patch_size,
@@ -193,9 +196,10 @@ model.eval()
 
 `model(x)` with `x` a float32 `[B, {k}, {s}, {s}]` tensor, normalised with the mean and std of the channel table, is the CLS
 token after the final norm, `[B, {d}]`: the feature this project's analyses use (they
-L2-normalise it). The input size is fixed at {s}×{s} (`dynamic_img_size=True` accepts
-other sizes, but timm resamples the position embeddings its own way, not DINO's).
+L2-normalise it). The input size is fixed at {s}×{s}. {explain} (`dynamic_img_size=True`
+accepts other sizes, but timm resamples the position embeddings its own way, not DINO's.)
 "#,
+        explain = src.input.explain(&src.vit_config(), src.config.as_ref()),
         k = src.model.channel_names.len(),
         s = args["img_size"],
         d = config["num_features"],

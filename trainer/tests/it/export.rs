@@ -84,6 +84,7 @@ fn request(ckpt: &Path, format: Format, out: &Path) -> ExportRequest {
         out: out.to_path_buf(),
         network: CheckpointKey::Teacher,
         force: false,
+        image_size: None,
     }
 }
 
@@ -308,9 +309,45 @@ fn export_refuses_bad_checkpoints_and_occupied_folders() {
         "{e}"
     );
     assert!(out.join("keep.txt").exists());
+    // --force replaces a previous export only: a folder of other files, or one holding a
+    // run (here the checkpoint's own folder), is refused with its path and left as it was.
     req.force = true;
-    export(&req).unwrap();
-    assert!(!out.join("keep.txt").exists() && out.join("model.safetensors").exists());
+    let e = export(&req).unwrap_err().to_string();
+    assert!(
+        e.contains("occupied") && e.contains("not a previous export") && e.contains("keep.txt"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(out.join("keep.txt")).unwrap(), b"mine");
+    let run = request(&ckpt, Format::Timm, dir.path());
+    let e = export(&ExportRequest { force: true, ..run })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a previous export"), "{e}");
+    assert!(ckpt.exists() && dir.path().join("imported.safetensors").exists());
+    // A folder with an export's files but someone else's config.json is not ours either.
+    let lookalike = dir.path().join("lookalike");
+    std::fs::create_dir(&lookalike).unwrap();
+    std::fs::write(lookalike.join("config.json"), b"{\"architecture\": \"x\"}").unwrap();
+    let e = export(&request(&ckpt, Format::Timm, &lookalike))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not empty"), "{e}");
+    let e = export(&ExportRequest {
+        force: true,
+        ..request(&ckpt, Format::Timm, &lookalike)
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("not written by `trainer export`"), "{e}");
+    // A previous export (of either format) is replaced.
+    let previous = dir.path().join("previous");
+    export(&request(&ckpt, Format::Torchscript, &previous)).unwrap();
+    export(&ExportRequest {
+        force: true,
+        ..request(&ckpt, Format::Timm, &previous)
+    })
+    .unwrap();
+    assert!(previous.join("model.safetensors").exists() && !previous.join("model.pt").exists());
     // An empty folder is fine without force; a file is not a folder.
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
@@ -336,6 +373,17 @@ fn export_refuses_bad_checkpoints_and_occupied_folders() {
         stderr.contains("occupied") && stderr.contains("--force"),
         "{stderr}"
     );
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["export", "--force", "--format", "timm", "--checkpoint"])
+        .arg(&ckpt)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not a previous export"), "{stderr}");
+    assert_eq!(std::fs::read(out.join("keep.txt")).unwrap(), b"mine");
 }
 
 #[test]
@@ -370,4 +418,224 @@ fn export_card_reports_the_runs_scores_for_this_checkpoint() {
     ] {
         assert!(card.contains(needle), "the card lacks {needle}:\n{card}");
     }
+}
+
+/// The features stage's rows of `csv` (`%.18e`, comma-separated) as a `[rows, D]` tensor.
+fn csv_rows(csv: &Path) -> Tensor {
+    let text = std::fs::read_to_string(csv).unwrap();
+    let rows: Vec<Vec<f32>> = text
+        .lines()
+        .map(|l| {
+            l.split(',')
+                .map(|v| v.parse::<f64>().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    let d = rows[0].len() as i64;
+    let flat: Vec<f32> = rows.concat();
+    Tensor::from_slice(&flat).reshape([-1, d])
+}
+
+/// The images at `paths` as the features stage has them before normalising: the `channels`
+/// selected, min-max scaled, the shorter side resized (bilinear) to `side` (square images
+/// here, so `[B, k, side, side]`), with the crate's own preprocessing functions.
+fn features_stage_inputs(paths: &[String], channels: &[usize], side: i64) -> Tensor {
+    use trainer::data::{preprocess::preprocess, read_tiff, PreprocessOptions};
+    let opts = PreprocessOptions {
+        selected_channels: Some(channels.to_vec()),
+        center_crop: 0,
+    };
+    let images: Vec<Tensor> = paths
+        .iter()
+        .map(|p| {
+            let (img, _) = preprocess(&read_tiff(Path::new(p)).unwrap(), &opts).unwrap();
+            Tensor::from_slice(&img.data)
+                .reshape([img.channels as i64, img.height as i64, img.width as i64])
+                .unsqueeze(0)
+                .upsample_bilinear2d([side, side], false, None, None)
+        })
+        .collect();
+    Tensor::cat(&images, 0)
+}
+
+/// Runs `trainer ARGS`, panicking with its stderr when it fails.
+fn trainer(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "trainer {args:?}: {stderr}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The pipeline at sizes other than 224 (crops of 16 and 8 px, features at 24 px, patch 8,
+/// so the position embeddings are resampled at every stage): real `trainer train`,
+/// `trainer features` and `trainer export` processes. On the same preprocessed held-out
+/// images, the TorchScript module (every channel mode) and timm's `local-dir:` model
+/// (`fixed`) give the features stage's CSV rows; the module refuses inputs of another
+/// shape or dtype with the shape it takes.
+#[test]
+fn exports_give_the_features_stage_rows_at_the_runs_resolution() {
+    use trainer::data::{generate_synthetic, SynthOptions};
+    use trainer::layout::RunLayout;
+    let dir = tempfile::tempdir().unwrap();
+    generate_synthetic(&SynthOptions {
+        out: dir.path().join("data"),
+        seed: 4,
+        classes: 2,
+        per_class: 8,
+        size: 32,
+        channels: 3,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    for mode in ["fixed", "tokens", "bag"] {
+        let combination = if mode == "fixed" { "\"02\"" } else { "\"012\"" };
+        let yaml = format!(
+            "run: {{name: {mode}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [{combination}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 24}}}}\n",
+            out = dir.path().join("out").display(),
+            data = dir.path().join("data/Training").display(),
+        );
+        let cfg_path = dir.path().join(format!("{mode}.yaml"));
+        std::fs::write(&cfg_path, &yaml).unwrap();
+        let cfg_arg = cfg_path.to_str().unwrap();
+        trainer(&["train", "--config", cfg_arg]);
+        trainer(&["features", "--config", cfg_arg]);
+        let cfg = Config::from_yaml(&yaml, "test").unwrap();
+        let channels = cfg.channel_sets[0].clone();
+        let files = RunLayout::new(&cfg).model(&cfg, &channels);
+        let ckpt = files.latest_checkpoint();
+        let tag = trainer::analysis::backbone::checkpoint_tag(&ckpt).unwrap();
+        let rows = csv_rows(&files.features_csv(&tag));
+        let paths: Vec<String> = std::fs::read_to_string(files.image_paths_csv())
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        assert_eq!(rows.size()[0], paths.len() as i64);
+        let x = features_stage_inputs(&paths, &channels, 24);
+        let k = channels.len();
+        let formats: &[&str] = if mode == "fixed" {
+            &["torchscript", "timm"]
+        } else {
+            &["torchscript"]
+        };
+        for format in formats {
+            let out = dir.path().join(format!("export_{mode}_{format}"));
+            trainer(&[
+                "export",
+                "--format",
+                format,
+                "--checkpoint",
+                ckpt.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ]);
+            let tensors = out.with_extension("inputs.safetensors");
+            Tensor::write_safetensors(&[("x", &x), ("rows", &rows)], &tensors).unwrap();
+            let v: serde_json::Value = serde_json::from_str(
+                run_py_file(
+                    "export_oracle.py",
+                    &[
+                        &format!("pipeline-{format}"),
+                        out.to_str().unwrap(),
+                        tensors.to_str().unwrap(),
+                    ],
+                )
+                .trim(),
+            )
+            .unwrap();
+            let diff = v["max_abs_diff"].as_f64().unwrap();
+            eprintln!("{mode} {format}: max |export - features stage| = {diff:e}");
+            assert!(diff <= 1e-5, "{mode} {format}: {v}");
+            assert_eq!(
+                v["marker"]["input_size"],
+                serde_json::json!({"side": 24, "from": "downstream.features.resize_length"}),
+                "{v}"
+            );
+            let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+            assert!(
+                card.contains(
+                    "The input size 24×24 is the run's `downstream.features.resize_length`"
+                ),
+                "{card}"
+            );
+            if *format == "timm" {
+                assert_eq!(v["input_size"], serde_json::json!([k, 24, 24]), "{v}");
+                continue;
+            }
+            let expected = format!("float32 [B, {k}, 24, 24]");
+            for (case, e) in v["errors"].as_object().unwrap() {
+                let e = e
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{mode}: {case} was accepted"));
+                assert!(e.contains(&expected), "{mode} {case}: {e}");
+            }
+        }
+    }
+}
+
+/// `--image-size` exports for another size: the module at 32 px gives what our ViT gives for
+/// 32 px images (its position embeddings resampled on the fly, as `trainer features` would),
+/// and says where the size came from; a run whose features stage does not resize has no size
+/// to default to and is refused naming the flag.
+#[test]
+fn export_at_a_requested_size_gives_our_features_at_that_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, _vs, vit) = checkpoint(dir.path(), ChannelMode::Fixed, 0);
+    let out = dir.path().join("ts32");
+    export(&ExportRequest {
+        image_size: Some(32),
+        ..request(&ckpt, Format::Torchscript, &out)
+    })
+    .unwrap();
+    let (raw, x) = images(3, 5);
+    let (raw, x) = (
+        raw.narrow(2, 0, 32).narrow(3, 0, 32),
+        x.narrow(2, 0, 32).narrow(3, 0, 32),
+    );
+    let ours = tch::no_grad(|| vit.forward_t(&x, false));
+    let v = oracle("torchscript", &out, &raw, &ours);
+    let diff = v["torchscript"].as_f64().unwrap();
+    assert!(diff <= 1e-5, "max |torchscript - ours| at 32 px = {diff}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        config["input"]["shape"],
+        serde_json::json!(["B", 5, 32, 32])
+    );
+    assert_eq!(
+        config["scdino_export"]["input_size"],
+        serde_json::json!({"side": 32, "from": "--image-size"})
+    );
+    let card = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(
+        card.contains(
+            "asked for with `--image-size` (the run's features stage embedded at 224 px)"
+        ),
+        "{card}"
+    );
+    // No resize in the features stage: no default size.
+    let ck = checkpoint::load(&ckpt).unwrap();
+    let mut meta = ck.meta.clone();
+    meta.config_yaml = Config::from_yaml("downstream:\n  features:\n    resize: false\n", "test")
+        .unwrap()
+        .to_yaml();
+    let tensors: Vec<(String, Tensor)> = ck
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    let unresized = dir.path().join("unresized.safetensors");
+    checkpoint::save(&unresized, &tensors, &meta).unwrap();
+    let e = export(&request(&unresized, Format::Timm, &dir.path().join("u")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("unresized.safetensors")
+            && e.contains("downstream.features.resize: false")
+            && e.contains("--image-size"),
+        "{e}"
+    );
 }
