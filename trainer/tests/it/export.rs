@@ -77,6 +77,19 @@ fn checkpoint(
     (path, vs, vit)
 }
 
+/// The checkpoint `from` saved again as `to` with `change` made to its metadata.
+fn resave(from: &Path, to: &Path, change: impl FnOnce(&mut CheckpointMeta)) {
+    let ck = checkpoint::load(from).unwrap();
+    let mut meta = ck.meta.clone();
+    change(&mut meta);
+    let tensors: Vec<(String, Tensor)> = ck
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    checkpoint::save(to, &tensors, &meta).unwrap();
+}
+
 fn request(ckpt: &Path, format: Format, out: &Path) -> ExportRequest {
     ExportRequest {
         checkpoint: ckpt.to_path_buf(),
@@ -273,15 +286,9 @@ fn export_refuses_bad_checkpoints_and_occupied_folders() {
     let (ckpt, _vs, _vit) = checkpoint(dir.path(), ChannelMode::Fixed, 0);
     // A checkpoint that does not record its model (as one imported from a .pth).
     let bare = dir.path().join("imported.safetensors");
-    let ck = checkpoint::load(&ckpt).unwrap();
-    let mut meta = ck.meta.clone();
-    meta.fingerprint = serde_json::json!({"imported_from": "x.pth"}).to_string();
-    let tensors: Vec<(String, Tensor)> = ck
-        .tensors
-        .iter()
-        .map(|(n, t)| (n.clone(), t.shallow_clone()))
-        .collect();
-    checkpoint::save(&bare, &tensors, &meta).unwrap();
+    resave(&ckpt, &bare, |meta| {
+        meta.fingerprint = serde_json::json!({"imported_from": "x.pth"}).to_string()
+    });
     let e = export(&request(&bare, Format::Timm, &dir.path().join("a")))
         .unwrap_err()
         .to_string();
@@ -617,18 +624,13 @@ fn export_at_a_requested_size_gives_our_features_at_that_size() {
         "{card}"
     );
     // No resize in the features stage: no default size.
-    let ck = checkpoint::load(&ckpt).unwrap();
-    let mut meta = ck.meta.clone();
-    meta.config_yaml = Config::from_yaml("downstream:\n  features:\n    resize: false\n", "test")
-        .unwrap()
-        .to_yaml();
-    let tensors: Vec<(String, Tensor)> = ck
-        .tensors
-        .iter()
-        .map(|(n, t)| (n.clone(), t.shallow_clone()))
-        .collect();
     let unresized = dir.path().join("unresized.safetensors");
-    checkpoint::save(&unresized, &tensors, &meta).unwrap();
+    resave(&ckpt, &unresized, |meta| {
+        meta.config_yaml =
+            Config::from_yaml("downstream:\n  features:\n    resize: false\n", "test")
+                .unwrap()
+                .to_yaml()
+    });
     let e = export(&request(&unresized, Format::Timm, &dir.path().join("u")))
         .unwrap_err()
         .to_string();
