@@ -5,6 +5,7 @@
 //! Its own crate, without libtorch, because two programs must apply the same rules: the trainer
 //! (re-exported as `trainer::config`) and the launcher, which validates a config before it
 //! bakes it into an image.
+mod compat;
 mod locate;
 mod location;
 mod parse;
@@ -14,6 +15,7 @@ mod sections;
 mod stage;
 mod validate;
 
+pub use compat::{IgnoredKey, IGNORED_KEYS};
 pub use locate::KeyLines;
 pub use location::{DatasetLocation, LocationError, S3Url};
 pub use parse::{parse_yaml, Unparsed};
@@ -96,12 +98,21 @@ pub struct Values {
 }
 
 impl Config {
+    /// Reads and validates a user's file, and warns once for each key of it that nothing
+    /// reads ([`IGNORED_KEYS`]): accepting a key silently would let the user believe it acts.
+    /// Configs read back from a checkpoint or built in code go through [`Config::from_yaml`],
+    /// which says nothing (their keys are not the user's current choice).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_yaml(&text, &path.display().to_string())
+        let origin = path.display().to_string();
+        let cfg = Self::from_yaml(&text, &origin)?;
+        for (key, line) in compat::ignored_keys_written(&KeyLines::scan(&text)) {
+            tracing::warn!("{}", compat::ignored_key_notice(&origin, &key, line));
+        }
+        Ok(cfg)
     }
 
     /// `origin` names the source in messages (a file path, or `<stdin>`).
@@ -431,11 +442,6 @@ impl Config {
             train.peak_tflops.is_none_or(|p| p.is_finite() && p > 0.0),
             "train.peak_tflops",
             "must be a positive number of TFLOP/s (or left out)",
-        )?;
-        v.check(
-            train.optimizer == Optimizer::Adamw,
-            "train.optimizer",
-            "only adamw is implemented (scDINO's default); sgd and lars are not yet",
         )?;
         ibot_settings(&v, &train.ibot, model, aug, train.batch_size_per_gpu)?;
 
