@@ -777,6 +777,7 @@ pub fn write_bundle(bundle: &Path, set: &FeatureSet) -> Result<(), FeaturesError
         std: vec![],
         epoch_totals: Default::default(),
         loss_scaler: None,
+        dataset: None,
     };
     checkpoint::save(
         bundle,
@@ -958,6 +959,7 @@ mod tests {
                 std: vec![],
                 epoch_totals: Default::default(),
                 loss_scaler: None,
+                dataset: None,
             };
             let t = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
             checkpoint::save(&path, &[(name.to_string(), t)], &meta).unwrap();

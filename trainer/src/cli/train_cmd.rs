@@ -26,6 +26,10 @@ pub struct TrainArgs {
     /// Threads for libtorch's intra-op pool (default: libtorch's choice).
     #[arg(long)]
     threads: Option<i32>,
+    /// Resume even though data.dataset_dir is not the dataset the run's checkpoint trained
+    /// on: the run continues (same position, schedules and split rule) on the new data.
+    #[arg(long)]
+    allow_new_data: bool,
 }
 
 impl TrainArgs {
@@ -39,6 +43,7 @@ impl TrainArgs {
             combination: self.combination,
             max_steps: self.max_steps,
             stop: Some(stop),
+            allow_new_data: self.allow_new_data,
         };
         let dir = cfg
             .channel_sets
