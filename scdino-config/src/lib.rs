@@ -516,6 +516,15 @@ impl Config {
                 "zeros cannot be combined with use_mean_patch_embedding or custom_embedding_map: choose one way to use a model on other channels",
             )?;
         }
+        v.check(
+            f.bag_pool == BagPool::Concat || model.channels == ChannelMode::Bag,
+            "downstream.features.bag_pool",
+            &format!(
+                "{} pools the per-channel features of model.channels: bag; model.channels: {} gives one feature per image (leave bag_pool out, or train with channels: bag)",
+                f.bag_pool.name(),
+                model.channels.name()
+            ),
+        )?;
         for &c in f.custom_embedding_map.keys() {
             v.check(
                 c < n_channels,
@@ -969,6 +978,39 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("missing_channels"), "{e}");
+    }
+
+    /// `bag_pool: mean` is for bag models only; concat is the default everywhere.
+    #[test]
+    fn bag_pool_is_validated_against_the_channel_mode() {
+        let bag = "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\", \"1\"]\nmodel:\n  channels: bag\n";
+        let c = Config::from_yaml(
+            &format!("{bag}downstream:\n  features:\n    bag_pool: mean\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.downstream.features.bag_pool, BagPool::Mean);
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        for text in ["", bag] {
+            let d = Config::from_yaml(text, "t").unwrap();
+            assert_eq!(d.downstream.features.bag_pool, BagPool::Concat);
+        }
+        for mode in ["fixed", "tokens"] {
+            let (key, line, msg) = invalid(&format!(
+                "model:\n  channels: {mode}\ndownstream:\n  features:\n    bag_pool: mean\n"
+            ));
+            assert_eq!(
+                (key.as_str(), line),
+                ("downstream.features.bag_pool", Some(5))
+            );
+            assert!(msg.contains(&format!("model.channels: {mode}")), "{msg}");
+        }
+        // Concat written out for a fixed model (as `config show` writes it) is fine.
+        assert!(Config::from_yaml("downstream:\n  features:\n    bag_pool: concat\n", "t").is_ok());
+        let e = Config::from_yaml("downstream:\n  features:\n    bag_pool: max\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max") && e.contains("line 3"), "{e}");
     }
 
     #[test]

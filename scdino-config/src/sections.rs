@@ -688,6 +688,33 @@ pub struct FeaturesSection {
     /// normalisation (each one at its dataset mean), how the all-channel model of scDINO's
     /// way is scored against channel-adaptive models on a subset.
     pub missing_channels: MissingChannels,
+    /// `model.channels: bag` only: how a combination's per-channel CLS features become its
+    /// one feature, for every analysis (the features files and profiles, kNN, evaluate, the
+    /// linear probe, UMAP, the combinations table and the report all use it).
+    pub bag_pool: BagPool,
+}
+
+/// `downstream.features.bag_pool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BagPool {
+    /// DINO Bag-of-Channels: each channel's L2-normalised CLS feature, concatenated in channel
+    /// order (k·D for k channels; every channel keeps its own dimensions).
+    #[default]
+    Concat,
+    /// The mean of the channels' L2-normalised CLS features, L2-normalised (D whatever the
+    /// combination): features of different channel subsets lie in one space and compare.
+    Mean,
+}
+
+impl BagPool {
+    /// The YAML spelling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BagPool::Concat => "concat",
+            BagPool::Mean => "mean",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -718,6 +745,7 @@ impl Default for FeaturesSection {
             use_mean_patch_embedding: false,
             custom_embedding_map: BTreeMap::new(),
             missing_channels: MissingChannels::Refuse,
+            bag_pool: BagPool::Concat,
         }
     }
 }
