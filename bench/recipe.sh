@@ -124,9 +124,7 @@ augment:
 ${augment}
 downstream:
   features:
-    num_gpus: 1
     batch_size_per_gpu: 64
-    num_workers: 1
     resize_length: $size
   knn:
     k: [20]

@@ -5,6 +5,7 @@
 //! Its own crate, without libtorch, because two programs must apply the same rules: the trainer
 //! (re-exported as `trainer::config`) and the launcher, which validates a config before it
 //! bakes it into an image.
+mod compat;
 mod locate;
 mod location;
 mod parse;
@@ -14,6 +15,7 @@ mod sections;
 mod stage;
 mod validate;
 
+pub use compat::{IgnoredKey, IGNORED_KEYS};
 pub use locate::KeyLines;
 pub use location::{DatasetLocation, LocationError, S3Url};
 pub use parse::{parse_yaml, Unparsed};
@@ -96,12 +98,21 @@ pub struct Values {
 }
 
 impl Config {
+    /// Reads and validates a user's file, and warns once for each key of it that nothing
+    /// reads ([`IGNORED_KEYS`]): accepting a key silently would let the user believe it acts.
+    /// Configs read back from a checkpoint or built in code go through [`Config::from_yaml`],
+    /// which says nothing (their keys are not the user's current choice).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_yaml(&text, &path.display().to_string())
+        let origin = path.display().to_string();
+        let cfg = Self::from_yaml(&text, &origin)?;
+        for (key, line) in compat::ignored_keys_written(&KeyLines::scan(&text)) {
+            tracing::warn!("{}", compat::ignored_key_notice(&origin, &key, line));
+        }
+        Ok(cfg)
     }
 
     /// `origin` names the source in messages (a file path, or `<stdin>`).
@@ -432,11 +443,6 @@ impl Config {
             "train.peak_tflops",
             "must be a positive number of TFLOP/s (or left out)",
         )?;
-        v.check(
-            train.optimizer == Optimizer::Adamw,
-            "train.optimizer",
-            "only adamw is implemented (scDINO's default); sgd and lars are not yet",
-        )?;
         ibot_settings(&v, &train.ibot, model, aug, train.batch_size_per_gpu)?;
 
         crop_scale(&v, aug.global_crops_scale, "augment.global_crops_scale")?;
@@ -510,6 +516,15 @@ impl Config {
                 "zeros cannot be combined with use_mean_patch_embedding or custom_embedding_map: choose one way to use a model on other channels",
             )?;
         }
+        v.check(
+            f.bag_pool == BagPool::Concat || model.channels == ChannelMode::Bag,
+            "downstream.features.bag_pool",
+            &format!(
+                "{} pools the per-channel features of model.channels: bag; model.channels: {} gives one feature per image (leave bag_pool out, or train with channels: bag)",
+                f.bag_pool.name(),
+                model.channels.name()
+            ),
+        )?;
         for &c in f.custom_embedding_map.keys() {
             v.check(
                 c < n_channels,
@@ -963,6 +978,39 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("missing_channels"), "{e}");
+    }
+
+    /// `bag_pool: mean` is for bag models only; concat is the default everywhere.
+    #[test]
+    fn bag_pool_is_validated_against_the_channel_mode() {
+        let bag = "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\", \"1\"]\nmodel:\n  channels: bag\n";
+        let c = Config::from_yaml(
+            &format!("{bag}downstream:\n  features:\n    bag_pool: mean\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.downstream.features.bag_pool, BagPool::Mean);
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        for text in ["", bag] {
+            let d = Config::from_yaml(text, "t").unwrap();
+            assert_eq!(d.downstream.features.bag_pool, BagPool::Concat);
+        }
+        for mode in ["fixed", "tokens"] {
+            let (key, line, msg) = invalid(&format!(
+                "model:\n  channels: {mode}\ndownstream:\n  features:\n    bag_pool: mean\n"
+            ));
+            assert_eq!(
+                (key.as_str(), line),
+                ("downstream.features.bag_pool", Some(5))
+            );
+            assert!(msg.contains(&format!("model.channels: {mode}")), "{msg}");
+        }
+        // Concat written out for a fixed model (as `config show` writes it) is fine.
+        assert!(Config::from_yaml("downstream:\n  features:\n    bag_pool: concat\n", "t").is_ok());
+        let e = Config::from_yaml("downstream:\n  features:\n    bag_pool: max\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max") && e.contains("line 3"), "{e}");
     }
 
     #[test]

@@ -110,6 +110,22 @@ impl fmt::Display for DatasetLocation {
 }
 
 impl DatasetLocation {
+    /// The place this location names, spelled one way, so two spellings of one dataset compare
+    /// equal: a local path made absolute against the working directory with its symbolic links
+    /// and `..` resolved (`./data` and `/work/data` are one place), an S3 URL without trailing
+    /// '/'. A path that does not exist is only made absolute. A checkpoint records it to tell a
+    /// resume on other data from one on the same data.
+    pub fn canonical(&self) -> String {
+        match self {
+            Self::Local(p) => std::fs::canonicalize(p)
+                .or_else(|_| std::path::absolute(p))
+                .unwrap_or_else(|_| p.clone())
+                .display()
+                .to_string(),
+            Self::S3(u) => u.to_string(),
+        }
+    }
+
     /// The path, for a dataset on this machine's file systems.
     pub fn local(&self) -> Option<&std::path::Path> {
         match self {
@@ -200,6 +216,31 @@ mod tests {
             S3Url::parse("/data/x"),
             Err(LocationError::NotS3 { .. })
         ));
+    }
+
+    #[test]
+    fn one_place_has_one_canonical_spelling() {
+        let here = std::env::current_dir().unwrap();
+        let rel: DatasetLocation = "src".parse().unwrap();
+        let abs = DatasetLocation::Local(here.join("src"));
+        let dotted = DatasetLocation::Local(here.join("src/../src/."));
+        assert_eq!(rel.canonical(), abs.canonical());
+        assert_eq!(dotted.canonical(), abs.canonical());
+        assert!(std::path::Path::new(&abs.canonical()).is_absolute());
+        let other: DatasetLocation = "tests".parse().unwrap();
+        assert_ne!(other.canonical(), abs.canonical());
+        // A path that is not there (a cluster path on a laptop) is made absolute as written.
+        let missing: DatasetLocation = "no/such/dir".parse().unwrap();
+        assert_eq!(
+            missing.canonical(),
+            here.join("no/such/dir").display().to_string()
+        );
+        let s3: DatasetLocation = "s3://bkt/a/b/".parse().unwrap();
+        assert_eq!(s3.canonical(), "s3://bkt/a/b");
+        assert_ne!(
+            s3.canonical(),
+            "s3://bkt/a".parse::<DatasetLocation>().unwrap().canonical()
+        );
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! `docs/config-reference.md`: every key of the run config with its default and meaning,
 //! generated so that it cannot drift from the code. The keys and meanings are read from the
 //! schema's own source (the doc comment above each field of `sections.rs`, and the values of
-//! its enums), the defaults from [`Sections::default`]; a test compares the committed page with
-//! this rendering.
-use crate::Sections;
+//! its enums), the defaults from [`Sections::default`], the keys nothing reads from
+//! [`IGNORED_KEYS`]; a test compares the committed page with this rendering.
+//!
+//! An enum key's values are its enum's variants, which are also exactly what the YAML parse
+//! accepts (serde refuses any other spelling), so the page lists what validation accepts; a
+//! test loads every listed value to keep a validation rule from refusing one on its own.
+use crate::{Sections, IGNORED_KEYS};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -41,6 +45,8 @@ struct KeyDoc {
     key: String,
     default: String,
     meaning: String,
+    /// An enum key's YAML values, in declaration order (empty for other keys).
+    values: Vec<String>,
 }
 
 fn snake_case(camel: &str) -> String {
@@ -192,7 +198,9 @@ fn collect(
             continue;
         }
         let mut meaning = field_doc.clone();
+        let mut listed = Vec::new();
         if let Some(e) = schema.enums.get(inner) {
+            listed = e.values.iter().map(|(v, _)| v.clone()).collect();
             let values: Vec<String> = e
                 .values
                 .iter()
@@ -211,10 +219,19 @@ fn collect(
             };
             let _ = write!(meaning, " Values: {}.", values.join(sep));
         }
+        if let Some(ignored) = IGNORED_KEYS.iter().find(|k| k.key == key) {
+            let _ = write!(
+                meaning,
+                " Accepted for scDINO compatibility and ignored (loading a file that sets it \
+                 warns): {}.",
+                ignored.instead
+            );
+        }
         out[at].keys.push(KeyDoc {
             key,
             default: yaml(value, false),
             meaning: meaning.trim().to_string(),
+            values: listed,
         });
     }
 }
@@ -329,6 +346,97 @@ mod tests {
             .find(|k| k.key == "data.channel_combinations")
             .unwrap();
         assert_eq!(combos.default, r#"["01234", "0", "1", "2", "3", "4"]"#);
+    }
+
+    /// `key: value` as a file writes it (`a.b.c` nested in its sections).
+    fn nested_yaml(key: &str, value: &str) -> String {
+        let parts: Vec<&str> = key.split('.').collect();
+        let mut text = String::new();
+        for (depth, part) in parts.iter().enumerate() {
+            let indent = "  ".repeat(depth);
+            if depth + 1 == parts.len() {
+                let _ = writeln!(text, "{indent}{part}: {value}");
+            } else {
+                let _ = writeln!(text, "{indent}{part}:");
+            }
+        }
+        text
+    }
+
+    /// The page lists exactly the values validation accepts: each listed value of an enum key
+    /// loads (in a file of its own, or beside a setting it documents needing, it is not
+    /// refused under its own key), and a spelling that is not listed is refused naming the
+    /// key's line. (`train.optimizer` listed scDINO's `sgd` and `lars`, which validation
+    /// refused.)
+    #[test]
+    fn enum_keys_list_exactly_the_values_validation_accepts() {
+        use crate::{Config, ConfigError};
+        // Settings some values need (`bag_pool: mean` pools a bag model's features).
+        let contexts = ["", "model:\n  channels: bag\n"];
+        let enum_keys: Vec<KeyDoc> = keys()
+            .into_iter()
+            .filter(|k| !k.values.is_empty())
+            .collect();
+        assert!(enum_keys.len() >= 10, "{enum_keys:?}");
+        for k in &enum_keys {
+            let section = k.key.split('.').next().unwrap();
+            let applicable: Vec<&str> = contexts
+                .into_iter()
+                .filter(|c| !c.starts_with(&format!("{section}:")))
+                .collect();
+            for value in &k.values {
+                let refusals: Vec<String> = applicable
+                    .iter()
+                    .filter_map(|c| {
+                        let text = format!("{c}{}", nested_yaml(&k.key, value));
+                        match Config::from_yaml(&text, "t.yaml") {
+                            Ok(_) => None,
+                            Err(ConfigError::Invalid { key, .. }) if key != k.key => None,
+                            Err(e) => Some(e.to_string()),
+                        }
+                    })
+                    .collect();
+                assert!(
+                    refusals.len() < applicable.len(),
+                    "{} lists `{value}`, which is refused: {refusals:?}",
+                    k.key
+                );
+            }
+            let text = nested_yaml(&k.key, "no_such_value");
+            let e = Config::from_yaml(&text, "t.yaml").unwrap_err().to_string();
+            let line = k.key.matches('.').count() + 1;
+            assert!(
+                e.contains("no_such_value") && e.contains(&format!("line {line}")),
+                "{}: {e}",
+                k.key
+            );
+        }
+        let optimizer = enum_keys
+            .iter()
+            .find(|k| k.key == "train.optimizer")
+            .unwrap();
+        assert_eq!(optimizer.values, ["adamw"]);
+    }
+
+    /// A key nothing reads says so on the page, with what decides instead.
+    #[test]
+    fn ignored_keys_say_so_on_the_page() {
+        let documented = keys();
+        for ignored in IGNORED_KEYS {
+            let k = documented.iter().find(|k| k.key == ignored.key).unwrap();
+            assert!(
+                k.meaning
+                    .contains("Accepted for scDINO compatibility and ignored")
+                    && k.meaning.contains(ignored.instead),
+                "{k:?}"
+            );
+        }
+        let read = documented
+            .iter()
+            .find(|k| k.key == "train.num_gpus")
+            .unwrap();
+        assert!(!read.meaning.contains("ignored"), "{read:?}");
+        assert!(read.meaning.contains("--nproc"), "{read:?}");
     }
 
     /// `docs/config-reference.md` is this rendering. After a deliberate change:

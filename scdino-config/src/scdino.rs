@@ -240,9 +240,22 @@ pub fn import(text: &str, origin: &str) -> Result<Imported, ImportError> {
     if let Some(v) = take(&mut hyper, &key("optimizer")) {
         match v.as_str() {
             Some("adamw") => s.train.optimizer = Optimizer::Adamw,
-            Some("sgd") => s.train.optimizer = Optimizer::Sgd,
-            Some("lars") => s.train.optimizer = Optimizer::Lars,
-            _ => imp.bad(&key("optimizer"), &v, "expected adamw, sgd or lars"),
+            // Refused as validation refuses it: importing another optimizer's run as an
+            // AdamW run would train something else than the file says.
+            Some(name @ ("sgd" | "lars")) => {
+                return Err(ImportError::Invalid {
+                    origin: origin.into(),
+                    source: ConfigError::Invalid {
+                        origin: origin.into(),
+                        key: "train.optimizer".into(),
+                        line: None,
+                        message: format!(
+                            "{h}.optimizer is {name}, which is not implemented: only adamw (scDINO's default) trains here"
+                        ),
+                    },
+                })
+            }
+            _ => imp.bad(&key("optimizer"), &v, "expected adamw"),
         }
     }
     imp.float(

@@ -329,11 +329,13 @@ pub struct TrainSection {
     pub epochs: usize,
     /// `train_scDINO.saveckp_freq`: keep `checkpointNNNN` every n epochs (also the analysed epochs).
     pub checkpoint_every: usize,
-    /// `train_scDINO.num_gpus`: processes per node.
+    /// `train_scDINO.num_gpus`: processes per node, which `trainer launch` starts when its
+    /// `--nproc` is not given (the launched command's config decides). A Slurm job's ranks
+    /// come from the cluster file (`slurm.gpus_per_node`) instead.
     pub num_gpus: usize,
     /// `train_scDINO.batch_size_per_gpu`.
     pub batch_size_per_gpu: usize,
-    /// `train_scDINO.dist_url`: `env://` (torchrun/Slurm variables) or `tcp://host:port`.
+    /// `train_scDINO.dist_url`: `env://` or `tcp://host:port`.
     pub dist_url: String,
     /// `hyperparameters.momentum_teacher`: start of the EMA momentum schedule (ends at 1).
     pub momentum_teacher: f64,
@@ -550,12 +552,13 @@ pub enum Precision {
     Fp16,
 }
 
+/// `train.optimizer`: the values validation accepts are exactly these variants (serde
+/// refuses any other spelling), and the reference page lists them from this declaration, so
+/// the two cannot disagree. scDINO's `sgd` and `lars` are not implemented, hence not here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Optimizer {
     Adamw,
-    Sgd,
-    Lars,
 }
 
 /// Multi-crop augmentation (scDINO `DataAugmentationDINO`).
@@ -659,13 +662,11 @@ impl Default for LinearProbeSection {
 pub struct FeaturesSection {
     /// Apply the dataset mean/std before the backbone.
     pub normalize: bool,
-    /// scDINO `num_gpus`; kept so imported configs round-trip: the features stage runs on the
-    /// ranks `trainer launch` or srun give it.
+    /// scDINO `num_gpus` of `compute_cls_features`.
     pub num_gpus: usize,
     /// Images per forward pass of the features stage.
     pub batch_size_per_gpu: usize,
-    /// scDINO `num_workers`; kept so imported configs round-trip (the features stage does not
-    /// read it).
+    /// scDINO `num_workers` of `compute_cls_features`.
     pub num_workers: usize,
     /// Which network of the checkpoint to embed with.
     pub checkpoint_key: CheckpointKey,
@@ -687,6 +688,33 @@ pub struct FeaturesSection {
     /// normalisation (each one at its dataset mean), how the all-channel model of scDINO's
     /// way is scored against channel-adaptive models on a subset.
     pub missing_channels: MissingChannels,
+    /// `model.channels: bag` only: how a combination's per-channel CLS features become its
+    /// one feature, for every analysis (the features files and profiles, kNN, evaluate, the
+    /// linear probe, UMAP, the combinations table and the report all use it).
+    pub bag_pool: BagPool,
+}
+
+/// `downstream.features.bag_pool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BagPool {
+    /// DINO Bag-of-Channels: each channel's L2-normalised CLS feature, concatenated in channel
+    /// order (k·D for k channels; every channel keeps its own dimensions).
+    #[default]
+    Concat,
+    /// The mean of the channels' L2-normalised CLS features, L2-normalised (D whatever the
+    /// combination): features of different channel subsets lie in one space and compare.
+    Mean,
+}
+
+impl BagPool {
+    /// The YAML spelling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BagPool::Concat => "concat",
+            BagPool::Mean => "mean",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -717,6 +745,7 @@ impl Default for FeaturesSection {
             use_mean_patch_embedding: false,
             custom_embedding_map: BTreeMap::new(),
             missing_channels: MissingChannels::Refuse,
+            bag_pool: BagPool::Concat,
         }
     }
 }

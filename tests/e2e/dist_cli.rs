@@ -757,3 +757,67 @@ fn json_logs_name_rank_and_host_and_the_filter_applies() {
     let ms: serde_json::Value = serde_json::from_str(text(&quiet.stdout).trim()).unwrap();
     assert!(ms.is_object() || ms.is_array(), "{ms}");
 }
+
+/// `trainer launch` without `--nproc` starts `train.num_gpus` ranks of the launched command's
+/// config (scDINO's processes per node), each with its rank's environment; a command without
+/// `--config` needs `--nproc`.
+#[test]
+fn launch_without_nproc_starts_train_num_gpus_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    synth(&data, 3, 2, 2);
+    // `dist_url` makes every rank log a line (the notice that nothing reads it).
+    let cfg = write_yaml(
+        dir.path(),
+        "three",
+        &format!(
+            "data:\n  dataset_dir: {}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"0\"]\ntrain:\n  num_gpus: 3\n  dist_url: tcp://127.0.0.1:1\n",
+            data.join("Training").display()
+        ),
+    );
+    let out = run(
+        "trainer",
+        &[
+            "launch",
+            "--master-port",
+            "29613",
+            "--",
+            "data",
+            "read-bench",
+            "--config",
+            &cfg,
+            "--no-decode",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("images_per_s"))
+            .count(),
+        3,
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("launch: 3 ranks (train.num_gpus of"),
+        "{stderr}"
+    );
+    for rank in 0..3 {
+        let prefix = format!("[rank {rank}/3 local {rank} ");
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&prefix) && l.contains("`train.dist_url`")),
+            "{prefix}: {stderr}"
+        );
+    }
+
+    let out = run("trainer", &["launch", "--", "collectives-bench"]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--nproc is not given") && err.contains("collectives-bench"),
+        "{err}"
+    );
+}

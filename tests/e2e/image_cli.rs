@@ -105,7 +105,7 @@ const RUN_CONFIG: &str = "run:\n  name: img\n  output_dir: /out\n  seed: 40\n\
     augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n\
     train:\n  epochs: 3\n  checkpoint_every: 1\n  batch_size_per_gpu: 16\n  \
     precision: fp32\n  num_gpus: 1\n  warmup_epochs: 1\n  lr: 0.005\n\
-    downstream:\n  features:\n    num_gpus: 1\n    resize_length: 32\n  \
+    downstream:\n  features:\n    resize_length: 32\n  \
     attention:\n    image_size: 48\n  knn:\n    k: [3, 5]\n  \
     umap:\n    n_neighbors: 10\n    epochs: 60\n";
 

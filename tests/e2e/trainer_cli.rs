@@ -139,6 +139,57 @@ fn config_show_prints_a_config_that_checks() {
     );
 }
 
+/// The keys scDINO's files set that nothing reads are accepted, and loading a file that
+/// writes one logs one warning naming the key and its line; a file that leaves them at their
+/// defaults (or sets `train.num_gpus`, which `trainer launch` reads) gets none.
+#[test]
+fn ignored_scdino_keys_warn_only_when_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = "data:\n  dataset_dir: /fsx/not/here\n";
+    let quiet = super::util::write_yaml(
+        dir.path(),
+        "quiet",
+        &format!("{data}train:\n  num_gpus: 1\n  epochs: 6\n"),
+    );
+    let out = run("trainer", &["config", "check", &quiet]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("ignored"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let noisy = super::util::write_yaml(
+        dir.path(),
+        "noisy",
+        &format!(
+            "{data}train:\n  num_gpus: 1\n  dist_url: tcp://10.0.0.1:23456\ndownstream:\n  features:\n    num_gpus: 4\n    num_workers: 2\n"
+        ),
+    );
+    let out = run("trainer", &["config", "check", &noisy]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for (key, line) in [
+        ("train.dist_url", 5),
+        ("downstream.features.num_gpus", 8),
+        ("downstream.features.num_workers", 9),
+    ] {
+        let said: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains(&format!("`{key}`")))
+            .collect();
+        assert_eq!(said.len(), 1, "{key}: {err}");
+        assert!(
+            said[0].starts_with("warning: ")
+                && said[0].contains(&format!("noisy.yaml:{line}:"))
+                && said[0].contains("accepted for scDINO compatibility and ignored"),
+            "{}",
+            said[0]
+        );
+    }
+    assert!(!err.contains("`train.num_gpus`"), "{err}");
+}
+
 /// `trainer config default`: every section and key with its default, as a file `config check`
 /// accepts and `config show` reproduces (so nothing is left out or renamed).
 #[test]

@@ -90,6 +90,14 @@ pub struct CheckpointMeta {
     /// fp16 runs: the dynamic loss scale and its growth counter.
     #[serde(default)]
     pub loss_scaler: Option<crate::precision::LossScaler>,
+    /// Training checkpoints: the dataset the run trained on, one spelling per place
+    /// ([`crate::config::DatasetLocation::canonical`]), so a resume on other data is refused
+    /// (its sample order and schedules are this dataset's). Kept beside the fingerprint, not
+    /// in it: the fingerprint is the weights' shape, compared exactly, and
+    /// `--allow-new-data` relaxes only this. `None` in checkpoints written before it was
+    /// recorded (they resume on any data, as they always did) and in feature bundles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
 }
 
 /// Sums behind one epoch's `log.txt` line (scDINO's MetricLogger global averages).
@@ -338,6 +346,7 @@ mod tests {
             std: vec![0.25],
             epoch_totals: EpochTotals::default(),
             loss_scaler: None,
+            dataset: None,
         }
     }
 

@@ -16,7 +16,6 @@
 //!     fsdp/rank{r}of{w}/checkpoint.safetensors      FSDP shards
 //!   {model}_channel_{names}_analyses/              ModelLayout::analyses
 //!     CLS_features/{tag}_features.{safetensors,csv}, class_labels.csv, image_paths.csv
-//!     CLS_features/channel_mean/{tag}_features.{safetensors,csv}   (model.channels: bag)
 //!     kNN/{tag}_knn_metrics.json, {tag}_confusion.png, global_kNN.txt
 //!     evaluation/{tag}_evaluation.json
 //!     embedding_plots/{tag}_umap.{png,csv,json}
@@ -192,22 +191,6 @@ impl ModelLayout {
     /// The features of checkpoint `tag` with their labels and paths bound in.
     pub fn bundle(&self, tag: &str) -> PathBuf {
         self.features_dir()
-            .join(format!("{tag}_features.safetensors"))
-    }
-
-    /// `model.channels: bag`: the compact features (the mean of the per-channel CLS
-    /// features), in a folder of their own so the tags of `CLS_features/` stay the
-    /// checkpoints'.
-    pub fn channel_mean_dir(&self) -> PathBuf {
-        self.features_dir().join("channel_mean")
-    }
-
-    pub fn channel_mean_csv(&self, tag: &str) -> PathBuf {
-        self.channel_mean_dir().join(format!("{tag}_features.csv"))
-    }
-
-    pub fn channel_mean_bundle(&self, tag: &str) -> PathBuf {
-        self.channel_mean_dir()
             .join(format!("{tag}_features.safetensors"))
     }
 

@@ -85,6 +85,12 @@ impl KeyLines {
         Self { lines }
     }
 
+    /// The line of `key` when the file writes that very key (not one of its ancestors): tells a
+    /// value the user chose from a default.
+    pub fn written(&self, key: &str) -> Option<usize> {
+        self.lines.get(key).copied()
+    }
+
     /// The line of `key`, or of its closest written ancestor (defaults have no line).
     pub fn line_of(&self, key: &str) -> Option<usize> {
         let mut k = key;
@@ -132,5 +138,8 @@ mod tests {
         // Unwritten key: falls back to its section.
         assert_eq!(k.line_of("train.epochs"), Some(3));
         assert_eq!(k.line_of("model.arch"), None);
+        assert_eq!(k.written("train.lr"), Some(4));
+        assert_eq!(k.written("data.c"), Some(9));
+        assert_eq!(k.written("train.epochs"), None);
     }
 }

@@ -124,7 +124,7 @@ pub fn attention_maps(
                 })
                 .collect()
         }
-        Embedder::Bag(vit) => channel_names
+        Embedder::Bag { vit, .. } => channel_names
             .iter()
             .enumerate()
             .map(|(c, name)| {

@@ -302,6 +302,7 @@ impl BackboneWeights {
             std: vec![],
             epoch_totals: Default::default(),
             loss_scaler: None,
+            dataset: None,
         };
         checkpoint::save(out, &tensors, &meta)?;
         Ok(())

@@ -6,7 +6,7 @@
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
-use crate::config::{ChannelMode, Config, MissingChannels};
+use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
@@ -223,12 +223,18 @@ pub enum Embedder {
         channels: Vec<i64>,
     },
     /// `bag`: the single-channel backbone on every channel; the per-channel CLS features,
-    /// each L2-normalised, concatenated in channel order (so every channel weighs the same).
-    Bag(VisionTransformer),
+    /// each L2-normalised (so every channel weighs the same), pooled as
+    /// `downstream.features.bag_pool` says. The pooling is decided here, where every feature
+    /// of a combination is made (features stage, evaluate), so no analysis can read another.
+    Bag {
+        vit: VisionTransformer,
+        pool: BagPool,
+    },
 }
 
 impl Embedder {
-    /// `[B, k, H, W]` → features `[B, D]` (`[B, k·D]` for `bag`), rows not yet normalised.
+    /// `[B, k, H, W]` → features `[B, D]` (`[B, k·D]` for `bag` concatenated), rows not yet
+    /// normalised.
     pub fn embed(&self, x: &Tensor) -> Tensor {
         tch::no_grad(|| match self {
             Embedder::Fixed(vit) => vit.forward_t(x, false),
@@ -236,10 +242,13 @@ impl Embedder {
                 vit.forward_t(&self.model_channels(x, 1), false)
             }
             Embedder::Tokens { vit, channels } => vit.forward_channels_t(x, Some(channels), false),
-            Embedder::Bag(vit) => {
+            Embedder::Bag { vit, pool } => {
                 let cls = bag_cls(vit, x);
                 let cls = &cls / cls.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-12);
-                cls.flatten(1, 2)
+                match pool {
+                    BagPool::Concat => cls.flatten(1, 2),
+                    BagPool::Mean => cls.mean_dim(1, false, Kind::Float),
+                }
             }
         })
     }
@@ -266,7 +275,14 @@ impl Embedder {
             Embedder::Fixed(vit)
             | Embedder::FixedZeroFilled { vit, .. }
             | Embedder::Tokens { vit, .. } => vit.config().embed_dim,
-            Embedder::Bag(vit) => vit.config().embed_dim * k as i64,
+            Embedder::Bag {
+                vit,
+                pool: BagPool::Concat,
+            } => vit.config().embed_dim * k as i64,
+            Embedder::Bag {
+                vit,
+                pool: BagPool::Mean,
+            } => vit.config().embed_dim,
         }
     }
 }
@@ -372,7 +388,10 @@ pub fn load_embedder(
             vit,
             channels: trained.indices_of(&wanted, &weights.path)?,
         },
-        _ => Embedder::Bag(vit),
+        _ => Embedder::Bag {
+            vit,
+            pool: cfg.downstream.features.bag_pool,
+        },
     };
     Ok((vs, embedder))
 }
@@ -716,45 +735,6 @@ pub fn write_csv(path: &Path, features: &Tensor) -> Result<(), FeaturesError> {
     Ok(())
 }
 
-/// `model.channels: bag`'s compact feature: the mean of an image's per-channel CLS features
-/// (each of unit length, as in the concatenation), L2-normalised, `[N, D]`, from the
-/// concatenated `[N, k·D]` rows (row normalisation scales a row's k parts alike, so their
-/// mean keeps its direction).
-pub fn channel_mean(features: &Tensor, k: usize) -> Tensor {
-    let (n, kd) = features.size2().expect("features are [N, k·D]");
-    let mean = features
-        .reshape([n, k as i64, kd / k as i64])
-        .mean_dim(1, false, Kind::Float);
-    &mean / mean.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12)
-}
-
-/// Writes [`channel_mean`] of a `bag` model's features of `k` channels next to them:
-/// `CLS_features/channel_mean/{tag}_features.{csv,safetensors}` (the bundle with the same
-/// labels, paths and checkpoint, readable by [`read_bundle`]).
-pub fn write_channel_mean(
-    files: &ModelLayout,
-    tag: &str,
-    set: &FeatureSet,
-    k: usize,
-) -> Result<(), FeaturesError> {
-    let dir = files.channel_mean_dir();
-    std::fs::create_dir_all(&dir).map_err(|source| FeaturesError::Io {
-        path: dir.clone(),
-        source,
-    })?;
-    let mean = FeatureSet {
-        features: channel_mean(&set.features, k),
-        labels: set.labels.clone(),
-        paths: set.paths.clone(),
-        indices: set.indices.clone(),
-        tag: set.tag.clone(),
-        checkpoint: set.checkpoint.clone(),
-        checkpoint_epoch: set.checkpoint_epoch,
-    };
-    write_csv(&files.channel_mean_csv(tag), &mean.features)?;
-    write_bundle(&files.channel_mean_bundle(tag), &mean)
-}
-
 /// The safetensors bundle alone: features, labels, paths, dataset indices and the checkpoint
 /// they came from, bound together and checksummed.
 pub fn write_bundle(bundle: &Path, set: &FeatureSet) -> Result<(), FeaturesError> {
@@ -777,6 +757,7 @@ pub fn write_bundle(bundle: &Path, set: &FeatureSet) -> Result<(), FeaturesError
         std: vec![],
         epoch_totals: Default::default(),
         loss_scaler: None,
+        dataset: None,
     };
     checkpoint::save(
         bundle,
@@ -958,6 +939,7 @@ mod tests {
                 std: vec![],
                 epoch_totals: Default::default(),
                 loss_scaler: None,
+                dataset: None,
             };
             let t = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
             checkpoint::save(&path, &[(name.to_string(), t)], &meta).unwrap();

@@ -13,8 +13,8 @@ mod preload_cmd;
 mod selftest_cmd;
 mod train_cmd;
 
-use anyhow::{bail, Result};
-use clap::{Parser, Subcommand};
+use anyhow::{anyhow, bail, Result};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use trainer::config::{Config, BAKED_CONFIG_PATH};
 
@@ -56,6 +56,31 @@ fn resolve_config(given: Option<&Path>, baked: &Path) -> Result<PathBuf> {
         "no --config given and no run config baked into this image ({} does not exist): pass --config FILE",
         baked.display()
     )
+}
+
+/// The run config the trainer command line `args` (program name left out) would read: its
+/// `--config`, else the baked one; `None` for a command without `--config`. Read from clap's
+/// own parse of the line, so it is the file the command itself loads.
+pub fn launched_config(args: &[String]) -> Result<Option<PathBuf>> {
+    let line = std::iter::once("trainer").chain(args.iter().map(String::as_str));
+    let matches = Cli::command()
+        .try_get_matches_from(line)
+        .map_err(|e| anyhow!("`{}` is not a trainer command: {e}", args.join(" ")))?;
+    // The leaf subcommand's definition says whether it takes `--config` (its matches cannot:
+    // release builds of clap answer an unknown argument with "not given").
+    let (mut leaf, mut command) = (&matches, Cli::command());
+    while let Some((name, sub)) = leaf.subcommand() {
+        command = command
+            .find_subcommand(name)
+            .cloned()
+            .expect("clap matched a subcommand it defines");
+        leaf = sub;
+    }
+    if !command.get_arguments().any(|a| a.get_id() == "config") {
+        return Ok(None);
+    }
+    let given = leaf.get_one::<PathBuf>("config");
+    resolve_config(given.map(PathBuf::as_path), Path::new(BAKED_CONFIG_PATH)).map(Some)
 }
 
 #[derive(Debug, Parser)]
@@ -154,6 +179,26 @@ impl Cli {
 mod tests {
     use super::resolve_config;
     use std::path::Path;
+
+    #[test]
+    fn a_launched_command_names_its_config_or_has_none() {
+        use super::launched_config;
+        let args = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            launched_config(&args("train --config a.yaml --combination 1")).unwrap(),
+            Some("a.yaml".into())
+        );
+        assert_eq!(
+            launched_config(&args("--log-format json data read-bench --config=b.yaml")).unwrap(),
+            Some("b.yaml".into())
+        );
+        assert_eq!(launched_config(&args("collectives-bench")).unwrap(), None);
+        assert_eq!(launched_config(&args("config check c.yaml")).unwrap(), None);
+        let e = launched_config(&args("trian --config a.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a trainer command"), "{e}");
+    }
 
     #[test]
     fn config_falls_back_to_the_baked_file_only_when_absent() {

@@ -17,6 +17,10 @@ pub struct PipelineArgs {
     /// and exit.
     #[arg(long)]
     list_stages: bool,
+    /// Let training resume even though data.dataset_dir is not the dataset the run's
+    /// checkpoint trained on (see `trainer train --allow-new-data`).
+    #[arg(long)]
+    allow_new_data: bool,
 }
 
 impl PipelineArgs {
@@ -34,6 +38,7 @@ impl PipelineArgs {
         let opts = PipelineOptions {
             combinations: self.combination.map(|c| vec![c]),
             stop: Some(super::train_cmd::stop_flag()?),
+            allow_new_data: self.allow_new_data,
         };
         let rank = trainer::dist::env::DistEnv::from_process_env()?.rank;
         match run_pipeline(&cfg, &opts)? {

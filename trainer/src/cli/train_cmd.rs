@@ -26,6 +26,10 @@ pub struct TrainArgs {
     /// Threads for libtorch's intra-op pool (default: libtorch's choice).
     #[arg(long)]
     threads: Option<i32>,
+    /// Resume even though data.dataset_dir is not the dataset the run's checkpoint trained
+    /// on: the run continues (same position, schedules and split rule) on the new data.
+    #[arg(long)]
+    allow_new_data: bool,
 }
 
 impl TrainArgs {
@@ -39,6 +43,7 @@ impl TrainArgs {
             combination: self.combination,
             max_steps: self.max_steps,
             stop: Some(stop),
+            allow_new_data: self.allow_new_data,
         };
         let dir = cfg
             .channel_sets
@@ -66,9 +71,10 @@ impl TrainArgs {
 /// `trainer launch`: N local ranks of a trainer command, like `torchrun --standalone`.
 #[derive(Debug, Args)]
 pub struct LaunchArgs {
-    /// Processes (ranks) to start on this machine.
+    /// Processes (ranks) to start on this machine. Default: `train.num_gpus` of the run
+    /// config the launched command reads (its `--config`, else the one baked into the image).
     #[arg(long)]
-    nproc: usize,
+    nproc: Option<usize>,
     /// Rendezvous port on 127.0.0.1.
     #[arg(long, default_value_t = 29500)]
     master_port: u16,
@@ -82,13 +88,37 @@ pub struct LaunchArgs {
 
 impl LaunchArgs {
     pub fn run(self) -> Result<()> {
-        anyhow::ensure!(self.nproc >= 1, "--nproc must be at least 1");
+        let nproc = match self.nproc {
+            Some(n) => n,
+            None => self.num_gpus()?,
+        };
+        anyhow::ensure!(nproc >= 1, "--nproc must be at least 1");
         let code = trainer::dist::launch::launch(&trainer::dist::launch::LaunchOptions {
-            nproc: self.nproc,
+            nproc,
             master_port: self.master_port,
             args: self.args,
             grace: std::time::Duration::from_secs(self.grace),
         })?;
         std::process::exit(code);
+    }
+
+    /// `train.num_gpus` of the launched command's run config: scDINO's processes per node.
+    fn num_gpus(&self) -> Result<usize> {
+        let Some(path) = super::launched_config(&self.args)? else {
+            anyhow::bail!(
+                "--nproc is not given and `{}` takes no --config whose train.num_gpus would say how many ranks to start: pass --nproc N",
+                self.args.join(" ")
+            );
+        };
+        // Read without `Config::load`'s notices: every rank loads the file and gives them.
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        let cfg = trainer::config::Config::from_yaml(&text, &path.display().to_string())?;
+        tracing::info!(
+            "launch: {} ranks (train.num_gpus of {}; --nproc overrides it)",
+            cfg.train.num_gpus,
+            path.display()
+        );
+        Ok(cfg.train.num_gpus)
     }
 }

@@ -68,8 +68,8 @@ pub fn ibot_head_config(cfg: &Config, vit: &VitConfig, student: bool) -> Option<
 
 /// DINO Bag-of-Channels: the per-channel CLS tokens of `x` (`[B, k, H, W]`) from a
 /// single-channel backbone, the channels going through the batch dimension: `[B, k, D]`.
-/// DINO-BoC's feature is these concatenated in channel order (`[B, k·D]`, what kNN and the
-/// probe use); their mean over the channels is the compact one.
+/// DINO-BoC's feature is these concatenated in channel order (`[B, k·D]`), or their mean over
+/// the channels (`[B, D]`), as `downstream.features.bag_pool` says.
 pub fn bag_cls(vit: &VisionTransformer, x: &Tensor) -> Tensor {
     let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
     vit.forward_t(&x.reshape([b * k, 1, h, w]), false)

@@ -124,6 +124,9 @@ pub struct PipelineOptions {
     /// Channel combinations to run (default: all).
     pub combinations: Option<Vec<usize>>,
     pub stop: Option<Arc<AtomicBool>>,
+    /// Training may resume on another dataset than its checkpoint's (see
+    /// [`TrainOptions::allow_new_data`]).
+    pub allow_new_data: bool,
 }
 
 fn mtime(p: &Path) -> Option<SystemTime> {
@@ -266,6 +269,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                     combination,
                     max_steps: None,
                     stop: opts.stop.clone(),
+                    allow_new_data: opts.allow_new_data,
                 },
             )?;
         } else {

@@ -201,9 +201,6 @@ fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<u
         root: &t.cfg.data.dataset_dir.to_string(),
     };
     profiles::write(&t.files.profiles(tag), &[rows], &t.channel_names())?;
-    if t.cfg.model.channels == crate::config::ChannelMode::Bag {
-        features::write_channel_mean(&t.files, tag, set, t.channels.len())?;
-    }
     Ok(set.labels.len())
 }
 
@@ -236,16 +233,23 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
             )
         }
         None => {
-            // The features stage already embedded the held-out split with this checkpoint.
+            let train = extract(source.as_ref(), &split.train)?;
+            // The features stage already embedded the held-out split with this checkpoint
+            // (unless it pooled a bag model's channels otherwise: other width).
+            let width = train.features.size().get(1).copied();
             let written = features::read_bundle(&t.files.bundle(tag))
                 .ok()
-                .filter(|set| Path::new(&set.checkpoint) == ckpt && set.indices == split.held_out);
+                .filter(|set| {
+                    Path::new(&set.checkpoint) == ckpt
+                        && set.indices == split.held_out
+                        && set.features.size().get(1).copied() == width
+                });
             let held_out = match written {
                 Some(set) => set,
                 None => extract(source.as_ref(), &split.held_out)?,
             };
             (
-                extract(source.as_ref(), &split.train)?,
+                train,
                 held_out,
                 "held-out split".to_string(),
                 ("heldout", cfg.data.dataset_dir.to_string()),

@@ -43,6 +43,20 @@ pub enum TrainError {
     Augment(crate::augment::AugmentError),
     #[error("stopped (train.on_collapse: stop): {0}")]
     Collapsed(String),
+    /// A resume whose `data.dataset_dir` is another place than the checkpoint's dataset.
+    #[error(
+        "cannot resume from {}: it was trained on {trained_on}, but data.dataset_dir is now {now}; \
+         resuming would continue its sample order, split and schedules on other images. \
+         Pass --allow-new-data (`trainer train` or `trainer pipeline`) to resume this run on \
+         the new data, or give the new data a run of its own (another run.name); starting a \
+         new run from this run's weights is what the planned `model.init` key will do",
+        checkpoint.display()
+    )]
+    OtherDataset {
+        checkpoint: PathBuf,
+        trained_on: String,
+        now: String,
+    },
     #[error("cannot resume from {path}: {source}")]
     Resume {
         path: PathBuf,

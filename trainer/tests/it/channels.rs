@@ -57,8 +57,9 @@ fn config_with(
 
 /// Trains once (the first combination's call trains the one model on all channels, the other
 /// combinations find it done), then embeds every combination from that checkpoint: `tokens`
-/// gives D features whatever the combination, `bag` k·D, every row of unit length, and a
-/// single channel or a pair (never seen as a whole in training) gives features of its own.
+/// gives D features whatever the combination, `bag` k·D (D with `bag_pool: mean`, which every
+/// analysis then reads), every row of unit length, and a single channel or a pair (never seen
+/// as a whole in training) gives features of its own.
 #[test]
 fn one_adaptive_model_trains_once_and_embeds_every_combination() {
     let (_rng, dir) = setup();
@@ -115,18 +116,33 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
             // BoC: the single-channel part of the concatenation is that channel's feature.
             let a_part = sets[0].narrow(1, 0, 192) * 3f64.sqrt();
             assert!((a_part - &sets[1]).abs().max().double_value(&[]) < 1e-4);
-            // The compact feature the features stage writes next to the concatenation: the
-            // normalised mean of the channels' own features, which the all-channel
-            // concatenation holds part by part (so "b+c"'s file is checked against another
-            // extraction).
-            use trainer::pipeline::stages::{run_features, tag_of_checkpoint, Target};
+            // `downstream.features.bag_pool: mean`: the features stage writes, as the
+            // combination's features, the normalised mean of the channels' own features (D,
+            // not k·D), which the all-channel concatenation holds part by part (so "b+c"'s
+            // file is checked against another extraction); the kNN and evaluate stages read
+            // those.
+            use trainer::pipeline::stages::{
+                run_evaluate, run_features, run_knn, tag_of_checkpoint, Target,
+            };
+            let pooled = config_with(
+                dir.path(),
+                mode,
+                mode,
+                "a, b, c",
+                "\"012\", \"0\", \"12\"",
+                ", bag_pool: mean",
+            );
             let tag = tag_of_checkpoint(&ck).unwrap();
             for (combination, parts) in [(0usize, vec![0i64, 1, 2]), (2, vec![1, 2])] {
-                let target = Target::new(&cfg, combination).unwrap();
+                let concat_target = Target::new(&cfg, combination).unwrap();
+                run_features(&concat_target, &ck, &tag).unwrap();
+                let concat = features::read_bundle(&concat_target.files.bundle(&tag)).unwrap();
+                assert_eq!(concat.features.size()[1], 192 * parts.len() as i64);
+                let target = Target::new(&pooled, combination).unwrap();
+                assert_eq!(target.files.dir(), concat_target.files.dir());
                 run_features(&target, &ck, &tag).unwrap();
                 let files = &target.files;
-                let mean = features::read_bundle(&files.channel_mean_bundle(&tag)).unwrap();
-                let concat = features::read_bundle(&files.bundle(&tag)).unwrap();
+                let mean = features::read_bundle(&files.bundle(&tag)).unwrap();
                 assert_eq!(mean.labels, concat.labels);
                 assert_eq!(mean.paths, concat.paths);
                 assert_eq!(mean.features.size(), [concat.features.size()[0], 192]);
@@ -138,11 +154,26 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
                 let expected = &sum / sum.norm_scalaropt_dim(2.0, [1], true);
                 let diff = (&mean.features - expected).abs().max().double_value(&[]);
                 assert!(diff < 1e-5, "combination {combination}: {diff}");
-                let csv = std::fs::read_to_string(files.channel_mean_csv(&tag)).unwrap();
+                let csv = std::fs::read_to_string(files.features_csv(&tag)).unwrap();
                 assert_eq!(csv.lines().count(), mean.labels.len());
                 assert_eq!(csv.lines().next().unwrap().split(',').count(), 192);
                 // The checkpoint tags of CLS_features/ stay the checkpoints'.
                 assert_eq!(target.feature_tags(), std::slice::from_ref(&tag));
+                let knn = run_knn(&target, &tag).unwrap();
+                assert_eq!((knn.dim, knn.n_samples), (192, mean.labels.len()));
+                // evaluate embeds its own training images the same way, and takes the
+                // held-out queries from the features stage.
+                run_evaluate(&target, &ck, &tag).unwrap();
+                let evaluated = |side: &str| {
+                    let path = files
+                        .evaluation_dir()
+                        .join(format!("{tag}_{side}_features.safetensors"));
+                    features::read_bundle(&path).unwrap().features
+                };
+                let (train_rows, queries) = (evaluated("train"), evaluated("queries"));
+                assert_eq!(train_rows.size()[1], 192);
+                assert_eq!(queries.size(), mean.features.size());
+                assert!((&queries - &mean.features).abs().max().double_value(&[]) < 1e-6);
             }
         }
     }

@@ -82,6 +82,20 @@ fn import_reports_unknown_and_ill_typed_keys() {
     assert_eq!(imp.config.run.seed, 7);
 }
 
+/// scDINO's `sgd` and `lars` are not implemented: importing a run that used one is refused
+/// (not turned into an AdamW run), naming the key and the value.
+#[test]
+fn import_refuses_an_optimizer_that_does_not_train_here() {
+    let yaml =
+        fixture("scdino_full_pipeline.yaml").replace("optimizer: \"adamw\"", "optimizer: \"sgd\"");
+    assert!(yaml.contains("optimizer: \"sgd\""));
+    let e = scdino::import(&yaml, "sgd.yaml").unwrap_err().to_string();
+    assert!(
+        e.contains("train.optimizer") && e.contains("sgd") && e.contains("only adamw"),
+        "{e}"
+    );
+}
+
 #[test]
 fn imported_yaml_is_accepted_by_our_strict_loader() {
     for f in ["scdino_full_pipeline.yaml", "scdino_aws_pcluster.yaml"] {

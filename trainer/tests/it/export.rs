@@ -71,6 +71,7 @@ fn checkpoint(
         std: STD.to_vec(),
         epoch_totals: EpochTotals::default(),
         loss_scaler: None,
+        dataset: None,
     };
     let path = dir.join("checkpoint0002.safetensors");
     checkpoint::save(&path, &tensors, &meta).unwrap();

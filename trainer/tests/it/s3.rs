@@ -333,6 +333,7 @@ fn run(cfg: &Config) {
             combination: 0,
             max_steps: None,
             stop: None,
+            allow_new_data: false,
         },
     )
     .unwrap();
@@ -809,6 +810,7 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
             combination: 0,
             max_steps: None,
             stop: None,
+            allow_new_data: false,
         },
     )
     .unwrap_err()
@@ -1154,6 +1156,7 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
             combination: 0,
             max_steps: None,
             stop: None,
+            allow_new_data: false,
         },
     )
     .unwrap_err();

@@ -847,6 +847,111 @@ fn resume_with_other_epochs_names_the_schedule_change() {
     assert!(note.contains("change from iteration 40 on"), "{note}");
 }
 
+/// A run folder resumed on another dataset (a copy of the run next to other data, or an
+/// edited `data.dataset_dir`) is refused, naming both places, since its sample order, split
+/// and schedules are the first dataset's; `--allow-new-data` resumes it on the new data. One
+/// place spelled two ways (relative, `..`) is the same dataset, and a checkpoint that predates
+/// the record resumes anywhere. Each step is a real `trainer train` process.
+#[test]
+fn resume_on_another_dataset_is_refused_unless_allowed() {
+    use trainer::checkpoint::{load, read_meta, save, CheckpointMeta};
+    use trainer::data::{generate_synthetic, SynthOptions};
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        // The same images in two places: only the location tells them apart.
+        generate_synthetic(&SynthOptions {
+            out: dir.path().join(name),
+            seed: 4,
+            classes: 2,
+            per_class: 4,
+            size: 32,
+            ..SynthOptions::default()
+        })
+        .unwrap();
+    }
+    let canonical = |name: &str| {
+        std::fs::canonicalize(dir.path().join(name).join("Training"))
+            .unwrap()
+            .display()
+            .to_string()
+    };
+    let ckpt = dir
+        .path()
+        .join("out/moved/scDINO_ViTs/name_of_model_channel_DAPI_PE/checkpoint.safetensors");
+    let run = |data: &str, extra: &[&str], steps: usize| {
+        let cfg = dir.path().join("moved.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "run:\n  name: moved\n  output_dir: {out}\n  seed: 5\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"24\"]\n  num_workers: 1\nmodel:\n  arch: vit_tiny\n  out_dim: 64\ntrain:\n  epochs: 4\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n  precision: fp32\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\n",
+                out = dir.path().join("out").display(),
+            ),
+        )
+        .unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .current_dir(dir.path())
+            .args(["train", "--config", cfg.to_str().unwrap(), "--threads", "1"])
+            .args(["--max-steps", &steps.to_string()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let ran = |out: std::process::Output| {
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let recorded = || read_meta(&ckpt).unwrap();
+
+    // Relative to the working directory, then absolute through `..`: one place.
+    ran(run("a/Training", &[], 1));
+    assert_eq!(recorded().dataset, Some(canonical("a")));
+    let a_dotted = dir.path().join("a/../a/Training").display().to_string();
+    ran(run(&a_dotted, &[], 2));
+    assert_eq!(recorded().iteration, 2);
+
+    let b = dir.path().join("b/Training").display().to_string();
+    let out = run(&b, &[], 3);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("trained on {}", canonical("a")))
+            && err.contains(&format!("data.dataset_dir is now {}", canonical("b")))
+            && err.contains("--allow-new-data")
+            && err.contains("model.init"),
+        "{err}"
+    );
+    assert_eq!(recorded().iteration, 2, "nothing trained");
+
+    let said = ran(run(&b, &["--allow-new-data"], 3));
+    assert!(said.contains("--allow-new-data"), "{said}");
+    let meta = recorded();
+    assert_eq!((meta.iteration, meta.dataset), (3, Some(canonical("b"))));
+
+    // A checkpoint written before the location was recorded resumes on any data.
+    let old = load(&ckpt).unwrap();
+    let tensors: Vec<(String, Tensor)> = old.tensors.into_iter().collect();
+    let meta = CheckpointMeta {
+        dataset: None,
+        ..old.meta
+    };
+    save(&ckpt, &tensors, &meta).unwrap();
+    ran(run("a/Training", &[], 4));
+    let meta = recorded();
+    assert_eq!((meta.iteration, meta.dataset), (4, Some(canonical("a"))));
+
+    // `trainer pipeline` takes the flag too (it trains).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["pipeline", "--allow-new-data", "--list-stages"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The analytic FLOPs of a step (behind the logged FLOP/s and MFU) against
 /// `torch.utils.flop_counter` on the reference networks doing the same step (teacher forward
 /// on the global crops, student forward and backward on all crops): within 1 %, for two
@@ -1196,6 +1301,7 @@ fn resume_writes_the_loss_centres_into_the_learners_tensors() {
             std: vec![1.0; 4],
             epoch_totals: EpochTotals::default(),
             loss_scaler: None,
+            dataset: None,
         },
     };
     let mut resumed = learner();

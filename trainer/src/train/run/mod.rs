@@ -55,6 +55,9 @@ pub struct TrainOptions {
     /// Set asynchronously (signal handler, see [`super::preempt`]) to request a checkpoint
     /// and stop.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Resume even when `data.dataset_dir` is not the dataset the checkpoint trained on
+    /// (`--allow-new-data`); otherwise such a resume is refused.
+    pub allow_new_data: bool,
 }
 
 /// Trains one channel combination of `cfg` on this process, as one rank of the job the

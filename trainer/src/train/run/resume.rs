@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::layout::ModelLayout;
 use crate::train::step::Learner;
 use crate::train::strategy::{self, ParallelStrategy};
+use std::path::Path;
 
 /// Where a run stands: the epoch to run, the batches of it already done and the global
 /// iteration to run next.
@@ -79,17 +80,65 @@ impl Start {
     }
 }
 
+/// The dataset a run trains on, and whether it may differ from the one its checkpoint
+/// trained on.
+#[derive(Debug, Clone)]
+pub struct DataOrigin {
+    /// `data.dataset_dir`, canonical (what checkpoints record).
+    pub location: String,
+    /// `--allow-new-data`.
+    pub allow_new: bool,
+}
+
+impl DataOrigin {
+    pub fn new(cfg: &Config, allow_new: bool) -> Self {
+        Self {
+            location: cfg.data.dataset_dir.canonical(),
+            allow_new,
+        }
+    }
+
+    /// Refuses to resume from `meta` (read from `path`) on another dataset than it recorded,
+    /// unless allowed. A checkpoint without a record predates it and resumes as it always did.
+    pub fn check(&self, meta: &CheckpointMeta, path: &Path, rank: usize) -> Result<(), TrainError> {
+        let Some(trained_on) = meta.dataset.as_deref() else {
+            return Ok(());
+        };
+        if trained_on == self.location {
+            return Ok(());
+        }
+        if !self.allow_new {
+            return Err(TrainError::OtherDataset {
+                checkpoint: path.to_path_buf(),
+                trained_on: trained_on.to_string(),
+                now: self.location.clone(),
+            });
+        }
+        if rank == 0 {
+            tracing::warn!(
+                "resuming {} on {} (--allow-new-data); it trained on {} until now",
+                path.display(),
+                self.location,
+                trained_on
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Loads the newest readable checkpoint of `files` into `learner`, if there is one.
 pub fn restore_latest(
     cfg: &Config,
     files: &ModelLayout,
     fingerprint: &str,
+    data: &DataOrigin,
     learner: &mut Learner,
     rank: usize,
 ) -> Result<Option<Start>, TrainError> {
     let Some(ck) = checkpoint::load_latest(files.dir(), &mut |w| tracing::warn!("{w}"))? else {
         return Ok(None);
     };
+    data.check(&ck.meta, &ck.path, rank)?;
     strategy::restore(&ck, fingerprint, learner)?;
     let at = Position::of(&ck.meta);
     tracing::info!(
@@ -152,6 +201,8 @@ pub struct CheckpointWriter {
     pub files: ModelLayout,
     pub seed: u64,
     pub fingerprint: String,
+    /// The canonical dataset location ([`DataOrigin::location`]).
+    pub dataset: String,
     pub config_yaml: String,
     /// Mean/std the crops are normalised with, per selected channel.
     pub mean: Vec<f32>,
@@ -181,6 +232,7 @@ impl CheckpointWriter {
             std: self.std.clone(),
             epoch_totals: totals.clone(),
             loss_scaler: learner.scaler.clone(),
+            dataset: Some(self.dataset.clone()),
         };
         let numbered = numbered.then(|| self.files.numbered_checkpoint(at.epoch - 1));
         strategy.save(learner, &self.files, &meta, numbered)

@@ -3,7 +3,7 @@
 //! initialised from the seed before anything else draws from libtorch's generator, and a
 //! resume is restored before the parallel strategy takes the learner over (FSDP shards it).
 use super::batches::{TrainItems, TrainingData};
-use super::resume::{self, CheckpointWriter, Start};
+use super::resume::{self, CheckpointWriter, DataOrigin, Start};
 use super::run_files::{dataset_mean_std, trim_log, RunLog};
 use super::{RunShape, TrainError, TrainOptions, TrainingRun};
 use crate::analysis::mean_std::MeanStd;
@@ -55,8 +55,15 @@ impl<'a> TrainingRun<'a> {
         let (peak_lr, sched) = schedules(cfg, &shape);
         let mut learner = new_learner(cfg, channels.len(), device)?;
         let fingerprint = resume::fingerprint(cfg, &channels);
-        let (strategy, start) =
-            resume_and_distribute(cfg, group, &files, &fingerprint, &mut learner, shape.rank)?;
+        let origin = DataOrigin::new(cfg, opts.allow_new_data);
+        let (strategy, start) = resume_and_distribute(
+            cfg,
+            group,
+            &files,
+            (&fingerprint, &origin),
+            &mut learner,
+            shape.rank,
+        )?;
         if shape.rank == 0 {
             let log = RunLog {
                 channels: &channels,
@@ -78,7 +85,7 @@ impl<'a> TrainingRun<'a> {
             data,
             learner,
             strategy,
-            checkpoints: checkpoint_writer(cfg, files, fingerprint, mean, std),
+            checkpoints: checkpoint_writer(cfg, files, fingerprint, origin.location, mean, std),
             telemetry,
             throughput,
             collapse: CollapsePolicy::new(&cfg.train, shape.niter, shape.rank),
@@ -119,11 +126,11 @@ fn resume_and_distribute(
     cfg: &Config,
     group: Option<ProcessGroup>,
     files: &ModelLayout,
-    fingerprint: &str,
+    (fingerprint, origin): (&str, &DataOrigin),
     learner: &mut Learner,
     rank: usize,
 ) -> Result<(Box<dyn ParallelStrategy>, Start), TrainError> {
-    let resumed = resume::restore_latest(cfg, files, fingerprint, learner, rank)?;
+    let resumed = resume::restore_latest(cfg, files, fingerprint, origin, learner, rank)?;
     let Chosen {
         strategy,
         resumed_shards,
@@ -139,6 +146,11 @@ fn resume_and_distribute(
             fsdp_reshard_after_forward: cfg.train.fsdp_reshard_after_forward,
         },
     )?;
+    // FSDP shards newer than the consolidated checkpoint (or without one) answer for the
+    // dataset themselves.
+    if let Some(meta) = &resumed_shards {
+        origin.check(meta, files.dir(), rank)?;
+    }
     let start = match (resumed_shards, resumed) {
         (Some(meta), consolidated) => Start::from_shards(&meta, consolidated.is_some()),
         (None, Some(consolidated)) => consolidated,
@@ -246,6 +258,7 @@ fn checkpoint_writer(
     cfg: &Config,
     files: ModelLayout,
     fingerprint: String,
+    dataset: String,
     mean: Vec<f32>,
     std: Vec<f32>,
 ) -> CheckpointWriter {
@@ -253,6 +266,7 @@ fn checkpoint_writer(
         files,
         seed: cfg.run.seed,
         fingerprint,
+        dataset,
         config_yaml: cfg.to_yaml(),
         mean,
         std,
