@@ -1,30 +1,29 @@
 //! `trainer collectives-bench` on two real processes (`trainer launch`, Gloo on 127.0.0.1):
 //! the table, the JSON report, correctness, and the exit code of the gate.
-use super::util::{run, text};
+use super::util::{launch, run, text};
 use serde_json::Value;
 
 fn bench(port: &str, json: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "launch",
-        "--nproc",
+    let mut args = launch(
         "2",
-        "--master-port",
         port,
-        "--",
-        "collectives-bench",
-        "--min-bytes",
-        "4K",
-        "--max-bytes",
-        "64K",
-        "--factor",
-        "4",
-        "--iters",
-        "3",
-        "--warmup",
-        "1",
-        "--json",
-        json.to_str().unwrap(),
-    ];
+        &[],
+        &[
+            "collectives-bench",
+            "--min-bytes",
+            "4K",
+            "--max-bytes",
+            "64K",
+            "--factor",
+            "4",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
     args.extend_from_slice(extra);
     run("trainer", &args)
 }

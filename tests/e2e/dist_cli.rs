@@ -1,5 +1,5 @@
 //! Data-parallel training over Gloo between real processes on 127.0.0.1.
-use super::util::{bin, ok, run, synth, text, write_yaml};
+use super::util::{bin, launch, ok, run, synth, text, write_yaml};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -69,17 +69,7 @@ fn checksums(stderr: &str) -> Vec<String> {
 /// losses after checking that all ranks ended with the same parameters.
 fn launch_train(world: usize, port: &str, cfg: &str, steps: &[&str]) -> Vec<f64> {
     let nproc = world.to_string();
-    let mut args = vec![
-        "launch",
-        "--nproc",
-        &nproc,
-        "--master-port",
-        port,
-        "--",
-        "train",
-        "--config",
-        cfg,
-    ];
+    let mut args = launch(&nproc, port, &[], &["train", "--config", cfg]);
     args.extend(steps);
     let out = run("trainer", &args);
     let err = text(&out.stderr);
@@ -209,21 +199,12 @@ fn fsdp_resumes_from_shards_after_a_kill_and_its_consolidated_checkpoint_feeds_f
     }
     // Resume and get killed after iteration 3 (before epoch 0's end at iteration 5 writes).
     let mut launcher = Command::new(bin("trainer"))
-        .args([
-            "launch",
-            "--nproc",
+        .args(launch(
             "2",
-            "--master-port",
             "29675",
-            "--grace",
-            "10",
-            "--",
-            "train",
-            "--config",
-            &cfg,
-            "--threads",
-            "1",
-        ])
+            &["--grace", "10"],
+            &["train", "--config", &cfg, "--threads", "1"],
+        ))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -251,21 +232,20 @@ fn fsdp_resumes_from_shards_after_a_kill_and_its_consolidated_checkpoint_feeds_f
     let _ = std::io::Read::read_to_string(&mut reader, &mut rest);
     assert!(!launcher.wait().unwrap().success(), "{rest}");
     // The relaunch resumes from the shards at iteration 2 and stops at 4, like `straight`.
-    let nproc_args = [
-        "launch",
-        "--nproc",
+    let nproc_args = launch(
         "2",
-        "--master-port",
         "29677",
-        "--",
-        "train",
-        "--config",
-        &cfg,
-        "--threads",
-        "1",
-        "--max-steps",
-        "4",
-    ];
+        &[],
+        &[
+            "train",
+            "--config",
+            &cfg,
+            "--threads",
+            "1",
+            "--max-steps",
+            "4",
+        ],
+    );
     let out = run("trainer", &nproc_args);
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
@@ -312,21 +292,20 @@ fn fsdp_resumes_from_shards_after_a_kill_and_its_consolidated_checkpoint_feeds_f
     std::fs::remove_dir_all(model.join("fsdp")).unwrap();
     let out = run(
         "trainer",
-        &[
-            "launch",
-            "--nproc",
+        &launch(
             "2",
-            "--master-port",
             "29683",
-            "--",
-            "train",
-            "--config",
-            &resharded,
-            "--threads",
-            "1",
-            "--max-steps",
-            "4",
-        ],
+            &[],
+            &[
+                "train",
+                "--config",
+                &resharded,
+                "--threads",
+                "1",
+                "--max-steps",
+                "4",
+            ],
+        ),
     );
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
@@ -512,21 +491,12 @@ fn a_killed_rank_fails_the_job_fast_and_a_relaunch_resumes() {
     )
     .unwrap();
     let mut launcher = Command::new(bin("trainer"))
-        .args([
-            "launch",
-            "--nproc",
+        .args(launch(
             "2",
-            "--master-port",
             "29651",
-            "--grace",
-            "10",
-            "--",
-            "train",
-            "--config",
-            &cfg_long,
-            "--threads",
-            "1",
-        ])
+            &["--grace", "10"],
+            &["train", "--config", &cfg_long, "--threads", "1"],
+        ))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -569,19 +539,12 @@ fn a_killed_rank_fails_the_job_fast_and_a_relaunch_resumes() {
     .unwrap();
     let out = run(
         "trainer",
-        &[
-            "launch",
-            "--nproc",
+        &launch(
             "2",
-            "--master-port",
             "29661",
-            "--",
-            "train",
-            "--config",
-            &cfg_long,
-            "--threads",
-            "1",
-        ],
+            &[],
+            &["train", "--config", &cfg_long, "--threads", "1"],
+        ),
     );
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
@@ -630,19 +593,12 @@ fn features_on_three_ranks_equal_one_process_without_duplicates() {
     std::fs::remove_dir_all(&analyses).unwrap();
     let out = run(
         "trainer",
-        &[
-            "launch",
-            "--nproc",
+        &launch(
             "3",
-            "--master-port",
             "29655",
-            "--",
-            "features",
-            "--config",
-            &cfg,
-            "--threads",
-            "1",
-        ],
+            &[],
+            &["features", "--config", &cfg, "--threads", "1"],
+        ),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     // Only rank 0 reports (and writes).
@@ -685,22 +641,23 @@ fn json_logs_name_rank_and_host_and_the_filter_applies() {
     let out = run(
         "trainer",
         &[
-            "--log-format",
-            "json",
-            "launch",
-            "--nproc",
-            "2",
-            "--master-port",
-            "29737",
-            "--",
-            "train",
-            "--config",
-            &cfg,
-            "--threads",
-            "1",
-            "--max-steps",
-            "2",
-        ],
+            &["--log-format", "json"][..],
+            &launch(
+                "2",
+                "29737",
+                &[],
+                &[
+                    "train",
+                    "--config",
+                    &cfg,
+                    "--threads",
+                    "1",
+                    "--max-steps",
+                    "2",
+                ],
+            ),
+        ]
+        .concat(),
     );
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");

@@ -1,6 +1,6 @@
 //! `trainer pipeline` end to end on synthetic data: every stage's files, a report whose every
 //! image opens, kNN well above chance, make-like reruns, and resuming after a stop signal.
-use super::util::{bin, logged_epochs, ok, signal_once_exists, synth, text};
+use super::util::{bin, launch, logged_epochs, ok, signal_once_exists, synth, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -380,19 +380,12 @@ fn pipeline_on_two_ranks_runs_collective_stages_on_both_and_the_rest_once() {
     let cfg = setup(dir.path());
     let launch = || {
         let out = Command::new(bin("trainer"))
-            .args([
-                "launch",
-                "--nproc",
+            .args(launch(
                 "2",
-                "--master-port",
                 "29721",
-                "--",
-                "pipeline",
-                "--config",
-                &cfg,
-                "--threads",
-                "1",
-            ])
+                &[],
+                &["pipeline", "--config", &cfg, "--threads", "1"],
+            ))
             .output()
             .unwrap();
         let err = text(&out.stderr);

@@ -44,6 +44,22 @@ pub fn ok(name: &str, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// The words of `trainer launch --nproc NPROC --master-port PORT [OPTIONS] -- COMMAND…`: the
+/// one place the tests spell a local multi-process launch (`options`, e.g. `--grace 10`, go
+/// before `--`).
+pub fn launch<'a>(
+    nproc: &'a str,
+    port: &'a str,
+    options: &[&'a str],
+    command: &[&'a str],
+) -> Vec<&'a str> {
+    let mut words = vec!["launch", "--nproc", nproc, "--master-port", port];
+    words.extend_from_slice(options);
+    words.push("--");
+    words.extend_from_slice(command);
+    words
+}
+
 /// `trainer synth` into `out` (its `Training/` folder is the dataset); returns stdout.
 pub fn synth(out: &Path, seed: u64, classes: usize, per_class: usize) -> String {
     ok(
