@@ -156,6 +156,25 @@ pub fn container_dir(cluster: &Cluster, host: &Path, what: &str) -> Result<PathB
     })
 }
 
+/// The container path of a file or folder the user named on the command line (`what`, e.g.
+/// `--checkpoint`; `host` absolute): mapped through the mounts, or kept as it is when it is
+/// already a path inside a mount's destination; refused when neither.
+pub fn named_path(cluster: &Cluster, host: &Path, what: &str) -> Result<PathBuf, ViewError> {
+    let host = normalise(host);
+    let mounts = &cluster.container.mounts;
+    if let Some(inside) = container_path(mounts, &host) {
+        return Ok(inside);
+    }
+    if under_a_destination(mounts, &host) {
+        return Ok(host);
+    }
+    Err(ViewError::Other(format!(
+        "{what} {} is not under any container mount ({}): the jobs could not reach it",
+        host.display(),
+        mounts_list(cluster)
+    )))
+}
+
 /// [`map`] without writing anything: the config with container paths.
 pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, ViewError> {
     let origin = host.trainer_config.display().to_string();

@@ -6,10 +6,12 @@
 //! - [`cluster`]: the strict `cluster.yaml`;
 //! - [`render`]: one sbatch script per job plus `manifest.json`;
 //! - [`slurm`]: `sbatch --test-only`, `sbatch --parsable` chains, status and cancel;
+//! - [`embed`]: the trainer's `embed` as one job of ranks or a job array and a merge job;
 //! - [`nccl_test`]: a collectives benchmark job across the nodes, and its verdict;
 //! - [`shell`]: the one place that quotes values for scripts.
 pub mod cluster;
 pub mod container_view;
+pub mod embed;
 pub mod fsutil;
 pub mod image;
 pub mod nccl_test;

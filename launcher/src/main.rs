@@ -59,6 +59,10 @@ enum Command {
     /// Measure training throughput at several allocation sizes (fixed per-task batch) and
     /// write the scaling-efficiency table as Markdown, JSON and PNG.
     Scaling(ScalingArgs),
+    /// Embed a screen with a trained checkpoint on Slurm (the trainer's `embed`): one job of
+    /// one rank per GPU, or `--array N` one-task jobs and a merge job. Checks every script
+    /// with `sbatch --test-only`, then submits; the same command again resumes.
+    Embed(EmbedArgs),
     /// Build, push, inspect or squash the trainer image (Docker Engine API).
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
@@ -290,6 +294,118 @@ fn scaling(a: ScalingArgs) -> Result<()> {
     Ok(())
 }
 
+#[derive(Debug, Args)]
+struct EmbedArgs {
+    /// cluster.yaml (see slurm/cluster.example.yaml).
+    #[arg(long)]
+    cluster: PathBuf,
+    /// Folder for the scripts and manifest.json (and, by default, the logs).
+    #[arg(long)]
+    out: PathBuf,
+    /// The trained checkpoint (the trainer's --checkpoint).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The images: a folder every node sees, or s3://bucket/prefix.
+    #[arg(long)]
+    images: String,
+    /// The Parquet table to write (the trainer's --out), on a filesystem every node sees;
+    /// the parts go to OUT.parquet.parts/ beside it, failed images to OUT.errors.parquet.
+    #[arg(long, value_name = "OUT.parquet")]
+    embeddings: PathBuf,
+    /// Image paths (column `path`, relative to --images) instead of listing --images.
+    #[arg(long, value_name = "FILE.csv")]
+    list: Option<PathBuf>,
+    /// Metadata_* columns joined on its `path` column.
+    #[arg(long, value_name = "FILE.csv")]
+    metadata: Option<PathBuf>,
+    /// e.g. '{Plate}/{Well}/{Site}_{Cell}.tiff' -> Metadata_Plate, Metadata_Well, ...
+    #[arg(long)]
+    path_pattern: Option<String>,
+    /// Comma-separated channel names.
+    #[arg(long)]
+    channels: Option<String>,
+    /// skip (bad images go to the errors table) or fail.
+    #[arg(long, value_parser = ["skip", "fail"])]
+    on_error: Option<String>,
+    #[arg(long)]
+    batch_size: Option<u32>,
+    /// cpu, cuda or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    #[arg(long, value_parser = ["fp32", "bf16"])]
+    precision: Option<String>,
+    /// Nodes of the one job (default: slurm.nodes).
+    #[arg(long, conflicts_with = "array")]
+    nodes: Option<u32>,
+    /// Ranks per node of the one job (default: slurm.tasks_per_node: one per GPU).
+    #[arg(long, conflicts_with = "array")]
+    tasks_per_node: Option<u32>,
+    /// A job array of N one-task jobs (task i embeds slice i of N) and a merge job after them.
+    #[arg(long, value_name = "N")]
+    array: Option<u32>,
+    /// At most this many array tasks at once (`--array=0-(N-1)%K`).
+    #[arg(long, value_name = "K", requires = "array")]
+    array_limit: Option<u32>,
+    /// Write the scripts and manifest.json only; submit nothing.
+    #[arg(long)]
+    render_only: bool,
+}
+
+fn embed(a: EmbedArgs) -> Result<()> {
+    use launcher::embed::{self, Layout, Options};
+    let cwd = std::env::current_dir().context("current directory")?;
+    let cluster = Cluster::load(&a.cluster)?;
+    let out = absolute(&a.out, &cwd);
+    let layout = match a.array {
+        Some(count) => Layout::Array {
+            count,
+            limit: a.array_limit,
+        },
+        None => Layout::Ranks(launcher::render::Allocation::of(
+            &cluster,
+            a.nodes,
+            a.tasks_per_node,
+        )),
+    };
+    let opts = Options {
+        checkpoint: a.checkpoint,
+        images: a.images,
+        table: a.embeddings,
+        list: a.list,
+        metadata: a.metadata,
+        path_pattern: a.path_pattern,
+        channels: a.channels,
+        on_error: a.on_error,
+        batch_size: a.batch_size,
+        device: a.device,
+        precision: a.precision,
+        layout,
+    };
+    let mut r = embed::render(&cluster, &opts, &out, &cwd)?;
+    r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
+    for w in &r.warnings {
+        tracing::warn!("{w}");
+    }
+    if !a.render_only {
+        refuse_active(&out)?;
+    }
+    render::write(&r, &out)?;
+    if a.render_only {
+        for (name, _) in &r.scripts {
+            println!("{}", out.join(name).display());
+        }
+        println!("{}", out.join(render::MANIFEST).display());
+        return Ok(());
+    }
+    slurm::submit(&out, &mut r.manifest, &mut |l| println!("{l}"))?;
+    println!(
+        "submitted {} jobs; the same command again resumes (finished parts are kept); follow with: launcher status --out {}",
+        r.manifest.jobs.len(),
+        launcher::shell::quote(&out.to_string_lossy())
+    );
+    Ok(())
+}
+
 /// Where and on how many tasks a one-job check runs (nccl-test, selftest).
 #[derive(Debug, Args)]
 struct OneJobArgs {
@@ -315,11 +431,7 @@ fn selftest(a: OneJobArgs) -> Result<()> {
     let cwd = std::env::current_dir().context("current directory")?;
     let cluster = Cluster::load(&a.cluster)?;
     let out = absolute(&a.out, &cwd);
-    let alloc = launcher::render::Allocation {
-        nodes: a.nodes.unwrap_or(cluster.slurm.nodes),
-        tasks_per_node: a.tasks_per_node.unwrap_or(cluster.slurm.ranks_per_node()),
-        gpus_per_node: cluster.slurm.gpus_per_node,
-    };
+    let alloc = launcher::render::Allocation::of(&cluster, a.nodes, a.tasks_per_node);
     let mut r = selftest::render(&cluster, alloc, &out, &cwd)?;
     r.manifest.cluster_file = Some(absolute(&a.cluster, &cwd));
     let (state, log_path, log) = submit_one_and_wait(&mut r, &out, alloc, a.wait_timeout)?;
@@ -446,6 +558,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::NcclTest(a) => nccl_test(a)?,
         Command::Selftest(a) => selftest(a)?,
         Command::Scaling(a) => scaling(a)?,
+        Command::Embed(a) => embed(a)?,
         Command::Image(c) => image_cmd::image(c)?,
         Command::Run(a) => image_cmd::run_image(a)?,
         Command::Quote { words } => println!("{}", launcher::shell::join(words)),

@@ -31,14 +31,7 @@ pub struct Options {
 
 impl Options {
     pub fn allocation(&self, cluster: &Cluster) -> Allocation {
-        let gpus = cluster.slurm.gpus_per_node;
-        Allocation {
-            nodes: self.nodes.unwrap_or(cluster.slurm.nodes),
-            tasks_per_node: self
-                .tasks_per_node
-                .unwrap_or(cluster.slurm.ranks_per_node()),
-            gpus_per_node: gpus,
-        }
+        Allocation::of(cluster, self.nodes, self.tasks_per_node)
     }
 
     /// The trainer's words, one option per line of the script.

@@ -53,10 +53,35 @@ pub struct Job {
 }
 
 impl Job {
-    /// The log path of a submitted job (`%j` replaced).
+    /// A job not submitted yet.
+    pub fn new(
+        name: &str,
+        stage: &str,
+        script: &str,
+        log: PathBuf,
+        after: Vec<Dependency>,
+    ) -> Self {
+        Job {
+            name: name.into(),
+            stage: stage.into(),
+            script: script.into(),
+            log,
+            after,
+            job_id: None,
+            finished_earlier: false,
+        }
+    }
+
+    /// The log path of a submitted job (`%j`, and a job array's `%A`, replaced; an array's
+    /// task index `%a` stays).
     pub fn log_path(&self) -> PathBuf {
         match &self.job_id {
-            Some(id) => PathBuf::from(self.log.to_string_lossy().replace("%j", id)),
+            Some(id) => PathBuf::from(
+                self.log
+                    .to_string_lossy()
+                    .replace("%j", id)
+                    .replace("%A", id),
+            ),
             None => self.log.clone(),
         }
     }
@@ -77,6 +102,19 @@ pub struct Manifest {
 pub const MANIFEST: &str = "manifest.json";
 
 impl Manifest {
+    /// The manifest of jobs that read no trainer config (`launcher nccl-test`, `selftest`,
+    /// `embed`); `cluster_file` is the caller's to fill.
+    pub fn without_config(cluster: &Cluster, log_dir: PathBuf, jobs: Vec<Job>) -> Self {
+        Manifest {
+            launcher_version: env!("CARGO_PKG_VERSION").into(),
+            cluster_file: None,
+            trainer_config: None,
+            runtime: cluster.runtime,
+            log_dir,
+            jobs,
+        }
+    }
+
     pub fn load(out: &Path) -> anyhow::Result<Self> {
         use anyhow::Context;
         let p = out.join(MANIFEST);
@@ -375,26 +413,13 @@ pub(crate) fn one_job(
         distributed: Some(alloc),
         one_gpu: false,
         preemptible: false,
+        array: None,
     };
     let script = format!("{name}.sbatch");
     let text = context(cluster, cwd)?.job_script(name, name, shape, args, &log, None);
+    let job = Job::new(name, name, &script, log, vec![]);
     Ok(Rendered {
-        manifest: Manifest {
-            launcher_version: env!("CARGO_PKG_VERSION").into(),
-            cluster_file: None,
-            trainer_config: None,
-            runtime: cluster.runtime,
-            log_dir,
-            jobs: vec![Job {
-                name: name.into(),
-                stage: name.into(),
-                script: script.clone(),
-                log,
-                after: vec![],
-                job_id: None,
-                finished_earlier: false,
-            }],
-        },
+        manifest: Manifest::without_config(cluster, log_dir, vec![job]),
         scripts: vec![(script, text)],
         files: vec![],
         warnings: vec![],
@@ -411,6 +436,18 @@ pub struct Allocation {
     pub gpus_per_node: u32,
 }
 
+impl Allocation {
+    /// `nodes` × `tasks_per_node`, each defaulting to the cluster's (`slurm.nodes`, one task per
+    /// GPU or 1 without GPUs), with the cluster's GPUs per node.
+    pub fn of(cluster: &Cluster, nodes: Option<u32>, tasks_per_node: Option<u32>) -> Self {
+        Allocation {
+            nodes: nodes.unwrap_or(cluster.slurm.nodes),
+            tasks_per_node: tasks_per_node.unwrap_or(cluster.slurm.ranks_per_node()),
+            gpus_per_node: cluster.slurm.gpus_per_node,
+        }
+    }
+}
+
 /// What a job script must arrange around its trainer command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -421,6 +458,18 @@ pub(crate) struct Shape {
     pub one_gpu: bool,
     /// Training: `--signal`, `--requeue` and the trap that forwards the notice to the step.
     pub preemptible: bool,
+    /// A job array of one-task jobs (`launcher embed --array`); None: one job.
+    pub array: Option<ArrayTasks>,
+}
+
+/// `--array=0-(count-1)[%limit]`: `count` one-task jobs, at most `limit` at once. Each passes
+/// its index to the trainer as `index_option "$SLURM_ARRAY_TASK_ID"`, the one word of a script
+/// that the shell expands (a Slurm variable, never a user's value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ArrayTasks {
+    pub count: u32,
+    pub limit: Option<u32>,
+    pub index_option: &'static str,
 }
 
 /// Writes the scripts (mode 0755), the manifest and creates the log folder.
@@ -514,6 +563,7 @@ impl Ctx<'_> {
             }),
             one_gpu: uses_gpu(stage),
             preemptible: train,
+            array: None,
         };
         let config = config.to_string_lossy().into_owned();
         let mut args: Vec<Vec<String>> =
@@ -531,5 +581,7 @@ impl Ctx<'_> {
     }
 }
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;

@@ -107,6 +107,7 @@ pub fn render(
             }),
             one_gpu: false,
             preemptible: false,
+            array: None,
         };
         let mut args = vec![
             vec!["train".to_string()],

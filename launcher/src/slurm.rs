@@ -294,6 +294,26 @@ pub fn parse_scontrol(line: &str) -> BTreeMap<String, String> {
     map
 }
 
+/// The `scontrol show job -o` line that tells a job's state. A job array prints one line per
+/// task (pending tasks share one): the array is as far as an active task, else as its first
+/// task that did not complete, else completed.
+pub fn telling_task(out: &str) -> BTreeMap<String, String> {
+    let tasks: Vec<BTreeMap<String, String>> = out
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(parse_scontrol)
+        .collect();
+    let state = |kv: &BTreeMap<String, String>| {
+        SlurmState::parse(kv.get("JobState").map_or("", String::as_str))
+    };
+    let pick = tasks
+        .iter()
+        .position(|t| state(t).is_active())
+        .or_else(|| tasks.iter().position(|t| state(t) != SlurmState::Completed))
+        .unwrap_or(0);
+    tasks.into_iter().nth(pick).unwrap_or_default()
+}
+
 pub fn state(job: &Job) -> Result<JobState> {
     let mut s = JobState {
         name: job.name.clone(),
@@ -316,7 +336,7 @@ pub fn state(job: &Job) -> Result<JobState> {
     };
     let o = run("scontrol", &["show", "job", "-o", id])?;
     if o.status.success() {
-        let kv = parse_scontrol(&text(&o.stdout));
+        let kv = telling_task(&text(&o.stdout));
         s.state = SlurmState::parse(kv.get("JobState").map_or("", String::as_str));
         s.reason = kv.get("Reason").cloned().unwrap_or_default();
         if s.reason == "None" {
@@ -527,6 +547,31 @@ mod tests {
         );
         let all = ["train-c0".into(), "train-c1".into(), "seg".into()];
         assert_eq!(dependency(&job, &BTreeMap::new(), &all).unwrap(), None);
+    }
+
+    /// A job array is as far as its least advanced task: running while one runs or waits,
+    /// failed when a task failed, completed only when every task did.
+    #[test]
+    fn an_array_takes_the_state_of_its_telling_task() {
+        let line = |task: &str, state: &str, exit: &str| {
+            format!("JobId=1{task} ArrayJobId=10 ArrayTaskId={task} JobState={state} Reason=None ExitCode={exit}")
+        };
+        let out = |lines: &[String]| lines.join("\n");
+        let done = [line("0", "COMPLETED", "0:0"), line("1", "COMPLETED", "0:0")];
+        assert_eq!(telling_task(&out(&done))["JobState"], "COMPLETED");
+        let failed = [
+            line("0", "COMPLETED", "0:0"),
+            line("1", "FAILED", "1:0"),
+            line("2", "COMPLETED", "0:0"),
+        ];
+        assert_eq!(telling_task(&out(&failed))["ExitCode"], "1:0");
+        let running = [
+            line("0", "FAILED", "1:0"),
+            line("1", "RUNNING", "0:0"),
+            line("2-3", "PENDING", "0:0"),
+        ];
+        assert_eq!(telling_task(&out(&running))["ArrayTaskId"], "1");
+        assert!(telling_task("").is_empty());
     }
 
     #[test]

@@ -768,6 +768,205 @@ fn slurm_scaling_measures_one_and_two_tasks_and_writes_the_report() {
     }
 }
 
+/// A stand-in for the trainer on the cluster's `host.trainer`: every call records its words
+/// (NUL-separated) as `calls/JOB.TASK.ID.args` (TASK: the array index, else `r` + the rank;
+/// ID: the array's job id, else the job's), its rank, world and rendezvous host as `.env`, and
+/// the calls recorded before it as `.seen`.
+fn recording_trainer(root: &Path) -> PathBuf {
+    let p = root.join("trainer stand-in");
+    std::fs::create_dir_all(root.join("calls")).unwrap();
+    std::fs::write(
+        &p,
+        r#"#!/bin/bash
+set -euo pipefail
+d="$(dirname "$0")/calls"
+f="$d/${SLURM_JOB_NAME#scdino-}.${SLURM_ARRAY_TASK_ID:-r$SLURM_PROCID}.${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"
+ls "$d" > "$f.seen"
+printf '%s\0' "$@" > "$f.args"
+echo "$SLURM_PROCID $SLURM_NTASKS ${MASTER_ADDR:-}" > "$f.env"
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// The calls the stand-in recorded: (file stem, words, env line, calls seen before).
+fn recorded_calls(root: &Path) -> Vec<(String, Vec<String>, String, String)> {
+    let d = root.join("calls");
+    let mut stems: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|n| n.strip_suffix(".args").map(str::to_string))
+        .collect();
+    stems.sort();
+    let read = |stem: &str, ext: &str| std::fs::read_to_string(d.join(format!("{stem}.{ext}")));
+    stems
+        .into_iter()
+        .map(|stem| {
+            let words = read(&stem, "args")
+                .unwrap()
+                .split('\0')
+                .filter(|w| !w.is_empty())
+                .map(str::to_string)
+                .collect();
+            let env = read(&stem, "env").unwrap().trim().to_string();
+            let seen = read(&stem, "seen").unwrap();
+            (stem, words, env, seen)
+        })
+        .collect()
+}
+
+/// `launcher embed` on the real Slurm in both layouts, through paths with a space, a quote and
+/// a `$`: `--array 3` submits a job array whose task i runs `embed … --shard-index i
+/// --shard-count 3` and a merge job that starts only after all of them (`embed … --merge`);
+/// the one-job layout runs 2 ranks with Slurm's rank variables and the rendezvous. Submitting
+/// the same command again (the resume) is accepted once the jobs ended and runs the same
+/// scripts again. The trainer is a stand-in that records its calls: this checks what the
+/// launcher renders and submits; `trainer embed` itself is tested in the trainer's tests.
+#[test]
+fn slurm_embedding_array_merges_after_every_shard_and_ranks_run_as_one_job() {
+    require_slurm();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = hostile_dir(tmp.path());
+    let cluster = cluster_file(&root, &["train"], "");
+    let yaml = std::fs::read_to_string(&cluster).unwrap();
+    let stand_in = recording_trainer(&root);
+    std::fs::write(&cluster, yaml.replace(&y(&bin("trainer")), &y(&stand_in))).unwrap();
+    std::fs::create_dir_all(root.join("images")).unwrap();
+    std::fs::write(root.join("ck.safetensors"), b"").unwrap();
+    let table = root.join("emb/screen.parquet");
+    let (checkpoint, images) = (root.join("ck.safetensors"), root.join("images"));
+    let embed = |out: &str, layout: &[&str]| {
+        let out = root.join(out);
+        let mut args = vec![
+            "embed",
+            "--cluster",
+            s(&cluster),
+            "--out",
+            s(&out),
+            "--checkpoint",
+            s(&checkpoint),
+            "--images",
+            s(&images),
+            "--embeddings",
+            s(&table),
+            "--path-pattern",
+            "{Plate}/{Well}_{Cell}.tiff",
+        ];
+        args.extend(layout);
+        let o = launcher(&args, &[("SCDINO_TEST_TOKEN", SECRET)]);
+        let said = format!("{}{}", text(&o.stdout), text(&o.stderr));
+        assert!(o.status.success(), "{said}");
+        said
+    };
+    let said = embed("array", &["--array", "3", "--array-limit", "2"]);
+    assert!(
+        said.contains("sbatch --test-only accepted all 2 jobs"),
+        "{said}"
+    );
+    let said = embed("ranks", &["--tasks-per-node", "2"]);
+    assert!(
+        said.contains("sbatch --test-only accepted all 1 jobs"),
+        "{said}"
+    );
+    for out in ["array", "ranks"] {
+        for j in wait_all(&root.join(out), Duration::from_secs(120)) {
+            assert_eq!(j["state"], "COMPLETED", "{j:#}\n{}", log_of(&j));
+        }
+    }
+    let common: Vec<String> = [
+        "embed",
+        "--checkpoint",
+        s(&checkpoint),
+        "--images",
+        s(&images),
+        "--out",
+        s(&table),
+        "--path-pattern",
+        "{Plate}/{Well}_{Cell}.tiff",
+    ]
+    .iter()
+    .map(|w| w.to_string())
+    .collect();
+    let with = |extra: &[&str]| -> Vec<String> {
+        common
+            .iter()
+            .cloned()
+            .chain(extra.iter().map(|w| w.to_string()))
+            .collect()
+    };
+    // The shards' calls carry the array's job id, the merge's its own.
+    let check_array_round = |calls: &[(String, Vec<String>, String, String)], ids: &[String]| {
+        let of = |job: &str, id: &str| -> Vec<&(String, Vec<String>, String, String)> {
+            calls
+                .iter()
+                .filter(|c| c.0.starts_with(&format!("{job}.")) && c.0.ends_with(&format!(".{id}")))
+                .collect()
+        };
+        let shards = of("embed-shards", &ids[0]);
+        assert_eq!(shards.len(), 3, "{calls:#?}");
+        for (i, c) in shards.iter().enumerate() {
+            let i = i.to_string();
+            assert_eq!(c.0, format!("embed-shards.{i}.{}", ids[0]));
+            assert_eq!(c.1, with(&["--shard-count", "3", "--shard-index", &i]));
+            assert_eq!(c.2, "0 1", "one task per array job: {c:?}");
+        }
+        let merge = of("embed-merge", &ids[1]);
+        assert_eq!(merge.len(), 1, "{calls:#?}");
+        assert_eq!(merge[0].1, with(&["--merge"]));
+        for c in &shards {
+            assert!(
+                merge[0].3.contains(&format!("{}.args", c.0)),
+                "merge ran before {}: {}",
+                c.0,
+                merge[0].3
+            );
+        }
+    };
+    let calls = recorded_calls(&root);
+    let ids = |out: &str| -> Vec<String> {
+        status(&root.join(out))
+            .iter()
+            .map(|j| j["job_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let first_ids = ids("array");
+    check_array_round(&calls, &first_ids);
+    let ranks: Vec<_> = calls.iter().filter(|c| c.0.starts_with("embed.")).collect();
+    assert_eq!(ranks.len(), 2, "{calls:#?}");
+    for (rank, c) in ranks.iter().enumerate() {
+        assert_eq!(c.1, with(&[]));
+        assert_eq!(c.2, format!("{rank} 2 localhost"), "{c:?}");
+    }
+    // Resume: the same command again, once the jobs ended, runs the same scripts again (the
+    // trainer keeps the parts that finished).
+    let first = std::fs::read_to_string(root.join("array/01-embed-shards.sbatch")).unwrap();
+    embed("array", &["--array", "3", "--array-limit", "2"]);
+    let again = std::fs::read_to_string(root.join("array/01-embed-shards.sbatch")).unwrap();
+    assert_eq!(first, again);
+    for j in wait_all(&root.join("array"), Duration::from_secs(120)) {
+        assert_eq!(j["state"], "COMPLETED", "{j:#}\n{}", log_of(&j));
+    }
+    let second_ids = ids("array");
+    assert_ne!(second_ids, first_ids);
+    check_array_round(&recorded_calls(&root), &second_ids);
+    let second_id = &second_ids[0];
+    // Array logs land per task (`%A_%a`), and the secret travelled by name only.
+    let logs: Vec<String> = std::fs::read_dir(root.join("logs dir"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for i in 0..3 {
+        assert!(
+            logs.contains(&format!("embed-shards-{second_id}_{i}.out")),
+            "{logs:?}"
+        );
+    }
+    assert!(!all_text(&root).contains(SECRET), "the secret value leaked");
+}
+
 /// The image bakes in no tunable (they would beat `--container-env` under Pyxis), sets the
 /// NVIDIA runtime variables, installs EFA user space only, and builds the NCCL trainer.
 #[test]

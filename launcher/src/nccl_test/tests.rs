@@ -1,12 +1,7 @@
 //! The rendered nccl-test script (golden, `bash -n`, a run with stand-ins for srun and
 //! scontrol) and the verdict read back from a job log.
 use super::*;
-use std::process::Command;
-
-fn example_cluster() -> Cluster {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../slurm/cluster.example.yaml");
-    Cluster::load(&p).unwrap()
-}
+use crate::render::fixtures::{bash_n, example_cluster, example_preamble, StandIns, EXAMPLE_SRUN};
 
 fn opts() -> Options {
     Options {
@@ -23,18 +18,6 @@ fn opts() -> Options {
     }
 }
 
-fn bash_n(text: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("s.sbatch");
-    std::fs::write(&f, text).unwrap();
-    let out = Command::new("bash").arg("-n").arg(&f).output().unwrap();
-    assert!(
-        out.status.success(),
-        "bash -n: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The Pyxis script for the shipped example: the training job's allocation, srun flags,
 /// container options and rendezvous, with collectives-bench instead of train, not preemptible.
 #[test]
@@ -49,72 +32,21 @@ fn pyxis_nccl_test_script_golden() {
     assert_eq!(r.scripts.len(), 1);
     let (name, text) = &r.scripts[0];
     assert_eq!(name, "nccl-test.sbatch");
-    let want = r#"#!/bin/bash
-# scDINO pipeline job `nccl-test` (stage nccl-test), rendered by launcher 0.1.0.
-# Re-render rather than edit. Every value is shell-quoted; no secret is written here.
-#SBATCH --job-name=scdino-nccl-test
-#SBATCH --partition=gpu
-#SBATCH --nodes=2
-#SBATCH --ntasks-per-node=4
-#SBATCH --gpus-per-node=4
-#SBATCH --cpus-per-task=8
-#SBATCH --mem=0
-#SBATCH --time=24:00:00
-#SBATCH --output=/fsx/scdino/logs/nccl-test-%j.out
-#SBATCH --open-mode=append
-#SBATCH --export=ALL
-#SBATCH --kill-on-invalid-dep=yes
-set -euo pipefail
-
-# Tunables (with Pyxis also listed in --container-env, so they beat the image's ENV).
-export FI_EFA_USE_HUGE_PAGE=0
-export FI_PROVIDER=efa
-export NCCL_DEBUG=WARN
-export NCCL_SOCKET_IFNAME='^docker,lo,veth'
-# Secrets, by name only: inherited from the environment `launcher submit` ran in: AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
-
-# Rendezvous: the first node of the allocation, a port derived from the job id.
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
-MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))
-export MASTER_ADDR MASTER_PORT
-echo "[launcher] nccl-test job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"
-
-# Ranks use many threads each: no CPU binding, where the cluster binds at all
-# (with TaskPlugin=task/none srun would only warn that it cannot).
-cpu_bind=()
-case "$(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p')" in
-  *affinity* | *cgroup*) cpu_bind=(--cpu-bind=none) ;;
-esac
-# Variables the container takes from the job, not from the image's ENV: the ones
-# above and every network tunable set in the job's environment.
-container_env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT
-for name in $(compgen -e); do
-  case $name in NCCL_* | FI_* | OFI_* | GLOO_* | UCX_* | TORCH_NCCL_*) ;; *) continue ;; esac
-  case ",$container_env," in *",$name,"*) ;; *) container_env="${container_env:+$container_env,}$name" ;; esac
-done
-container_env_opt=()
-if [ -n "$container_env" ]; then container_env_opt=("--container-env=$container_env"); fi
-
-srun \
-  --kill-on-bad-exit=1 \
-  "${cpu_bind[@]}" \
-  '--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#scdino:0.1.0' \
-  --container-mounts=/fsx:/fsx,/opt/dlami/nvme:/scratch \
-  --container-workdir=/fsx/scdino \
-  --no-container-mount-home \
-  "${container_env_opt[@]}" \
-  /opt/scdino/bin/trainer collectives-bench \
-  --op all_reduce \
-  --min-bytes 64M \
-  --max-bytes 1G \
-  --factor 4 \
-  --iters 20 \
-  --warmup 5 \
-  --min-busbw 40 \
+    let want = format!(
+        "{}{EXAMPLE_SRUN}collectives-bench \\
+  --op all_reduce \\
+  --min-bytes 64M \\
+  --max-bytes 1G \\
+  --factor 4 \\
+  --iters 20 \\
+  --warmup 5 \\
+  --min-busbw 40 \\
   --json -
-echo "[launcher] nccl-test finished"
-"#;
-    assert_eq!(text, want);
+echo \"[launcher] nccl-test finished\"
+",
+        example_preamble("nccl-test", "nccl-test", "", "")
+    );
+    assert_eq!(text, &want);
     bash_n(text);
     let m = &r.manifest;
     assert_eq!(m.jobs.len(), 1);
@@ -158,49 +90,18 @@ fn host_nccl_test_script_runs_with_the_allocation_asked_for() {
     );
     assert!(!script.contains("--min-busbw"), "{script}");
 
-    let bin = dir.path().join("fake");
-    std::fs::create_dir_all(&bin).unwrap();
-    let rec = dir.path().join("srun.args");
-    let srun = format!(
-        "#!/bin/bash\nprintf '%s\\0' \"$@\" > {}\n",
-        crate::shell::quote(rec.to_str().unwrap())
+    let fake = StandIns::new(&dir.path().join("fake"), "", "task/affinity", &["n1"]);
+    let out = fake.run(
+        script,
+        &[("SLURM_JOB_ID", "7"), ("SLURM_JOB_NODELIST", "n1")],
     );
-    for (name, body) in [
-        ("srun", srun.as_str()),
-        (
-            "scontrol",
-            "#!/bin/bash\nif [ \"$2\" = config ]; then echo 'TaskPlugin              = task/affinity'; else echo n1; fi\n",
-        ),
-    ] {
-        let p = bin.join(name);
-        std::fs::write(&p, body).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let f = dir.path().join("job.sbatch");
-    std::fs::write(&f, script).unwrap();
-    let out = Command::new("bash")
-        .arg(&f)
-        .env(
-            "PATH",
-            format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
-        )
-        .env("SLURM_JOB_ID", "7")
-        .env("SLURM_JOB_NODELIST", "n1")
-        .output()
-        .unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("master n1:61007"));
-    let args: Vec<String> = std::fs::read(&rec)
-        .unwrap()
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8(a.to_vec()).unwrap())
-        .collect();
+    let args = fake.srun_args();
     let want: Vec<&str> = vec![
         "--kill-on-bad-exit=1",
         "--cpu-bind=none",

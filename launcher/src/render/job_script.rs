@@ -116,6 +116,10 @@ impl Ctx<'_> {
             }
         }
         allocation(o, job.shape, sl.gpus_per_node);
+        if let Some(a) = job.shape.array {
+            let limit = a.limit.map(|l| format!("%{l}")).unwrap_or_default();
+            o.directive("array", &format!("0-{}{limit}", a.count.saturating_sub(1)));
+        }
         o.directive("cpus-per-task", &sl.cpus_per_task.to_string());
         if let Some(m) = &sl.mem {
             o.directive("mem", m);
@@ -165,6 +169,11 @@ impl Ctx<'_> {
         }
         if job.distributed() {
             rendezvous(o, job.name);
+        } else if job.shape.array.is_some() {
+            o.line(&format!(
+                r#"echo "[launcher] {} job $SLURM_ARRAY_JOB_ID task $SLURM_ARRAY_TASK_ID (job $SLURM_JOB_ID) on $SLURM_JOB_NODELIST""#,
+                quote(job.name)
+            ));
         } else {
             o.line(&format!(
                 r#"echo "[launcher] {} job $SLURM_JOB_ID on $SLURM_JOB_NODELIST""#,
@@ -229,6 +238,12 @@ impl Ctx<'_> {
         first.extend(words.next().into_iter().flatten().cloned());
         srun.push(join(first));
         srun.extend(words.map(join));
+        if let Some(a) = job.shape.array {
+            srun.push(format!(
+                r#"{} "$SLURM_ARRAY_TASK_ID""#,
+                quote(a.index_option)
+            ));
+        }
         srun.join(" \\\n  ")
     }
 

@@ -1,28 +1,15 @@
 //! Golden tests of the rendered scripts, `bash -n` on each, and a round trip of hostile values
 //! through a real bash with stand-ins for `srun` and `scontrol`.
+use super::fixtures::{bash_n, example_cluster, example_preamble, StandIns, EXAMPLE_SRUN};
 use super::*;
 use crate::cluster::Cluster;
-use std::process::Command;
 
 fn example_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../slurm/example")
 }
 
-fn bash_n(text: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("s.sbatch");
-    std::fs::write(&f, text).unwrap();
-    let out = Command::new("bash").arg("-n").arg(&f).output().unwrap();
-    assert!(
-        out.status.success(),
-        "bash -n: {}\n{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn example() -> Rendered {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../slurm/cluster.example.yaml");
-    let cluster = Cluster::load(&p).unwrap();
+    let cluster = example_cluster();
     let inputs = Inputs {
         trainer_config: cluster.trainer_config.clone().unwrap(),
         trainer_text: trainer_text(1, "/fsx/scdino"),
@@ -136,73 +123,23 @@ fn shipped_example_matches_slurm_example_folder() {
 fn pyxis_training_script_golden() {
     let r = example();
     let text = &r.scripts[1].1;
-    let want = r#"#!/bin/bash
-# scDINO pipeline job `train-c0` (stage train), rendered by launcher 0.1.0.
-# Re-render rather than edit. Every value is shell-quoted; no secret is written here.
-# Trainer config sha256 4d6ea0c7a05c96cbe0d9c2e7fb617a7cdbc495dc960af4f9497ba327a949a980 (part of this script, whose hash marks it done).
-#SBATCH --job-name=scdino-train-c0
-#SBATCH --partition=gpu
-#SBATCH --nodes=2
-#SBATCH --ntasks-per-node=4
-#SBATCH --gpus-per-node=4
-#SBATCH --cpus-per-task=8
-#SBATCH --mem=0
-#SBATCH --time=24:00:00
-#SBATCH --output=/fsx/scdino/logs/train-c0-%j.out
-#SBATCH --open-mode=append
-#SBATCH --export=ALL
-#SBATCH --kill-on-invalid-dep=yes
-#SBATCH --signal=B:USR1@300
-#SBATCH --requeue
-set -euo pipefail
-
-# Tunables (with Pyxis also listed in --container-env, so they beat the image's ENV).
-export FI_EFA_USE_HUGE_PAGE=0
-export FI_PROVIDER=efa
-export NCCL_DEBUG=WARN
-export NCCL_SOCKET_IFNAME='^docker,lo,veth'
-# Secrets, by name only: inherited from the environment `launcher submit` ran in: AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN
-
-# Rendezvous: the first node of the allocation, a port derived from the job id.
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
-MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))
-export MASTER_ADDR MASTER_PORT
-echo "[launcher] train-c0 job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST, master $MASTER_ADDR:$MASTER_PORT"
-
-# Ranks use many threads each: no CPU binding, where the cluster binds at all
-# (with TaskPlugin=task/none srun would only warn that it cannot).
-cpu_bind=()
-case "$(scontrol show config 2>/dev/null | sed -n 's/^TaskPlugin *= *//p')" in
-  *affinity* | *cgroup*) cpu_bind=(--cpu-bind=none) ;;
-esac
-# Variables the container takes from the job, not from the image's ENV: the ones
-# above and every network tunable set in the job's environment.
-container_env=FI_EFA_USE_HUGE_PAGE,FI_PROVIDER,NCCL_DEBUG,NCCL_SOCKET_IFNAME,AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY,AWS_SESSION_TOKEN,MASTER_ADDR,MASTER_PORT
-for name in $(compgen -e); do
-  case $name in NCCL_* | FI_* | OFI_* | GLOO_* | UCX_* | TORCH_NCCL_*) ;; *) continue ;; esac
-  case ",$container_env," in *",$name,"*) ;; *) container_env="${container_env:+$container_env,}$name" ;; esac
-done
-container_env_opt=()
-if [ -n "$container_env" ]; then container_env_opt=("--container-env=$container_env"); fi
-
-# The batch shell gets USR1 (--signal=B:) or TERM and forwards it to the training step;
+    let preamble = example_preamble(
+        "train-c0",
+        "train",
+        "# Trainer config sha256 4d6ea0c7a05c96cbe0d9c2e7fb617a7cdbc495dc960af4f9497ba327a949a980 (part of this script, whose hash marks it done).\n",
+        "#SBATCH --signal=B:USR1@300\n#SBATCH --requeue\n",
+    );
+    let want = format!(
+        r#"{preamble}# The batch shell gets USR1 (--signal=B:) or TERM and forwards it to the training step;
 # the trainer checkpoints at the next step and exits 75.
 step=
-forward() {
+forward() {{
   echo "[launcher] got SIG$1, forwarding it to the training step"
   if [ -n "$step" ]; then kill -s "$1" "$step" 2>/dev/null || true; fi
-}
+}}
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
-srun \
-  --kill-on-bad-exit=1 \
-  "${cpu_bind[@]}" \
-  '--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#scdino:0.1.0' \
-  --container-mounts=/fsx:/fsx,/opt/dlami/nvme:/scratch \
-  --container-workdir=/fsx/scdino \
-  --no-container-mount-home \
-  "${container_env_opt[@]}" \
-  /opt/scdino/bin/trainer train \
+{EXAMPLE_SRUN}train \
   --config /fsx/scdino/configs/pbmc.yaml \
   --combination 0 &
 step=$!
@@ -218,8 +155,9 @@ fi
 if [ "$rc" -eq 0 ]; then mkdir -p /fsx/scdino/jobs/done && sha256sum < "$0" | cut -d' ' -f1 > /fsx/scdino/jobs/done/train-c0; fi
 echo "[launcher] train-c0 finished with exit code $rc"
 exit "$rc"
-"#;
-    assert_eq!(text, want);
+"#
+    );
+    assert_eq!(text, &want);
 }
 
 const HOST: &str = "runtime: host
@@ -363,37 +301,24 @@ fn hostile_paths_and_values_round_trip_through_bash() {
     bash_n(script);
 
     // Stand-ins: srun records its arguments (NUL-separated) and $WEIRD, then exits 0.
-    let bin = dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let rec = dir.path().join("srun.args");
     let env_rec = dir.path().join("srun.env");
-    let srun = format!(
-        "#!/bin/bash\nprintf '%s\\0' \"$@\" > {}\nprintf '%s' \"$WEIRD\" > {}\n",
-        crate::shell::quote(rec.to_str().unwrap()),
+    let record_env = format!(
+        "printf '%s' \"$WEIRD\" > {}\n",
         crate::shell::quote(env_rec.to_str().unwrap())
     );
-    for (name, body) in [
-        ("srun", srun.as_str()),
-        (
-            "scontrol",
-            "#!/bin/bash\nif [ \"$2\" = config ]; then echo 'TaskPlugin              = task/affinity,task/cgroup'; else echo node-a; echo node-b; fi\n",
-        ),
-    ] {
-        let p = bin.join(name);
-        std::fs::write(&p, body).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let f = dir.path().join("job.sbatch");
-    std::fs::write(&f, script).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    let out = Command::new("bash")
-        .arg(&f)
-        .env("PATH", path)
-        .env("SLURM_JOB_ID", "4600")
-        .env("SLURM_JOB_NODELIST", "node-[a-b]")
-        .output()
-        .unwrap();
+    let fake = StandIns::new(
+        dir.path(),
+        &record_env,
+        "task/affinity,task/cgroup",
+        &["node-a", "node-b"],
+    );
+    let out = fake.run(
+        script,
+        &[
+            ("SLURM_JOB_ID", "4600"),
+            ("SLURM_JOB_NODELIST", "node-[a-b]"),
+        ],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -419,12 +344,7 @@ fn hostile_paths_and_values_round_trip_through_bash() {
     .unwrap();
     mark_finished_earlier(&mut changed, &inputs.out);
     assert!(!changed.manifest.jobs[0].finished_earlier);
-    let args = std::fs::read(&rec).unwrap();
-    let args: Vec<String> = args
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8(a.to_vec()).unwrap())
-        .collect();
+    let args = fake.srun_args();
     assert_eq!(
         args,
         [
@@ -532,50 +452,25 @@ fn the_trainer_config_is_validated_and_sets_the_training_jobs() {
 fn pyxis_script_passes_job_tunables_and_binds_only_where_the_cluster_can() {
     let text = example().scripts[1].1.clone();
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let rec = dir.path().join("srun.args");
-    let srun = format!(
-        "#!/bin/bash\nprintf '%s\\0' \"$@\" > {}\n",
-        crate::shell::quote(rec.to_str().unwrap())
-    );
     let run = |task_plugin: &str| -> Vec<String> {
-        let scontrol = format!(
-            "#!/bin/bash\nif [ \"$2\" = config ]; then echo 'TaskPlugin              = {task_plugin}'; else echo node-a; fi\n"
+        let fake = StandIns::new(dir.path(), "", task_plugin, &["node-a"]);
+        let out = fake.run(
+            &text,
+            &[
+                ("SLURM_JOB_ID", "4600"),
+                ("SLURM_JOB_NODELIST", "node-a"),
+                ("NCCL_ALGO", "Ring"),
+                ("FI_EFA_FORK_SAFE", "1"),
+                ("NCCL_DEBUG", "INFO"),
+                ("UNRELATED_SETTING", "x"),
+            ],
         );
-        for (name, body) in [("srun", srun.as_str()), ("scontrol", scontrol.as_str())] {
-            let p = bin.join(name);
-            std::fs::write(&p, body).unwrap();
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        let f = dir.path().join("job.sbatch");
-        std::fs::write(&f, &text).unwrap();
-        let out = Command::new("bash")
-            .arg(&f)
-            .env(
-                "PATH",
-                format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
-            )
-            .env("SLURM_JOB_ID", "4600")
-            .env("SLURM_JOB_NODELIST", "node-a")
-            .env("NCCL_ALGO", "Ring")
-            .env("FI_EFA_FORK_SAFE", "1")
-            .env("NCCL_DEBUG", "INFO")
-            .env("UNRELATED_SETTING", "x")
-            .output()
-            .unwrap();
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::read(&rec)
-            .unwrap()
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8(a.to_vec()).unwrap())
-            .collect()
+        fake.srun_args()
     };
     let args = run("task/none");
     assert!(
