@@ -126,6 +126,71 @@ fn trainer_args(o: &Options, paths: &mut Paths) -> anyhow::Result<Vec<Vec<String
     Ok(a)
 }
 
+/// One job to render: its shape, the trainer words after the shared ones, its log and what it
+/// waits for.
+struct Planned {
+    name: &'static str,
+    shape: Shape,
+    extra: Vec<Vec<String>>,
+    log: PathBuf,
+    after: Vec<Dependency>,
+}
+
+/// The jobs of a layout, in submission order.
+fn plan(layout: Layout, log_dir: &Path, gpus_per_node: u32) -> anyhow::Result<Vec<Planned>> {
+    let one_job = |array: Option<ArrayTasks>, one_gpu: bool| Shape {
+        distributed: None,
+        one_gpu,
+        preemptible: false,
+        array,
+    };
+    match layout {
+        Layout::Ranks(alloc) => {
+            anyhow::ensure!(
+                alloc.nodes >= 1 && alloc.tasks_per_node >= 1,
+                "--nodes and --tasks-per-node must be at least 1"
+            );
+            Ok(vec![Planned {
+                name: JOB,
+                shape: Shape {
+                    distributed: Some(alloc),
+                    ..one_job(None, false)
+                },
+                extra: vec![],
+                log: log_dir.join(format!("{JOB}-%j.out")),
+                after: vec![],
+            }])
+        }
+        Layout::Array { count, limit } => {
+            anyhow::ensure!(count >= 1, "--array must be at least 1");
+            anyhow::ensure!(limit != Some(0), "--array-limit must be at least 1");
+            let tasks = ArrayTasks {
+                count,
+                limit,
+                index_option: SHARD_INDEX,
+            };
+            let shards = Planned {
+                name: SHARDS_JOB,
+                shape: one_job(Some(tasks), gpus_per_node > 0),
+                extra: vec![vec!["--shard-count".into(), count.to_string()]],
+                log: log_dir.join(format!("{SHARDS_JOB}-%A_%a.out")),
+                after: vec![],
+            };
+            let merge = Planned {
+                name: MERGE_JOB,
+                shape: one_job(None, false),
+                extra: vec![vec!["--merge".into()]],
+                log: log_dir.join(format!("{MERGE_JOB}-%j.out")),
+                after: vec![Dependency {
+                    job: SHARDS_JOB.into(),
+                    kind: "afterok".into(),
+                }],
+            };
+            Ok(vec![shards, merge])
+        }
+    }
+}
+
 /// The scripts and manifest of `launcher embed` for `out` (the render folder).
 pub fn render(cluster: &Cluster, o: &Options, out: &Path, cwd: &Path) -> anyhow::Result<Rendered> {
     let mut paths = Paths {
@@ -136,67 +201,17 @@ pub fn render(cluster: &Cluster, o: &Options, out: &Path, cwd: &Path) -> anyhow:
     let args = trainer_args(o, &mut paths)?;
     let log_dir = render::log_dir(cluster, out)?;
     let ctx = render::context(cluster, cwd)?;
-    let gpus = cluster.slurm.gpus_per_node;
-    // (name, shape, extra trainer words, log, waits for)
-    let mut planned: Vec<(&str, Shape, Vec<Vec<String>>, PathBuf, Vec<Dependency>)> = vec![];
-    match o.layout {
-        Layout::Ranks(alloc) => {
-            anyhow::ensure!(
-                alloc.nodes >= 1 && alloc.tasks_per_node >= 1,
-                "--nodes and --tasks-per-node must be at least 1"
-            );
-            let shape = Shape {
-                distributed: Some(alloc),
-                one_gpu: false,
-                preemptible: false,
-                array: None,
-            };
-            planned.push((
-                JOB,
-                shape,
-                vec![],
-                log_dir.join(format!("{JOB}-%j.out")),
-                vec![],
-            ));
-        }
-        Layout::Array { count, limit } => {
-            anyhow::ensure!(count >= 1, "--array must be at least 1");
-            anyhow::ensure!(limit != Some(0), "--array-limit must be at least 1");
-            let shards = Shape {
-                distributed: None,
-                one_gpu: gpus > 0,
-                preemptible: false,
-                array: Some(ArrayTasks {
-                    count,
-                    limit,
-                    index_option: SHARD_INDEX,
-                }),
-            };
-            let shard_count = vec!["--shard-count".to_string(), count.to_string()];
-            let log = log_dir.join(format!("{SHARDS_JOB}-%A_%a.out"));
-            planned.push((SHARDS_JOB, shards, vec![shard_count], log, vec![]));
-            let merge = Shape {
-                distributed: None,
-                one_gpu: false,
-                preemptible: false,
-                array: None,
-            };
-            let after = vec![Dependency {
-                job: SHARDS_JOB.into(),
-                kind: "afterok".into(),
-            }];
-            let log = log_dir.join(format!("{MERGE_JOB}-%j.out"));
-            planned.push((MERGE_JOB, merge, vec![vec!["--merge".into()]], log, after));
-        }
-    }
     let mut jobs = Vec::new();
     let mut scripts = Vec::new();
-    for (i, (name, shape, extra, log, after)) in planned.into_iter().enumerate() {
-        let script = format!("{:02}-{name}.sbatch", i + 1);
-        let words: Vec<Vec<String>> = args.iter().cloned().chain(extra).collect();
-        let text = ctx.job_script(name, JOB, shape, &words, &log, None);
+    for (i, p) in plan(o.layout, &log_dir, cluster.slurm.gpus_per_node)?
+        .into_iter()
+        .enumerate()
+    {
+        let script = format!("{:02}-{}.sbatch", i + 1, p.name);
+        let words: Vec<Vec<String>> = args.iter().cloned().chain(p.extra).collect();
+        let text = ctx.job_script(p.name, JOB, p.shape, &words, &p.log, None);
         scripts.push((script.clone(), text));
-        jobs.push(Job::new(name, JOB, &script, log, after));
+        jobs.push(Job::new(p.name, JOB, &script, p.log, p.after));
     }
     let warnings = paths
         .missing

@@ -792,8 +792,20 @@ echo "$SLURM_PROCID $SLURM_NTASKS ${MASTER_ADDR:-}" > "$f.env"
     p
 }
 
-/// The calls the stand-in recorded: (file stem, words, env line, calls seen before).
-fn recorded_calls(root: &Path) -> Vec<(String, Vec<String>, String, String)> {
+/// One call the stand-in recorded.
+#[derive(Debug)]
+struct Call {
+    /// `JOB.TASK.ID`.
+    stem: String,
+    words: Vec<String>,
+    /// `RANK WORLD MASTER_ADDR`.
+    env: String,
+    /// The calls recorded before it.
+    seen: String,
+}
+
+/// The calls the stand-in recorded, by file stem.
+fn recorded_calls(root: &Path) -> Vec<Call> {
     let d = root.join("calls");
     let mut stems: Vec<String> = std::fs::read_dir(&d)
         .unwrap()
@@ -813,7 +825,12 @@ fn recorded_calls(root: &Path) -> Vec<(String, Vec<String>, String, String)> {
                 .collect();
             let env = read(&stem, "env").unwrap().trim().to_string();
             let seen = read(&stem, "seen").unwrap();
-            (stem, words, env, seen)
+            Call {
+                stem,
+                words,
+                env,
+                seen,
+            }
         })
         .collect()
 }
@@ -898,30 +915,32 @@ fn slurm_embedding_array_merges_after_every_shard_and_ranks_run_as_one_job() {
             .collect()
     };
     // The shards' calls carry the array's job id, the merge's its own.
-    let check_array_round = |calls: &[(String, Vec<String>, String, String)], ids: &[String]| {
-        let of = |job: &str, id: &str| -> Vec<&(String, Vec<String>, String, String)> {
+    let check_array_round = |calls: &[Call], ids: &[String]| {
+        let of = |job: &str, id: &str| -> Vec<&Call> {
             calls
                 .iter()
-                .filter(|c| c.0.starts_with(&format!("{job}.")) && c.0.ends_with(&format!(".{id}")))
+                .filter(|c| {
+                    c.stem.starts_with(&format!("{job}.")) && c.stem.ends_with(&format!(".{id}"))
+                })
                 .collect()
         };
         let shards = of("embed-shards", &ids[0]);
         assert_eq!(shards.len(), 3, "{calls:#?}");
         for (i, c) in shards.iter().enumerate() {
             let i = i.to_string();
-            assert_eq!(c.0, format!("embed-shards.{i}.{}", ids[0]));
-            assert_eq!(c.1, with(&["--shard-count", "3", "--shard-index", &i]));
-            assert_eq!(c.2, "0 1", "one task per array job: {c:?}");
+            assert_eq!(c.stem, format!("embed-shards.{i}.{}", ids[0]));
+            assert_eq!(c.words, with(&["--shard-count", "3", "--shard-index", &i]));
+            assert_eq!(c.env, "0 1", "one task per array job: {c:?}");
         }
         let merge = of("embed-merge", &ids[1]);
         assert_eq!(merge.len(), 1, "{calls:#?}");
-        assert_eq!(merge[0].1, with(&["--merge"]));
+        assert_eq!(merge[0].words, with(&["--merge"]));
         for c in &shards {
             assert!(
-                merge[0].3.contains(&format!("{}.args", c.0)),
+                merge[0].seen.contains(&format!("{}.args", c.stem)),
                 "merge ran before {}: {}",
-                c.0,
-                merge[0].3
+                c.stem,
+                merge[0].seen
             );
         }
     };
@@ -934,11 +953,14 @@ fn slurm_embedding_array_merges_after_every_shard_and_ranks_run_as_one_job() {
     };
     let first_ids = ids("array");
     check_array_round(&calls, &first_ids);
-    let ranks: Vec<_> = calls.iter().filter(|c| c.0.starts_with("embed.")).collect();
+    let ranks: Vec<_> = calls
+        .iter()
+        .filter(|c| c.stem.starts_with("embed."))
+        .collect();
     assert_eq!(ranks.len(), 2, "{calls:#?}");
     for (rank, c) in ranks.iter().enumerate() {
-        assert_eq!(c.1, with(&[]));
-        assert_eq!(c.2, format!("{rank} 2 localhost"), "{c:?}");
+        assert_eq!(c.words, with(&[]));
+        assert_eq!(c.env, format!("{rank} 2 localhost"), "{c:?}");
     }
     // Resume: the same command again, once the jobs ended, runs the same scripts again (the
     // trainer keeps the parts that finished).
