@@ -93,9 +93,12 @@ impl Csv {
     }
 }
 
+/// Records with the line each starts on.
+type Records = Vec<(usize, Vec<String>)>;
+
 /// The records of `text` with the line each starts on; an unterminated quote is an error
 /// naming the line it opened on.
-fn records(text: &str) -> Result<Vec<(usize, Vec<String>)>, (usize, String)> {
+fn records(text: &str) -> Result<Records, (usize, String)> {
     let mut out = vec![];
     let (mut fields, mut field) = (vec![], String::new());
     let (mut line, mut start, mut quoted, mut quote_line) = (1, 1, false, 1);

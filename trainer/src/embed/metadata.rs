@@ -172,10 +172,11 @@ impl MetadataCsv {
         let mut dups = vec![];
         for (_, mut fields) in csv.rows {
             let k = normalise_rel(&fields.remove(key));
-            if rows.contains_key(&k) {
-                dups.push(k);
-            } else {
-                rows.insert(k, fields);
+            match rows.entry(k) {
+                std::collections::hash_map::Entry::Occupied(e) => dups.push(e.key().clone()),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(fields);
+                }
             }
         }
         if !dups.is_empty() {

@@ -36,6 +36,9 @@ fn config(dir: &Path, mode: &str, features: &str) -> Config {
     .unwrap()
 }
 
+/// A channel combination of the run config and the channel names `trainer embed` is given.
+type Combination<'a> = (usize, &'a [&'a str]);
+
 fn options(ckpt: &Path, images: &str, out: &Path) -> EmbedOptions {
     EmbedOptions {
         checkpoint: ckpt.to_path_buf(),
@@ -75,7 +78,7 @@ fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
     let dir = tempfile::tempdir().unwrap();
     synth(dir.path());
     let images = dir.path().join("data/Training").display().to_string();
-    let cases: [(&str, &str, &[(usize, &[&str])]); 3] = [
+    let cases: [(&str, &str, &[Combination]); 3] = [
         (
             "fixed",
             ", missing_channels: zeros",
@@ -149,11 +152,10 @@ fn ok(o: Output) -> String {
 /// naming one that does not exist.
 fn screen(dir: &Path) -> (PathBuf, PathBuf) {
     let screen = dir.join("screen");
-    let mut n = 0;
     let mut csv = String::from("path,Treatment\n");
     let mut tiffs: Vec<PathBuf> = walk(&dir.join("data/Training"));
     tiffs.sort();
-    for src in tiffs {
+    for (n, src) in tiffs.into_iter().enumerate() {
         let rel = format!("P{}/W{}/s{}_c{n}.tiff", n % 2, n % 3, n % 4);
         let dst = screen.join(&rel);
         std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
@@ -161,7 +163,6 @@ fn screen(dir: &Path) -> (PathBuf, PathBuf) {
         if n != 5 {
             csv.push_str(&format!("{rel},drug{}\n", n % 2));
         }
-        n += 1;
     }
     csv.push_str("P7/W0/s0_c0.tiff,drug9\n");
     std::fs::write(screen.join("P0/broken.tiff"), b"not a tiff").unwrap();
