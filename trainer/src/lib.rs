@@ -10,6 +10,7 @@ pub use scdino_config as config;
 pub mod data;
 pub mod device;
 pub mod dist;
+pub mod embed;
 pub mod export;
 pub mod gpu;
 pub mod layout;

@@ -495,10 +495,7 @@ pub fn extract_indices(
     let (_vs, embedder) = load_embedder(cfg, &weights, &channels, device)?;
     let index = source.index();
     let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);
-    let opts = PreprocessOptions {
-        selected_channels: Some(channels.clone()),
-        center_crop: cfg.data.center_crop,
-    };
+    let preparer = Preparer::new(cfg, &channels, mean, std);
     let mut rows = Vec::new();
     // A streaming source fetches these images ahead of the forward passes.
     source.will_read(indices);
@@ -506,17 +503,7 @@ pub fn extract_indices(
         let mut batch = Vec::with_capacity(chunk.len());
         for &i in chunk {
             let raw = source.read(i)?;
-            let path = &index.samples[i].path;
-            if raw.channels != cfg.file_channels() {
-                return Err(FeaturesError::ChannelCount {
-                    path: path.clone(),
-                    found: raw.channels,
-                    expected: cfg.file_channels(),
-                });
-            }
-            let (img, outcome) = preprocess(&raw, &opts)?;
-            warn_guarded(&outcome, &channels, &cfg.data.channel_names, path);
-            batch.push(prepare(&img, cfg, &mean, &std));
+            batch.push(preparer.prepare(&raw, &index.samples[i].path)?);
         }
         let x = Tensor::stack(&batch, 0).to_device(device);
         rows.push(embedder.embed(&x).to_device(Device::Cpu));
@@ -527,10 +514,8 @@ pub fn extract_indices(
             (Kind::Float, tch::Device::Cpu),
         )
     } else {
-        Tensor::cat(&rows, 0)
+        unit_rows(&Tensor::cat(&rows, 0))
     };
-    let norms = features.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12);
-    let features = features / norms;
     Ok(FeatureSet {
         features,
         labels: indices
@@ -559,23 +544,70 @@ fn warn_guarded(outcome: &data::MinMaxOutcome, selected: &[usize], names: &[Stri
     }
 }
 
-/// Resize (if configured) and normalise (if configured) one preprocessed image.
-fn prepare(img: &ImageChw, cfg: &Config, mean: &[f32], std: &[f32]) -> Tensor {
-    let f = &cfg.downstream.features;
-    let mut x = to_tensor(img);
-    if f.resize {
-        let (h, w) = resized_hw(img.height, img.width, f.resize_length);
-        x = x
-            .unsqueeze(0)
-            .upsample_bilinear2d([h, w], false, None, None)
-            .squeeze_dim(0);
+/// Rows scaled to unit L2 norm, as every feature table holds them.
+pub fn unit_rows(features: &Tensor) -> Tensor {
+    features / features.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12)
+}
+
+/// How one decoded image becomes a backbone input, exactly as the features stage prepares
+/// it: the file must have the run's channel count; the combination's channels are selected,
+/// centre-cropped and min–max scaled ([`preprocess`]), resized (bilinear, shorter side to
+/// `resize_length`) and normalised with the dataset mean/std. Shared by `trainer features`,
+/// `evaluate` and `trainer embed`, so their numbers agree by construction.
+pub struct Preparer {
+    channels: Vec<usize>,
+    file_channels: usize,
+    names: Vec<String>,
+    opts: PreprocessOptions,
+    resize: Option<usize>,
+    /// Per selected channel, when `downstream.features.normalize`.
+    normalize: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl Preparer {
+    /// For the file channels `channels` of `cfg`'s data, normalised with `mean`/`std` (one
+    /// value per selected channel).
+    pub fn new(cfg: &Config, channels: &[usize], mean: Vec<f32>, std: Vec<f32>) -> Self {
+        let f = &cfg.downstream.features;
+        Self {
+            channels: channels.to_vec(),
+            file_channels: cfg.file_channels(),
+            names: cfg.data.channel_names.clone(),
+            opts: PreprocessOptions {
+                selected_channels: Some(channels.to_vec()),
+                center_crop: cfg.data.center_crop,
+            },
+            resize: f.resize.then_some(f.resize_length),
+            normalize: f.normalize.then_some((mean, std)),
+        }
     }
-    if f.normalize {
-        let m = Tensor::from_slice(mean).reshape([-1, 1, 1]);
-        let s = Tensor::from_slice(std).reshape([-1, 1, 1]);
-        x = (x - m) / s;
+
+    /// `raw` (read from `path`, which errors name) as a `[k, H, W]` float tensor.
+    pub fn prepare(&self, raw: &ImageChw, path: &Path) -> Result<Tensor, FeaturesError> {
+        if raw.channels != self.file_channels {
+            return Err(FeaturesError::ChannelCount {
+                path: path.to_path_buf(),
+                found: raw.channels,
+                expected: self.file_channels,
+            });
+        }
+        let (img, outcome) = preprocess(raw, &self.opts)?;
+        warn_guarded(&outcome, &self.channels, &self.names, path);
+        let mut x = to_tensor(&img);
+        if let Some(size) = self.resize {
+            let (h, w) = resized_hw(img.height, img.width, size);
+            x = x
+                .unsqueeze(0)
+                .upsample_bilinear2d([h, w], false, None, None)
+                .squeeze_dim(0);
+        }
+        if let Some((mean, std)) = &self.normalize {
+            let m = Tensor::from_slice(mean).reshape([-1, 1, 1]);
+            let s = Tensor::from_slice(std).reshape([-1, 1, 1]);
+            x = (x - m) / s;
+        }
+        Ok(x)
     }
-    x
 }
 
 /// numpy's `%.18e`: 18 decimals and an exponent with a sign and at least two digits.

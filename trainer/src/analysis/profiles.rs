@@ -260,8 +260,38 @@ struct Table<'a> {
     dim: usize,
 }
 
-fn string_field(name: &str) -> parquet::errors::Result<Arc<Type>> {
-    let repetition = if NULLABLE.contains(&name) {
+impl Table<'_> {
+    fn encode(&self) -> parquet::errors::Result<Vec<u8>> {
+        let mut columns: Vec<ColumnSpec> = self
+            .strings
+            .iter()
+            .map(|(name, _)| ColumnSpec::string(name, NULLABLE.contains(name)))
+            .collect();
+        columns.push(ColumnSpec::Int {
+            name: "Metadata_Epoch".into(),
+        });
+        columns.push(ColumnSpec::string("Metadata_Channels", false));
+        let mut stream = ProfileStream::new(Vec::new(), columns, self.dim)?;
+        let channels = vec![self.channels.clone(); ROW_GROUP_ROWS.min(self.rows)];
+        // An empty table still gets one (empty) row group, so readers see its columns.
+        for start in (0..self.rows.max(1)).step_by(ROW_GROUP_ROWS) {
+            let rows = start..(start + ROW_GROUP_ROWS).min(self.rows);
+            let mut data: Vec<ColumnData> = self
+                .strings
+                .iter()
+                .map(|(_, v)| ColumnData::Strings(&v[rows.clone()]))
+                .collect();
+            data.push(ColumnData::Ints(&self.epochs[rows.clone()]));
+            data.push(ColumnData::Strings(&channels[..rows.len()]));
+            let values = &self.values[rows.start * self.dim..rows.end * self.dim];
+            stream.write_group(&data, values)?;
+        }
+        stream.finish()
+    }
+}
+
+fn string_field(name: &str, nullable: bool) -> parquet::errors::Result<Arc<Type>> {
+    let repetition = if nullable {
         Repetition::OPTIONAL
     } else {
         Repetition::REQUIRED
@@ -274,104 +304,156 @@ fn string_field(name: &str) -> parquet::errors::Result<Arc<Type>> {
     ))
 }
 
-impl Table<'_> {
-    fn schema(&self) -> parquet::errors::Result<Type> {
-        let mut fields = vec![];
-        for (name, _) in &self.strings {
-            fields.push(string_field(name)?);
+/// One metadata column of a streamed profile table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnSpec {
+    /// UTF-8 strings; a `nullable` column stores the empty string as null.
+    Str { name: String, nullable: bool },
+    /// Optional int64 (`Metadata_Epoch`).
+    Int { name: String },
+}
+
+impl ColumnSpec {
+    pub fn string(name: &str, nullable: bool) -> Self {
+        Self::Str {
+            name: name.to_string(),
+            nullable,
         }
-        fields.push(Arc::new(
-            Type::primitive_type_builder("Metadata_Epoch", PhysicalType::INT64)
-                .with_repetition(Repetition::OPTIONAL)
-                .build()?,
-        ));
-        fields.push(string_field("Metadata_Channels")?);
-        for j in 0..self.dim {
-            fields.push(Arc::new(
-                Type::primitive_type_builder(&format!("{FEATURE_PREFIX}{j}"), PhysicalType::FLOAT)
-                    .with_repetition(Repetition::REQUIRED)
-                    .build()?,
-            ));
-        }
-        Type::group_type_builder("schema")
-            .with_fields(fields)
-            .build()
     }
 
-    fn encode(&self) -> parquet::errors::Result<Vec<u8>> {
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Str { name, .. } | Self::Int { name } => name,
+        }
+    }
+}
+
+/// One row group's values of a [`ColumnSpec`], in the spec's order.
+pub enum ColumnData<'a> {
+    Strings(&'a [String]),
+    Ints(&'a [Option<i64>]),
+}
+
+/// A profile table written row group by row group, so a table of any number of rows is
+/// written with the memory of one group: the metadata columns, then `DINO_CLS_0…` (float32),
+/// the feature block's SHA-256 accumulated as groups pass and stored in the key-value
+/// metadata when the table is finished (the same checksum [`read`] verifies).
+pub struct ProfileStream<W: std::io::Write + Send> {
+    writer: SerializedFileWriter<W>,
+    columns: Vec<ColumnSpec>,
+    dim: usize,
+    hash: Sha256,
+    column_values: Vec<f32>,
+}
+
+impl<W: std::io::Write + Send> ProfileStream<W> {
+    pub fn new(out: W, columns: Vec<ColumnSpec>, dim: usize) -> parquet::errors::Result<Self> {
+        let mut fields = vec![];
         // Dictionaries only where values repeat (classes, splits, the checkpoint): on the
         // feature columns a dictionary is tried, overflows and leaves its pages behind (the
         // table came out 1.5x the size of the raw floats).
         let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_dictionary_enabled(false);
-        for (name, _) in self
-            .strings
-            .iter()
-            .filter(|(n, _)| *n != "Metadata_ImagePath")
-        {
-            props = props.set_column_dictionary_enabled(ColumnPath::from(*name), true);
+        for spec in &columns {
+            match spec {
+                ColumnSpec::Str { name, nullable } => {
+                    fields.push(string_field(name, *nullable)?);
+                    if name != "Metadata_ImagePath" {
+                        props = props
+                            .set_column_dictionary_enabled(ColumnPath::from(name.as_str()), true);
+                    }
+                }
+                ColumnSpec::Int { name } => fields.push(Arc::new(
+                    Type::primitive_type_builder(name, PhysicalType::INT64)
+                        .with_repetition(Repetition::OPTIONAL)
+                        .build()?,
+                )),
+            }
         }
-        let props = props
-            .set_column_dictionary_enabled(ColumnPath::from("Metadata_Channels"), true)
-            .set_key_value_metadata(Some(vec![KeyValue::new(
-                CHECKSUM_KEY.to_string(),
-                feature_checksum(&self.values),
-            )]))
-            .build();
-        let mut out = Vec::new();
-        let mut writer =
-            SerializedFileWriter::new(&mut out, Arc::new(self.schema()?), Arc::new(props))?;
-        // An empty table still gets one (empty) row group, so readers see its columns.
-        for start in (0..self.rows.max(1)).step_by(ROW_GROUP_ROWS) {
-            self.write_group(&mut writer, start..(start + ROW_GROUP_ROWS).min(self.rows))?;
+        for j in 0..dim {
+            fields.push(Arc::new(
+                Type::primitive_type_builder(&format!("{FEATURE_PREFIX}{j}"), PhysicalType::FLOAT)
+                    .with_repetition(Repetition::REQUIRED)
+                    .build()?,
+            ));
         }
-        writer.close()?;
-        Ok(out)
+        let schema = Type::group_type_builder("schema")
+            .with_fields(fields)
+            .build()?;
+        let writer = SerializedFileWriter::new(out, Arc::new(schema), Arc::new(props.build()))?;
+        Ok(Self {
+            writer,
+            columns,
+            dim,
+            hash: Sha256::new(),
+            column_values: vec![],
+        })
     }
 
-    fn write_group(
-        &self,
-        writer: &mut SerializedFileWriter<&mut Vec<u8>>,
-        rows: std::ops::Range<usize>,
+    /// Appends one row group: `data` in the order of the columns, `values` row-major
+    /// `[rows, dim]`.
+    pub fn write_group(
+        &mut self,
+        data: &[ColumnData],
+        values: &[f32],
     ) -> parquet::errors::Result<()> {
-        let mut group = writer.next_row_group()?;
+        let rows = values.len().checked_div(self.dim).unwrap_or_else(|| {
+            data.first().map_or(0, |d| match d {
+                ColumnData::Strings(v) => v.len(),
+                ColumnData::Ints(v) => v.len(),
+            })
+        });
+        for v in values {
+            self.hash.update(v.to_le_bytes());
+        }
+        let mut group = self.writer.next_row_group()?;
         let mut column = 0;
-        let mut column_values = Vec::with_capacity(rows.len());
         while let Some(mut col) = group.next_column()? {
-            if column < self.strings.len() {
-                let (name, values) = &self.strings[column];
-                let values = &values[rows.clone()];
-                let present = |s: &&String| !s.is_empty();
-                let v: Vec<ByteArray> = values
-                    .iter()
-                    .filter(|s| !NULLABLE.contains(name) || present(s))
-                    .map(|s| ByteArray::from(s.as_str()))
-                    .collect();
-                let defined: Vec<i16> = values.iter().map(|s| present(&s) as i16).collect();
-                let defs = NULLABLE.contains(name).then_some(&defined[..]);
-                col.typed::<ByteArrayType>().write_batch(&v, defs, None)?;
-            } else if column == self.strings.len() {
-                let epochs = &self.epochs[rows.clone()];
-                let defined: Vec<i16> = epochs.iter().map(|e| e.is_some() as i16).collect();
-                let v: Vec<i64> = epochs.iter().flatten().copied().collect();
-                col.typed::<Int64Type>()
-                    .write_batch(&v, Some(&defined), None)?;
-            } else if column == self.strings.len() + 1 {
-                let v = vec![ByteArray::from(self.channels.as_str()); rows.len()];
-                col.typed::<ByteArrayType>().write_batch(&v, None, None)?;
-            } else {
-                let j = column - self.strings.len() - 2;
-                column_values.clear();
-                column_values.extend(rows.clone().map(|r| self.values[r * self.dim + j]));
-                col.typed::<FloatType>()
-                    .write_batch(&column_values, None, None)?;
+            match (self.columns.get(column), data.get(column)) {
+                (Some(ColumnSpec::Str { nullable, .. }), Some(ColumnData::Strings(values))) => {
+                    let v: Vec<ByteArray> = values
+                        .iter()
+                        .filter(|s| !*nullable || !s.is_empty())
+                        .map(|s| ByteArray::from(s.as_str()))
+                        .collect();
+                    let defined: Vec<i16> = values.iter().map(|s| !s.is_empty() as i16).collect();
+                    let defs = nullable.then_some(&defined[..]);
+                    col.typed::<ByteArrayType>().write_batch(&v, defs, None)?;
+                }
+                (Some(ColumnSpec::Int { .. }), Some(ColumnData::Ints(values))) => {
+                    let defined: Vec<i16> = values.iter().map(|e| e.is_some() as i16).collect();
+                    let v: Vec<i64> = values.iter().flatten().copied().collect();
+                    col.typed::<Int64Type>()
+                        .write_batch(&v, Some(&defined), None)?;
+                }
+                (Some(_), _) => {
+                    return Err(parquet::errors::ParquetError::General(format!(
+                        "column {column} of the row group does not match its spec"
+                    )))
+                }
+                (None, _) => {
+                    let j = column - self.columns.len();
+                    self.column_values.clear();
+                    self.column_values
+                        .extend((0..rows).map(|r| values[r * self.dim + j]));
+                    col.typed::<FloatType>()
+                        .write_batch(&self.column_values, None, None)?;
+                }
             }
             col.close()?;
             column += 1;
         }
         group.close()?;
         Ok(())
+    }
+
+    /// Writes the checksum and the footer; returns the output.
+    pub fn finish(mut self) -> parquet::errors::Result<W> {
+        let sum = format!("{:x}", self.hash.finalize_reset());
+        self.writer
+            .append_key_value_metadata(KeyValue::new(CHECKSUM_KEY.to_string(), sum));
+        self.writer.into_inner()
     }
 }
 
@@ -488,18 +570,7 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
             row_major[r * dim + j] = *v;
         }
     }
-    let stored = meta
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|k| k.key == CHECKSUM_KEY))
-        .and_then(|k| k.value.clone());
-    if let Some(sum) = stored {
-        if sum != feature_checksum(&row_major) {
-            return Err(ProfilesError::Checksum {
-                path: path.to_path_buf(),
-            });
-        }
-    }
+    verify_checksum(&reader, &row_major, path)?;
     let features = Tensor::from_slice(&row_major).reshape([rows as i64, dim as i64]);
     Ok(Profiles {
         features,
@@ -509,6 +580,113 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
         splits,
         checkpoint,
         checkpoint_epoch: checkpoint_epoch.map(|e| e as usize),
+    })
+}
+
+/// Refuses `values` (a table's row-major feature block) when the table carries a checksum they
+/// do not match.
+fn verify_checksum(
+    reader: &SerializedFileReader<std::fs::File>,
+    values: &[f32],
+    path: &Path,
+) -> Result<(), ProfilesError> {
+    let stored = reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == CHECKSUM_KEY))
+        .and_then(|k| k.value.clone());
+    match stored {
+        Some(sum) if sum != feature_checksum(values) => Err(ProfilesError::Checksum {
+            path: path.to_path_buf(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A table [`ProfileStream`] wrote, read back whole (one part of a larger table: bounded
+/// rows), to be copied into another stream.
+pub struct StreamedTable {
+    pub columns: Vec<ColumnSpec>,
+    pub data: Vec<OwnedColumn>,
+    /// Row-major `[rows, dim]`, checksum verified.
+    pub values: Vec<f32>,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+/// The values of one metadata column of a [`StreamedTable`].
+pub enum OwnedColumn {
+    Strings(Vec<String>),
+    Ints(Vec<Option<i64>>),
+}
+
+impl StreamedTable {
+    /// The metadata columns as a row group's data.
+    pub fn column_data(&self) -> Vec<ColumnData<'_>> {
+        self.data
+            .iter()
+            .map(|c| match c {
+                OwnedColumn::Strings(v) => ColumnData::Strings(v),
+                OwnedColumn::Ints(v) => ColumnData::Ints(v),
+            })
+            .collect()
+    }
+}
+
+/// Reads a table written by [`ProfileStream`] (metadata columns, then `DINO_CLS_*`).
+pub fn read_streamed(path: &Path) -> Result<StreamedTable, ProfilesError> {
+    let pq = |source| ProfilesError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let rows = reader.metadata().file_metadata().num_rows() as usize;
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    let (mut columns, mut data, mut features) = (vec![], vec![], vec![]);
+    for (i, col) in schema.columns().iter().enumerate() {
+        let name = col.name().to_string();
+        let column = read_column(&reader, i, path, &name).map_err(|e| match e {
+            ReadError::Parquet(source) => pq(source),
+            ReadError::Profiles(e) => e,
+        })?;
+        match column {
+            Column::Floats(v) if name.starts_with(FEATURE_PREFIX) => features.push(v),
+            Column::Strings(v) => {
+                columns.push(ColumnSpec::string(&name, col.max_def_level() > 0));
+                data.push(OwnedColumn::Strings(v));
+            }
+            Column::Ints(v) => {
+                columns.push(ColumnSpec::Int { name });
+                data.push(OwnedColumn::Ints(v));
+            }
+            Column::Floats(_) => {
+                return Err(ProfilesError::ColumnType {
+                    path: path.to_path_buf(),
+                    column: name,
+                    kind: "a float column not named DINO_CLS_*".into(),
+                })
+            }
+        }
+    }
+    let dim = features.len();
+    let mut values = vec![0f32; rows * dim];
+    for (j, col) in features.iter().enumerate() {
+        for (r, v) in col.iter().enumerate().take(rows) {
+            values[r * dim + j] = *v;
+        }
+    }
+    verify_checksum(&reader, &values, path)?;
+    Ok(StreamedTable {
+        columns,
+        data,
+        values,
+        rows,
+        dim,
     })
 }
 

@@ -6,6 +6,7 @@ mod collectives_cmd;
 mod config_cmd;
 mod data_cmd;
 mod data_tools_cmd;
+mod embed_cmd;
 mod export_cmd;
 mod pack_cmd;
 mod pipeline_cmd;
@@ -119,6 +120,7 @@ enum Command {
     MeanStd(analysis_cmd::MeanStdArgs),
     /// CLS features, labels and image paths of the held-out split.
     Features(analysis_cmd::FeaturesArgs),
+    Embed(embed_cmd::EmbedArgs),
     /// scDINO's global weighted kNN on the extracted features (+ per-class metrics).
     Knn(analysis_cmd::KnnArgs),
     /// kNN and a linear probe on the test folder (or held-out split): top-1/top-5, balanced
@@ -163,6 +165,7 @@ impl Cli {
             Command::Launch(l) => l.run(),
             Command::MeanStd(m) => m.run(),
             Command::Features(f) => f.run(),
+            Command::Embed(e) => e.run(),
             Command::Knn(k) => k.run(),
             Command::Evaluate(e) => e.run(),
             Command::Umap(u) => u.run(),

@@ -5,6 +5,7 @@ mod channels;
 mod config;
 mod data;
 mod dist;
+mod embed;
 mod evaluate;
 mod export;
 mod ibot;

@@ -16,8 +16,8 @@ use trainer::data::stream::ObjectStoreSource;
 use trainer::data::{self, ImageSource, LocalSource, SynthOptions};
 use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome};
 
-const BUCKET: &str = "bkt";
-const PREFIX: &str = "pbmc/v1";
+pub(super) const BUCKET: &str = "bkt";
+pub(super) const PREFIX: &str = "pbmc/v1";
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -29,7 +29,7 @@ fn free_port() -> u16 {
 
 /// Dummy credentials: object_store signs requests, moto accepts any key. Without them the
 /// client would wait for the EC2 metadata service.
-fn fake_credentials() {
+pub(super) fn fake_credentials() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
@@ -38,14 +38,14 @@ fn fake_credentials() {
 }
 
 /// A moto server holding `src` under `s3://bkt/pbmc/v1/`.
-struct Moto {
-    port: u16,
+pub(super) struct Moto {
+    pub(super) port: u16,
     src: PathBuf,
     child: Option<Child>,
 }
 
 impl Moto {
-    fn start(src: &Path) -> Moto {
+    pub(super) fn start(src: &Path) -> Moto {
         let mut m = Moto {
             port: free_port(),
             src: src.to_path_buf(),

@@ -1,0 +1,237 @@
+//! Which images `trainer embed` reads: every TIFF below a folder or an `s3://` prefix, in any
+//! layout, or the paths a CSV lists; always in one sorted order, so every rank, every shard
+//! of an array job and every rerun agree on which image is number `i`.
+use super::csv::{Csv, CsvError};
+use crate::config::S3Url;
+use crate::data::index::TIFF_EXTENSIONS;
+use crate::data::object_store::Remote;
+use crate::data::{decode_tiff_into, DataError, ImageChw};
+use ::object_store::path::Path as ObjPath;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImagesError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Csv(#[from] CsvError),
+    #[error("{}: cannot list: {source}", path.display())]
+    List {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no .tif/.tiff images below {0}")]
+    NoImages(String),
+    #[error("{}: {count} paths are listed more than once (e.g. {}); each image must be listed once", path.display(), examples.join(", "))]
+    DuplicatePaths {
+        path: PathBuf,
+        count: usize,
+        examples: Vec<String>,
+    },
+    #[error("{}:{line}: the path {given:?} is not relative to --images (no leading '/', no '..')", path.display())]
+    NotRelative {
+        path: PathBuf,
+        line: usize,
+        given: String,
+    },
+}
+
+/// Where the images live.
+pub enum Root {
+    Local(PathBuf),
+    S3 { url: S3Url, remote: Box<Remote> },
+}
+
+/// One image: its path relative to the root ('/'-separated, the key metadata is joined on)
+/// and, for a listed S3 object, the store's own path and size.
+pub struct Entry {
+    pub rel: String,
+    location: Option<(ObjPath, u64)>,
+}
+
+/// The images of one job, sorted by relative path.
+pub struct ImageList {
+    pub root: Root,
+    pub entries: Vec<Entry>,
+}
+
+impl Root {
+    /// `images` as given on the command line: `s3://bucket/prefix` or a folder. S3 settings
+    /// (endpoint, region, plain HTTP) come from the `AWS_*` environment, as any S3 client's.
+    pub fn open(images: &str) -> Result<Self, ImagesError> {
+        if images.starts_with("s3://") {
+            let url = S3Url::parse(images).map_err(|e| DataError::StoreConfig {
+                url: images.to_string(),
+                reason: e.to_string(),
+            })?;
+            let remote = Remote::open(&url, &crate::config::S3Section::default())?;
+            return Ok(Self::S3 {
+                url,
+                remote: Box::new(remote),
+            });
+        }
+        Ok(Self::Local(PathBuf::from(images)))
+    }
+
+    /// Where `rel` lives, as written into `Metadata_ImagePath` and messages.
+    pub fn full_path(&self, rel: &str) -> String {
+        match self {
+            Self::Local(dir) => dir.join(rel).display().to_string(),
+            Self::S3 { url, .. } => url.url_of(rel),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Local(dir) => dir.display().to_string(),
+            Self::S3 { url, .. } => url.root(),
+        }
+    }
+}
+
+impl ImageList {
+    /// Every TIFF below `root` (recursively, hidden files and folders skipped), or, with
+    /// `list`, the paths in its `path` column (relative to `root`).
+    pub fn open(root: Root, list: Option<&Path>) -> Result<Self, ImagesError> {
+        let mut entries = match list {
+            Some(csv) => listed(csv)?,
+            None => match &root {
+                Root::Local(dir) => {
+                    let mut out = vec![];
+                    walk(dir, "", &mut out)?;
+                    out
+                }
+                Root::S3 { remote, .. } => remote
+                    .list()?
+                    .into_iter()
+                    .filter(|l| is_tiff(&l.rel) && !l.rel.split('/').any(|p| p.starts_with('.')))
+                    .map(|l| Entry {
+                        rel: l.rel,
+                        location: Some((l.location, l.size)),
+                    })
+                    .collect(),
+            },
+        };
+        entries.sort_by(|a, b| a.rel.cmp(&b.rel));
+        if entries.is_empty() {
+            return Err(ImagesError::NoImages(root.describe()));
+        }
+        Ok(Self { root, entries })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Image `i` decoded (the pipeline's decoder), `bytes` reused as the read buffer.
+    pub fn read(&self, i: usize, bytes: &mut Vec<u8>) -> Result<ImageChw, DataError> {
+        let e = &self.entries[i];
+        let shown = PathBuf::from(self.root.full_path(&e.rel));
+        match &self.root {
+            Root::Local(dir) => {
+                use std::io::Read;
+                bytes.clear();
+                std::fs::File::open(dir.join(&e.rel))
+                    .and_then(|mut f| f.read_to_end(bytes))
+                    .map_err(|err| DataError::io(&shown, "reading", err))?;
+            }
+            Root::S3 { url, remote } => {
+                *bytes = match &e.location {
+                    Some((location, size)) => remote.get(location, Some(*size))?,
+                    None => remote.get(&ObjPath::from(url.key(&e.rel)), None)?,
+                };
+            }
+        }
+        let mut img = ImageChw {
+            channels: 0,
+            height: 0,
+            width: 0,
+            data: vec![],
+        };
+        decode_tiff_into(bytes, &shown, &mut img)?;
+        Ok(img)
+    }
+}
+
+fn is_tiff(name: &str) -> bool {
+    let lower = name.to_lowercase();
+    TIFF_EXTENSIONS.iter().any(|ext| lower.ends_with(ext))
+}
+
+/// The TIFFs below `dir/prefix`, relative to `dir`.
+fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<(), ImagesError> {
+    let here = dir.join(prefix);
+    let list_err = |source| ImagesError::List {
+        path: here.clone(),
+        source,
+    };
+    for item in std::fs::read_dir(&here).map_err(list_err)? {
+        let item = item.map_err(list_err)?;
+        let name = item.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let rel = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        // Follows symbolic links, as a dataset tree of links to the real files is common.
+        let meta = std::fs::metadata(item.path()).map_err(list_err)?;
+        if meta.is_dir() {
+            walk(dir, &rel, out)?;
+        } else if is_tiff(&name) {
+            out.push(Entry {
+                rel,
+                location: None,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The `path` column of `csv`; a path listed twice or not relative is an error.
+fn listed(csv: &Path) -> Result<Vec<Entry>, ImagesError> {
+    let table = Csv::read(csv)?;
+    let col = table.column("path")?;
+    let mut seen = std::collections::HashSet::new();
+    let mut dups = vec![];
+    let mut out = vec![];
+    for (line, fields) in &table.rows {
+        let rel = normalise_rel(&fields[col]);
+        if rel.starts_with('/') || rel.split('/').any(|p| p == "..") {
+            return Err(ImagesError::NotRelative {
+                path: csv.to_path_buf(),
+                line: *line,
+                given: fields[col].clone(),
+            });
+        }
+        if !seen.insert(rel.clone()) {
+            dups.push(rel);
+            continue;
+        }
+        out.push(Entry {
+            rel,
+            location: None,
+        });
+    }
+    if !dups.is_empty() {
+        return Err(ImagesError::DuplicatePaths {
+            path: csv.to_path_buf(),
+            count: dups.len(),
+            examples: dups.into_iter().take(5).collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// A path as a join key: '/'-separated, without a leading `./`.
+pub fn normalise_rel(path: &str) -> String {
+    let p = path.trim().replace('\\', "/");
+    p.trim_start_matches("./").to_string()
+}

@@ -1,0 +1,415 @@
+//! `trainer embed`: the features stage's numbers for any image set (every channel mode and a
+//! channel subset by name), resumable after SIGKILL without duplicates or losses, the same
+//! table from 1 rank, 2 ranks or 2 array shards, bad images in the errors table, metadata from
+//! a path pattern and a CSV with what does not line up reported, and images read from S3.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use trainer::analysis::profiles::{self, OwnedColumn, StreamedTable};
+use trainer::config::Config;
+use trainer::data::{generate_synthetic, write_tiff_u16_chunky, ImageChwU16, SynthOptions};
+use trainer::embed::{run, EmbedOptions, OnError};
+use trainer::pipeline::stages::{run_features, tag_of_checkpoint, Target};
+use trainer::train::run::{train, TrainOptions};
+
+fn synth(dir: &Path) {
+    generate_synthetic(&SynthOptions {
+        out: dir.join("data"),
+        seed: 5,
+        classes: 3,
+        per_class: 8,
+        size: 24,
+        channels: 3,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+}
+
+fn config(dir: &Path, mode: &str, features: &str) -> Config {
+    Config::from_yaml(
+        &format!(
+            "run: {{name: {mode}, output_dir: {out}, seed: 3}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [\"012\", \"0\", \"12\"], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 32, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16, batch_size_per_gpu: 5{features}}}}}\n",
+            out = dir.join("out").display(),
+            data = dir.join("data/Training").display(),
+        ),
+        "test",
+    )
+    .unwrap()
+}
+
+/// A channel combination of the run config and the channel names `trainer embed` is given.
+type Combination<'a> = (usize, &'a [&'a str]);
+
+fn options(ckpt: &Path, images: &str, out: &Path) -> EmbedOptions {
+    EmbedOptions {
+        checkpoint: ckpt.to_path_buf(),
+        images: images.to_string(),
+        out: out.to_path_buf(),
+        list: None,
+        metadata: None,
+        path_pattern: None,
+        channels: None,
+        on_error: OnError::Skip,
+        batch_size: None,
+        device: tch::Device::Cpu,
+        bf16: false,
+        shard: None,
+        merge_only: false,
+        part_size: 7,
+        readers: 2,
+    }
+}
+
+fn strings<'a>(t: &'a StreamedTable, name: &str) -> &'a [String] {
+    let i = t.columns.iter().position(|c| c.name() == name).unwrap();
+    match &t.data[i] {
+        OwnedColumn::Strings(v) => v,
+        OwnedColumn::Ints(_) => panic!("{name} is not a string column"),
+    }
+}
+
+/// The features stage and `trainer embed` on the same folder with the same checkpoint, for
+/// `fixed` (all channels; one channel, the others zero-filled), `tokens` and `bag` (all
+/// channels; a subset by name): every held-out row of the stage is the embed row of the same
+/// image, bit for bit, and the table says which channels it holds.
+#[test]
+fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let images = dir.path().join("data/Training").display().to_string();
+    let cases: [(&str, &str, &[Combination]); 3] = [
+        (
+            "fixed",
+            ", missing_channels: zeros",
+            &[(0, &["a", "b", "c"]), (1, &["a"])],
+        ),
+        ("tokens", "", &[(0, &["a", "b", "c"]), (2, &["b", "c"])]),
+        ("bag", "", &[(0, &["a", "b", "c"]), (2, &["b", "c"])]),
+    ];
+    for (mode, features, combos) in cases {
+        let cfg = config(dir.path(), mode, features);
+        train(&cfg, &TrainOptions::default()).unwrap();
+        let ck = trainer::layout::RunLayout::new(&cfg)
+            .model(&cfg, &cfg.training_channels(0).unwrap())
+            .latest_checkpoint();
+        let tag = tag_of_checkpoint(&ck).unwrap();
+        for &(combination, names) in combos {
+            let t = Target::new(&cfg, combination).unwrap();
+            run_features(&t, &ck, &tag).unwrap();
+            let stage = profiles::read(&t.files.profiles(&tag)).unwrap();
+            let out = dir.path().join(format!("{mode}{combination}.parquet"));
+            let mut opts = options(&ck, &images, &out);
+            opts.channels = Some(names.iter().map(|n| n.to_string()).collect());
+            let s = run(&opts).unwrap();
+            assert_eq!((s.images, s.errors, s.merged), (24, 0, Some((24, 0))));
+            let table = profiles::read_streamed(&out).unwrap();
+            assert_eq!(
+                table.dim as i64,
+                stage.features.size()[1],
+                "{mode} {names:?}"
+            );
+            assert!(strings(&table, "Metadata_Channels")
+                .iter()
+                .all(|c| *c == names.join("+")));
+            let paths = strings(&table, "Metadata_ImagePath");
+            let embedded = tch::Tensor::from_slice(&table.values)
+                .reshape([table.rows as i64, table.dim as i64]);
+            assert!(!stage.paths.is_empty());
+            for (r, p) in stage.paths.iter().enumerate() {
+                let row = paths
+                    .iter()
+                    .position(|q| q == p)
+                    .unwrap_or_else(|| panic!("{p}"));
+                let diff = (embedded.get(row as i64) - stage.features.get(r as i64))
+                    .abs()
+                    .max()
+                    .double_value(&[]);
+                assert_eq!(diff, 0.0, "{mode} {names:?} {p}");
+            }
+        }
+    }
+}
+
+fn trainer_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    c.args(args).env("OMP_NUM_THREADS", "1");
+    c
+}
+
+fn ok(o: Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{text}");
+    text
+}
+
+/// A screen in its own layout (`P*/W*/s*_c*.tiff`, copied from the synthetic images), an
+/// unreadable file and an image with one channel, a metadata CSV missing one image and
+/// naming one that does not exist.
+fn screen(dir: &Path) -> (PathBuf, PathBuf) {
+    let screen = dir.join("screen");
+    let mut csv = String::from("path,Treatment\n");
+    let mut tiffs: Vec<PathBuf> = walk(&dir.join("data/Training"));
+    tiffs.sort();
+    for (n, src) in tiffs.into_iter().enumerate() {
+        let rel = format!("P{}/W{}/s{}_c{n}.tiff", n % 2, n % 3, n % 4);
+        let dst = screen.join(&rel);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(src, &dst).unwrap();
+        if n != 5 {
+            csv.push_str(&format!("{rel},drug{}\n", n % 2));
+        }
+    }
+    csv.push_str("P7/W0/s0_c0.tiff,drug9\n");
+    std::fs::write(screen.join("P0/broken.tiff"), b"not a tiff").unwrap();
+    let one = ImageChwU16::new(1, 24, 24, vec![7u16; 576]).unwrap();
+    write_tiff_u16_chunky(&screen.join("P1/W0/s0_c99.tiff"), &one).unwrap();
+    let meta = dir.join("meta.csv");
+    std::fs::write(&meta, csv).unwrap();
+    (screen, meta)
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Real processes on a screen layout: the uninterrupted table; a run killed with SIGKILL once
+/// a part exists, then rerun, writes the same table (no row twice, none lost); so do 2 ranks
+/// (`trainer launch --nproc 2`) and 2 array shards with a `--merge`. The two bad images are
+/// in the errors table with their reasons, the metadata mismatches are reported with counts
+/// and examples, and `--on-error fail` stops naming the file.
+#[test]
+fn embed_resumes_after_sigkill_and_ranks_and_shards_write_the_same_table() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let ck = {
+        let _rng = super::util::torch_rng_lock();
+        let cfg = config(dir.path(), "fixed", "");
+        train(&cfg, &TrainOptions::default()).unwrap();
+        trainer::layout::RunLayout::new(&cfg)
+            .model(&cfg, &[0, 1, 2])
+            .latest_checkpoint()
+    };
+    let (screen, meta) = screen(dir.path());
+    let out = |name: &str| dir.path().join(format!("{name}.parquet"));
+    let args = |name: &str| -> Vec<String> {
+        [
+            "embed",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--images",
+            screen.to_str().unwrap(),
+            "--metadata",
+            meta.to_str().unwrap(),
+            "--path-pattern",
+            "{Plate}/{Well}/{Site}_{Cell}.tiff",
+            "--part-size",
+            "2",
+            "--out",
+            out(name).to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let strs = |v: &[String]| v.to_vec();
+    let full = ok(trainer_cmd(&[]).args(strs(&args("full"))).output().unwrap());
+    for want in [
+        "26 images: 13 parts embedded, 0 already finished, 2 images not embedded",
+        "metadata: 1 image paths do not match --path-pattern \"{Plate}/{Well}/{Site}_{Cell}.tiff\" (their pattern columns are null) (e.g. P0/broken.tiff)",
+        "metadata: 3 images have no row in",
+        "(e.g. P0/broken.tiff, P1/W0/s0_c99.tiff, P1/W2/s1_c5.tiff)",
+        "metadata: 1 rows of",
+        "name no image of this job (e.g. P7/W0/s0_c0.tiff)",
+        "24 rows ->",
+        "2 images in",
+    ] {
+        assert!(full.contains(want), "{want:?} not in:\n{full}");
+    }
+    let table = profiles::read_streamed(&out("full")).unwrap();
+    let names: Vec<&str> = table.columns.iter().map(|c| c.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "Metadata_ImagePath",
+            "Metadata_Plate",
+            "Metadata_Well",
+            "Metadata_Site",
+            "Metadata_Cell",
+            "Metadata_Treatment",
+            "Metadata_Checkpoint",
+            "Metadata_Epoch",
+            "Metadata_Channels"
+        ]
+    );
+    assert_eq!((table.rows, table.dim), (24, 192));
+    let row = strings(&table, "Metadata_ImagePath")
+        .iter()
+        .position(|p| p.ends_with("P1/W2/s1_c5.tiff"))
+        .unwrap();
+    assert_eq!(strings(&table, "Metadata_Cell")[row], "c5");
+    assert_eq!(
+        strings(&table, "Metadata_Treatment")[row],
+        "",
+        "no row: null"
+    );
+    let first = strings(&table, "Metadata_ImagePath")
+        .iter()
+        .position(|p| p.ends_with("P0/W0/s0_c0.tiff"))
+        .unwrap();
+    assert_eq!(strings(&table, "Metadata_Treatment")[first], "drug0");
+    let errors = profiles::read_streamed(&dir.path().join("full.errors.parquet")).unwrap();
+    let reasons = strings(&errors, "reason");
+    assert!(strings(&errors, "Metadata_ImagePath")[0].ends_with("P0/broken.tiff"));
+    assert!(reasons[0].contains("broken.tiff"), "{reasons:?}");
+    assert!(
+        reasons[1].contains("has 1 channels but data.channel_names lists 3"),
+        "{reasons:?}"
+    );
+    let same = |name: &str| {
+        assert_eq!(
+            std::fs::read(out(name)).unwrap(),
+            std::fs::read(out("full")).unwrap(),
+            "{name}"
+        );
+    };
+    // SIGKILL once a part is finished, then the same command again.
+    let mut child = trainer_cmd(&[])
+        .args(strs(&args("killed")))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let parts = dir.path().join("killed.parquet.parts");
+    while !parts.join("part-0000000.json").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "exited before a part was written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out("killed").exists(), "killed after it finished");
+    let again = ok(trainer_cmd(&[])
+        .args(strs(&args("killed")))
+        .output()
+        .unwrap());
+    assert!(!again.contains(" 0 already finished"), "{again}");
+    same("killed");
+    ok(trainer_cmd(&["launch", "--nproc", "2", "--"])
+        .args(strs(&args("ranks")))
+        .output()
+        .unwrap());
+    same("ranks");
+    for i in ["0", "1"] {
+        let shard = ok(trainer_cmd(&[])
+            .args(strs(&args("shards")))
+            .args(["--shard-index", i, "--shard-count", "2"])
+            .output()
+            .unwrap());
+        assert!(
+            !shard.contains("rows ->"),
+            "a shard does not merge: {shard}"
+        );
+    }
+    ok(trainer_cmd(&[])
+        .args(strs(&args("shards")))
+        .arg("--merge")
+        .output()
+        .unwrap());
+    same("shards");
+    let fail = trainer_cmd(&[])
+        .args(strs(&args("fail")))
+        .args(["--on-error", "fail"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&fail.stderr);
+    assert!(!fail.status.success());
+    assert!(
+        err.contains("broken.tiff") && err.contains("--on-error fail"),
+        "{err}"
+    );
+    // A metadata CSV with a key twice cannot be joined.
+    std::fs::write(
+        dir.path().join("dup.csv"),
+        "path,X\na.tiff,1\na.tiff,2\n./a.tiff,3\n",
+    )
+    .unwrap();
+    let mut o = options(&ck, screen.to_str().unwrap(), &out("dup"));
+    o.metadata = Some(dir.path().join("dup.csv"));
+    let e = run(&o).err().unwrap().to_string();
+    assert!(
+        e.ends_with("dup.csv: 1 paths have more than one row (e.g. a.tiff); a path must have one row to be joined"),
+        "{e}"
+    );
+}
+
+/// Images below an `s3://` prefix (a moto server), listed and read through the object store,
+/// give the table of the same images on disk.
+#[test]
+fn embed_reads_images_from_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let ck = {
+        let _rng = super::util::torch_rng_lock();
+        let cfg = config(dir.path(), "tokens", "");
+        train(&cfg, &TrainOptions::default()).unwrap();
+        trainer::layout::RunLayout::new(&cfg)
+            .model(&cfg, &[0, 1, 2])
+            .latest_checkpoint()
+    };
+    let local = dir.path().join("data/Training");
+    let moto = super::s3::Moto::start(&local);
+    super::s3::fake_credentials();
+    let url = format!("s3://{}/{}", super::s3::BUCKET, super::s3::PREFIX);
+    let o = ok(trainer_cmd(&[
+        "embed",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--images",
+        &url,
+        "--path-pattern",
+        "{Class}/{File}.tiff",
+        "--out",
+        dir.path().join("s3.parquet").to_str().unwrap(),
+    ])
+    .env(
+        "AWS_ENDPOINT_URL",
+        format!("http://127.0.0.1:{}", moto.port),
+    )
+    .env("AWS_ALLOW_HTTP", "true")
+    .env("AWS_REGION", "us-east-1")
+    .output()
+    .unwrap());
+    assert!(o.contains("24 rows ->"), "{o}");
+    let mut opts = options(
+        &ck,
+        local.to_str().unwrap(),
+        &dir.path().join("local.parquet"),
+    );
+    opts.path_pattern = Some("{Class}/{File}.tiff".into());
+    run(&opts).unwrap();
+    let (s3, disk) = (
+        profiles::read_streamed(&dir.path().join("s3.parquet")).unwrap(),
+        profiles::read_streamed(&dir.path().join("local.parquet")).unwrap(),
+    );
+    assert_eq!(s3.values, disk.values);
+    assert_eq!(
+        strings(&s3, "Metadata_Class"),
+        strings(&disk, "Metadata_Class")
+    );
+    assert!(strings(&s3, "Metadata_ImagePath")[0].starts_with(&format!("{url}/")));
+}
