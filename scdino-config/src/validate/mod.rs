@@ -1,7 +1,18 @@
 //! Reporting a value that parses but makes no sense, with its key and the line it is on. The
 //! run config and the launcher's `cluster.yaml` report their values the same way, so both use
 //! this one helper; each file's error type takes an [`Invalid`] through `From`.
+//!
+//! Each section of the run config checks itself, in its own file below (`run.rs`, `data.rs`,
+//! ...); [`crate::Config`]'s validation is the list of those calls, always in the same order
+//! (the first refusal is the one reported). A new section adds one file and one call.
 use crate::KeyLines;
+
+mod augment;
+mod data;
+mod downstream;
+mod model;
+mod run;
+mod train;
 
 /// A value that parses but makes no sense.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
