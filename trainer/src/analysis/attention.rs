@@ -267,6 +267,8 @@ pub fn write_attention_maps(
         }
     }
     let manifest = serde_json::to_string_pretty(&written).expect("serialisable");
-    data::tiff_reader::write_atomic(&out.join(MANIFEST), manifest.as_bytes())?;
+    let path = out.join(MANIFEST);
+    scdino_base::fs::write_atomic(&path, manifest.as_bytes())
+        .map_err(data::DataError::writing(&path))?;
     Ok(written)
 }

@@ -619,8 +619,13 @@ pub fn write(files: &ModelLayout, tag: &str, set: &FeatureSet) -> Result<(), Fea
     write_csv(&files.features_csv(tag), &set.features)?;
     let lines = |v: &[String]| v.iter().map(|s| format!("{s}\n")).collect::<String>();
     let labels = lines(&set.labels);
-    data::tiff_reader::write_atomic(&files.class_labels_csv(), labels.as_bytes())?;
-    data::tiff_reader::write_atomic(&files.image_paths_csv(), lines(&set.paths).as_bytes())?;
+    for (path, text) in [
+        (files.class_labels_csv(), labels),
+        (files.image_paths_csv(), lines(&set.paths)),
+    ] {
+        scdino_base::fs::write_atomic(&path, text.as_bytes())
+            .map_err(data::DataError::writing(&path))?;
+    }
     write_bundle(&files.bundle(tag), set)
 }
 

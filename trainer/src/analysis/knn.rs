@@ -528,12 +528,7 @@ pub fn append_txt(path: &Path, block: &str) -> Result<(), KnnError> {
         content.push(b'\n');
     }
     content.extend_from_slice(block.as_bytes());
-    write_atomic(path, &content)
-}
-
-/// [`scdino_base::fs::write_atomic`] with the error naming `path` as a kNN error.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), KnnError> {
-    scdino_base::fs::write_atomic(path, bytes).map_err(|e| KnnError::io(path, "writing", e))
+    scdino_base::fs::write_atomic(path, &content).map_err(|e| KnnError::io(path, "writing", e))
 }
 
 /// Per-k running tallies.

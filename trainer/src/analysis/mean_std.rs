@@ -111,7 +111,8 @@ impl MeanStd {
     /// Atomic write (temp file + rename) so a crash never leaves half a file.
     pub fn write(&self, path: &Path) -> Result<(), MeanStdError> {
         let json = serde_json::to_string(self).expect("floats serialize");
-        data::tiff_reader::write_atomic(path, json.as_bytes())?;
+        scdino_base::fs::write_atomic(path, json.as_bytes())
+            .map_err(data::DataError::writing(path))?;
         Ok(())
     }
 }

@@ -74,7 +74,8 @@ impl RunLog<'_> {
             text.push_str(line);
             text.push_str(" \n");
         }
-        data::tiff_reader::write_atomic(path, text.as_bytes())?;
+        scdino_base::fs::write_atomic(path, text.as_bytes())
+            .map_err(data::DataError::writing(path))?;
         Ok(())
     }
 }
@@ -95,7 +96,8 @@ pub fn trim_log(path: &Path, epoch: usize) -> Result<(), TrainError> {
         .map(|l| format!("{l}\n"))
         .collect();
     if kept != text {
-        data::tiff_reader::write_atomic(path, kept.as_bytes())?;
+        scdino_base::fs::write_atomic(path, kept.as_bytes())
+            .map_err(data::DataError::writing(path))?;
     }
     Ok(())
 }
