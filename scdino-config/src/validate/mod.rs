@@ -73,6 +73,16 @@ impl<'a> Validator<'a> {
         )
     }
 
+    /// A name that becomes a folder: not blank, no `/`.
+    pub fn folder_name(&self, name: &str, key: &str) -> Result<(), Invalid> {
+        self.check(!name.trim().is_empty(), key, "must not be empty")?;
+        self.check(
+            !name.contains('/'),
+            key,
+            "is a folder name and must not contain '/'",
+        )
+    }
+
     pub fn fraction_open(&self, x: f64, key: &str) -> Result<(), Invalid> {
         self.check(
             x > 0.0 && x < 1.0,

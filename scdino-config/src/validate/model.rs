@@ -29,15 +29,6 @@ impl ModelSection {
             "model.drop_path_rate",
             "must be in [0, 1)",
         )?;
-        v.check(
-            !self.name.trim().is_empty(),
-            "model.name",
-            "must not be empty",
-        )?;
-        v.check(
-            !self.name.contains('/'),
-            "model.name",
-            "is a folder name and must not contain '/'",
-        )
+        v.folder_name(&self.name, "model.name")
     }
 }

@@ -3,16 +3,7 @@ use crate::{Invalid, RunSection, Validator};
 
 impl RunSection {
     pub(crate) fn validate(&self, v: &Validator) -> Result<(), Invalid> {
-        v.check(
-            !self.name.trim().is_empty(),
-            "run.name",
-            "must not be empty",
-        )?;
-        v.check(
-            !self.name.contains('/'),
-            "run.name",
-            "is a folder name and must not contain '/'",
-        )?;
+        v.folder_name(&self.name, "run.name")?;
         v.check(
             self.seed <= u64::from(u32::MAX),
             "run.seed",

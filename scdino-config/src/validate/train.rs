@@ -51,13 +51,10 @@ impl TrainSection {
         )?;
         v.positive(self.warmup_teacher_temp, "train.warmup_teacher_temp")?;
         v.positive(self.teacher_temp, "train.teacher_temp")?;
-        v.check(
-            self.warmup_teacher_temp_epochs <= self.epochs,
+        self.within_epochs(
+            v,
+            self.warmup_teacher_temp_epochs,
             "train.warmup_teacher_temp_epochs",
-            &format!(
-                "is {} but training has only {} epochs",
-                self.warmup_teacher_temp_epochs, self.epochs
-            ),
         )?;
         v.non_negative(self.weight_decay, "train.weight_decay")?;
         v.non_negative(self.weight_decay_end, "train.weight_decay_end")?;
@@ -73,14 +70,7 @@ impl TrainSection {
                 self.min_lr, self.lr
             ),
         )?;
-        v.check(
-            self.warmup_epochs <= self.epochs,
-            "train.warmup_epochs",
-            &format!(
-                "is {} but training has only {} epochs",
-                self.warmup_epochs, self.epochs
-            ),
-        )?;
+        self.within_epochs(v, self.warmup_epochs, "train.warmup_epochs")?;
         v.check(
             self.freeze_last_layer <= self.epochs,
             "train.freeze_last_layer",
@@ -88,6 +78,17 @@ impl TrainSection {
                 "is {} but training has only {} epochs: the head's last layer would never train",
                 self.freeze_last_layer, self.epochs
             ),
+        )
+    }
+}
+
+impl TrainSection {
+    /// A warm-up of `epochs` that must fit in the training.
+    fn within_epochs(&self, v: &Validator, epochs: usize, key: &str) -> Result<(), Invalid> {
+        v.check(
+            epochs <= self.epochs,
+            key,
+            &format!("is {epochs} but training has only {} epochs", self.epochs),
         )
     }
 }

@@ -9,8 +9,8 @@
 //! `attention_images.json` lists what was written, for the report.
 use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features::{self, resized_hw, to_tensor, Embedder, FeaturesError};
-use crate::analysis::mean_std::MeanStd;
 use crate::config::Config;
+use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, PreprocessOptions};
 use crate::plot::{self, PlotError};

@@ -4,9 +4,9 @@
 //! L2 normalisation. Features, labels and paths are produced together, so they cannot drift
 //! apart (scDINO ran two jobs and relied on the sampler order matching).
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
-use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
 use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
+use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
@@ -23,7 +23,7 @@ pub enum FeaturesError {
     #[error(transparent)]
     Backbone(#[from] BackboneError),
     #[error(transparent)]
-    MeanStd(#[from] crate::analysis::mean_std::MeanStdError),
+    MeanStd(#[from] crate::data::mean_std::MeanStdError),
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
     #[error("channel combination {index} does not exist")]
