@@ -221,393 +221,16 @@ impl Config {
         }
     }
 
+    /// Each section checks itself (`validate/<section>.rs`), in this order: the first value
+    /// refused is the one reported. A new section adds its call here.
     fn validate(s: Sections, origin: &str, lines: &KeyLines) -> Result<Self, ConfigError> {
         let v = Validator::new(origin, lines);
-        let (run, data, model, train, aug, down) = (
-            &s.run,
-            &s.data,
-            &s.model,
-            &s.train,
-            &s.augment,
-            &s.downstream,
-        );
-
-        v.check(!run.name.trim().is_empty(), "run.name", "must not be empty")?;
-        v.check(
-            !run.name.contains('/'),
-            "run.name",
-            "is a folder name and must not contain '/'",
-        )?;
-        v.check(
-            run.seed <= u64::from(u32::MAX),
-            "run.seed",
-            "must be between 0 and 4294967295 (numpy's seed range, needed to reproduce scDINO's splits)",
-        )?;
-
-        v.fraction_open(data.train_fraction, "data.train_fraction")?;
-        v.check(
-            data.mean_std_fraction > 0.0 && data.mean_std_fraction <= 1.0,
-            "data.mean_std_fraction",
-            &format!(
-                "is {} but must be in (0, 1]: the share of images used to estimate mean/std",
-                data.mean_std_fraction
-            ),
-        )?;
-        v.check(
-            data.shuffle_buffer >= 1,
-            "data.shuffle_buffer",
-            "must be at least 1 (1 keeps each shard's stored order)",
-        )?;
-        v.check(
-            !(data.order == SampleOrder::ShardSequential && data.format == DataFormat::Folder),
-            "data.order",
-            "shard_sequential needs a packed dataset (data.format: shards or auto); \
-             pack one with `trainer data pack`",
-        )?;
-        v.check(
-            data.s3.max_concurrency > 0,
-            "data.s3.max_concurrency",
-            "must be at least 1 (GET requests in flight)",
-        )?;
-        v.check(
-            data.s3.shard_chunk_bytes > 0,
-            "data.s3.shard_chunk_bytes",
-            "must be at least 1 (bytes per chunk GET; 64 MiB by default)",
-        )?;
-        if let Some(ep) = &data.s3.endpoint {
-            v.check(
-                ep.starts_with("http://") || ep.starts_with("https://"),
-                "data.s3.endpoint",
-                &format!("{ep:?} must start with http:// or https://"),
-            )?;
-            v.check(
-                !ep.starts_with("http://") || data.s3.allow_http,
-                "data.s3.endpoint",
-                &format!("{ep:?} is plain HTTP: set data.s3.allow_http: true (local S3-compatible servers only)"),
-            )?;
-        }
-        v.check(
-            !data.images_are_rgb,
-            "data.images_are_rgb",
-            "RGB images are not supported yet; multi-channel TIFFs only",
-        )?;
-        let n_channels = data.channel_names.len();
-        v.check(
-            n_channels > 0,
-            "data.channel_names",
-            "name at least one channel (one name per channel of the TIFF files, in file order)",
-        )?;
-        for (i, name) in data.channel_names.iter().enumerate() {
-            let key = format!("data.channel_names[{i}]");
-            v.check(!name.is_empty(), &key, "channel names must not be empty")?;
-            v.check(
-                !name.contains('_') && !name.contains('/'),
-                &key,
-                &format!("channel name {name:?} must not contain '_' or '/' (they are used in folder names)"),
-            )?;
-            if data.channel_names[..i].contains(name) {
-                return Err(v
-                    .err(&key, &format!("channel name {name:?} appears twice"))
-                    .into());
-            }
-        }
-        v.check(
-            !data.channel_combinations.is_empty(),
-            "data.channel_combinations",
-            "list at least one channel combination, e.g. \"01234\" for all five channels",
-        )?;
-        let mut channel_sets = Vec::with_capacity(data.channel_combinations.len());
-        for (i, combo) in data.channel_combinations.iter().enumerate() {
-            let key = format!("data.channel_combinations[{i}]");
-            let set = channel_set(combo).map_err(|m| v.err(&key, &m))?;
-            for &c in &set {
-                v.check(
-                    c < n_channels,
-                    &key,
-                    &format!(
-                        "channel {c} does not exist: the images have {n_channels} channels ({}), numbered 0 to {}",
-                        data.channel_names.join(", "),
-                        n_channels - 1
-                    ),
-                )?;
-            }
-            if channel_sets.contains(&set) {
-                return Err(v
-                    .err(&key, "this channel combination is listed twice")
-                    .into());
-            }
-            channel_sets.push(set);
-        }
-
-        v.check(
-            model.patch_size > 0 && model.patch_size <= 64,
-            "model.patch_size",
-            "must be between 1 and 64 pixels (scDINO uses 8 or 16)",
-        )?;
-        v.check(model.out_dim > 0, "model.out_dim", "must be positive")?;
-        v.check(
-            model.channels != ChannelMode::Bag || data.order == SampleOrder::Exact,
-            "model.channels",
-            "bag trains on every channel of every image as its own sample, in an exact shuffle of those; data.order: shard_sequential is not supported with it",
-        )?;
-        v.check(
-            model.channels.is_fixed() || n_channels <= 64,
-            "model.channels",
-            &format!(
-                "{} takes at most 64 channels (the images have {n_channels})",
-                model.channels.name()
-            ),
-        )?;
-        v.check(
-            (0.0..1.0).contains(&model.drop_path_rate),
-            "model.drop_path_rate",
-            "must be in [0, 1)",
-        )?;
-        v.check(
-            !model.name.trim().is_empty(),
-            "model.name",
-            "must not be empty",
-        )?;
-        v.check(
-            !model.name.contains('/'),
-            "model.name",
-            "is a folder name and must not contain '/'",
-        )?;
-
-        v.check(train.epochs > 0, "train.epochs", "must be at least 1")?;
-        v.check(
-            train.checkpoint_every > 0,
-            "train.checkpoint_every",
-            "must be at least 1",
-        )?;
-        v.check(train.num_gpus > 0, "train.num_gpus", "must be at least 1")?;
-        v.check(
-            train.batch_size_per_gpu > 0,
-            "train.batch_size_per_gpu",
-            "must be at least 1",
-        )?;
-        v.check(
-            train.dist_url == "env://" || train.dist_url.starts_with("tcp://"),
-            "train.dist_url",
-            "must be \"env://\" or \"tcp://HOST:PORT\"",
-        )?;
-        v.check(
-            (0.0..=1.0).contains(&train.momentum_teacher),
-            "train.momentum_teacher",
-            "must be in [0, 1] (0.996 is typical)",
-        )?;
-        v.positive(train.warmup_teacher_temp, "train.warmup_teacher_temp")?;
-        v.positive(train.teacher_temp, "train.teacher_temp")?;
-        v.check(
-            train.warmup_teacher_temp_epochs <= train.epochs,
-            "train.warmup_teacher_temp_epochs",
-            &format!(
-                "is {} but training has only {} epochs",
-                train.warmup_teacher_temp_epochs, train.epochs
-            ),
-        )?;
-        v.non_negative(train.weight_decay, "train.weight_decay")?;
-        v.non_negative(train.weight_decay_end, "train.weight_decay_end")?;
-        v.non_negative(train.clip_grad, "train.clip_grad")?;
-        v.non_negative(train.koleo_weight, "train.koleo_weight")?;
-        v.positive(train.lr, "train.lr")?;
-        v.non_negative(train.min_lr, "train.min_lr")?;
-        v.check(
-            train.min_lr <= train.lr,
-            "train.min_lr",
-            &format!(
-                "is {} but must not exceed train.lr ({})",
-                train.min_lr, train.lr
-            ),
-        )?;
-        v.check(
-            train.warmup_epochs <= train.epochs,
-            "train.warmup_epochs",
-            &format!(
-                "is {} but training has only {} epochs",
-                train.warmup_epochs, train.epochs
-            ),
-        )?;
-        v.check(
-            train.freeze_last_layer <= train.epochs,
-            "train.freeze_last_layer",
-            &format!(
-                "is {} but training has only {} epochs: the head's last layer would never train",
-                train.freeze_last_layer, train.epochs
-            ),
-        )?;
-
-        v.check(train.log_every > 0, "train.log_every", "must be at least 1")?;
-        v.check(
-            train.peak_tflops.is_none_or(|p| p.is_finite() && p > 0.0),
-            "train.peak_tflops",
-            "must be a positive number of TFLOP/s (or left out)",
-        )?;
-        ibot_settings(&v, &train.ibot, model, aug, train.batch_size_per_gpu)?;
-
-        crop_scale(&v, aug.global_crops_scale, "augment.global_crops_scale")?;
-        crop_scale(&v, aug.local_crops_scale, "augment.local_crops_scale")?;
-        for (size, key) in [
-            (aug.global_crop_size, "augment.global_crop_size"),
-            (aug.local_crop_size, "augment.local_crop_size"),
-        ] {
-            v.check(
-                size >= model.patch_size,
-                key,
-                &format!(
-                    "is {size} px, smaller than one {} px patch",
-                    model.patch_size
-                ),
-            )?;
-        }
-
-        let f = &down.features;
-        v.check(
-            f.num_gpus > 0,
-            "downstream.features.num_gpus",
-            "must be at least 1",
-        )?;
-        v.check(
-            f.batch_size_per_gpu > 0,
-            "downstream.features.batch_size_per_gpu",
-            "must be at least 1",
-        )?;
-        v.check(
-            f.resize_length >= model.patch_size,
-            "downstream.features.resize_length",
-            "must be at least one patch",
-        )?;
-        v.check(
-            !f.use_mean_patch_embedding || f.custom_embedding_map.is_empty(),
-            "downstream.features.custom_embedding_map",
-            "cannot be combined with use_mean_patch_embedding: choose one way to adapt the patch embedding",
-        )?;
-        for (set, key) in [
-            (
-                f.use_mean_patch_embedding,
-                "downstream.features.use_mean_patch_embedding",
-            ),
-            (
-                !f.custom_embedding_map.is_empty(),
-                "downstream.features.custom_embedding_map",
-            ),
-        ] {
-            v.check(
-                !set || model.channels.is_fixed(),
-                key,
-                &format!(
-                    "adapts a fixed model's patch embedding to other channels; model.channels: {} takes any subset of channels as it is",
-                    model.channels.name()
-                ),
-            )?;
-        }
-        if f.missing_channels == MissingChannels::Zeros {
-            v.check(
-                model.channels.is_fixed(),
-                "downstream.features.missing_channels",
-                &format!(
-                    "zeros stands in for channels a fixed model lacks; model.channels: {} takes any subset of channels as it is",
-                    model.channels.name()
-                ),
-            )?;
-            v.check(
-                f.is_unadapted(),
-                "downstream.features.missing_channels",
-                "zeros cannot be combined with use_mean_patch_embedding or custom_embedding_map: choose one way to use a model on other channels",
-            )?;
-        }
-        v.check(
-            f.bag_pool == BagPool::Concat || model.channels == ChannelMode::Bag,
-            "downstream.features.bag_pool",
-            &format!(
-                "{} pools the per-channel features of model.channels: bag; model.channels: {} gives one feature per image (leave bag_pool out, or train with channels: bag)",
-                f.bag_pool.name(),
-                model.channels.name()
-            ),
-        )?;
-        for &c in f.custom_embedding_map.keys() {
-            v.check(
-                c < n_channels,
-                "downstream.features.custom_embedding_map",
-                &format!(
-                    "maps channel {c}, but the images have {n_channels} channels ({}), numbered 0 to {}",
-                    data.channel_names.join(", "),
-                    n_channels - 1
-                ),
-            )?;
-        }
-        v.check(
-            down.attention.image_size >= model.patch_size,
-            "downstream.attention.image_size",
-            "must be at least one patch",
-        )?;
-        v.check(
-            !down.knn.k.is_empty(),
-            "downstream.knn.k",
-            "list at least one k",
-        )?;
-        for (i, &k) in down.knn.k.iter().enumerate() {
-            v.check(
-                k > 0,
-                &format!("downstream.knn.k[{i}]"),
-                "k must be at least 1",
-            )?;
-        }
-        v.positive(down.knn.temperature, "downstream.knn.temperature")?;
-        let probe = &down.linear_probe;
-        v.check(
-            !probe.l2.is_empty(),
-            "downstream.linear_probe.l2",
-            "list at least one L2 strength",
-        )?;
-        for (i, &l2) in probe.l2.iter().enumerate() {
-            v.check(
-                l2.is_finite() && l2 >= 0.0,
-                &format!("downstream.linear_probe.l2[{i}]"),
-                "must be a finite number ≥ 0",
-            )?;
-        }
-        v.fraction_open(
-            probe.validation_fraction,
-            "downstream.linear_probe.validation_fraction",
-        )?;
-        v.check(
-            probe.max_iterations > 0,
-            "downstream.linear_probe.max_iterations",
-            "must be at least 1",
-        )?;
-        let u = &down.umap;
-        v.check(
-            u.n_neighbors >= 2,
-            "downstream.umap.n_neighbors",
-            "must be at least 2",
-        )?;
-        v.non_negative(u.min_dist, "downstream.umap.min_dist")?;
-        v.positive(u.spread, "downstream.umap.spread")?;
-        v.check(
-            u.min_dist <= u.spread,
-            "downstream.umap.min_dist",
-            &format!(
-                "is {} but must not exceed spread ({})",
-                u.min_dist, u.spread
-            ),
-        )?;
-        v.check(
-            u.n_components == 2,
-            "downstream.umap.n_components",
-            "must be 2: the embedding exists to be plotted in 2-D",
-        )?;
-        v.check(
-            !u.topometry_plots,
-            "downstream.umap.topometry_plots",
-            "is not supported (TopOMetry is a Python library); set it to false",
-        )?;
-        v.check(
-            u.epochs >= 1,
-            "downstream.umap.epochs",
-            "must be at least 1",
-        )?;
-
+        s.run.validate(&v)?;
+        let channel_sets = s.data.validate(&v)?;
+        s.model.validate(&v, &s.data)?;
+        s.train.validate(&v, &s.model, &s.augment)?;
+        s.augment.validate(&v, &s.model)?;
+        s.downstream.validate(&v, &s.model, &s.data)?;
         Ok(Config(std::sync::Arc::new(Values {
             run: s.run,
             data: s.data,
@@ -618,108 +241,6 @@ impl Config {
             channel_sets,
         })))
     }
-}
-
-/// Parses `"01234"` or `[0, 1]` into channel indices (order kept, duplicates refused).
-fn channel_set(combo: &ChannelCombination) -> Result<Vec<usize>, String> {
-    let set: Vec<usize> = match combo {
-        ChannelCombination::Digits(s) => s
-            .chars()
-            .map(|ch| {
-                ch.to_digit(10).map(|d| d as usize).ok_or_else(|| {
-                    format!("{s:?} must be channel digits like \"024\" (found {ch:?}); use a list like [10, 11] for channels above 9")
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        ChannelCombination::Indices(v) => v.clone(),
-    };
-    if set.is_empty() {
-        return Err("a channel combination needs at least one channel".into());
-    }
-    for (i, c) in set.iter().enumerate() {
-        if set[..i].contains(c) {
-            return Err(format!("channel {c} is selected twice"));
-        }
-    }
-    Ok(set)
-}
-
-/// Both ends of a crop scale are fractions of the image area, smaller first.
-/// `train.ibot`, when on: masks that can exist at this batch and crop size, and a head layout
-/// the patches can go through.
-fn ibot_settings(
-    v: &Validator,
-    ibot: &IbotSection,
-    model: &ModelSection,
-    aug: &AugmentSection,
-    batch_size_per_gpu: usize,
-) -> Result<(), Invalid> {
-    v.non_negative(ibot.weight, "train.ibot.weight")?;
-    v.check(
-        ibot.out_dim.is_none() || ibot.separate_head,
-        "train.ibot.out_dim",
-        "sets the prototypes of a separate iBOT head: set train.ibot.separate_head: true too (the shared head has model.out_dim)",
-    )?;
-    if !ibot.enabled() {
-        return Ok(());
-    }
-    v.check(
-        (0.0..=1.0).contains(&ibot.mask_probability),
-        "train.ibot.mask_probability",
-        "must be in [0, 1] (0.5 in DINOv2)",
-    )?;
-    let masked_images = (2.0 * batch_size_per_gpu as f64 * ibot.mask_probability) as usize;
-    v.check(
-        masked_images > 0,
-        "train.ibot.mask_probability",
-        &format!(
-            "is {} but with train.batch_size_per_gpu {batch_size_per_gpu} no global crop of a step would be masked (2 × batch × probability < 1)",
-            ibot.mask_probability
-        ),
-    )?;
-    let [lo, hi] = ibot.mask_ratio;
-    v.check(
-        0.0 <= lo && lo <= hi && hi <= 1.0,
-        "train.ibot.mask_ratio",
-        &format!("is [{lo}, {hi}]; needs 0 <= min <= max <= 1 ([0.1, 0.5] in DINOv2)"),
-    )?;
-    let grid = aug.global_crop_size / model.patch_size.max(1);
-    let most = (grid * grid) as f64 * hi;
-    v.check(
-        grid >= 3 && most >= 4.0,
-        "train.ibot.mask_ratio",
-        &format!(
-            "masks at most {most:.1} of the {} patches of a global crop ({} px, patch {}), but a mask is made of rectangles of at least 4 patches: raise the ratio or the crop size",
-            grid * grid,
-            aug.global_crop_size,
-            model.patch_size
-        ),
-    )?;
-    v.positive(ibot.student_temp, "train.ibot.student_temp")?;
-    if let Some(t) = ibot.teacher_temp {
-        v.positive(t, "train.ibot.teacher_temp")?;
-    }
-    if let Some(k) = ibot.out_dim {
-        v.check(k > 0, "train.ibot.out_dim", "must be at least 1")?;
-    }
-    v.check(
-        !(ibot.separate_head && model.use_bn_in_head),
-        "train.ibot.separate_head",
-        "a separate iBOT head with model.use_bn_in_head would batch-normalise one rank's few masked patches (possibly none): use the shared head, or no BatchNorm in the head",
-    )
-}
-
-fn crop_scale(v: &Validator, (lo, hi): (f64, f64), key: &str) -> Result<(), Invalid> {
-    v.check(
-        lo > 0.0 && hi <= 1.0,
-        key,
-        &format!("[{lo}, {hi}]: both ends are fractions of the image area and must lie in (0, 1]"),
-    )?;
-    v.check(
-        lo <= hi,
-        key,
-        &format!("[{lo}, {hi}]: the smaller scale must come first"),
-    )
 }
 
 impl From<Unparsed> for ConfigError {
@@ -800,6 +321,175 @@ mod tests {
         let (key, _, msg) = invalid("data:\n  dataset_dir: gs://b/x\n");
         assert_eq!(key, "data.dataset_dir");
         assert!(msg.contains("only local paths and s3://"), "{msg}");
+    }
+
+    /// Every refusal no other test reaches, each as a one-line file: the section that checks it
+    /// names the key, the line and this exact message.
+    #[test]
+    fn each_section_refuses_its_values_with_key_line_and_message() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("run: {name: ' '}", "run.name", "must not be empty"),
+            (
+                "run: {name: a/b}",
+                "run.name",
+                "is a folder name and must not contain '/'",
+            ),
+            (
+                "data: {mean_std_fraction: 0}",
+                "data.mean_std_fraction",
+                "is 0 but must be in (0, 1]: the share of images used to estimate mean/std",
+            ),
+            (
+                "data: {images_are_rgb: true}",
+                "data.images_are_rgb",
+                "RGB images are not supported yet; multi-channel TIFFs only",
+            ),
+            (
+                "model: {patch_size: 0}",
+                "model.patch_size",
+                "must be between 1 and 64 pixels (scDINO uses 8 or 16)",
+            ),
+            ("model: {out_dim: 0}", "model.out_dim", "must be positive"),
+            (
+                "model: {drop_path_rate: 1.0}",
+                "model.drop_path_rate",
+                "must be in [0, 1)",
+            ),
+            ("model: {name: ''}", "model.name", "must not be empty"),
+            (
+                "model: {name: a/b}",
+                "model.name",
+                "is a folder name and must not contain '/'",
+            ),
+            (
+                "train: {batch_size_per_gpu: 0}",
+                "train.batch_size_per_gpu",
+                "must be at least 1",
+            ),
+            (
+                "train: {momentum_teacher: 1.5}",
+                "train.momentum_teacher",
+                "must be in [0, 1] (0.996 is typical)",
+            ),
+            (
+                "train: {warmup_teacher_temp: 0}",
+                "train.warmup_teacher_temp",
+                "is 0 but must be a positive number",
+            ),
+            (
+                "train: {warmup_teacher_temp_epochs: 11}",
+                "train.warmup_teacher_temp_epochs",
+                "is 11 but training has only 10 epochs",
+            ),
+            (
+                "train: {weight_decay: -1}",
+                "train.weight_decay",
+                "is -1 but must be zero or positive",
+            ),
+            (
+                "train: {weight_decay_end: -1}",
+                "train.weight_decay_end",
+                "is -1 but must be zero or positive",
+            ),
+            (
+                "train: {lr: 0}",
+                "train.lr",
+                "is 0 but must be a positive number",
+            ),
+            (
+                "train: {min_lr: -1}",
+                "train.min_lr",
+                "is -1 but must be zero or positive",
+            ),
+            (
+                "train: {lr: 0.001, min_lr: 0.01}",
+                "train.min_lr",
+                "is 0.01 but must not exceed train.lr (0.001)",
+            ),
+            (
+                "train: {freeze_last_layer: 11}",
+                "train.freeze_last_layer",
+                "is 11 but training has only 10 epochs: the head's last layer would never train",
+            ),
+            (
+                "train: {log_every: 0}",
+                "train.log_every",
+                "must be at least 1",
+            ),
+            (
+                "train: {ibot: {weight: 1, student_temp: 0}}",
+                "train.ibot.student_temp",
+                "is 0 but must be a positive number",
+            ),
+            (
+                "train: {ibot: {weight: 1, teacher_temp: 0}}",
+                "train.ibot.teacher_temp",
+                "is 0 but must be a positive number",
+            ),
+            (
+                "augment: {global_crop_size: 8}",
+                "augment.global_crop_size",
+                "is 8 px, smaller than one 16 px patch",
+            ),
+            (
+                "downstream: {attention: {image_size: 8}}",
+                "downstream.attention.image_size",
+                "must be at least one patch",
+            ),
+            (
+                "downstream: {knn: {temperature: 0}}",
+                "downstream.knn.temperature",
+                "is 0 but must be a positive number",
+            ),
+            (
+                "downstream: {linear_probe: {max_iterations: 0}}",
+                "downstream.linear_probe.max_iterations",
+                "must be at least 1",
+            ),
+            (
+                "downstream: {umap: {n_neighbors: 1}}",
+                "downstream.umap.n_neighbors",
+                "must be at least 2",
+            ),
+            (
+                "downstream: {umap: {min_dist: -1}}",
+                "downstream.umap.min_dist",
+                "is -1 but must be zero or positive",
+            ),
+            (
+                "downstream: {umap: {spread: 0}}",
+                "downstream.umap.spread",
+                "is 0 but must be a positive number",
+            ),
+            (
+                "downstream: {umap: {min_dist: 2}}",
+                "downstream.umap.min_dist",
+                "is 2 but must not exceed spread (1.1)",
+            ),
+            (
+                "downstream: {umap: {n_components: 3}}",
+                "downstream.umap.n_components",
+                "must be 2: the embedding exists to be plotted in 2-D",
+            ),
+            (
+                "downstream: {umap: {topometry_plots: true}}",
+                "downstream.umap.topometry_plots",
+                "is not supported (TopOMetry is a Python library); set it to false",
+            ),
+            (
+                "downstream: {umap: {epochs: 0}}",
+                "downstream.umap.epochs",
+                "must be at least 1",
+            ),
+        ];
+        for &(yaml, key, message) in cases {
+            let got = invalid(&format!("\n{yaml}\n"));
+            assert_eq!(
+                got,
+                (key.to_string(), Some(2), message.to_string()),
+                "{yaml}"
+            );
+        }
     }
 
     #[test]

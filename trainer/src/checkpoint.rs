@@ -139,10 +139,6 @@ pub fn save(
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-    write_atomic(path, &bytes)
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let io = |context, source| CheckpointError::Io {
         path: path.to_path_buf(),
         context,
@@ -150,7 +146,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| io("creating folder", e))?;
-    scdino_base::fs::write_atomic(path, bytes).map_err(|e| io("writing", e))
+    scdino_base::fs::write_atomic(path, &bytes).map_err(|e| io("writing", e))
 }
 
 /// A loaded, verified checkpoint.

@@ -9,8 +9,8 @@
 //! `attention_images.json` lists what was written, for the report.
 use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features::{self, resized_hw, to_tensor, Embedder, FeaturesError};
-use crate::analysis::mean_std::MeanStd;
 use crate::config::Config;
+use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, PreprocessOptions};
 use crate::plot::{self, PlotError};
@@ -267,6 +267,8 @@ pub fn write_attention_maps(
         }
     }
     let manifest = serde_json::to_string_pretty(&written).expect("serialisable");
-    data::tiff_reader::write_atomic(&out.join(MANIFEST), manifest.as_bytes())?;
+    let path = out.join(MANIFEST);
+    scdino_base::fs::write_atomic(&path, manifest.as_bytes())
+        .map_err(data::DataError::writing(&path))?;
     Ok(written)
 }

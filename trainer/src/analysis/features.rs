@@ -4,9 +4,9 @@
 //! L2 normalisation. Features, labels and paths are produced together, so they cannot drift
 //! apart (scDINO ran two jobs and relied on the sampler order matching).
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
-use crate::analysis::mean_std::MeanStd;
 use crate::checkpoint;
 use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
+use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
@@ -23,7 +23,7 @@ pub enum FeaturesError {
     #[error(transparent)]
     Backbone(#[from] BackboneError),
     #[error(transparent)]
-    MeanStd(#[from] crate::analysis::mean_std::MeanStdError),
+    MeanStd(#[from] crate::data::mean_std::MeanStdError),
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
     #[error("channel combination {index} does not exist")]
@@ -651,8 +651,13 @@ pub fn write(files: &ModelLayout, tag: &str, set: &FeatureSet) -> Result<(), Fea
     write_csv(&files.features_csv(tag), &set.features)?;
     let lines = |v: &[String]| v.iter().map(|s| format!("{s}\n")).collect::<String>();
     let labels = lines(&set.labels);
-    data::tiff_reader::write_atomic(&files.class_labels_csv(), labels.as_bytes())?;
-    data::tiff_reader::write_atomic(&files.image_paths_csv(), lines(&set.paths).as_bytes())?;
+    for (path, text) in [
+        (files.class_labels_csv(), labels),
+        (files.image_paths_csv(), lines(&set.paths)),
+    ] {
+        scdino_base::fs::write_atomic(&path, text.as_bytes())
+            .map_err(data::DataError::writing(&path))?;
+    }
     write_bundle(&files.bundle(tag), set)
 }
 

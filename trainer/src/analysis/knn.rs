@@ -528,12 +528,7 @@ pub fn append_txt(path: &Path, block: &str) -> Result<(), KnnError> {
         content.push(b'\n');
     }
     content.extend_from_slice(block.as_bytes());
-    write_atomic(path, &content)
-}
-
-/// [`scdino_base::fs::write_atomic`] with the error naming `path` as a kNN error.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), KnnError> {
-    scdino_base::fs::write_atomic(path, bytes).map_err(|e| KnnError::io(path, "writing", e))
+    scdino_base::fs::write_atomic(path, &content).map_err(|e| KnnError::io(path, "writing", e))
 }
 
 /// Per-k running tallies.
@@ -546,19 +541,7 @@ struct Tally {
 
 /// Runs the evaluation (see the module documentation for the exact algorithm).
 pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, KnnError> {
-    if cfg.ks.is_empty() || cfg.ks.contains(&0) {
-        return Err(KnnError::BadKs { ks: cfg.ks.clone() });
-    }
-    if !(cfg.temperature.is_finite() && cfg.temperature > 0.0) {
-        return Err(KnnError::BadTemperature {
-            temperature: cfg.temperature,
-        });
-    }
-    if !(cfg.train_fraction > 0.0 && cfg.train_fraction < 1.0) {
-        return Err(KnnError::BadTrainFraction {
-            fraction: cfg.train_fraction,
-        });
-    }
+    check_settings(cfg)?;
     let n = input.len();
     let d = input.dim();
     // Python: int(features.shape[0] * 0.8).
@@ -577,23 +560,7 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
     let codes = encoder.transform(&input.labels)?;
     let order = numpy_shuffled_indices(n, cfg.seed);
     let shuffled_codes: Vec<i64> = order.iter().map(|&i| codes[i]).collect();
-    let mut warnings = Vec::new();
-    for (side, range) in [("training", 0..n_train), ("test", n_train..n)] {
-        let mut present = vec![false; num_classes];
-        for &c in &shuffled_codes[range] {
-            present[c as usize] = true;
-        }
-        let missing: Vec<&str> = encoder
-            .classes
-            .iter()
-            .zip(&present)
-            .filter(|(_, &p)| !p)
-            .map(|(c, _)| c.as_str())
-            .collect();
-        if !missing.is_empty() {
-            warnings.push(format!("classes absent from the {side} rows: {missing:?}"));
-        }
-    }
+    let mut warnings = absent_class_warnings(&encoder.classes, &shuffled_codes, n_train);
 
     let k_used: Vec<usize> = cfg.ks.iter().map(|&k| k.min(n_train)).collect();
     for (&k, &ku) in cfg.ks.iter().zip(&k_used) {
@@ -612,7 +579,6 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
     let result = tch::no_grad(|| -> Result<Vec<Tally>, KnnError> {
         let features = &input.features;
         let device = features.device();
-        let kind = features.kind();
         let order_i64: Vec<i64> = order.iter().map(|&i| i as i64).collect();
         let idx = Tensor::from_slice(&order_i64).to_device(device);
         let shuffled = features.f_index_select(0, &idx)?;
@@ -630,7 +596,6 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
                 confusion: vec![vec![0; num_classes]; num_classes],
             })
             .collect();
-        let c = num_classes as i64;
         let mut start = 0;
         while start < n_test {
             let b = chunk.min(n_test - start);
@@ -644,43 +609,14 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
                 .expand([bi, n_train as i64], false);
             let retrieved = candidates.f_gather(1, &indices, false)?;
             for (tally, &k) in tallies.iter_mut().zip(&k_used) {
-                let ki = k as i64;
-                // Contiguous [b, k] copies, so every op sees scDINO's shapes and layout.
-                let dist_k = distances.narrow(1, 0, ki).contiguous();
-                let nbr_k = retrieved.narrow(1, 0, ki).contiguous();
-                let one_hot = Tensor::f_zeros([bi * ki, c], (kind, device))?.f_scatter_value(
-                    1,
-                    &nbr_k.view([-1, 1]),
-                    1.0,
-                )?;
-                let weights = dist_k.f_div_scalar(cfg.temperature)?.f_exp()?;
-                let probs = one_hot
-                    .view([bi, -1, c])
-                    .f_mul(&weights.view([bi, -1, 1]))?
-                    .f_sum_dim_intlist(1, false, None::<Kind>)?;
-                if !bool::try_from(probs.f_isfinite()?.f_all()?)? {
-                    return Err(KnnError::NonFiniteVotes {
-                        temperature: cfg.temperature,
-                    });
-                }
-                let (_, predictions) = probs.f_sort_stable(true, 1, true)?;
-                let width = 2.min(k).min(num_classes);
-                let top = predictions
-                    .narrow(1, 0, width as i64)
-                    .contiguous()
-                    .to_device(Device::Cpu);
-                let top = Vec::<i64>::try_from(top.view([-1]))?;
-                for (row, &y) in targets.iter().enumerate() {
-                    let ranked = &top[row * width..(row + 1) * width];
-                    if ranked[0] == y {
-                        tally.top1 += 1;
-                    }
-                    if ranked.contains(&y) {
-                        tally.top2 += 1;
-                    }
-                    tally.confusion[y as usize][ranked[0] as usize] += 1;
-                }
-                tally.total += b as u64;
+                let votes = Votes {
+                    distances: &distances,
+                    retrieved: &retrieved,
+                    k,
+                    num_classes,
+                    temperature: cfg.temperature,
+                };
+                tally.count(&votes.top_two()?, targets);
             }
             start += b;
         }
@@ -690,32 +626,7 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
     let results = result
         .into_iter()
         .zip(cfg.ks.iter().zip(&k_used))
-        .map(|(t, (&k, &ku))| {
-            let per_class = class_metrics(&encoder.classes, &t.confusion);
-            let with_support: Vec<f64> = per_class
-                .iter()
-                .filter(|m| m.support > 0)
-                .map(|m| m.f1)
-                .collect();
-            let macro_f1 = if with_support.is_empty() {
-                0.0
-            } else {
-                with_support.iter().sum::<f64>() / with_support.len() as f64
-            };
-            KnnKResult {
-                k,
-                k_used: ku,
-                clamped: ku < k,
-                top1_correct: t.top1,
-                top2_correct: t.top2,
-                total: t.total,
-                top1_percent: t.top1 as f64 * 100.0 / t.total as f64,
-                top2_percent: t.top2 as f64 * 100.0 / t.total as f64,
-                per_class,
-                macro_f1,
-                confusion: t.confusion,
-            }
-        })
+        .map(|(t, (&k, &ku))| t.result(k, ku, &encoder.classes))
         .collect();
 
     Ok(KnnReport {
@@ -732,6 +643,148 @@ pub fn run_global_knn(input: &KnnInput, cfg: &KnnConfig) -> Result<KnnReport, Kn
         checkpoint: None,
         checkpoint_epoch: None,
     })
+}
+
+fn check_settings(cfg: &KnnConfig) -> Result<(), KnnError> {
+    if cfg.ks.is_empty() || cfg.ks.contains(&0) {
+        return Err(KnnError::BadKs { ks: cfg.ks.clone() });
+    }
+    if !(cfg.temperature.is_finite() && cfg.temperature > 0.0) {
+        return Err(KnnError::BadTemperature {
+            temperature: cfg.temperature,
+        });
+    }
+    if !(cfg.train_fraction > 0.0 && cfg.train_fraction < 1.0) {
+        return Err(KnnError::BadTrainFraction {
+            fraction: cfg.train_fraction,
+        });
+    }
+    Ok(())
+}
+
+/// A warning for each side (training rows `..n_train`, test rows after) that lacks classes.
+fn absent_class_warnings(
+    classes: &[String],
+    shuffled_codes: &[i64],
+    n_train: usize,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for (side, range) in [
+        ("training", 0..n_train),
+        ("test", n_train..shuffled_codes.len()),
+    ] {
+        let mut present = vec![false; classes.len()];
+        for &c in &shuffled_codes[range] {
+            present[c as usize] = true;
+        }
+        let missing: Vec<&str> = classes
+            .iter()
+            .zip(&present)
+            .filter(|(_, &p)| !p)
+            .map(|(c, _)| c.as_str())
+            .collect();
+        if !missing.is_empty() {
+            warnings.push(format!("classes absent from the {side} rows: {missing:?}"));
+        }
+    }
+    warnings
+}
+
+/// One test chunk's neighbours, voted on with `k` of them.
+struct Votes<'a> {
+    /// `[b, k_max]` similarities, best first.
+    distances: &'a Tensor,
+    /// `[b, k_max]` class codes of those neighbours.
+    retrieved: &'a Tensor,
+    k: usize,
+    num_classes: usize,
+    temperature: f64,
+}
+
+impl Votes<'_> {
+    /// scDINO's weighted vote: per row, the (up to) two best classes, best first, flattened
+    /// (`width` per row, see [`Tally::count`]).
+    fn top_two(&self) -> Result<Vec<i64>, KnnError> {
+        let (distances, retrieved) = (self.distances, self.retrieved);
+        let (device, kind) = (distances.device(), distances.kind());
+        let bi = distances.size()[0];
+        let (ki, c) = (self.k as i64, self.num_classes as i64);
+        // Contiguous [b, k] copies, so every op sees scDINO's shapes and layout.
+        let dist_k = distances.narrow(1, 0, ki).contiguous();
+        let nbr_k = retrieved.narrow(1, 0, ki).contiguous();
+        let one_hot = Tensor::f_zeros([bi * ki, c], (kind, device))?.f_scatter_value(
+            1,
+            &nbr_k.view([-1, 1]),
+            1.0,
+        )?;
+        let weights = dist_k.f_div_scalar(self.temperature)?.f_exp()?;
+        let probs = one_hot
+            .view([bi, -1, c])
+            .f_mul(&weights.view([bi, -1, 1]))?
+            .f_sum_dim_intlist(1, false, None::<Kind>)?;
+        if !bool::try_from(probs.f_isfinite()?.f_all()?)? {
+            return Err(KnnError::NonFiniteVotes {
+                temperature: self.temperature,
+            });
+        }
+        let (_, predictions) = probs.f_sort_stable(true, 1, true)?;
+        let top = predictions
+            .narrow(1, 0, self.width() as i64)
+            .contiguous()
+            .to_device(Device::Cpu);
+        Ok(Vec::<i64>::try_from(top.view([-1]))?)
+    }
+
+    /// Classes ranked per row: two, unless k or the classes allow fewer.
+    fn width(&self) -> usize {
+        2.min(self.k).min(self.num_classes)
+    }
+}
+
+impl Tally {
+    /// Adds a chunk's rows: `top` holds each row's ranked classes (`top.len() / rows` each).
+    fn count(&mut self, top: &[i64], targets: &[i64]) {
+        let width = top.len() / targets.len();
+        for (row, &y) in targets.iter().enumerate() {
+            let ranked = &top[row * width..(row + 1) * width];
+            if ranked[0] == y {
+                self.top1 += 1;
+            }
+            if ranked.contains(&y) {
+                self.top2 += 1;
+            }
+            self.confusion[y as usize][ranked[0] as usize] += 1;
+        }
+        self.total += targets.len() as u64;
+    }
+
+    /// The report of `k` (`k_used` after clamping to the training rows).
+    fn result(self, k: usize, k_used: usize, classes: &[String]) -> KnnKResult {
+        let per_class = class_metrics(classes, &self.confusion);
+        let with_support: Vec<f64> = per_class
+            .iter()
+            .filter(|m| m.support > 0)
+            .map(|m| m.f1)
+            .collect();
+        let macro_f1 = if with_support.is_empty() {
+            0.0
+        } else {
+            with_support.iter().sum::<f64>() / with_support.len() as f64
+        };
+        KnnKResult {
+            k,
+            k_used,
+            clamped: k_used < k,
+            top1_correct: self.top1,
+            top2_correct: self.top2,
+            total: self.total,
+            top1_percent: self.top1 as f64 * 100.0 / self.total as f64,
+            top2_percent: self.top2 as f64 * 100.0 / self.total as f64,
+            per_class,
+            macro_f1,
+            confusion: self.confusion,
+        }
+    }
 }
 
 /// Per-class precision / recall / F1 from a confusion matrix (`[true][predicted]`).

@@ -1,5 +1,4 @@
-//! The analyses around training: the dataset mean/std that normalises every crop, CLS
-//! features of the held-out images, the weighted kNN evaluation, UMAP and attention maps, and
+//! The analyses around training: CLS features of the held-out images, the weighted kNN evaluation, UMAP and attention maps, and
 //! the evaluation on a test folder (kNN + linear probe with sklearn-defined metrics).
 pub mod attention;
 pub mod backbone;
@@ -7,6 +6,5 @@ pub mod evaluate;
 pub mod features;
 pub mod knn;
 pub mod linear_probe;
-pub mod mean_std;
 pub mod profiles;
 pub mod umap;

@@ -2,10 +2,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use trainer::config::Config;
+use trainer::data::mean_std;
 use trainer::data::open_source;
 use trainer::pipeline::stages::{self, Target};
 use trainer::pipeline::up_to_date;
-use trainer::train::run::dataset_mean_std_at;
 
 /// `trainer mean-std`: the dataset statistics that normalise every crop.
 #[derive(Debug, Args)]
@@ -26,7 +26,7 @@ impl MeanStdArgs {
         if self.force {
             let _ = std::fs::remove_file(&path);
         }
-        let ms = dataset_mean_std_at(&cfg, source.as_ref(), &path)?;
+        let ms = mean_std::load_or_compute(&cfg, source.as_ref(), &path)?;
         println!("{}", serde_json::to_string(&ms)?);
         tracing::info!("mean/std: {}", path.display());
         Ok(())

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
-use trainer::analysis::mean_std;
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
-use trainer::config::{Arch, AugmentOn, ChannelMode, Config, Precision, Sections};
+use trainer::config::{Arch, AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
+use trainer::data::mean_std;
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::channels::hierarchical_sample;
@@ -127,14 +127,45 @@ pub struct ModelBench {
 }
 
 fn parse_arch(s: &str) -> Result<Arch, String> {
-    match s {
-        "vit_tiny" => Ok(Arch::VitTiny),
-        "vit_small" => Ok(Arch::VitSmall),
-        "vit_base" => Ok(Arch::VitBase),
-        _ => Err(format!(
-            "unknown arch {s:?}: vit_tiny, vit_small or vit_base"
-        )),
+    config_enum(&[Arch::VitTiny, Arch::VitSmall, Arch::VitBase])
+        .into_iter()
+        .find(|(name, _)| name == s)
+        .map(|(_, a)| a)
+        .ok_or_else(|| format!("unknown arch {s:?}: vit_tiny, vit_small or vit_base"))
+}
+
+/// The config's own spelling of an enum value (`vit_small`, `bf16`, `tokens`): what its YAML
+/// key takes, so a bench flag and the config can never spell a value differently.
+fn yaml_name<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        other => unreachable!("a config enum serialises to its name, not {other:?}"),
     }
+}
+
+/// `values` of a config enum by their config spelling.
+fn config_enum<T: serde::Serialize + Copy>(values: &[T]) -> Vec<(String, T)> {
+    values.iter().map(|v| (yaml_name(v), *v)).collect()
+}
+
+/// A clap parser that takes exactly `values` of a config enum, by their config spelling
+/// (listed in `--help` and in the error for any other word).
+fn config_values<T>(values: &'static [T]) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: serde::Serialize + Copy + Send + Sync + 'static,
+{
+    use clap::builder::TypedValueParser as _;
+    let names: Vec<&'static str> = config_enum(values)
+        .into_iter()
+        .map(|(name, _)| &*Box::leak(name.into_boxed_str()))
+        .collect();
+    clap::builder::PossibleValuesParser::new(names.clone()).map(move |s| {
+        let i = names
+            .iter()
+            .position(|n| *n == s)
+            .expect("clap admits listed values only");
+        values[i]
+    })
 }
 
 impl BenchCommand {
@@ -254,35 +285,15 @@ pub struct StepBench {
     /// step's channel subset by hierarchical sampling, as training does; `bag` runs each
     /// image's channels as single-channel items (batch × channels items per crop), so imgs/s
     /// counts images for every mode.
-    #[arg(long, value_enum, default_value = "fixed")]
-    channel_mode: BenchChannelMode,
+    #[arg(long, value_parser = config_values(&[ChannelMode::Fixed, ChannelMode::Bag, ChannelMode::Tokens]), default_value = "fixed")]
+    channel_mode: ChannelMode,
     /// Where the step runs (`--loader none`; the crops are made there). `cuda` needs a
     /// trainer built with `--features nccl` and takes GPU 0.
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: BenchDevice,
+    #[arg(long, value_parser = config_values(&[DeviceChoice::Cpu, DeviceChoice::Cuda]), default_value = "cpu")]
+    device: DeviceChoice,
     /// `train.precision` of the step: bf16 autocast, or fp16 with loss scaling (CUDA only).
-    #[arg(long, value_enum, default_value = "fp32")]
-    precision: BenchPrecision,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BenchDevice {
-    Cpu,
-    Cuda,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BenchPrecision {
-    Fp32,
-    Bf16,
-    Fp16,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BenchChannelMode {
-    Fixed,
-    Bag,
-    Tokens,
+    #[arg(long, value_parser = config_values(&[Precision::Fp32, Precision::Bf16, Precision::Fp16]), default_value = "fp32")]
+    precision: Precision,
 }
 
 impl StepBench {
@@ -292,12 +303,8 @@ impl StepBench {
         s.model.arch = self.arch;
         s.model.patch_size = self.patch;
         s.model.out_dim = self.out_dim;
-        s.model.channels = match self.channel_mode {
-            BenchChannelMode::Fixed => ChannelMode::Fixed,
-            BenchChannelMode::Bag => ChannelMode::Bag,
-            BenchChannelMode::Tokens => ChannelMode::Tokens,
-        };
-        s.train.precision = self.precision();
+        s.model.channels = self.channel_mode;
+        s.train.precision = self.precision;
         s.train.batch_size_per_gpu = self.batch;
         s.augment.global_crop_size = self.global_size;
         s.augment.local_crop_size = self.local_size;
@@ -308,24 +315,12 @@ impl StepBench {
         Ok(Config::from_sections(s, "<bench step>")?)
     }
 
-    fn precision(&self) -> Precision {
-        match self.precision {
-            BenchPrecision::Fp32 => Precision::Fp32,
-            BenchPrecision::Bf16 => Precision::Bf16,
-            BenchPrecision::Fp16 => Precision::Fp16,
-        }
-    }
-
-    fn run(self) -> Result<()> {
-        if self.iters == 0 {
-            bail!("--iters must be at least 1");
-        }
-        if self.channel_mode != BenchChannelMode::Fixed && self.loader != LoaderMode::None {
-            bail!("--channel-mode bag|tokens is measured with --loader none");
-        }
+    /// The `--device` the step runs on, refused where the bench cannot measure it.
+    fn device(&self) -> Result<Device> {
         let device = match self.device {
-            BenchDevice::Cpu => Device::Cpu,
-            BenchDevice::Cuda => {
+            DeviceChoice::Auto => bail!("--device takes cpu or cuda"),
+            DeviceChoice::Cpu => Device::Cpu,
+            DeviceChoice::Cuda => {
                 if self.loader != LoaderMode::None {
                     bail!("--device cuda is measured with --loader none");
                 }
@@ -335,9 +330,20 @@ impl StepBench {
                 Device::Cuda(0)
             }
         };
-        if device == Device::Cpu && self.precision == BenchPrecision::Fp16 {
+        if device == Device::Cpu && self.precision == Precision::Fp16 {
             bail!("--precision fp16 needs --device cuda");
         }
+        Ok(device)
+    }
+
+    fn run(self) -> Result<()> {
+        if self.iters == 0 {
+            bail!("--iters must be at least 1");
+        }
+        if self.channel_mode != ChannelMode::Fixed && self.loader != LoaderMode::None {
+            bail!("--channel-mode bag|tokens is measured with --loader none");
+        }
+        let device = self.device()?;
         // Waits for the step's queued GPU work (the teacher EMA), so its time holds all of it.
         let sync = || {
             if let Device::Cuda(i) = device {
@@ -355,7 +361,7 @@ impl StepBench {
             vec![cfg.train.teacher_temp],
             device,
         );
-        let mut learner = Learner::new(nets, loss, self.precision(), device);
+        let mut learner = Learner::new(nets, loss, self.precision, device);
         let lr = scaled_lr(cfg.train.lr, self.batch, 1);
         let params = |it: usize| StepParams {
             lr,
@@ -366,7 +372,7 @@ impl StepBench {
             freeze_last_layer: false,
             clip_grad: cfg.train.clip_grad,
             rng_seed: it as i64,
-            channels: (self.channel_mode == BenchChannelMode::Tokens).then(|| {
+            channels: (self.channel_mode == ChannelMode::Tokens).then(|| {
                 ChannelSubset::from_indices(&hierarchical_sample(self.seed, it, self.channels))
             }),
         };
@@ -378,7 +384,7 @@ impl StepBench {
         match self.loader {
             LoaderMode::None => {
                 let (b, c) = match self.channel_mode {
-                    BenchChannelMode::Bag => ((self.batch * self.channels) as i64, 1),
+                    ChannelMode::Bag => ((self.batch * self.channels) as i64, 1),
                     _ => (self.batch as i64, self.channels as i64),
                 };
                 let opts = (Kind::Float, device);
@@ -444,11 +450,11 @@ impl StepBench {
             serde_json::json!({
                 "impl": "rust-tch",
                 "bench": "step",
-                "arch": arch_name(self.arch),
-                "channel_mode": format!("{:?}", self.channel_mode).to_lowercase(),
+                "arch": yaml_name(&self.arch),
+                "channel_mode": yaml_name(&self.channel_mode),
                 "channels": self.channels,
-                "device": format!("{:?}", self.device).to_lowercase(),
-                "precision": format!("{:?}", self.precision).to_lowercase(),
+                "device": yaml_name(&self.device),
+                "precision": yaml_name(&self.precision),
                 "loader": match self.loader { LoaderMode::None => "none", LoaderMode::Real => "real" },
                 "batch": self.batch,
                 "threads": self.threads,
@@ -532,14 +538,6 @@ impl StepBench {
             sample,
             pool,
         ))
-    }
-}
-
-fn arch_name(a: Arch) -> &'static str {
-    match a {
-        Arch::VitTiny => "vit_tiny",
-        Arch::VitSmall => "vit_small",
-        Arch::VitBase => "vit_base",
     }
 }
 

@@ -5,7 +5,7 @@
 //! data never causes a panic: the reader, indexer and preprocessing return
 //! these errors instead.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Errors raised while reading, indexing, splitting, preprocessing or
 /// generating image data.
@@ -168,6 +168,11 @@ impl DataError {
             context,
             source,
         }
+    }
+
+    /// For `map_err` on [`scdino_base::fs::write_atomic`] of `path`: the error names the file.
+    pub(crate) fn writing(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |e| Self::io(path, "writing", e)
     }
 
     pub(crate) fn unsupported(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {

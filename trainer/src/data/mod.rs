@@ -7,6 +7,7 @@
 //! * [`split`]: numpy legacy `RandomState` (MT19937) seeding and shuffle, the
 //!   train/held-out split and the mean/std subset.
 //! * [`preprocess`]: channel selection, center crop, per-image min–max.
+//! * [`mean_std`]: the dataset statistics that normalise every crop (training and analyses).
 //! * [`source`]: where image bytes come from (local tree, object store, shards),
 //!   behind one trait so every consumer reads any source.
 //! * [`shards`]: packed WebDataset-style tar shards with an index (`trainer data pack`),
@@ -25,6 +26,7 @@ pub mod chw;
 pub mod error;
 pub mod index;
 pub mod local_cache;
+pub mod mean_std;
 pub mod object_store;
 pub mod open;
 pub mod preload;

@@ -56,7 +56,7 @@
 use std::path::{Path, PathBuf};
 
 use super::error::DataError;
-use super::tiff_reader::{write_atomic, write_tiff_u16_chunky, Chw};
+use super::tiff_reader::{write_tiff_u16_chunky, Chw};
 use scdino_base::rng::{mix64, SplitMix64};
 
 /// PBMC-like class folder names (no underscores; sorted order = ImageFolder order).
@@ -576,7 +576,8 @@ pub fn generate(opts: &SynthOptions) -> Result<SynthSummary, DataError> {
     });
     let text = serde_json::to_string_pretty(&manifest)
         .map_err(|e| DataError::InvalidArgument(format!("manifest serialisation: {e}")))?;
-    write_atomic(&opts.out.join("synth_manifest.json"), text.as_bytes())?;
+    let path = opts.out.join("synth_manifest.json");
+    scdino_base::fs::write_atomic(&path, text.as_bytes()).map_err(DataError::writing(&path))?;
 
     Ok(SynthSummary {
         training_dir,

@@ -229,12 +229,7 @@ pub fn encode_tiff_u16_chunky(image: &ImageChwU16) -> Result<Vec<u8>, DataError>
 /// pick up.
 pub fn write_tiff_u16_chunky(path: &Path, image: &ImageChwU16) -> Result<(), DataError> {
     let bytes = encode_tiff_u16_chunky(image).map_err(|e| e.in_file(path))?;
-    write_atomic(path, &bytes)
-}
-
-/// [`scdino_base::fs::write_atomic`] with the error naming `path` as a data error.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
-    scdino_base::fs::write_atomic(path, bytes).map_err(|e| DataError::io(path, "writing", e))
+    scdino_base::fs::write_atomic(path, &bytes).map_err(DataError::writing(path))
 }
 
 #[cfg(test)]

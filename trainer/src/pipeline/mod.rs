@@ -35,6 +35,8 @@ pub enum StageError {
     #[error(transparent)]
     Train(#[from] crate::train::run::TrainError),
     #[error(transparent)]
+    MeanStd(#[from] crate::data::mean_std::MeanStdError),
+    #[error(transparent)]
     Data(#[from] crate::data::DataError),
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
@@ -60,7 +62,7 @@ pub enum StageError {
     #[error("{source} (run `trainer mean-std` or `trainer pipeline` first)")]
     NoMeanStd {
         #[source]
-        source: crate::analysis::mean_std::MeanStdError,
+        source: crate::data::mean_std::MeanStdError,
     },
     /// Nothing to analyse: training kept no checkpoint.
     #[error("training finished but {} has no numbered checkpoints", dir.display())]
@@ -246,7 +248,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             std::slice::from_ref(&ms_path),
             || {
                 let source = crate::data::open_source(&cfg.data)?;
-                crate::train::run::dataset_mean_std_at(cfg, source.as_ref(), &ms_path)?;
+                crate::data::mean_std::load_or_compute(cfg, source.as_ref(), &ms_path)?;
                 Ok(())
             },
         )?;

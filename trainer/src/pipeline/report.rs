@@ -8,6 +8,7 @@ use crate::analysis::attention::AttentionImage;
 use crate::analysis::evaluate::EvaluationReport;
 use crate::analysis::knn::KnnReport;
 use crate::config::Config;
+use crate::data::DataError;
 use crate::plot::{self, Curve};
 use base64::Engine;
 use std::fmt::Write as _;
@@ -102,7 +103,7 @@ pub fn write_report(t: &Target, dataset: &Dataset) -> Result<PathBuf, StageError
         path: t.files.analyses().to_path_buf(),
         source,
     })?;
-    crate::data::tiff_reader::write_atomic(&out, h.as_bytes())?;
+    scdino_base::fs::write_atomic(&out, h.as_bytes()).map_err(DataError::writing(&out))?;
     Ok(out)
 }
 

@@ -5,16 +5,17 @@ use crate::analysis::attention::{self, AttentionImage};
 use crate::analysis::evaluate::{self, EvaluationReport};
 use crate::analysis::features::{self, FeatureSet};
 use crate::analysis::knn::{self, KnnReport};
-use crate::analysis::mean_std::MeanStd;
 use crate::analysis::profiles::{self, ProfileRows, Profiles};
 use crate::analysis::umap::{self, UmapParams};
 use crate::config::Config;
-use crate::data::tiff_reader::write_atomic;
+use crate::data::mean_std::MeanStd;
+use crate::data::DataError;
 use crate::data::{SharedSource, Split};
 use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use crate::layout::{ModelLayout, RunLayout};
 use crate::plot;
+use scdino_base::fs::write_atomic;
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
@@ -376,7 +377,8 @@ fn evaluate_sets(
         );
     }
     let json = serde_json::to_string_pretty(&report).expect("evaluation report serialises");
-    write_atomic(&t.files.evaluation_json(tag), json.as_bytes())?;
+    let path = t.files.evaluation_json(tag);
+    write_atomic(&path, json.as_bytes()).map_err(DataError::writing(&path))?;
     Ok(report)
 }
 
@@ -435,7 +437,8 @@ pub fn run_knn_on(t: &Target, tag: &str, set: FeatureSet) -> Result<KnnReport, S
             &report.classes,
         )?;
     }
-    write_atomic(&t.files.knn_json(tag), report.to_json().as_bytes())?;
+    let path = t.files.knn_json(tag);
+    write_atomic(&path, report.to_json().as_bytes()).map_err(DataError::writing(&path))?;
     rebuild_global_knn_txt(t)?;
     Ok(report)
 }
@@ -455,10 +458,8 @@ fn rebuild_global_knn_txt(t: &Target) -> Result<(), StageError> {
         );
         text.push_str(&report.txt_block(&run_name));
     }
-    write_atomic(
-        &t.files.knn_dir().join(knn::GLOBAL_KNN_TXT),
-        text.as_bytes(),
-    )?;
+    let path = t.files.knn_dir().join(knn::GLOBAL_KNN_TXT);
+    write_atomic(&path, text.as_bytes()).map_err(DataError::writing(&path))?;
     Ok(())
 }
 
@@ -564,7 +565,7 @@ pub fn run_umap_on(t: &Target, tag: &str, set: FeatureSet) -> Result<UmapSummary
             csv_field(path)
         ));
     }
-    write_atomic(&csv_path, csv.as_bytes())?;
+    write_atomic(&csv_path, csv.as_bytes()).map_err(DataError::writing(&csv_path))?;
     let summary = UmapSummary {
         tag: tag.to_string(),
         rows,
@@ -582,7 +583,8 @@ pub fn run_umap_on(t: &Target, tag: &str, set: FeatureSet) -> Result<UmapSummary
         csv: csv_path.display().to_string(),
     };
     let json = serde_json::to_string_pretty(&summary).expect("serialisable");
-    write_atomic(&t.files.umap_json(tag), json.as_bytes())?;
+    let path = t.files.umap_json(tag);
+    write_atomic(&path, json.as_bytes()).map_err(DataError::writing(&path))?;
     Ok(summary)
 }
 

@@ -10,7 +10,6 @@ pub mod pdf_canvas;
 pub use charts::{confusion_png, lines_png, scatter_png, scatter_png_and_pdf, Curve, ScatterSpec};
 pub use colors::{hls_palette, viridis};
 
-use crate::data::tiff_reader::write_atomic;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -73,9 +72,10 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), PlotError> {
             source,
         })?;
     }
-    write_atomic(path, bytes).map_err(|e| PlotError::Draw {
+    // The message a failed write has always had: "{path}: writing: {error}".
+    scdino_base::fs::write_atomic(path, bytes).map_err(|e| PlotError::Draw {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        message: format!("{}: writing: {e}", path.display()),
     })
 }
 

@@ -174,217 +174,293 @@ impl Machine<'_> {
                 e
             })?;
             self.op = op;
-            match op {
-                0x80 => {
-                    let proto = self.u8()?;
-                    if proto > 5 {
-                        return Err(self.err(format!("unsupported pickle protocol {proto}")));
-                    }
-                }
-                0x95 => {
-                    // FRAME: a length prefix only; the frame's opcodes follow inline.
-                    self.u64()?;
-                }
-                b'.' => return self.pop(),
-                b'(' => self.stack.push(Slot::Mark),
-                b'0' => {
-                    self.pop()?;
-                }
-                b'1' => {
-                    self.pop_mark()?;
-                }
-                b'2' => {
-                    let v = self.top()?.clone();
-                    self.push(v);
-                }
-                b'N' => self.push(Value::None),
-                0x88 => self.push(Value::Bool(true)),
-                0x89 => self.push(Value::Bool(false)),
-                b'J' => {
-                    let v = self.u32()? as i32;
-                    self.push(Value::Int(i64::from(v)));
-                }
-                b'K' => {
-                    let v = self.u8()?;
-                    self.push(Value::Int(i64::from(v)));
-                }
-                b'M' => {
-                    let v = self.u16()?;
-                    self.push(Value::Int(i64::from(v)));
-                }
-                0x8a | 0x8b => {
-                    let n = if op == 0x8a {
-                        u64::from(self.u8()?)
-                    } else {
-                        u64::from(self.u32()?)
-                    };
-                    let n = self.len(n)?;
-                    let bytes = self.take(n)?.to_vec();
-                    self.push(long(&bytes));
-                }
-                b'G' => {
-                    let v = f64::from_be_bytes(self.take(8)?.try_into().expect("8"));
-                    self.push(Value::Float(v));
-                }
-                b'X' | 0x8c | 0x8d => {
-                    let n = match op {
-                        b'X' => u64::from(self.u32()?),
-                        0x8c => u64::from(self.u8()?),
-                        _ => self.u64()?,
-                    };
-                    let n = self.len(n)?;
-                    let s = self.utf8(n)?;
-                    self.push(Value::Str(s));
-                }
-                // BINSTRING / SHORT_BINSTRING: Python 2 str, as text (torch's keys are ASCII).
-                b'T' | b'U' => {
-                    let n = if op == b'T' {
-                        u64::from(self.u32()?)
-                    } else {
-                        u64::from(self.u8()?)
-                    };
-                    let n = self.len(n)?;
-                    let bytes = self.take(n)?.to_vec();
-                    self.push(match String::from_utf8(bytes) {
-                        Ok(s) => Value::Str(s),
-                        Err(e) => Value::Bytes(e.into_bytes()),
-                    });
-                }
-                b'B' | b'C' | 0x8e => {
-                    let n = match op {
-                        b'B' => u64::from(self.u32()?),
-                        b'C' => u64::from(self.u8()?),
-                        _ => self.u64()?,
-                    };
-                    let n = self.len(n)?;
-                    let bytes = self.take(n)?.to_vec();
-                    self.push(Value::Bytes(bytes));
-                }
-                b'}' => self.push(Value::Dict(Rc::new(RefCell::new(Vec::new())))),
-                b']' => self.push(Value::List(Rc::new(RefCell::new(Vec::new())))),
-                b')' => self.push(Self::tuple(Vec::new())),
-                0x8f => self.push(Value::Set(Rc::new(RefCell::new(Vec::new())))),
-                b'd' => {
-                    let items = self.pop_mark()?;
-                    let pairs = self.pairs(items)?;
-                    self.push(Value::Dict(Rc::new(RefCell::new(pairs))));
-                }
-                b'l' => {
-                    let items = self.pop_mark()?;
-                    self.push(Value::List(Rc::new(RefCell::new(items))));
-                }
-                b't' => {
-                    let items = self.pop_mark()?;
-                    self.push(Self::tuple(items));
-                }
-                0x91 => {
-                    let items = self.pop_mark()?;
-                    self.push(Value::Set(Rc::new(RefCell::new(items))));
-                }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    let mut items = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        items.push(self.pop()?);
-                    }
-                    items.reverse();
-                    self.push(Self::tuple(items));
-                }
-                b'q' => {
-                    let i = u32::from(self.u8()?);
-                    self.memo_put(i)?;
-                }
-                b'r' => {
-                    let i = self.u32()?;
-                    self.memo_put(i)?;
-                }
-                0x94 => {
-                    let i = self.memo.len() as u32;
-                    self.memo_put(i)?;
-                }
-                b'h' => {
-                    let i = u32::from(self.u8()?);
-                    let v = self.memo_get(i)?;
-                    self.push(v);
-                }
-                b'j' => {
-                    let i = self.u32()?;
-                    let v = self.memo_get(i)?;
-                    self.push(v);
-                }
-                b'c' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    self.push(Value::Global { module, name });
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    match (module, name) {
-                        (Value::Str(module), Value::Str(name)) => {
-                            self.push(Value::Global { module, name })
-                        }
-                        _ => return Err(self.err("STACK_GLOBAL needs two strings")),
-                    }
-                }
-                b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    self.set_items(vec![(k, v)])?;
-                }
-                b'u' => {
-                    let items = self.pop_mark()?;
-                    let pairs = self.pairs(items)?;
-                    self.set_items(pairs)?;
-                }
-                b'a' => {
-                    let v = self.pop()?;
-                    self.append(vec![v])?;
-                }
-                b'e' => {
-                    let items = self.pop_mark()?;
-                    self.append(items)?;
-                }
-                0x90 => {
-                    let items = self.pop_mark()?;
-                    match self.top()? {
-                        Value::Set(s) => s.borrow_mut().extend(items),
-                        _ => return Err(self.err("ADDITEMS on something that is not a set")),
-                    }
-                }
-                b'Q' => {
-                    let pid = self.pop()?;
-                    let storage = self.persistent_load(&pid)?;
-                    self.push(storage);
-                }
-                b'R' => {
-                    let args = self.pop()?;
-                    let callable = self.pop()?;
-                    let v = self.call(callable, args)?;
-                    self.push(v);
-                }
-                0x81 => {
-                    let args = self.pop()?;
-                    let cls = self.pop()?;
-                    let v = self.instantiate(cls, args)?;
-                    self.push(v);
-                }
-                0x92 => {
-                    let _kwargs = self.pop()?;
-                    let args = self.pop()?;
-                    let cls = self.pop()?;
-                    let v = self.instantiate(cls, args)?;
-                    self.push(v);
-                }
-                b'b' => {
-                    let state = self.pop()?;
-                    self.build(state)?;
-                }
-                _ => return Err(self.err(
-                    "unsupported opcode (not one torch.save emits; is this a torch checkpoint?)",
-                )),
+            if op == b'.' {
+                return self.pop();
             }
+            self.step(op)?;
         }
+    }
+
+    /// One opcode other than STOP, by kind.
+    fn step(&mut self, op: u8) -> Result<(), PickleError> {
+        match op {
+            0x80 | 0x95 | b'(' | b'0' | b'1' | b'2' => self.framing(op),
+            b'N' | 0x88 | 0x89 | b'J' | b'K' | b'M' | 0x8a | 0x8b | b'G' => self.numbers(op),
+            b'X' | 0x8c | 0x8d | b'T' | b'U' | b'B' | b'C' | 0x8e => self.text(op),
+            b'}'
+            | b']'
+            | b')'
+            | 0x8f
+            | b'd'
+            | b'l'
+            | b't'
+            | 0x91
+            | 0x85..=0x87
+            | b's'
+            | b'u'
+            | b'a'
+            | b'e'
+            | 0x90 => self.containers(op),
+            b'q' | b'r' | 0x94 | b'h' | b'j' => self.memo(op),
+            b'c' | 0x93 | b'Q' | b'R' | 0x81 | 0x92 | b'b' => self.objects(op),
+            _ => Err(self.unsupported()),
+        }
+    }
+
+    fn unsupported(&self) -> PickleError {
+        self.err("unsupported opcode (not one torch.save emits; is this a torch checkpoint?)")
+    }
+
+    /// Protocol, frame, mark, pop and dup: the stack itself.
+    fn framing(&mut self, op: u8) -> Result<(), PickleError> {
+        match op {
+            0x80 => {
+                let proto = self.u8()?;
+                if proto > 5 {
+                    return Err(self.err(format!("unsupported pickle protocol {proto}")));
+                }
+            }
+            0x95 => {
+                // FRAME: a length prefix only; the frame's opcodes follow inline.
+                self.u64()?;
+            }
+            b'(' => self.stack.push(Slot::Mark),
+            b'0' => {
+                self.pop()?;
+            }
+            b'1' => {
+                self.pop_mark()?;
+            }
+            b'2' => {
+                let v = self.top()?.clone();
+                self.push(v);
+            }
+            _ => return Err(self.unsupported()),
+        }
+        Ok(())
+    }
+
+    /// None, booleans, integers and floats.
+    fn numbers(&mut self, op: u8) -> Result<(), PickleError> {
+        match op {
+            b'N' => self.push(Value::None),
+            0x88 => self.push(Value::Bool(true)),
+            0x89 => self.push(Value::Bool(false)),
+            b'J' => {
+                let v = self.u32()? as i32;
+                self.push(Value::Int(i64::from(v)));
+            }
+            b'K' => {
+                let v = self.u8()?;
+                self.push(Value::Int(i64::from(v)));
+            }
+            b'M' => {
+                let v = self.u16()?;
+                self.push(Value::Int(i64::from(v)));
+            }
+            0x8a | 0x8b => {
+                let n = if op == 0x8a {
+                    u64::from(self.u8()?)
+                } else {
+                    u64::from(self.u32()?)
+                };
+                let n = self.len(n)?;
+                let bytes = self.take(n)?.to_vec();
+                self.push(long(&bytes));
+            }
+            b'G' => {
+                let v = f64::from_be_bytes(self.take(8)?.try_into().expect("8"));
+                self.push(Value::Float(v));
+            }
+            _ => return Err(self.unsupported()),
+        }
+        Ok(())
+    }
+
+    /// Strings and bytes.
+    fn text(&mut self, op: u8) -> Result<(), PickleError> {
+        match op {
+            b'X' | 0x8c | 0x8d => {
+                let n = match op {
+                    b'X' => u64::from(self.u32()?),
+                    0x8c => u64::from(self.u8()?),
+                    _ => self.u64()?,
+                };
+                let n = self.len(n)?;
+                let s = self.utf8(n)?;
+                self.push(Value::Str(s));
+            }
+            // BINSTRING / SHORT_BINSTRING: Python 2 str, as text (torch's keys are ASCII).
+            b'T' | b'U' => {
+                let n = if op == b'T' {
+                    u64::from(self.u32()?)
+                } else {
+                    u64::from(self.u8()?)
+                };
+                let n = self.len(n)?;
+                let bytes = self.take(n)?.to_vec();
+                self.push(match String::from_utf8(bytes) {
+                    Ok(s) => Value::Str(s),
+                    Err(e) => Value::Bytes(e.into_bytes()),
+                });
+            }
+            b'B' | b'C' | 0x8e => {
+                let n = match op {
+                    b'B' => u64::from(self.u32()?),
+                    b'C' => u64::from(self.u8()?),
+                    _ => self.u64()?,
+                };
+                let n = self.len(n)?;
+                let bytes = self.take(n)?.to_vec();
+                self.push(Value::Bytes(bytes));
+            }
+            _ => return Err(self.unsupported()),
+        }
+        Ok(())
+    }
+
+    /// Building dicts, lists, tuples and sets, and adding to them.
+    fn containers(&mut self, op: u8) -> Result<(), PickleError> {
+        match op {
+            b'}' => self.push(Value::Dict(Rc::new(RefCell::new(Vec::new())))),
+            b']' => self.push(Value::List(Rc::new(RefCell::new(Vec::new())))),
+            b')' => self.push(Self::tuple(Vec::new())),
+            0x8f => self.push(Value::Set(Rc::new(RefCell::new(Vec::new())))),
+            b'd' => {
+                let items = self.pop_mark()?;
+                let pairs = self.pairs(items)?;
+                self.push(Value::Dict(Rc::new(RefCell::new(pairs))));
+            }
+            b'l' => {
+                let items = self.pop_mark()?;
+                self.push(Value::List(Rc::new(RefCell::new(items))));
+            }
+            b't' => {
+                let items = self.pop_mark()?;
+                self.push(Self::tuple(items));
+            }
+            0x91 => {
+                let items = self.pop_mark()?;
+                self.push(Value::Set(Rc::new(RefCell::new(items))));
+            }
+            0x85..=0x87 => {
+                let n = usize::from(op - 0x84);
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.pop()?);
+                }
+                items.reverse();
+                self.push(Self::tuple(items));
+            }
+            b's' => {
+                let v = self.pop()?;
+                let k = self.pop()?;
+                self.set_items(vec![(k, v)])?;
+            }
+            b'u' => {
+                let items = self.pop_mark()?;
+                let pairs = self.pairs(items)?;
+                self.set_items(pairs)?;
+            }
+            b'a' => {
+                let v = self.pop()?;
+                self.append(vec![v])?;
+            }
+            b'e' => {
+                let items = self.pop_mark()?;
+                self.append(items)?;
+            }
+            0x90 => {
+                let items = self.pop_mark()?;
+                match self.top()? {
+                    Value::Set(s) => s.borrow_mut().extend(items),
+                    _ => return Err(self.err("ADDITEMS on something that is not a set")),
+                }
+            }
+            _ => return Err(self.unsupported()),
+        }
+        Ok(())
+    }
+
+    /// The memo: storing and fetching by index.
+    fn memo(&mut self, op: u8) -> Result<(), PickleError> {
+        match op {
+            b'q' => {
+                let i = u32::from(self.u8()?);
+                self.memo_put(i)?;
+            }
+            b'r' => {
+                let i = self.u32()?;
+                self.memo_put(i)?;
+            }
+            0x94 => {
+                let i = self.memo.len() as u32;
+                self.memo_put(i)?;
+            }
+            b'h' => {
+                let i = u32::from(self.u8()?);
+                let v = self.memo_get(i)?;
+                self.push(v);
+            }
+            b'j' => {
+                let i = self.u32()?;
+                let v = self.memo_get(i)?;
+                self.push(v);
+            }
+            _ => return Err(self.unsupported()),
+        }
+        Ok(())
+    }
+
+    /// Globals, persistent ids (the storages), calls, instances and their state.
+    fn objects(&mut self, op: u8) -> Result<(), PickleError> {
+        match op {
+            b'c' => {
+                let module = self.line()?;
+                let name = self.line()?;
+                self.push(Value::Global { module, name });
+            }
+            0x93 => {
+                let name = self.pop()?;
+                let module = self.pop()?;
+                match (module, name) {
+                    (Value::Str(module), Value::Str(name)) => {
+                        self.push(Value::Global { module, name })
+                    }
+                    _ => return Err(self.err("STACK_GLOBAL needs two strings")),
+                }
+            }
+            b'Q' => {
+                let pid = self.pop()?;
+                let storage = self.persistent_load(&pid)?;
+                self.push(storage);
+            }
+            b'R' => {
+                let args = self.pop()?;
+                let callable = self.pop()?;
+                let v = self.call(callable, args)?;
+                self.push(v);
+            }
+            0x81 => {
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                let v = self.instantiate(cls, args)?;
+                self.push(v);
+            }
+            0x92 => {
+                let _kwargs = self.pop()?;
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                let v = self.instantiate(cls, args)?;
+                self.push(v);
+            }
+            b'b' => {
+                let state = self.pop()?;
+                self.build(state)?;
+            }
+            _ => return Err(self.unsupported()),
+        }
+        Ok(())
     }
 
     fn pairs(&self, items: Vec<Value>) -> Result<Vec<(Value, Value)>, PickleError> {

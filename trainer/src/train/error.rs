@@ -1,7 +1,7 @@
 //! Why training stopped with an error: one type for setup, data, steps, collectives and
 //! checkpoints, so the epoch loop and the strategies return the same thing.
-use crate::analysis::mean_std;
 use crate::data;
+use crate::data::mean_std;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! Dataset mean/std against a numpy implementation of scDINO's algorithm.
 use super::util::run_python;
-use trainer::analysis::mean_std;
+use trainer::data::mean_std;
 use trainer::data::{generate_synthetic, ImageSource, LocalSource, SynthOptions};
 
 /// scDINO dropped an image with a constant non-zero channel (0/0 = NaN); we keep it with the

@@ -2,8 +2,8 @@
 //! combination, and the inputs that cannot work are refused with what and why.
 use std::path::Path;
 use trainer::analysis::features;
-use trainer::analysis::mean_std::MeanStd;
 use trainer::config::Config;
+use trainer::data::mean_std::MeanStd;
 use trainer::data::{generate_synthetic, SynthOptions};
 use trainer::layout::RunLayout;
 use trainer::train::run::{train, TrainError, TrainOptions, TrainOutcome};

@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 use tch::{Kind, Tensor};
 use trainer::analysis::backbone::{checkpoint_tag, BackboneWeights};
 use trainer::analysis::features;
-use trainer::analysis::mean_std::MeanStd;
 use trainer::config::{CheckpointKey, Config};
+use trainer::data::mean_std::MeanStd;
 use trainer::data::{generate_synthetic, SynthOptions};
 use trainer::pth::{PthFile, TrainingArgs, Value};
 

@@ -279,6 +279,43 @@ fn response_complete(method: &str, resp: &[u8]) -> bool {
     declared.is_none_or(|n| resp.len() - (end + 4) >= n)
 }
 
+/// One test's S3: a temporary folder holding the synthetic [`dataset`] (`root`), moto serving
+/// that tree under `s3://bkt/pbmc/v1/` (with dummy credentials in the environment), and the
+/// logging [`Proxy`] in front of moto. A test binds every field it keeps alive (`moto` and
+/// `proxy` stop when dropped): `let S3 { dir, root, moto, proxy } = S3::start();`.
+struct S3 {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    moto: Moto,
+    proxy: Proxy,
+}
+
+impl S3 {
+    fn start() -> S3 {
+        S3::start_after(|_| ()).0
+    }
+
+    /// [`S3::start`], with `prepare` run on the dataset before moto uploads it (a corrupted
+    /// object); returns what `prepare` returns.
+    fn start_after<T>(prepare: impl FnOnce(&Path) -> T) -> (S3, T) {
+        fake_credentials();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dataset(dir.path());
+        let prepared = prepare(&root);
+        let moto = Moto::start(&root);
+        let proxy = Proxy::start(moto.port);
+        (
+            S3 {
+                dir,
+                root,
+                moto,
+                proxy,
+            },
+            prepared,
+        )
+    }
+}
+
 /// 16 training images in 2 classes (+ 8 test images in nested donor folders).
 fn dataset(dir: &Path) -> PathBuf {
     let root = dir.join("data");
@@ -381,11 +418,12 @@ fn object_path(rel: &str) -> String {
 
 #[test]
 fn s3_listing_indexes_and_reads_like_the_local_tree() {
-    fake_credentials();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     // The whole tree: classes Test and Training, nested donor folders, labels from depth 1.
     let cfg = config(
         dir.path(),
@@ -449,13 +487,14 @@ fn s3_listing_indexes_and_reads_like_the_local_tree() {
 
 #[test]
 fn s3_training_matches_local_and_later_epochs_read_the_cache() {
-    fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let local_out = dir.path().join("local");
     let s3_out = dir.path().join("s3");
     let cache = dir.path().join("nvme");
@@ -523,17 +562,19 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn s3_server_killed_and_restarted_mid_epoch() {
-    fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
+    let S3 {
+        dir,
+        root,
+        moto,
+        proxy,
+    } = S3::start();
     let local_dir = root.join("Training");
     let local_out = dir.path().join("local");
     run(&config(&local_out, local_dir.to_str().unwrap(), "", 1));
 
-    let moto = Arc::new(Mutex::new(Moto::start(&root)));
-    let proxy = Proxy::start(moto.lock().unwrap().port);
+    let moto = Arc::new(Mutex::new(moto));
     let s3_out = dir.path().join("s3");
     // Slow enough fetching that the restart lands mid-epoch: one GET at a time.
     let extra = format!(
@@ -614,11 +655,12 @@ fn s3_server_killed_and_restarted_mid_epoch() {
 
 #[test]
 fn s3_throttling_is_retried_with_backoff() {
-    fake_credentials();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     // The listing and the first GETs are refused with 503 SlowDown, several times in a row.
     proxy.st.throttle.store(7, Ordering::SeqCst);
     let cfg = config(
@@ -656,11 +698,12 @@ fn s3_throttling_is_retried_with_backoff() {
 #[test]
 fn s3_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
     use trainer::data::object_store::Remote;
-    fake_credentials();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let cfg = config(
         dir.path(),
         &format!("s3://{BUCKET}/{PREFIX}/Training"),
@@ -782,24 +825,29 @@ fn s3_missing_credentials_fail_at_once_naming_their_source() {
 
 #[test]
 fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
-    fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let local = LocalSource::open(&root.join("Training"), 0).unwrap();
     let split = data::train_heldout_split(16, 0.8, 3).unwrap();
     let bad = split.train[1];
-    let bad_path = local.index().samples[bad].path.clone();
-    let bad_rel = bad_path
-        .strip_prefix(&root)
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let mut bytes = std::fs::read(&bad_path).unwrap();
-    bytes.truncate(bytes.len() / 3); // a truncated upload
-    std::fs::write(&bad_path, &bytes).unwrap();
-    let moto = Moto::start(&root);
+    let (s3, bad_rel) = S3::start_after(|root| {
+        let local = LocalSource::open(&root.join("Training"), 0).unwrap();
+        let bad_path = local.index().samples[bad].path.clone();
+        let bad_rel = bad_path
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let mut bytes = std::fs::read(&bad_path).unwrap();
+        bytes.truncate(bytes.len() / 3); // a truncated upload
+        std::fs::write(&bad_path, &bytes).unwrap();
+        bad_rel
+    });
+    let S3 {
+        dir,
+        root: _root,
+        moto,
+        proxy: _proxy,
+    } = s3;
     let url = format!("s3://{BUCKET}/{PREFIX}/Training");
     let bad_url = format!("s3://{BUCKET}/{PREFIX}/{bad_rel}");
 
@@ -845,11 +893,12 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
 
 #[test]
 fn s3_preload_copies_verified_files_and_resumes() {
-    fake_credentials();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let cfg = config(
         dir.path(),
         &format!("s3://{BUCKET}/{PREFIX}"),
@@ -894,11 +943,12 @@ fn s3_preload_copies_verified_files_and_resumes() {
 
 #[test]
 fn s3_each_rank_fetches_only_its_own_samples() {
-    fake_credentials();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let cfg = config(
         dir.path(),
         &format!("s3://{BUCKET}/{PREFIX}/Training"),
@@ -1002,14 +1052,15 @@ fn writes(proxy: &Proxy) -> Vec<Logged> {
 fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
     use trainer::config::DataFormat;
     use trainer::data::shards::{LocalShardStore, ShardSource, INDEX_FILE};
-    fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let tree = root.join("Training");
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
     let url = format!("s3://{BUCKET}/packed/v1");
     let staging = dir.path().join("staging");
     let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
@@ -1115,11 +1166,13 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
 
 #[test]
 fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
-    fake_credentials();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
+    let S3 {
+        dir,
+        root,
+        moto,
+        proxy: _proxy,
+    } = S3::start();
     let tree = root.join("Training");
-    let moto = Moto::start(&root);
     let url = format!("s3://{BUCKET}/packed");
     let staging = dir.path().join("staging");
     pack_to_s3(dir.path(), &tree, moto.port, &url, &staging);
@@ -1168,14 +1221,15 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
 fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
     use trainer::data::cache::NodeCache;
     use trainer::data::shards::{CachedShardStore, S3ShardStore, ShardSource, INDEX_FILE};
-    fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let tree = root.join("Training");
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
     let url = format!("s3://{BUCKET}/packed/v1");
     let staging = dir.path().join("staging");
     pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
@@ -1311,11 +1365,12 @@ fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
 fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
     use sha2::{Digest, Sha256};
     use trainer::data::shards::upload::{remote_state, upload_file_with};
-    fake_credentials();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
+    let S3 {
+        dir,
+        root: _root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let url = format!("s3://{BUCKET}/big");
     let cfg = config(dir.path(), &url, &s3_yaml(proxy.port), 1);
     let remote =
@@ -1362,14 +1417,15 @@ fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
 /// sample, and training equals training from the same shards on a local disk.
 #[test]
 fn s3_shard_sequential_without_cache_streams_chunks_and_trains_like_local_shards() {
-    fake_credentials();
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
+    let S3 {
+        dir,
+        root,
+        moto: _moto,
+        proxy,
+    } = S3::start();
     let tree = root.join("Training");
-    let moto = Moto::start(&root);
-    let proxy = Proxy::start(moto.port);
     let url = format!("s3://{BUCKET}/packed/v1");
     let staging = dir.path().join("staging");
     pack_to_s3_sized(dir.path(), &tree, proxy.port, &url, &staging, "120K");

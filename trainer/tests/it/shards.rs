@@ -325,7 +325,8 @@ fn corrupt_member_is_an_error_naming_shard_and_key() {
 #[test]
 fn training_and_features_from_shards_equal_the_folder() {
     let _rng = super::util::torch_rng_lock();
-    use trainer::analysis::{features, mean_std};
+    use trainer::analysis::features;
+    use trainer::data::mean_std;
     use trainer::train::run::{model_dir, train, TrainOptions};
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();

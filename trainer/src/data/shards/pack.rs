@@ -13,7 +13,7 @@ use super::{
 };
 use crate::data::error::DataError;
 use crate::data::source::ImageSource;
-use crate::data::tiff_reader::write_atomic;
+use scdino_base::fs::write_atomic;
 use scdino_base::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -268,12 +268,71 @@ pub fn pack(
             "the shard size must be positive".into(),
         ));
     }
-    let index = src.index();
-    let n = index.len();
+    let n = src.index().len();
     let (root, rel) = relative_paths(src)?;
     let plan = plan_hash(opts, &root, label_folder_depth, &rel, src);
     std::fs::create_dir_all(&opts.out).map_err(|e| DataError::io(&opts.out, "creating", e))?;
+    let packer = Packer {
+        src,
+        opts,
+        order: shuffled_order(opts, n),
+        plan,
+        rel,
+    };
 
+    let mut done = packer.verified_prefix(progress)?;
+    let verified = done.len();
+    let mut next: usize = done.iter().map(|s| s.members.len()).sum();
+    let index_path = opts.out.join(INDEX_FILE);
+    if next < n && index_path.exists() {
+        // The index no longer describes the directory: hand over to the journal first, so
+        // neither a reader nor an interrupted rerun trusts it.
+        packer.write_journal(&done)?;
+        std::fs::remove_file(&index_path).map_err(|e| DataError::io(&index_path, "removing", e))?;
+    }
+    let mut written = 0usize;
+    let mut written_samples = 0usize;
+    let mut pending: Option<(usize, Vec<u8>)> = None;
+    while next < n {
+        let k = done.len();
+        let shard = packer.write_shard(k, &mut next, &mut pending)?;
+        let (samples, bytes) = (shard.members.len(), shard.entry.bytes);
+        done.push(shard);
+        written += 1;
+        written_samples += samples;
+        packer.write_journal(&done)?;
+        progress(PackEvent::Written {
+            shard: k,
+            samples,
+            bytes,
+            done: next,
+            total: n,
+        });
+    }
+
+    let file = packer.index_file(root, label_folder_depth, &done)?;
+    let json = serde_json::to_vec_pretty(&file).expect("index types serialise");
+    let unchanged = written == 0 && std::fs::read(&index_path).is_ok_and(|old| old == json);
+    if !unchanged {
+        write_atomic(&index_path, &json).map_err(DataError::writing(&index_path))?;
+    }
+    let journal = opts.out.join(JOURNAL_FILE);
+    if journal.exists() {
+        std::fs::remove_file(&journal).map_err(|e| DataError::io(&journal, "removing", e))?;
+    }
+    Ok(PackSummary {
+        shards: done.len(),
+        samples: n,
+        bytes: file.shards.iter().map(|s| s.bytes).sum(),
+        written_shards: written,
+        verified_shards: verified,
+        written_samples,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The positions in packing order: as indexed, or shuffled by the seed.
+fn shuffled_order(opts: &PackOptions, n: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     if opts.shuffle {
         let mut rng = SplitMix64::new(opts.seed ^ 0x9ACC_5EED_0000_0001);
@@ -281,69 +340,96 @@ pub fn pack(
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
     }
+    order
+}
 
-    // Keep the verified prefix of an earlier run; the plan fixes where each shard starts.
-    let mut done: Vec<JournalShard> = Vec::new();
-    let mut next = 0usize;
-    let mut verified = 0usize;
-    for (k, s) in previous_shards(&opts.out, &plan)?.into_iter().enumerate() {
-        let path = opts.out.join(&s.entry.file);
-        let expected: Vec<usize> = order[next..(next + s.members.len()).min(n)].to_vec();
-        let got: Vec<usize> = s.members.iter().map(|m| m.0).collect();
-        let check = if s.entry.file != shard_file_name(k) || got != expected {
-            Err("its members are not the plan's".to_string())
-        } else {
-            match sha256_file(&path) {
-                Ok((bytes, sha)) if bytes == s.entry.bytes && sha == s.entry.sha256 => Ok(()),
-                Ok((bytes, _)) => Err(format!(
-                    "checksum mismatch ({bytes} bytes, {} recorded)",
-                    s.entry.bytes
-                )),
-                Err(e) => Err(e.to_string()),
+/// What the steps of one [`pack`] share: the source, the settings, the plan and the order.
+struct Packer<'a> {
+    src: &'a dyn ImageSource,
+    opts: &'a PackOptions,
+    /// Packing order: `order[i]` is the position of the i-th sample written.
+    order: Vec<usize>,
+    plan: String,
+    /// Each sample's path relative to the root.
+    rel: Vec<String>,
+}
+
+impl Packer<'_> {
+    /// The shards of an earlier run that hold the plan's samples and verify by sha256, up to
+    /// the first that does not; the plan fixes where each shard starts.
+    fn verified_prefix(
+        &self,
+        progress: &mut dyn FnMut(PackEvent),
+    ) -> Result<Vec<JournalShard>, DataError> {
+        let n = self.order.len();
+        let mut done: Vec<JournalShard> = Vec::new();
+        let mut next = 0usize;
+        for (k, s) in previous_shards(&self.opts.out, &self.plan)?
+            .into_iter()
+            .enumerate()
+        {
+            let path = self.opts.out.join(&s.entry.file);
+            let expected: Vec<usize> = self.order[next..(next + s.members.len()).min(n)].to_vec();
+            let got: Vec<usize> = s.members.iter().map(|m| m.0).collect();
+            let check = if s.entry.file != shard_file_name(k) || got != expected {
+                Err("its members are not the plan's".to_string())
+            } else {
+                match sha256_file(&path) {
+                    Ok((bytes, sha)) if bytes == s.entry.bytes && sha == s.entry.sha256 => Ok(()),
+                    Ok((bytes, _)) => Err(format!(
+                        "checksum mismatch ({bytes} bytes, {} recorded)",
+                        s.entry.bytes
+                    )),
+                    Err(e) => Err(e.to_string()),
+                }
+            };
+            if let Err(reason) = check {
+                progress(PackEvent::Damaged { shard: k, reason });
+                break;
             }
-        };
-        if let Err(reason) = check {
-            progress(PackEvent::Damaged { shard: k, reason });
-            break;
+            progress(PackEvent::Verified {
+                shard: k,
+                samples: s.members.len(),
+                bytes: s.entry.bytes,
+            });
+            next += s.members.len();
+            done.push(s);
         }
-        progress(PackEvent::Verified {
-            shard: k,
-            samples: s.members.len(),
-            bytes: s.entry.bytes,
-        });
-        next += s.members.len();
-        verified += 1;
-        done.push(s);
+        Ok(done)
     }
 
-    let index_path = opts.out.join(INDEX_FILE);
-    if next < n && index_path.exists() {
-        // The index no longer describes the directory: hand over to the journal first, so
-        // neither a reader nor an interrupted rerun trusts it.
-        write_atomic(
-            &opts.out.join(JOURNAL_FILE),
-            &to_json(&Journal {
-                format: FORMAT.into(),
-                plan: plan.clone(),
-                shards: done.clone(),
-            }),
-        )?;
-        std::fs::remove_file(&index_path).map_err(|e| DataError::io(&index_path, "removing", e))?;
+    /// Records the shards written so far (replaced atomically).
+    fn write_journal(&self, done: &[JournalShard]) -> Result<(), DataError> {
+        let path = self.opts.out.join(JOURNAL_FILE);
+        let journal = to_json(&Journal {
+            format: FORMAT.into(),
+            plan: self.plan.clone(),
+            shards: done.to_vec(),
+        });
+        write_atomic(&path, &journal).map_err(DataError::writing(&path))
     }
-    let width_n = n;
-    let meta_of = |p: usize| {
+
+    /// A sample's JSON member.
+    fn member_meta(&self, p: usize) -> Vec<u8> {
+        let index = self.src.index();
         to_json(&MemberMeta {
-            path: rel[p].clone(),
+            path: self.rel[p].clone(),
             label: index.samples[p].label.clone(),
             class_index: index.samples[p].class_index,
             position: p,
         })
-    };
-    let mut written = 0usize;
-    let mut written_samples = 0usize;
-    let mut pending: Option<(usize, Vec<u8>)> = None;
-    while next < n {
-        let k = done.len();
+    }
+
+    /// Writes shard `k` from the sample at `*next` on, until it is full or the samples run
+    /// out: to a temporary name, fsynced, then renamed. A sample read but left for the next
+    /// shard waits in `pending`.
+    fn write_shard(
+        &self,
+        k: usize,
+        next: &mut usize,
+        pending: &mut Option<(usize, Vec<u8>)>,
+    ) -> Result<JournalShard, DataError> {
+        let (n, opts) = (self.order.len(), self.opts);
         let file = shard_file_name(k);
         let path = opts.out.join(&file);
         let tmp = tmp_name(&path);
@@ -353,29 +439,28 @@ pub fn pack(
             hash: Sha256::new(),
         });
         let mut members = Vec::new();
-        while next < n {
+        while *next < n {
             if opts.max_shard_samples > 0 && members.len() >= opts.max_shard_samples {
                 break;
             }
-            let p = order[next];
+            let p = self.order[*next];
             let bytes = match pending.take() {
                 Some((q, b)) if q == p => b,
-                _ => src.read_bytes(p)?,
+                _ => self.src.read_bytes(p)?,
             };
-            let meta = meta_of(p);
+            let meta = self.member_meta(p);
             let span = member_span(bytes.len() as u64) + member_span(meta.len() as u64);
             let full_bytes = tar.position() + span + END_SPAN > opts.max_shard_bytes;
             if !members.is_empty() && full_bytes {
-                pending = Some((p, bytes));
+                *pending = Some((p, bytes));
                 break;
             }
-            let key = sample_key(p, width_n);
+            let key = sample_key(p, n);
             let werr = |e| DataError::io(&tmp, "writing shard", e);
             let offset = tar.append(&format!("{key}.tiff"), &bytes).map_err(werr)?;
             tar.append(&format!("{key}.json"), &meta).map_err(werr)?;
             members.push((p, offset, bytes.len() as u64, crc32fast::hash(&bytes)));
-            next += 1;
-            written_samples += 1;
+            *next += 1;
         }
         let (hw, bytes) = tar
             .finish()
@@ -392,7 +477,7 @@ pub fn pack(
         if let Some(dir) = path.parent() {
             scdino_base::fs::sync_dir(dir);
         }
-        done.push(JournalShard {
+        Ok(JournalShard {
             entry: ShardEntry {
                 file,
                 bytes,
@@ -400,88 +485,63 @@ pub fn pack(
                 samples: members.len(),
             },
             members,
-        });
-        written += 1;
-        write_atomic(
-            &opts.out.join(JOURNAL_FILE),
-            &to_json(&Journal {
-                format: FORMAT.into(),
-                plan: plan.clone(),
-                shards: done.clone(),
-            }),
-        )?;
-        progress(PackEvent::Written {
-            shard: k,
-            samples: done[k].members.len(),
-            bytes,
-            done: next,
-            total: n,
-        });
+        })
     }
 
-    let mut samples: Vec<Option<SampleEntry>> = vec![None; n];
-    for (k, s) in done.iter().enumerate() {
-        for &(p, offset, length, crc32) in &s.members {
-            samples[p] = Some(SampleEntry {
-                position: p,
-                path: rel[p].clone(),
-                label: index.samples[p].label.clone(),
-                class_index: index.samples[p].class_index,
-                shard: k,
-                key: sample_key(p, width_n),
-                offset,
-                length,
-                crc32,
-            });
+    /// The index of the finished shards: every sample, in position order.
+    fn index_file(
+        &self,
+        root: String,
+        label_folder_depth: usize,
+        done: &[JournalShard],
+    ) -> Result<ShardIndexFile, DataError> {
+        let (index, opts, n) = (self.src.index(), self.opts, self.order.len());
+        let mut samples: Vec<Option<SampleEntry>> = vec![None; n];
+        for (k, s) in done.iter().enumerate() {
+            for &(p, offset, length, crc32) in &s.members {
+                samples[p] = Some(SampleEntry {
+                    position: p,
+                    path: self.rel[p].clone(),
+                    label: index.samples[p].label.clone(),
+                    class_index: index.samples[p].class_index,
+                    shard: k,
+                    key: sample_key(p, n),
+                    offset,
+                    length,
+                    crc32,
+                });
+            }
         }
-    }
-    let samples: Vec<SampleEntry> = samples
-        .into_iter()
-        .enumerate()
-        .map(|(p, s)| {
-            s.ok_or_else(|| DataError::ShardIndex {
-                path: opts.out.join(JOURNAL_FILE),
-                reason: format!("sample {p} is in no shard"),
+        let samples: Vec<SampleEntry> = samples
+            .into_iter()
+            .enumerate()
+            .map(|(p, s)| {
+                s.ok_or_else(|| DataError::ShardIndex {
+                    path: opts.out.join(JOURNAL_FILE),
+                    reason: format!("sample {p} is in no shard"),
+                })
             })
+            .collect::<Result<_, _>>()?;
+        let skipped = index
+            .skipped_other_images
+            .iter()
+            .map(|p| path_str(p, "skipped image").map(str::to_string))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ShardIndexFile {
+            format: FORMAT.into(),
+            root,
+            label_folder_depth,
+            classes: index.classes.clone(),
+            skipped_other_images: skipped,
+            pack: PackSettings {
+                seed: opts.seed,
+                shuffle: opts.shuffle,
+                max_shard_bytes: opts.max_shard_bytes,
+                max_shard_samples: opts.max_shard_samples,
+                plan: self.plan.clone(),
+            },
+            shards: done.iter().map(|s| s.entry.clone()).collect(),
+            samples,
         })
-        .collect::<Result<_, _>>()?;
-    let skipped = index
-        .skipped_other_images
-        .iter()
-        .map(|p| path_str(p, "skipped image").map(str::to_string))
-        .collect::<Result<Vec<_>, _>>()?;
-    let file = ShardIndexFile {
-        format: FORMAT.into(),
-        root,
-        label_folder_depth,
-        classes: index.classes.clone(),
-        skipped_other_images: skipped,
-        pack: PackSettings {
-            seed: opts.seed,
-            shuffle: opts.shuffle,
-            max_shard_bytes: opts.max_shard_bytes,
-            max_shard_samples: opts.max_shard_samples,
-            plan,
-        },
-        shards: done.iter().map(|s| s.entry.clone()).collect(),
-        samples,
-    };
-    let json = serde_json::to_vec_pretty(&file).expect("index types serialise");
-    let unchanged = written == 0 && std::fs::read(&index_path).is_ok_and(|old| old == json);
-    if !unchanged {
-        write_atomic(&index_path, &json)?;
     }
-    let journal = opts.out.join(JOURNAL_FILE);
-    if journal.exists() {
-        std::fs::remove_file(&journal).map_err(|e| DataError::io(&journal, "removing", e))?;
-    }
-    Ok(PackSummary {
-        shards: done.len(),
-        samples: n,
-        bytes: file.shards.iter().map(|s| s.bytes).sum(),
-        written_shards: written,
-        verified_shards: verified,
-        written_samples,
-        seconds: start.elapsed().as_secs_f64(),
-    })
 }

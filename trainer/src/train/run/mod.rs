@@ -19,7 +19,7 @@ pub use super::error::TrainError;
 pub use super::preempt::EXIT_PREEMPTED;
 pub use batches::training_image_fn;
 pub use resume::schedule_change_note;
-pub use run_files::{dataset_mean_std, dataset_mean_std_at, model_dir};
+pub use run_files::{dataset_mean_std, model_dir};
 
 use super::collapse::CollapsePolicy;
 use super::preempt::StopRequest;

@@ -1,10 +1,11 @@
 //! The files of a run besides checkpoints and telemetry, kept where scDINO kept them so its
 //! downstream scripts still find them: the dataset's mean/std (shared by every channel
-//! combination, so computed once per run folder), `run_log.txt` (the settings a model was
-//! trained with) and the trimming of `log.txt` a resume needs.
+//! combination, so computed once per run folder, by [`mean_std::load_or_compute`]),
+//! `run_log.txt` (the settings a model was trained with) and the trimming of `log.txt` a
+//! resume needs.
 use super::TrainError;
-use crate::analysis::mean_std::{self, MeanStd};
 use crate::config::Config;
+use crate::data::mean_std::{self, MeanStd};
 use crate::data::{self, ImageSource};
 use crate::layout::RunLayout;
 use std::path::{Path, PathBuf};
@@ -16,35 +17,11 @@ pub fn model_dir(cfg: &Config, channels: &[usize]) -> PathBuf {
 
 /// Loads `mean_and_std_of_dataset.txt` from the run folder, computing it first if missing.
 pub fn dataset_mean_std(cfg: &Config, source: &dyn ImageSource) -> Result<MeanStd, TrainError> {
-    dataset_mean_std_at(cfg, source, &RunLayout::new(cfg).mean_std())
-}
-
-/// [`dataset_mean_std`] with an explicit file.
-pub fn dataset_mean_std_at(
-    cfg: &Config,
-    source: &dyn ImageSource,
-    path: &Path,
-) -> Result<MeanStd, TrainError> {
-    let path = path.to_path_buf();
-    if path.exists() {
-        return Ok(MeanStd::read(&path)?);
-    }
-    tracing::info!("computing dataset mean/std -> {}", path.display());
-    let threads = cfg.data.num_workers.max(1);
-    let (ms, quality) = mean_std::compute_with(
+    Ok(mean_std::load_or_compute(
+        cfg,
         source,
-        cfg.data.mean_std_fraction,
-        cfg.data.center_crop,
-        threads,
-        cfg.data.on_corrupt,
-    )?;
-    quality.warn(&cfg.data.channel_names, &cfg.used_channels());
-    std::fs::create_dir_all(cfg.run_dir()).map_err(|source| TrainError::Io {
-        path: cfg.run_dir(),
-        source,
-    })?;
-    ms.write(&path)?;
-    Ok(ms)
+        &RunLayout::new(cfg).mean_std(),
+    )?)
 }
 
 /// What one training run's `run_log.txt` records besides the config.
@@ -74,7 +51,8 @@ impl RunLog<'_> {
             text.push_str(line);
             text.push_str(" \n");
         }
-        data::tiff_reader::write_atomic(path, text.as_bytes())?;
+        scdino_base::fs::write_atomic(path, text.as_bytes())
+            .map_err(data::DataError::writing(path))?;
         Ok(())
     }
 }
@@ -95,7 +73,8 @@ pub fn trim_log(path: &Path, epoch: usize) -> Result<(), TrainError> {
         .map(|l| format!("{l}\n"))
         .collect();
     if kept != text {
-        data::tiff_reader::write_atomic(path, kept.as_bytes())?;
+        scdino_base::fs::write_atomic(path, kept.as_bytes())
+            .map_err(data::DataError::writing(path))?;
     }
     Ok(())
 }

@@ -1,7 +1,18 @@
 //! Reporting a value that parses but makes no sense, with its key and the line it is on. The
 //! run config and the launcher's `cluster.yaml` report their values the same way, so both use
 //! this one helper; each file's error type takes an [`Invalid`] through `From`.
+//!
+//! Each section of the run config checks itself, in its own file below (`run.rs`, `data.rs`,
+//! ...); [`crate::Config`]'s validation is the list of those calls, always in the same order
+//! (the first refusal is the one reported). A new section adds one file and one call.
 use crate::KeyLines;
+
+mod augment;
+mod data;
+mod downstream;
+mod model;
+mod run;
+mod train;
 
 /// A value that parses but makes no sense.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,6 +70,16 @@ impl<'a> Validator<'a> {
             x.is_finite() && x >= 0.0,
             key,
             &format!("is {x} but must be zero or positive"),
+        )
+    }
+
+    /// A name that becomes a folder: not blank, no `/`.
+    pub fn folder_name(&self, name: &str, key: &str) -> Result<(), Invalid> {
+        self.check(!name.trim().is_empty(), key, "must not be empty")?;
+        self.check(
+            !name.contains('/'),
+            key,
+            "is a folder name and must not contain '/'",
         )
     }
 

@@ -9,10 +9,10 @@
 //! [`crate::data::preprocess`] (scDINO dropped it, and a padded stain emptied the subset);
 //! a channel with std 0 is kept in the file as 0 and normalised with std 1 by
 //! [`MeanStd::select`], with a warning, only when a run selects it.
-use crate::config::OnCorrupt;
+use crate::config::{Config, OnCorrupt};
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageSource, PreprocessOptions};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MeanStd {
@@ -28,6 +28,12 @@ pub enum MeanStdError {
     File { path: String, reason: String },
     #[error("no usable image in the mean/std subset ({dropped} skipped as corrupt)")]
     Empty { dropped: usize },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What the mean/std subset held besides the statistics: what scaling had to guard against.
@@ -111,9 +117,39 @@ impl MeanStd {
     /// Atomic write (temp file + rename) so a crash never leaves half a file.
     pub fn write(&self, path: &Path) -> Result<(), MeanStdError> {
         let json = serde_json::to_string(self).expect("floats serialize");
-        data::tiff_reader::write_atomic(path, json.as_bytes())?;
+        scdino_base::fs::write_atomic(path, json.as_bytes())
+            .map_err(data::DataError::writing(path))?;
         Ok(())
     }
+}
+
+/// The run's statistics at `path` (`mean_and_std_of_dataset.txt` in the run folder, shared by
+/// every channel combination): read when the file exists, else computed with the config's
+/// settings (warning about channels constant in the subset) and written.
+pub fn load_or_compute(
+    cfg: &Config,
+    source: &dyn ImageSource,
+    path: &Path,
+) -> Result<MeanStd, MeanStdError> {
+    if path.exists() {
+        return MeanStd::read(path);
+    }
+    tracing::info!("computing dataset mean/std -> {}", path.display());
+    let threads = cfg.data.num_workers.max(1);
+    let (ms, quality) = compute_with(
+        source,
+        cfg.data.mean_std_fraction,
+        cfg.data.center_crop,
+        threads,
+        cfg.data.on_corrupt,
+    )?;
+    quality.warn(&cfg.data.channel_names, &cfg.used_channels());
+    std::fs::create_dir_all(cfg.run_dir()).map_err(|source| MeanStdError::Io {
+        path: cfg.run_dir(),
+        source,
+    })?;
+    ms.write(path)?;
+    Ok(ms)
 }
 
 /// Computes the statistics over the source's mean/std subset with `threads` readers.

@@ -1,0 +1,143 @@
+//! `data:` — splits, sample order, the S3 client and the channels; it also turns
+//! `data.channel_combinations` into channel indices, once.
+use crate::{ChannelCombination, DataFormat, DataSection, Invalid, SampleOrder, Validator};
+
+impl DataSection {
+    /// Returns `data.channel_combinations` as channel indices, in file order.
+    pub(crate) fn validate(&self, v: &Validator) -> Result<Vec<Vec<usize>>, Invalid> {
+        self.validate_sampling(v)?;
+        self.validate_s3(v)?;
+        v.check(
+            !self.images_are_rgb,
+            "data.images_are_rgb",
+            "RGB images are not supported yet; multi-channel TIFFs only",
+        )?;
+        self.validate_channel_names(v)?;
+        self.channel_sets(v)
+    }
+
+    fn validate_sampling(&self, v: &Validator) -> Result<(), Invalid> {
+        v.fraction_open(self.train_fraction, "data.train_fraction")?;
+        v.check(
+            self.mean_std_fraction > 0.0 && self.mean_std_fraction <= 1.0,
+            "data.mean_std_fraction",
+            &format!(
+                "is {} but must be in (0, 1]: the share of images used to estimate mean/std",
+                self.mean_std_fraction
+            ),
+        )?;
+        v.check(
+            self.shuffle_buffer >= 1,
+            "data.shuffle_buffer",
+            "must be at least 1 (1 keeps each shard's stored order)",
+        )?;
+        v.check(
+            !(self.order == SampleOrder::ShardSequential && self.format == DataFormat::Folder),
+            "data.order",
+            "shard_sequential needs a packed dataset (data.format: shards or auto); \
+             pack one with `trainer data pack`",
+        )
+    }
+
+    fn validate_s3(&self, v: &Validator) -> Result<(), Invalid> {
+        let s3 = &self.s3;
+        v.check(
+            s3.max_concurrency > 0,
+            "data.s3.max_concurrency",
+            "must be at least 1 (GET requests in flight)",
+        )?;
+        v.check(
+            s3.shard_chunk_bytes > 0,
+            "data.s3.shard_chunk_bytes",
+            "must be at least 1 (bytes per chunk GET; 64 MiB by default)",
+        )?;
+        if let Some(ep) = &s3.endpoint {
+            v.check(
+                ep.starts_with("http://") || ep.starts_with("https://"),
+                "data.s3.endpoint",
+                &format!("{ep:?} must start with http:// or https://"),
+            )?;
+            v.check(
+                !ep.starts_with("http://") || s3.allow_http,
+                "data.s3.endpoint",
+                &format!("{ep:?} is plain HTTP: set data.s3.allow_http: true (local S3-compatible servers only)"),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn validate_channel_names(&self, v: &Validator) -> Result<(), Invalid> {
+        v.check(
+            !self.channel_names.is_empty(),
+            "data.channel_names",
+            "name at least one channel (one name per channel of the TIFF files, in file order)",
+        )?;
+        for (i, name) in self.channel_names.iter().enumerate() {
+            let key = format!("data.channel_names[{i}]");
+            v.check(!name.is_empty(), &key, "channel names must not be empty")?;
+            v.check(
+                !name.contains('_') && !name.contains('/'),
+                &key,
+                &format!("channel name {name:?} must not contain '_' or '/' (they are used in folder names)"),
+            )?;
+            if self.channel_names[..i].contains(name) {
+                return Err(v.err(&key, &format!("channel name {name:?} appears twice")));
+            }
+        }
+        Ok(())
+    }
+
+    fn channel_sets(&self, v: &Validator) -> Result<Vec<Vec<usize>>, Invalid> {
+        let n_channels = self.channel_names.len();
+        v.check(
+            !self.channel_combinations.is_empty(),
+            "data.channel_combinations",
+            "list at least one channel combination, e.g. \"01234\" for all five channels",
+        )?;
+        let mut channel_sets = Vec::with_capacity(self.channel_combinations.len());
+        for (i, combo) in self.channel_combinations.iter().enumerate() {
+            let key = format!("data.channel_combinations[{i}]");
+            let set = channel_set(combo).map_err(|m| v.err(&key, &m))?;
+            for &c in &set {
+                v.check(
+                    c < n_channels,
+                    &key,
+                    &format!(
+                        "channel {c} does not exist: the images have {n_channels} channels ({}), numbered 0 to {}",
+                        self.channel_names.join(", "),
+                        n_channels - 1
+                    ),
+                )?;
+            }
+            if channel_sets.contains(&set) {
+                return Err(v.err(&key, "this channel combination is listed twice"));
+            }
+            channel_sets.push(set);
+        }
+        Ok(channel_sets)
+    }
+}
+
+/// Parses `"01234"` or `[0, 1]` into channel indices (order kept, duplicates refused).
+fn channel_set(combo: &ChannelCombination) -> Result<Vec<usize>, String> {
+    let set: Vec<usize> = match combo {
+        ChannelCombination::Digits(s) => s
+            .chars()
+            .map(|ch| {
+                ch.to_digit(10).map(|d| d as usize).ok_or_else(|| {
+                    format!("{s:?} must be channel digits like \"024\" (found {ch:?}); use a list like [10, 11] for channels above 9")
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        ChannelCombination::Indices(v) => v.clone(),
+    };
+    if set.is_empty() {
+        return Err("a channel combination needs at least one channel".into());
+    }
+    for (i, c) in set.iter().enumerate() {
+        if set[..i].contains(c) {
+            return Err(format!("channel {c} is selected twice"));
+        }
+    }
+    Ok(set)
+}

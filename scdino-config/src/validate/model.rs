@@ -1,0 +1,34 @@
+//! `model:` — patch size, head and channel mode (which depends on the data's channels and
+//! sample order).
+use crate::{ChannelMode, DataSection, Invalid, ModelSection, SampleOrder, Validator};
+
+impl ModelSection {
+    pub(crate) fn validate(&self, v: &Validator, data: &DataSection) -> Result<(), Invalid> {
+        let n_channels = data.channel_names.len();
+        v.check(
+            self.patch_size > 0 && self.patch_size <= 64,
+            "model.patch_size",
+            "must be between 1 and 64 pixels (scDINO uses 8 or 16)",
+        )?;
+        v.check(self.out_dim > 0, "model.out_dim", "must be positive")?;
+        v.check(
+            self.channels != ChannelMode::Bag || data.order == SampleOrder::Exact,
+            "model.channels",
+            "bag trains on every channel of every image as its own sample, in an exact shuffle of those; data.order: shard_sequential is not supported with it",
+        )?;
+        v.check(
+            self.channels.is_fixed() || n_channels <= 64,
+            "model.channels",
+            &format!(
+                "{} takes at most 64 channels (the images have {n_channels})",
+                self.channels.name()
+            ),
+        )?;
+        v.check(
+            (0.0..1.0).contains(&self.drop_path_rate),
+            "model.drop_path_rate",
+            "must be in [0, 1)",
+        )?;
+        v.folder_name(&self.name, "model.name")
+    }
+}
