@@ -20,6 +20,7 @@ pub mod pipeline;
 pub mod plot;
 pub mod precision;
 pub mod probe;
+pub mod scoring;
 pub mod pth;
 pub mod selftest;
 pub mod tensor_file;

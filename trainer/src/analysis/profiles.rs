@@ -28,7 +28,7 @@ use super::features::FeatureSet;
 /// Prefix of the feature columns this crate writes.
 pub const FEATURE_PREFIX: &str = "DINO_CLS_";
 /// Key of the feature block's SHA-256 in the file's key-value metadata.
-const CHECKSUM_KEY: &str = "scdino.features_sha256";
+pub(crate) const CHECKSUM_KEY: &str = "scdino.features_sha256";
 /// Rows per row group: bounded so a reader can stream a large table group by group.
 const ROW_GROUP_ROWS: usize = 65_536;
 
@@ -376,7 +376,7 @@ impl Table<'_> {
 }
 
 /// SHA-256 of the feature block, row-major little-endian float32.
-fn feature_checksum(values: &[f32]) -> String {
+pub(crate) fn feature_checksum(values: &[f32]) -> String {
     let mut h = Sha256::new();
     for v in values {
         h.update(v.to_le_bytes());
@@ -385,7 +385,7 @@ fn feature_checksum(values: &[f32]) -> String {
 }
 
 /// One column of a table, read whole.
-enum Column {
+pub(crate) enum Column {
     Strings(Vec<String>),
     Floats(Vec<f32>),
     Ints(Vec<Option<i64>>),
@@ -394,40 +394,7 @@ enum Column {
 /// Reads a profile table: ours, or any table with a `Metadata_Class` string column and float
 /// or double feature columns (every column not named `Metadata_*`).
 pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
-    let pq = |source| ProfilesError::Parquet {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = SerializedFileReader::new(file).map_err(pq)?;
-    let meta = reader.metadata();
-    let rows = meta.file_metadata().num_rows() as usize;
-    let schema = meta.file_metadata().schema_descr();
-    let mut columns: Vec<(String, Column)> = vec![];
-    for (i, col) in schema.columns().iter().enumerate() {
-        let name = col.name().to_string();
-        let column = read_column(&reader, i, path, &name).map_err(|e| match e {
-            ReadError::Parquet(source) => pq(source),
-            ReadError::Profiles(e) => e,
-        })?;
-        let found = match &column {
-            Column::Strings(v) => v.len(),
-            Column::Floats(v) => v.len(),
-            Column::Ints(v) => v.len(),
-        };
-        if found != rows {
-            return Err(ProfilesError::RowCount {
-                path: path.to_path_buf(),
-                column: name,
-                found,
-                rows,
-            });
-        }
-        columns.push((name, column));
-    }
+    let (rows, mut columns, kv) = read_columns(path)?;
     let mut take_strings = |key: &str| {
         columns.iter().position(|(n, _)| n == key).and_then(|i| {
             match std::mem::replace(&mut columns[i].1, Column::Strings(vec![])) {
@@ -488,11 +455,7 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
             row_major[r * dim + j] = *v;
         }
     }
-    let stored = meta
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|k| k.key == CHECKSUM_KEY))
-        .and_then(|k| k.value.clone());
+    let stored = kv;
     if let Some(sum) = stored {
         if sum != feature_checksum(&row_major) {
             return Err(ProfilesError::Checksum {
@@ -510,6 +473,53 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
         checkpoint,
         checkpoint_epoch: checkpoint_epoch.map(|e| e as usize),
     })
+}
+
+/// Every column of the table at `path`, read whole and checked to have one value per row,
+/// with the row count and the feature checksum stored with it (if any).
+pub(crate) fn read_columns(
+    path: &Path,
+) -> Result<(usize, Vec<(String, Column)>, Option<String>), ProfilesError> {
+    let pq = |source| ProfilesError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let meta = reader.metadata();
+    let rows = meta.file_metadata().num_rows() as usize;
+    let schema = meta.file_metadata().schema_descr();
+    let mut columns: Vec<(String, Column)> = vec![];
+    for (i, col) in schema.columns().iter().enumerate() {
+        let name = col.name().to_string();
+        let column = read_column(&reader, i, path, &name).map_err(|e| match e {
+            ReadError::Parquet(source) => pq(source),
+            ReadError::Profiles(e) => e,
+        })?;
+        let found = match &column {
+            Column::Strings(v) => v.len(),
+            Column::Floats(v) => v.len(),
+            Column::Ints(v) => v.len(),
+        };
+        if found != rows {
+            return Err(ProfilesError::RowCount {
+                path: path.to_path_buf(),
+                column: name,
+                found,
+                rows,
+            });
+        }
+        columns.push((name, column));
+    }
+    let stored = meta
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == CHECKSUM_KEY))
+        .and_then(|k| k.value.clone());
+    Ok((rows, columns, stored))
 }
 
 enum ReadError {
