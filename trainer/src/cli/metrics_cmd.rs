@@ -101,7 +101,11 @@ impl MapArgs {
             neg_sameby: cols(&self.neg_sameby),
             neg_diffby: cols(&self.neg_diffby),
         };
-        let map_by = self.map_by.as_deref().map(split_columns).unwrap_or_else(|| rules.pos_sameby.clone());
+        let map_by = self
+            .map_by
+            .as_deref()
+            .map(split_columns)
+            .unwrap_or_else(|| rules.pos_sameby.clone());
         let opts = MapOptions {
             null_size: self.null_size,
             threshold: self.threshold,
@@ -113,19 +117,36 @@ impl MapArgs {
             .iter()
             .map(|(n, v)| (n.clone(), OutColumn::Text(v.clone())))
             .collect();
-        columns.push(("n_pos_pairs".into(), OutColumn::Int(ap.iter().map(|a| a.n_pos_pairs.into()).collect())));
-        columns.push(("n_total_pairs".into(), OutColumn::Int(ap.iter().map(|a| a.n_total_pairs.into()).collect())));
-        columns.push(("average_precision".into(), OutColumn::Double(ap.iter().map(|a| a.average_precision).collect())));
+        columns.push((
+            "n_pos_pairs".into(),
+            OutColumn::Int(ap.iter().map(|a| a.n_pos_pairs.into()).collect()),
+        ));
+        columns.push((
+            "n_total_pairs".into(),
+            OutColumn::Int(ap.iter().map(|a| a.n_total_pairs.into()).collect()),
+        ));
+        columns.push((
+            "average_precision".into(),
+            OutColumn::Double(ap.iter().map(|a| a.average_precision).collect()),
+        ));
         write_table(&self.out, &columns, None)?;
         if let Some(path) = &self.map_out {
             let mut columns: Vec<(String, OutColumn)> = map_by
                 .iter()
                 .enumerate()
-                .map(|(i, n)| (n.clone(), OutColumn::Text(rows.iter().map(|r| r.key[i].clone()).collect())))
+                .map(|(i, n)| {
+                    (
+                        n.clone(),
+                        OutColumn::Text(rows.iter().map(|r| r.key[i].clone()).collect()),
+                    )
+                })
                 .collect();
             let f = |g: fn(&map::MapRow) -> f64| OutColumn::Double(rows.iter().map(g).collect());
             let b = |g: fn(&map::MapRow) -> bool| OutColumn::Bool(rows.iter().map(g).collect());
-            columns.push(("mean_average_precision".into(), f(|r| r.mean_average_precision)));
+            columns.push((
+                "mean_average_precision".into(),
+                f(|r| r.mean_average_precision),
+            ));
             columns.push(("p_value".into(), f(|r| r.p_value)));
             columns.push(("corrected_p_value".into(), f(|r| r.corrected_p_value)));
             columns.push(("below_p".into(), b(|r| r.below_p)));
@@ -160,7 +181,13 @@ pub struct BatchArgs {
 impl BatchArgs {
     fn run(self) -> Result<()> {
         let table = ProfileTable::read(&self.profiles)?;
-        let s = summary::batch_summary(&table, &self.batch, &self.label, self.n_neighbors, self.seed)?;
+        let s = summary::batch_summary(
+            &table,
+            &self.batch,
+            &self.label,
+            self.n_neighbors,
+            self.seed,
+        )?;
         emit_json(&s, self.json.as_deref())
     }
 }

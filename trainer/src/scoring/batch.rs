@@ -69,7 +69,8 @@ pub fn silhouette_batch(
     let (names, rows) = by_label(label);
     let mut out = vec![];
     for (name, rows) in names.into_iter().zip(rows) {
-        let (codes, batches) = label_codes(&rows.iter().map(|&r| batch[r].clone()).collect::<Vec<_>>());
+        let (codes, batches) =
+            label_codes(&rows.iter().map(|&r| batch[r].clone()).collect::<Vec<_>>());
         if batches.len() == 1 || batches.len() == rows.len() {
             continue;
         }
@@ -179,7 +180,10 @@ pub fn logo_f1(
     if gnames.len() < 2 {
         return Err(ScoringError::invalid(
             table,
-            format!("leave-one-group-out needs at least two groups, found {}", gnames.len()),
+            format!(
+                "leave-one-group-out needs at least two groups, found {}",
+                gnames.len()
+            ),
         ));
     }
     let all: Vec<usize> = (0..table.rows).collect();
@@ -211,7 +215,9 @@ pub fn shuffled(values: &[String], seed: u64) -> Vec<String> {
     let mut v = values.to_vec();
     let mut s = seed;
     for i in (1..v.len()).rev() {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let j = ((s >> 33) % (i as u64 + 1)) as usize;
         v.swap(i, j);
     }

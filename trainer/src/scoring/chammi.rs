@@ -51,7 +51,10 @@ pub fn chammi(
             continue;
         }
         let train = rows.get(&(*ds, "train")).ok_or_else(|| {
-            ScoringError::invalid(table, format!("dataset `{ds}` has {t} rows but no `train` rows in {task_col}"))
+            ScoringError::invalid(
+                table,
+                format!("dataset `{ds}` has {t} rows but no `train` rows in {task_col}"),
+            )
         })?;
         let nn = nearest_cosine(&rows_f64(table, test), &rows_f64(table, train), false);
         let pred: Vec<usize> = nn.iter().map(|&j| truth[train[j]]).collect();
@@ -65,12 +68,17 @@ pub fn chammi(
     for (k, (ds, needed)) in OFFICIAL.iter().enumerate() {
         let mut sum = 0.0;
         for t in *needed {
-            sum += tasks.get(*ds).and_then(|m| m.get(*t)).copied().ok_or_else(|| {
-                ScoringError::invalid(
+            sum +=
+                tasks
+                    .get(*ds)
+                    .and_then(|m| m.get(*t))
+                    .copied()
+                    .ok_or_else(|| {
+                        ScoringError::invalid(
                     table,
                     format!("the CHAMMI score needs {dataset_col}={ds} rows with {task_col}={t}"),
                 )
-            })?;
+                    })?;
         }
         summary[k] = sum / needed.len() as f64;
     }

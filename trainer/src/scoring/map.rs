@@ -132,7 +132,11 @@ fn ap_of(mut ranked: Vec<(f32, bool)>) -> ApRow {
     ApRow {
         n_pos_pairs: tp,
         n_total_pairs: ranked.len() as u32,
-        average_precision: if tp == 0 { f64::NAN } else { sum / f64::from(tp) },
+        average_precision: if tp == 0 {
+            f64::NAN
+        } else {
+            sum / f64::from(tp)
+        },
     }
 }
 
@@ -205,7 +209,13 @@ pub fn assign_reference_index(
     let index: Vec<String> = col
         .iter()
         .enumerate()
-        .map(|(i, v)| if v == value { i.to_string() } else { "-1".into() })
+        .map(|(i, v)| {
+            if v == value {
+                i.to_string()
+            } else {
+                "-1".into()
+            }
+        })
         .collect();
     let matched = index.iter().filter(|v| *v != "-1").count();
     if matched == 0 {
@@ -250,7 +260,10 @@ pub fn mean_average_precision(
     opts: MapOptions,
 ) -> Result<Vec<MapRow>, ScoringError> {
     if map_by.is_empty() {
-        return Err(ScoringError::invalid(table, "mAP needs at least one map_by column"));
+        return Err(ScoringError::invalid(
+            table,
+            "mAP needs at least one map_by column",
+        ));
     }
     if opts.null_size == 0 {
         return Err(ScoringError::invalid(table, "null_size must be at least 1"));
@@ -270,7 +283,11 @@ pub fn mean_average_precision(
     let mut nulls = NullCache::new(opts);
     let mut rows = vec![];
     for (key, members) in by_key {
-        let map = members.iter().map(|&r| ap[r].average_precision).sum::<f64>() / members.len() as f64;
+        let map = members
+            .iter()
+            .map(|&r| ap[r].average_precision)
+            .sum::<f64>()
+            / members.len() as f64;
         let mut null_mean = vec![0f64; opts.null_size];
         for &r in &members {
             let dist = nulls.get(ap[r].n_pos_pairs, ap[r].n_total_pairs);
@@ -340,7 +357,8 @@ impl NullCache {
 /// `random_ap`), seeded by `seed` and the configuration so the draw does not depend on the
 /// order configurations are met.
 pub fn random_ap(size: usize, k: u32, n: u32, seed: u64) -> Vec<f32> {
-    let mut rng = SplitMix64(seed ^ (u64::from(k) << 32 | u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng =
+        SplitMix64(seed ^ (u64::from(k) << 32 | u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut perm: Vec<u32> = (0..n).collect();
     let mut ranks = Vec::with_capacity(k as usize);
     (0..size)

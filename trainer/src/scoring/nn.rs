@@ -47,7 +47,12 @@ pub fn nearest_cosine(query: &Tensor, reference: &Tensor, same: bool) -> Vec<usi
             );
         }
         let best = sim.argmax(1, false);
-        out.extend(Vec::<i64>::try_from(&best).expect("indices").into_iter().map(|i| i as usize));
+        out.extend(
+            Vec::<i64>::try_from(&best)
+                .expect("indices")
+                .into_iter()
+                .map(|i| i as usize),
+        );
         start += len;
     }
     out

@@ -11,7 +11,9 @@ use super::keys::{groups, Codes};
 use super::{ProfileTable, ScoringError};
 
 /// A normalisation method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum Method {
@@ -48,7 +50,10 @@ pub struct NormalizeOptions {
 }
 
 /// The normalised table: same rows and metadata, new features (renamed `PC1…` by PCA).
-pub fn normalize(table: &ProfileTable, opts: &NormalizeOptions) -> Result<ProfileTable, ScoringError> {
+pub fn normalize(
+    table: &ProfileTable,
+    opts: &NormalizeOptions,
+) -> Result<ProfileTable, ScoringError> {
     table.check_finite()?;
     let is_control: Vec<bool> = match &opts.controls {
         None => vec![true; table.rows],
@@ -60,7 +65,10 @@ pub fn normalize(table: &ProfileTable, opts: &NormalizeOptions) -> Result<Profil
         let fit: Vec<usize> = rows.iter().copied().filter(|&r| is_control[r]).collect();
         let group = describe(table, &opts.by, rows[0]);
         if fit.is_empty() {
-            return Err(ScoringError::invalid(table, format!("{group}has no control rows to fit on")));
+            return Err(ScoringError::invalid(
+                table,
+                format!("{group}has no control rows to fit on"),
+            ));
         }
         let x = |rows: &[usize]| {
             let mut v = Vec::with_capacity(rows.len() * d);
@@ -69,7 +77,8 @@ pub fn normalize(table: &ProfileTable, opts: &NormalizeOptions) -> Result<Profil
             }
             Tensor::from_slice(&v).reshape([rows.len() as i64, d as i64])
         };
-        let fitted = Fitted::fit(&x(&fit), opts).map_err(|what| ScoringError::invalid(table, format!("{group}{what}")))?;
+        let fitted = Fitted::fit(&x(&fit), opts)
+            .map_err(|what| ScoringError::invalid(table, format!("{group}{what}")))?;
         let y = fitted.apply(&x(&rows)).to_kind(Kind::Float);
         let y = Vec::<f32>::try_from(&y.flatten(0, -1)).expect("float features");
         for (i, &r) in rows.iter().enumerate() {
@@ -77,7 +86,10 @@ pub fn normalize(table: &ProfileTable, opts: &NormalizeOptions) -> Result<Profil
         }
     }
     let pca = opts.method == Method::Spherize
-        && matches!(opts.spherize_method, SpherizeMethod::Pca | SpherizeMethod::PcaCor);
+        && matches!(
+            opts.spherize_method,
+            SpherizeMethod::Pca | SpherizeMethod::PcaCor
+        );
     Ok(ProfileTable {
         path: table.path.clone(),
         meta: table.meta.clone(),
@@ -97,7 +109,12 @@ fn describe(table: &ProfileTable, by: &[String], row: usize) -> String {
     }
     let parts: Vec<String> = by
         .iter()
-        .map(|c| format!("{c}={}", table.column(c).map(|v| v[row].clone()).unwrap_or_default()))
+        .map(|c| {
+            format!(
+                "{c}={}",
+                table.column(c).map(|v| v[row].clone()).unwrap_or_default()
+            )
+        })
         .collect();
     format!("group {}: ", parts.join(","))
 }
@@ -116,35 +133,59 @@ impl Fitted {
         match opts.method {
             Method::Standardize => {
                 let (center, scale) = standard(x);
-                Ok(Self { center, scale, w: None })
+                Ok(Self {
+                    center,
+                    scale,
+                    w: None,
+                })
             }
             Method::Robustize => {
                 let center = quantile(x, 0.5);
                 let scale = quantile(x, 0.75) - quantile(x, 0.25);
                 let tiny = scale.lt(10.0 * f64::EPSILON);
                 let scale = scale.where_self(&tiny.logical_not(), &ones(&center));
-                Ok(Self { center, scale, w: None })
+                Ok(Self {
+                    center,
+                    scale,
+                    w: None,
+                })
             }
             Method::MadRobustize => {
                 let center = quantile(x, 0.5);
                 let mad = quantile(&(x - &center).abs(), 0.5) * 1.4826;
-                Ok(Self { center, scale: mad + opts.mad_epsilon, w: None })
+                Ok(Self {
+                    center,
+                    scale: mad + opts.mad_epsilon,
+                    w: None,
+                })
             }
             Method::Spherize => {
-                let cor = matches!(opts.spherize_method, SpherizeMethod::ZcaCor | SpherizeMethod::PcaCor);
+                let cor = matches!(
+                    opts.spherize_method,
+                    SpherizeMethod::ZcaCor | SpherizeMethod::PcaCor
+                );
                 let (center, scale) = if cor {
                     let mean = x.mean_dim(Some(&[0i64][..]), false, Kind::Double);
-                    let var = (x - &mean).square().mean_dim(Some(&[0i64][..]), false, Kind::Double);
+                    let var = (x - &mean)
+                        .square()
+                        .mean_dim(Some(&[0i64][..]), false, Kind::Double);
                     if bool::try_from(var.eq(0.0).any()).unwrap_or(false) {
                         return Err("spherize: a feature has zero variance (remove low-variance features first)".into());
                     }
                     standard(x)
                 } else {
-                    (x.mean_dim(Some(&[0i64][..]), false, Kind::Double), ones(&x.select(0, 0)))
+                    (
+                        x.mean_dim(Some(&[0i64][..]), false, Kind::Double),
+                        ones(&x.select(0, 0)),
+                    )
                 };
                 let z = (x - &center) / &scale;
                 let w = sphere(&z, n, opts)?;
-                Ok(Self { center, scale, w: Some(w) })
+                Ok(Self {
+                    center,
+                    scale,
+                    w: Some(w),
+                })
             }
         }
     }
@@ -162,11 +203,15 @@ impl Fitted {
 fn standard(x: &Tensor) -> (Tensor, Tensor) {
     let n = x.size()[0] as f64;
     let mean = x.mean_dim(Some(&[0i64][..]), false, Kind::Double);
-    let var = (x - &mean).square().mean_dim(Some(&[0i64][..]), false, Kind::Double);
+    let var = (x - &mean)
+        .square()
+        .mean_dim(Some(&[0i64][..]), false, Kind::Double);
     // scikit-learn's `_is_constant_feature`.
     let bound = &var * (n * f64::EPSILON) + (&mean * (n * f64::EPSILON)).square();
     let constant = var.le_tensor(&bound);
-    let scale = var.sqrt().where_self(&constant.logical_not(), &mean.ones_like());
+    let scale = var
+        .sqrt()
+        .where_self(&constant.logical_not(), &mean.ones_like());
     (mean, scale)
 }
 
@@ -186,12 +231,16 @@ fn sphere(z: &Tensor, n: i64, opts: &NormalizeOptions) -> Result<Tensor, String>
     let tol = s_vals.iter().cloned().fold(0.0, f64::max) * n.max(d) as f64 * f64::EPSILON;
     let r = s_vals.iter().filter(|&&v| v > tol).count() as i64;
     if r != d && r != n - 1 && r == n {
-        return Err(format!("the data matrix is not full rank: n = {n}, d = {d}, r = {r}"));
+        return Err(format!(
+            "the data matrix is not full rank: n = {n}, d = {d}, r = {r}"
+        ));
     }
     let mut sigma = s_vals;
     if n <= d {
         if r != n - 1 && r != n {
-            return Err(format!("rank {r} with n = {n} <= d = {d}: linear dependencies in the data"));
+            return Err(format!(
+                "rank {r} with n = {n} <= d = {d}: linear dependencies in the data"
+            ));
         }
         let last = sigma[(r - 1).max(0) as usize];
         sigma.truncate(r as usize);

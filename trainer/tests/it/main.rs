@@ -14,6 +14,7 @@ mod model;
 mod profiles;
 mod pth;
 mod s3;
+mod scoring;
 mod shards;
 mod train;
 mod umap;
