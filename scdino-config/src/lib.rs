@@ -8,6 +8,7 @@
 mod compat;
 mod locate;
 mod location;
+mod metrics_validate;
 mod parse;
 pub mod reference;
 pub mod scdino;
@@ -554,6 +555,7 @@ impl Config {
             )?;
         }
         v.positive(down.knn.temperature, "downstream.knn.temperature")?;
+        metrics_validate::validate_metrics(&v, &down.metrics)?;
         let probe = &down.linear_probe;
         v.check(
             !probe.l2.is_empty(),

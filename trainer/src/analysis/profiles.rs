@@ -475,11 +475,12 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
     })
 }
 
+/// Row count, named columns and stored feature checksum of a table, as read.
+pub(crate) type TableColumns = (usize, Vec<(String, Column)>, Option<String>);
+
 /// Every column of the table at `path`, read whole and checked to have one value per row,
 /// with the row count and the feature checksum stored with it (if any).
-pub(crate) fn read_columns(
-    path: &Path,
-) -> Result<(usize, Vec<(String, Column)>, Option<String>), ProfilesError> {
+pub(crate) fn read_columns(path: &Path) -> Result<TableColumns, ProfilesError> {
     let pq = |source| ProfilesError::Parquet {
         path: path.to_path_buf(),
         source,

@@ -101,3 +101,78 @@ pub fn batch_summary(
         read: READ_BATCH,
     })
 }
+
+/// The scores the pipeline computes for one checkpoint (`downstream.metrics`): each present,
+/// or skipped with the reason (a column the table lacks, one batch only).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PipelineScores {
+    pub map: Option<MapSummary>,
+    pub map_skipped: Option<String>,
+    pub batch: Option<BatchSummary>,
+    pub batch_skipped: Option<String>,
+}
+
+/// What `downstream.metrics` asks for.
+#[derive(Debug, Clone)]
+pub struct PipelineRequest {
+    pub label: String,
+    pub batch: String,
+    pub null_size: usize,
+    pub n_neighbors: usize,
+    pub seed: u64,
+}
+
+/// Replicate-retrieval mAP (across batches where the table has two or more) and the batch
+/// scores of `table`, on the rows that have a batch value.
+pub fn pipeline_scores(table: &ProfileTable, req: &PipelineRequest) -> PipelineScores {
+    let mut out = PipelineScores::default();
+    let batch_rows: Option<Vec<usize>> = table
+        .column(&req.batch)
+        .ok()
+        .map(|b| (0..table.rows).filter(|&r| !b[r].is_empty()).collect());
+    let batches = |t: &ProfileTable| -> usize {
+        let mut v: Vec<&String> = t
+            .column(&req.batch)
+            .map(|c| c.iter().collect())
+            .unwrap_or_default();
+        v.sort();
+        v.dedup();
+        v.len()
+    };
+    let with_batch = batch_rows.map(|rows| table.subset(&rows));
+    let across = with_batch.as_ref().filter(|t| batches(t) >= 2);
+    let rules = PairRules {
+        pos_sameby: vec![req.label.clone()],
+        pos_diffby: across.map(|_| vec![req.batch.clone()]).unwrap_or_default(),
+        neg_sameby: vec![],
+        neg_diffby: vec![req.label.clone()],
+    };
+    let opts = MapOptions {
+        null_size: req.null_size,
+        threshold: 0.05,
+        seed: req.seed,
+    };
+    match map_summary(across.unwrap_or(table), &rules, &rules.pos_sameby, opts) {
+        Ok((_, _, s)) => out.map = Some(s),
+        Err(e) => out.map_skipped = Some(e.to_string()),
+    }
+    match across {
+        None => {
+            out.batch_skipped = Some(format!(
+                "the table has fewer than two values of `{}`",
+                req.batch
+            ))
+        }
+        Some(t) => match batch_summary(
+            t,
+            &req.batch,
+            &req.label,
+            req.n_neighbors.min(t.rows),
+            req.seed,
+        ) {
+            Ok(s) => out.batch = Some(s),
+            Err(e) => out.batch_skipped = Some(e.to_string()),
+        },
+    }
+    out
+}

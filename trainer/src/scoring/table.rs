@@ -86,6 +86,25 @@ impl ProfileTable {
         })
     }
 
+    /// The rows `rows` as a table of their own.
+    pub fn subset(&self, rows: &[usize]) -> Self {
+        let mut features = Vec::with_capacity(rows.len() * self.dim());
+        for &r in rows {
+            features.extend_from_slice(self.row(r));
+        }
+        Self {
+            path: self.path.clone(),
+            meta: self
+                .meta
+                .iter()
+                .map(|(n, v)| (n.clone(), rows.iter().map(|&r| v[r].clone()).collect()))
+                .collect(),
+            feature_names: self.feature_names.clone(),
+            features,
+            rows: rows.len(),
+        }
+    }
+
     pub fn dim(&self) -> usize {
         self.feature_names.len()
     }
@@ -263,7 +282,7 @@ pub fn write_profiles(
     features: &[f32],
 ) -> Result<(), ScoringError> {
     let dim = feature_names.len();
-    let rows = if dim == 0 { 0 } else { features.len() / dim };
+    let rows = features.len().checked_div(dim).unwrap_or(0);
     let mut columns: Vec<(String, OutColumn)> = meta
         .iter()
         .map(|(n, v)| (n.clone(), OutColumn::Text(v.clone())))
