@@ -38,6 +38,9 @@ if [[ ! -x $VENV/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; the
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r "$REQ"
+  # Oracles whose declared requirements would move pinned versions: without them.
+  nodeps=$(sed -n 's/^# nodeps: //p' "$REQ")
+  [[ -z $nodeps ]] || "$VENV/bin/python" -m pip install -q --no-deps $nodeps
   echo "$want" >"$stamp"
 fi
 

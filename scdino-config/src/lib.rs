@@ -8,6 +8,7 @@
 mod compat;
 mod locate;
 mod location;
+mod metrics_validate;
 mod parse;
 pub mod reference;
 pub mod scdino;
@@ -231,6 +232,7 @@ impl Config {
         s.train.validate(&v, &s.model, &s.augment)?;
         s.augment.validate(&v, &s.model)?;
         s.downstream.validate(&v, &s.model, &s.data)?;
+        metrics_validate::validate_metrics(&v, &s.downstream.metrics)?;
         Ok(Config(std::sync::Arc::new(Values {
             run: s.run,
             data: s.data,

@@ -629,6 +629,39 @@ pub struct DownstreamSection {
     pub knn: KnnSection,
     pub umap: UmapSection,
     pub linear_probe: LinearProbeSection,
+    pub metrics: MetricsSection,
+}
+
+/// New (not in scDINO): the image-based profiling field's scores of each evaluated
+/// checkpoint's profile table (`trainer metrics`, docs/scoring.md), shown in the report and
+/// the combinations table. A score whose columns the table lacks (no donor folders, one donor
+/// only) is skipped and the report says why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Compute the scores at all.
+    pub enabled: bool,
+    /// The label column: replicate-retrieval mAP groups its rows, the batch scores keep it.
+    pub label: String,
+    /// The batch column of the batch scores (batch silhouette, graph connectivity,
+    /// leave-one-batch-out F1), also the mAP's `pos_diffby` (replicates across batches).
+    pub batch: String,
+    /// Draws of the mAP's null distribution (its p-values).
+    pub null_size: usize,
+    /// Neighbours of graph connectivity's kNN graph, counting the row itself (scanpy's).
+    pub n_neighbors: usize,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            label: "Metadata_Class".into(),
+            batch: "Metadata_Donor".into(),
+            null_size: 1000,
+            n_neighbors: 15,
+        }
+    }
 }
 
 /// New (DINO's standard evaluation, not in scDINO): multinomial logistic regression on the

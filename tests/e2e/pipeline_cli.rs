@@ -133,6 +133,7 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
             format!("evaluation/{tag}_queries_features.safetensors"),
             format!("CLS_features/{tag}_profiles.parquet"),
             format!("evaluation/{tag}_profiles.parquet"),
+            format!("evaluation/{tag}_scores.json"),
         ] {
             assert!(a.join(&f).is_file(), "{f} missing; log:\n{log}");
         }
@@ -253,9 +254,24 @@ fn pipeline_writes_every_stage_and_a_report_then_reruns_nothing() {
         .any(|(alt, w, h)| alt == "attn-head0" && *w == 48 && *h == 48));
     let html = std::fs::read_to_string(&report).unwrap();
     assert!(html.contains("<td>epoch0</td>") && html.contains("<td>epoch2</td>"));
-    // One "what to look at" line per section: dataset, training, kNN, evaluation, UMAP,
-    // attention.
-    assert_eq!(html.matches("What to look at:").count(), 6, "{html}");
+    // One "what to look at" line per section: dataset, training, kNN, evaluation, profiling
+    // scores, UMAP, attention.
+    assert_eq!(html.matches("What to look at:").count(), 7, "{html}");
+    // The profiling scores of each checkpoint: replicate-retrieval mAP on the evaluation
+    // table and, with the test folder's two donors, the batch scores with their control.
+    let scores: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(a.join("evaluation/epoch2_scores.json")).unwrap(),
+    )
+    .unwrap();
+    let map = scores["map"]["mean_map"].as_f64().unwrap();
+    assert!(map > 0.0 && map <= 1.0, "{scores}");
+    let sil = scores["batch"]["silhouette_batch"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&sil), "{scores}");
+    assert!(
+        scores["batch"]["silhouette_batch_shuffled"].is_f64(),
+        "{scores}"
+    );
+    assert!(html.contains("id=\"scores\""), "{html}");
     assert!(
         html.contains("ln(out_dim) = 5.55"),
         "uniform-collapse level of out_dim 256"

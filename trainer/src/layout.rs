@@ -223,6 +223,11 @@ impl ModelLayout {
         self.analyses.join("evaluation")
     }
 
+    /// The profiling field's scores of the evaluation profile table (`downstream.metrics`).
+    pub fn scores_json(&self, tag: &str) -> PathBuf {
+        self.evaluation_dir().join(format!("{tag}_scores.json"))
+    }
+
     /// kNN + linear probe on the test folder (or the held-out split).
     pub fn evaluation_json(&self, tag: &str) -> PathBuf {
         self.evaluation_dir().join(format!("{tag}_evaluation.json"))

@@ -22,6 +22,7 @@ pub mod plot;
 pub mod precision;
 pub mod probe;
 pub mod pth;
+pub mod scoring;
 pub mod selftest;
 pub mod tensor_file;
 pub mod train;

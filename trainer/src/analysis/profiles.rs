@@ -28,7 +28,7 @@ use super::features::FeatureSet;
 /// Prefix of the feature columns this crate writes.
 pub const FEATURE_PREFIX: &str = "DINO_CLS_";
 /// Key of the feature block's SHA-256 in the file's key-value metadata.
-const CHECKSUM_KEY: &str = "scdino.features_sha256";
+pub(crate) const CHECKSUM_KEY: &str = "scdino.features_sha256";
 /// Rows per row group: bounded so a reader can stream a large table group by group.
 const ROW_GROUP_ROWS: usize = 65_536;
 
@@ -458,7 +458,7 @@ impl<W: std::io::Write + Send> ProfileStream<W> {
 }
 
 /// SHA-256 of the feature block, row-major little-endian float32.
-fn feature_checksum(values: &[f32]) -> String {
+pub(crate) fn feature_checksum(values: &[f32]) -> String {
     let mut h = Sha256::new();
     for v in values {
         h.update(v.to_le_bytes());
@@ -467,7 +467,7 @@ fn feature_checksum(values: &[f32]) -> String {
 }
 
 /// One column of a table, read whole.
-enum Column {
+pub(crate) enum Column {
     Strings(Vec<String>),
     Floats(Vec<f32>),
     Ints(Vec<Option<i64>>),
@@ -476,40 +476,7 @@ enum Column {
 /// Reads a profile table: ours, or any table with a `Metadata_Class` string column and float
 /// or double feature columns (every column not named `Metadata_*`).
 pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
-    let pq = |source| ProfilesError::Parquet {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = SerializedFileReader::new(file).map_err(pq)?;
-    let meta = reader.metadata();
-    let rows = meta.file_metadata().num_rows() as usize;
-    let schema = meta.file_metadata().schema_descr();
-    let mut columns: Vec<(String, Column)> = vec![];
-    for (i, col) in schema.columns().iter().enumerate() {
-        let name = col.name().to_string();
-        let column = read_column(&reader, i, path, &name).map_err(|e| match e {
-            ReadError::Parquet(source) => pq(source),
-            ReadError::Profiles(e) => e,
-        })?;
-        let found = match &column {
-            Column::Strings(v) => v.len(),
-            Column::Floats(v) => v.len(),
-            Column::Ints(v) => v.len(),
-        };
-        if found != rows {
-            return Err(ProfilesError::RowCount {
-                path: path.to_path_buf(),
-                column: name,
-                found,
-                rows,
-            });
-        }
-        columns.push((name, column));
-    }
+    let (rows, mut columns, stored) = read_columns(path)?;
     let mut take_strings = |key: &str| {
         columns.iter().position(|(n, _)| n == key).and_then(|i| {
             match std::mem::replace(&mut columns[i].1, Column::Strings(vec![])) {
@@ -570,7 +537,7 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
             row_major[r * dim + j] = *v;
         }
     }
-    verify_checksum(&reader, &row_major, path)?;
+    verify_checksum(stored, &row_major, path)?;
     let features = Tensor::from_slice(&row_major).reshape([rows as i64, dim as i64]);
     Ok(Profiles {
         features,
@@ -583,25 +550,68 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
     })
 }
 
-/// Refuses `values` (a table's row-major feature block) when the table carries a checksum they
-/// do not match.
-fn verify_checksum(
-    reader: &SerializedFileReader<std::fs::File>,
-    values: &[f32],
-    path: &Path,
-) -> Result<(), ProfilesError> {
-    let stored = reader
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|k| k.key == CHECKSUM_KEY))
-        .and_then(|k| k.value.clone());
+/// Refuses `values` (a table's row-major feature block) when the table carries a checksum
+/// (`stored`) they do not match.
+fn verify_checksum(stored: Option<String>, values: &[f32], path: &Path) -> Result<(), ProfilesError> {
     match stored {
         Some(sum) if sum != feature_checksum(values) => Err(ProfilesError::Checksum {
             path: path.to_path_buf(),
         }),
         _ => Ok(()),
     }
+}
+
+/// The feature checksum stored in a table's key-value metadata, if any.
+fn stored_checksum(reader: &SerializedFileReader<std::fs::File>) -> Option<String> {
+    reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == CHECKSUM_KEY))
+        .and_then(|k| k.value.clone())
+}
+
+/// Row count, named columns and stored feature checksum of a table, as read.
+pub(crate) type TableColumns = (usize, Vec<(String, Column)>, Option<String>);
+
+/// Every column of the table at `path`, read whole and checked to have one value per row,
+/// with the row count and the feature checksum stored with it (if any).
+pub(crate) fn read_columns(path: &Path) -> Result<TableColumns, ProfilesError> {
+    let pq = |source| ProfilesError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let meta = reader.metadata();
+    let rows = meta.file_metadata().num_rows() as usize;
+    let schema = meta.file_metadata().schema_descr();
+    let mut columns: Vec<(String, Column)> = vec![];
+    for (i, col) in schema.columns().iter().enumerate() {
+        let name = col.name().to_string();
+        let column = read_column(&reader, i, path, &name).map_err(|e| match e {
+            ReadError::Parquet(source) => pq(source),
+            ReadError::Profiles(e) => e,
+        })?;
+        let found = match &column {
+            Column::Strings(v) => v.len(),
+            Column::Floats(v) => v.len(),
+            Column::Ints(v) => v.len(),
+        };
+        if found != rows {
+            return Err(ProfilesError::RowCount {
+                path: path.to_path_buf(),
+                column: name,
+                found,
+                rows,
+            });
+        }
+        columns.push((name, column));
+    }
+    Ok((rows, columns, stored_checksum(&reader)))
 }
 
 /// A table [`ProfileStream`] wrote, read back whole (one part of a larger table: bounded
@@ -680,7 +690,7 @@ pub fn read_streamed(path: &Path) -> Result<StreamedTable, ProfilesError> {
             values[r * dim + j] = *v;
         }
     }
-    verify_checksum(&reader, &values, path)?;
+    verify_checksum(stored_checksum(&reader), &values, path)?;
     Ok(StreamedTable {
         columns,
         data,

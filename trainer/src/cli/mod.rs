@@ -8,6 +8,7 @@ mod data_cmd;
 mod data_tools_cmd;
 mod embed_cmd;
 mod export_cmd;
+mod metrics_cmd;
 mod pack_cmd;
 mod pipeline_cmd;
 mod preload_cmd;
@@ -142,6 +143,9 @@ enum Command {
     Checkpoint(checkpoint_cmd::CheckpointCommand),
     /// A checkpoint's backbone for timm (safetensors + config.json) or TorchScript, with a model card.
     Export(export_cmd::ExportArgs),
+    /// Score embeddings as the profiling field does (copairs mAP, batch effects, normalisation, CHAMMI).
+    #[command(subcommand)]
+    Metrics(metrics_cmd::MetricsCommand),
     /// Run N local ranks of a trainer command (multi-process data parallelism on one machine).
     Launch(train_cmd::LaunchArgs),
     /// nccl-tests-style bandwidth and correctness of the collectives across the job's ranks.
@@ -174,6 +178,7 @@ impl Cli {
             Command::Pipeline(p) => p.run(),
             Command::Checkpoint(c) => c.run(),
             Command::Export(e) => e.run(),
+            Command::Metrics(m) => m.run(),
         }
     }
 }

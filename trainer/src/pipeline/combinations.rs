@@ -19,6 +19,22 @@ pub struct Row {
     pub knn_top1_percent: Vec<(usize, f64)>,
     pub probe_top1_percent: f64,
     pub probe_macro_f1: f64,
+    /// Replicate-retrieval mAP and scib batch silhouette (`downstream.metrics`), where
+    /// computed.
+    pub map: Option<f64>,
+    pub batch_silhouette: Option<f64>,
+}
+
+/// `(mAP, batch silhouette)` from a checkpoint's scores JSON, where it has them.
+fn scores_of(t: &Target, tag: &str) -> (Option<f64>, Option<f64>) {
+    let Ok(text) = std::fs::read_to_string(t.files.scores_json(tag)) else {
+        return (None, None);
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    (
+        v["map"]["mean_map"].as_f64(),
+        v["batch"]["silhouette_batch"].as_f64(),
+    )
 }
 
 /// The rows of every combination's evaluations present now, in combination then epoch order.
@@ -58,6 +74,7 @@ pub fn rows(cfg: &Config) -> Result<Vec<Row>, StageError> {
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| bad("a kNN entry without k or top-1"))?;
             let probe = &v["linear_probe"]["scores"];
+            let (map, batch_silhouette) = scores_of(&t, &tag);
             rows.push(Row {
                 combination: names.join("+"),
                 tag,
@@ -68,6 +85,8 @@ pub fn rows(cfg: &Config) -> Result<Vec<Row>, StageError> {
                 probe_macro_f1: probe["macro_f1"]
                     .as_f64()
                     .ok_or_else(|| bad("no linear-probe macro-F1"))?,
+                map,
+                batch_silhouette,
             });
         }
     }
@@ -96,7 +115,7 @@ pub fn write_table(cfg: &Config) -> Result<Option<PathBuf>, StageError> {
     for k in &ks {
         html.push_str(&format!("<th>{k}-NN top-1 %</th>"));
     }
-    html.push_str("<th>linear probe top-1 %</th><th>linear probe macro-F1</th></tr>\n");
+    html.push_str("<th>linear probe top-1 %</th><th>linear probe macro-F1</th><th>mAP</th><th>batch silhouette</th></tr>\n");
     for r in &rows {
         html.push_str(&format!(
             "<tr><td>{}</td><td>{}</td>",
@@ -106,9 +125,13 @@ pub fn write_table(cfg: &Config) -> Result<Option<PathBuf>, StageError> {
         for (_, top1) in &r.knn_top1_percent {
             html.push_str(&format!("<td>{top1:.1}</td>"));
         }
+        let opt = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |x| format!("{x:.3}"));
         html.push_str(&format!(
-            "<td>{:.1}</td><td>{:.3}</td></tr>\n",
-            r.probe_top1_percent, r.probe_macro_f1
+            "<td>{:.1}</td><td>{:.3}</td><td>{}</td><td>{}</td></tr>\n",
+            r.probe_top1_percent,
+            r.probe_macro_f1,
+            opt(r.map),
+            opt(r.batch_silhouette)
         ));
     }
     html.push_str("</table>\n");

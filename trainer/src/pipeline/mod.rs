@@ -29,6 +29,8 @@ pub enum StageError {
     #[error(transparent)]
     Profiles(#[from] crate::analysis::profiles::ProfilesError),
     #[error(transparent)]
+    Scoring(#[from] crate::scoring::ScoringError),
+    #[error(transparent)]
     Attention(#[from] crate::analysis::attention::AttentionError),
     #[error(transparent)]
     Plot(#[from] crate::plot::PlotError),
@@ -329,8 +331,12 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 &[
                     t.files.evaluation_json(tag),
                     t.files.evaluation_profiles(tag),
+                    t.files.scores_json(tag),
                 ],
-                || stages::run_evaluate(&t, ckpt, tag).map(|_| ()),
+                || {
+                    stages::run_evaluate(&t, ckpt, tag)?;
+                    stages::run_scores(&t, tag)
+                },
             )?;
             r.stage(
                 Stage::Umap,
@@ -358,6 +364,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         for (tag, _) in &checkpoints {
             report_inputs.push(t.files.knn_json(tag));
             report_inputs.push(t.files.evaluation_json(tag));
+            report_inputs.push(t.files.scores_json(tag));
             report_inputs.push(t.files.umap_json(tag));
             report_inputs.push(t.files.attention_manifest(tag));
         }

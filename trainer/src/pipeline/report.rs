@@ -94,6 +94,7 @@ pub fn write_report(t: &Target, dataset: &Dataset) -> Result<PathBuf, StageError
         super::stages::read_evaluation,
     )?;
     h.push_str(&evaluation_section(&evaluations));
+    h.push_str(&scores_section(t, &tags)?);
     h.push_str(&knn_per_class_section(t, &knn)?);
     h.push_str(&umap_section(t, &tags)?);
     h.push_str(&attention_section(t, &tags)?);
@@ -117,6 +118,78 @@ fn read_tagged<R>(
         .filter(|tag| path_of(tag).exists())
         .map(|tag| Ok((tag.clone(), read(&path_of(tag))?)))
         .collect()
+}
+
+fn num(v: &serde_json::Value) -> String {
+    v.as_f64().map_or_else(|| "–".into(), |x| format!("{x:.3}"))
+}
+
+/// The profiling field's scores (`downstream.metrics`, docs/scoring.md): replicate-retrieval
+/// mAP and the batch scores of every evaluated checkpoint, next to the shuffled-batch control
+/// that says what "no batch effect" reads as; from each tag's `<tag>_scores.json` (tags without one are left out).
+pub fn scores_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
+    let mut h = String::from("<h2>Profiling scores: replicate retrieval and batch effects</h2>");
+    h.push_str(&look(
+        "mAP near 1 = images find the other images of their class (across donors where the \
+         table has several) before any other class; a batch silhouette well below its \
+         shuffled control, or a leave-one-donor-out F1 well below the in-distribution F1, \
+         means the embedding separates donors (a batch effect) rather than only biology.",
+    ));
+    let mut rows = String::new();
+    let mut skipped = String::new();
+    for tag in tags {
+        let path = t.files.scores_json(tag);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|source| StageError::Json {
+                path: path.clone(),
+                source,
+            })?;
+        let (m, b) = (&v["map"], &v["batch"]);
+        let _ = write!(
+            rows,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(tag),
+            num(&m["mean_map"]),
+            num(&m["fraction_retrieved"]),
+            num(&b["silhouette_batch"]),
+            num(&b["silhouette_batch_shuffled"]),
+            num(&b["graph_connectivity"]),
+            num(&b["f1_in_distribution"]),
+            num(&b["f1_leave_one_batch_out"]),
+            num(&b["f1_leave_one_batch_out_shuffled"]),
+        );
+        for key in ["map_skipped", "batch_skipped"] {
+            if let Some(why) = v[key].as_str() {
+                let _ = write!(
+                    skipped,
+                    "<li>{}: {} skipped: {}</li>",
+                    esc(tag),
+                    &key[..key.len() - 8],
+                    esc(why)
+                );
+            }
+        }
+    }
+    if rows.is_empty() {
+        h.push_str(
+            "<p>No scores yet (<code>downstream.metrics</code>, written with each evaluation).</p>",
+        );
+        return Ok(h);
+    }
+    let _ = write!(
+        h,
+        "<table id=\"scores\"><tr><th>checkpoint</th><th>mAP</th><th>groups retrieved \
+         (q &lt; 0.05)</th><th>batch silhouette</th><th>shuffled control</th><th>graph \
+         connectivity</th><th>1-NN F1 in-distribution</th><th>leave-one-batch-out</th>\
+         <th>shuffled control</th></tr>{rows}</table>"
+    );
+    if !skipped.is_empty() {
+        let _ = write!(h, "<ul>{skipped}</ul>");
+    }
+    Ok(h)
 }
 
 /// The document head, the style sheet and the title.

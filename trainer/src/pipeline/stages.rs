@@ -291,6 +291,35 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
     evaluate_sets(t, tag, (&train, &queries), provenance, queries_from)
 }
 
+/// The profiling field's scores (`downstream.metrics`, docs/scoring.md) of `tag`'s evaluation
+/// profile table, written as `<tag>_scores.json` (with the reason where a score is skipped).
+pub fn run_scores(t: &Target, tag: &str) -> Result<(), StageError> {
+    let m = &t.cfg.downstream.metrics;
+    let scores = if m.enabled {
+        let table = crate::scoring::ProfileTable::read(&t.files.evaluation_profiles(tag))?;
+        crate::scoring::summary::pipeline_scores(
+            &table,
+            &crate::scoring::summary::PipelineRequest {
+                label: m.label.clone(),
+                batch: m.batch.clone(),
+                null_size: m.null_size,
+                n_neighbors: m.n_neighbors,
+                seed: t.cfg.run.seed,
+            },
+        )
+    } else {
+        crate::scoring::summary::PipelineScores {
+            map_skipped: Some("downstream.metrics.enabled is false".into()),
+            batch_skipped: Some("downstream.metrics.enabled is false".into()),
+            ..Default::default()
+        }
+    };
+    let path = t.files.scores_json(tag);
+    let text = serde_json::to_string_pretty(&scores).expect("scores serialise");
+    scdino_base::fs::write_atomic(&path, text.as_bytes())
+        .map_err(|source| StageError::Io { path, source })
+}
+
 /// `trainer evaluate --profiles FILE`: the evaluation of a profile table's rows, those whose
 /// `Metadata_Split` is `train` against the others, written as `evaluate` writes it for `tag`.
 pub fn run_evaluate_profiles(

@@ -15,6 +15,7 @@ mod model;
 mod profiles;
 mod pth;
 mod s3;
+mod scoring;
 mod shards;
 mod train;
 mod umap;

@@ -1,0 +1,268 @@
+//! `trainer metrics`: the profiling field's scores on any profile table (see
+//! `trainer::scoring` and docs/scoring.md).
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use std::path::{Path, PathBuf};
+use trainer::scoring::map::{self, MapOptions, PairRules};
+use trainer::scoring::normalize::{self, Method, NormalizeOptions, SpherizeMethod};
+use trainer::scoring::table::{split_columns, write_profiles, write_table, OutColumn};
+use trainer::scoring::{chammi, summary, ProfileTable};
+
+#[derive(Debug, Subcommand)]
+pub enum MetricsCommand {
+    /// copairs average precision per profile and mean average precision per group.
+    Map(MapArgs),
+    /// How much a batch column drives the embedding (scib, CHAMMI leave-one-group-out).
+    Batch(BatchArgs),
+    /// pycytominer's normalisations, written as a new profile table.
+    Normalize(NormalizeArgs),
+    /// The CHAMMI benchmark score.
+    Chammi(ChammiArgs),
+}
+
+impl MetricsCommand {
+    pub fn run(self) -> Result<()> {
+        match self {
+            MetricsCommand::Map(a) => a.run(),
+            MetricsCommand::Batch(a) => a.run(),
+            MetricsCommand::Normalize(a) => a.run(),
+            MetricsCommand::Chammi(a) => a.run(),
+        }
+    }
+}
+
+fn cols(v: &Option<String>) -> Vec<String> {
+    v.as_deref().map(split_columns).unwrap_or_default()
+}
+
+/// Writes `value` as pretty JSON at `path` (atomically) and prints it.
+fn emit_json<T: serde::Serialize>(value: &T, path: Option<&Path>) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    if let Some(p) = path {
+        scdino_base::fs::write_atomic(p, text.as_bytes())?;
+    }
+    println!("{text}");
+    Ok(())
+}
+
+/// `trainer metrics map`.
+#[derive(Debug, Args)]
+pub struct MapArgs {
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    /// Columns equal within a positive pair (comma-separated).
+    #[arg(long, value_name = "COLS")]
+    pos_sameby: String,
+    /// Columns that must all differ within a positive pair.
+    #[arg(long, value_name = "COLS")]
+    pos_diffby: Option<String>,
+    /// Columns equal within a negative pair.
+    #[arg(long, value_name = "COLS")]
+    neg_sameby: Option<String>,
+    /// Columns that must all differ within a negative pair.
+    #[arg(long, value_name = "COLS")]
+    neg_diffby: Option<String>,
+    /// `COLUMN=VALUE`: add copairs' `Metadata_Reference_Index` (row index on these rows,
+    /// -1 elsewhere) for phenotypic activity against controls.
+    #[arg(long, value_name = "COL=VALUE")]
+    reference: Option<String>,
+    /// AP per profile (Parquet).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Group columns of the mAP (default: --pos-sameby).
+    #[arg(long, value_name = "COLS")]
+    map_by: Option<String>,
+    #[arg(long, default_value_t = 10_000)]
+    null_size: usize,
+    #[arg(long, default_value_t = 0.05)]
+    threshold: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// mAP per group (Parquet).
+    #[arg(long, value_name = "FILE")]
+    map_out: Option<PathBuf>,
+    /// Summary JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+impl MapArgs {
+    fn run(self) -> Result<()> {
+        let mut table = ProfileTable::read(&self.profiles)?;
+        if let Some(r) = &self.reference {
+            let (c, v) = r
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--reference {r}: expected COLUMN=VALUE"))?;
+            map::assign_reference_index(&mut table, c, v)?;
+        }
+        let rules = PairRules {
+            pos_sameby: split_columns(&self.pos_sameby),
+            pos_diffby: cols(&self.pos_diffby),
+            neg_sameby: cols(&self.neg_sameby),
+            neg_diffby: cols(&self.neg_diffby),
+        };
+        let map_by = self
+            .map_by
+            .as_deref()
+            .map(split_columns)
+            .unwrap_or_else(|| rules.pos_sameby.clone());
+        let opts = MapOptions {
+            null_size: self.null_size,
+            threshold: self.threshold,
+            seed: self.seed,
+        };
+        let (ap, rows, summary) = summary::map_summary(&table, &rules, &map_by, opts)?;
+        let mut columns: Vec<(String, OutColumn)> = table
+            .meta
+            .iter()
+            .map(|(n, v)| (n.clone(), OutColumn::Text(v.clone())))
+            .collect();
+        columns.push((
+            "n_pos_pairs".into(),
+            OutColumn::Int(ap.iter().map(|a| a.n_pos_pairs.into()).collect()),
+        ));
+        columns.push((
+            "n_total_pairs".into(),
+            OutColumn::Int(ap.iter().map(|a| a.n_total_pairs.into()).collect()),
+        ));
+        columns.push((
+            "average_precision".into(),
+            OutColumn::Double(ap.iter().map(|a| a.average_precision).collect()),
+        ));
+        write_table(&self.out, &columns, None)?;
+        if let Some(path) = &self.map_out {
+            let mut columns: Vec<(String, OutColumn)> = map_by
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    (
+                        n.clone(),
+                        OutColumn::Text(rows.iter().map(|r| r.key[i].clone()).collect()),
+                    )
+                })
+                .collect();
+            let f = |g: fn(&map::MapRow) -> f64| OutColumn::Double(rows.iter().map(g).collect());
+            let b = |g: fn(&map::MapRow) -> bool| OutColumn::Bool(rows.iter().map(g).collect());
+            columns.push((
+                "mean_average_precision".into(),
+                f(|r| r.mean_average_precision),
+            ));
+            columns.push(("p_value".into(), f(|r| r.p_value)));
+            columns.push(("corrected_p_value".into(), f(|r| r.corrected_p_value)));
+            columns.push(("below_p".into(), b(|r| r.below_p)));
+            columns.push(("below_corrected_p".into(), b(|r| r.below_corrected_p)));
+            write_table(path, &columns, None)?;
+        }
+        emit_json(&summary, self.json.as_deref())
+    }
+}
+
+/// `trainer metrics batch`.
+#[derive(Debug, Args)]
+pub struct BatchArgs {
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    /// The batch column (Metadata_Donor, Metadata_Plate, ...).
+    #[arg(long, default_value = "Metadata_Donor")]
+    batch: String,
+    /// The biological label column.
+    #[arg(long, default_value = "Metadata_Class")]
+    label: String,
+    /// scanpy's n_neighbors (counting the row itself) for graph connectivity.
+    #[arg(long, default_value_t = 15)]
+    n_neighbors: usize,
+    /// Seed of the shuffled-batch control.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+impl BatchArgs {
+    fn run(self) -> Result<()> {
+        let table = ProfileTable::read(&self.profiles)?;
+        let s = summary::batch_summary(
+            &table,
+            &self.batch,
+            &self.label,
+            self.n_neighbors,
+            self.seed,
+        )?;
+        emit_json(&s, self.json.as_deref())
+    }
+}
+
+/// `trainer metrics normalize`.
+#[derive(Debug, Args)]
+pub struct NormalizeArgs {
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    #[arg(long, value_enum)]
+    method: Method,
+    /// Fit on these rows only (`COLUMN=VALUE`, e.g. Metadata_Condition=Control).
+    #[arg(long, value_name = "COL=VALUE")]
+    controls: Option<String>,
+    /// Fit and apply per group of these columns (e.g. Metadata_Plate); default global.
+    #[arg(long, value_name = "COLS")]
+    by: Option<String>,
+    #[arg(long, value_enum, default_value = "ZCA-cor")]
+    spherize_method: SpherizeMethod,
+    #[arg(long, default_value_t = 1e-6)]
+    spherize_epsilon: f64,
+    #[arg(long, default_value_t = 1e-18)]
+    mad_robustize_epsilon: f64,
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+impl NormalizeArgs {
+    fn run(self) -> Result<()> {
+        let table = ProfileTable::read(&self.profiles)?;
+        let controls = match &self.controls {
+            None => None,
+            Some(c) => {
+                let (k, v) = c
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--controls {c}: expected COLUMN=VALUE"))?;
+                Some((k.to_string(), v.to_string()))
+            }
+        };
+        let out = normalize::normalize(
+            &table,
+            &NormalizeOptions {
+                method: self.method,
+                controls,
+                by: cols(&self.by),
+                spherize_method: self.spherize_method,
+                spherize_epsilon: self.spherize_epsilon,
+                mad_epsilon: self.mad_robustize_epsilon,
+            },
+        )?;
+        write_profiles(&self.out, &out.meta, &out.feature_names, &out.features)?;
+        tracing::info!("normalised profiles: {}", self.out.display());
+        Ok(())
+    }
+}
+
+/// `trainer metrics chammi`.
+#[derive(Debug, Args)]
+pub struct ChammiArgs {
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    #[arg(long, default_value = "Metadata_Dataset")]
+    dataset: String,
+    #[arg(long, default_value = "Metadata_Task")]
+    task: String,
+    #[arg(long, default_value = "Metadata_Class")]
+    label: String,
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+impl ChammiArgs {
+    fn run(self) -> Result<()> {
+        let table = ProfileTable::read(&self.profiles)?;
+        let s = chammi::chammi(&table, &self.dataset, &self.task, &self.label)?;
+        emit_json(&s, self.json.as_deref())
+    }
+}
