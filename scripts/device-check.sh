@@ -4,7 +4,9 @@
 # under $OUT (default ./device-out), step by step, so a cut-short run still leaves what it did:
 #   env.txt        GPU, driver, PyTorch and CUDA versions, libraries the binary cannot find
 #   selftest.txt   `trainer selftest --json` (CUDA, NCCL, the training step in fp32/bf16/fp16
-#                  against the CPU, device augmentation, a one-rank NCCL all-reduce)
+#                  against the CPU, device augmentation, a one-rank NCCL all-reduce, and one
+#                  step under DDP and under FSDP over a one-rank NCCL group on Cuda(0)
+#                  against the single-process step: hooks, buckets, shard storage on CUDA)
 #   step.jsonl     one DINO training step on the GPU, ours (`trainer bench step --device cuda`)
 #                  and PyTorch's (bench/train_step.py --device cuda), alternating R,P per round
 #   demo/          the demo pipeline (configs/demo.yaml) trained on the GPU, resumed after its

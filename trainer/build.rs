@@ -105,6 +105,7 @@ fn main() {
         .file("csrc/shim.cpp")
         .file("csrc/c10d.cpp")
         .file("csrc/jit.cpp")
+        .file("csrc/foreach.cpp")
         .compile("scdino_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");

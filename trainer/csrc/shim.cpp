@@ -25,6 +25,11 @@ int guarded(F f) {
 at::DeviceType device_type(int cuda) { return cuda ? at::kCUDA : at::kCPU; }
 }  // namespace
 
+// For the shim's other files (foreach.cpp): one error slot behind shim_last_error().
+namespace scdino_shim {
+void set_last_error(const char* message) { last_error = message; }
+}  // namespace scdino_shim
+
 extern "C" {
 
 const char* shim_last_error() { return last_error.c_str(); }

@@ -78,26 +78,17 @@ impl LossScaler {
     /// Divides every gradient by the scale in place (`GradScaler.unscale_`, in fp32:
     /// grad · (1/scale)) and reports whether any of them holds inf/NaN.
     ///
-    /// The inf/NaN flags are OR-ed on the device and read once: reading each tensor's flag
-    /// made one host sync per parameter, which cost fp16 steps 12 % on an H200 (BENCHMARKS,
-    /// "The training step on a GPU").
+    /// One multi-tensor op (`_amp_foreach_non_finite_check_and_unscale_`, as GradScaler) with
+    /// the inf/NaN flag read once: reading each tensor's flag made one host sync per
+    /// parameter, which cost fp16 steps 12 % on an H200 (BENCHMARKS, "The training step on a
+    /// GPU").
     pub fn unscale(&self, grads: &mut [Tensor]) -> bool {
-        let inv = 1.0 / self.scale;
-        tch::no_grad(|| {
-            let mut non_finite: Option<Tensor> = None;
-            for g in grads.iter_mut() {
-                if !g.defined() {
-                    continue;
-                }
-                let _ = g.g_mul_scalar_(inv);
-                let here = g.isfinite().logical_not().any();
-                non_finite = Some(match non_finite {
-                    None => here,
-                    Some(acc) => acc.logical_or(&here),
-                });
-            }
-            non_finite.is_some_and(|t| t.int64_value(&[]) != 0)
-        })
+        let defined: Vec<Tensor> = grads
+            .iter()
+            .filter(|g| g.defined())
+            .map(Tensor::shallow_clone)
+            .collect();
+        tch::no_grad(|| crate::train::foreach::unscale(&defined, self.scale))
     }
 
     /// Updates the scale after a step; `found_inf` means the step was skipped.

@@ -6,6 +6,7 @@ pub mod channels;
 pub mod collapse;
 pub mod error;
 pub mod flops;
+pub mod foreach;
 pub mod ibot;
 pub mod input;
 pub mod koleo;

@@ -1,12 +1,10 @@
 //! AdamW with scDINO's two parameter groups, per-parameter gradient clipping and the
-//! last-layer freeze. The update is written op for op as PyTorch's single-tensor AdamW (the
-//! CPU default), so results match it bit for bit on CPU.
+//! last-layer freeze, each as multi-tensor ops (`train/foreach.rs`): the update is PyTorch's
+//! `foreach` AdamW op for op (its default on CUDA), and on CPU within float rounding of the
+//! single-tensor loop scDINO runs there.
+use super::foreach::{self, AdamwGroup};
 use crate::checkpoint::{Checkpoint, RestoreError};
 use tch::{nn, Device, Kind, Tensor};
-
-const BETA1: f64 = 0.9;
-const BETA2: f64 = 0.999;
-const EPS: f64 = 1e-8;
 
 /// One trainable parameter with its AdamW state.
 pub struct AdamParam {
@@ -55,28 +53,30 @@ impl AdamW {
         }
     }
 
-    /// One AdamW step with `lr` for all and `weight_decay` for the regularised group.
-    /// Parameters for which `frozen(name)` holds, or that have no gradient, are left
-    /// untouched (scDINO sets their grad to None, which makes PyTorch skip them entirely).
+    /// One AdamW step with `lr` for all and `weight_decay` for the regularised group, each
+    /// group as one multi-tensor update (PyTorch's `foreach` AdamW). Parameters for which
+    /// `frozen(name)` holds, or that have no gradient, are left untouched (scDINO sets their
+    /// grad to None, which makes PyTorch skip them entirely).
     pub fn step(&mut self, lr: f64, weight_decay: f64, frozen: &dyn Fn(&str) -> bool) {
         tch::no_grad(|| {
+            let mut groups = [AdamwGroup::default(), AdamwGroup::default()];
             for p in &mut self.params {
                 let grad = p.tensor.grad();
                 if !grad.defined() || frozen(&p.name) {
                     continue;
                 }
-                let wd = if p.decay { weight_decay } else { 0.0 };
                 p.step += 1;
-                adamw_update(
-                    &mut p.tensor,
-                    &grad,
-                    &mut p.exp_avg,
-                    &mut p.exp_avg_sq,
+                groups[usize::from(p.decay)].push(
+                    p.tensor.shallow_clone(),
+                    grad,
+                    p.exp_avg.shallow_clone(),
+                    p.exp_avg_sq.shallow_clone(),
                     p.step,
-                    lr,
-                    wd,
                 );
             }
+            let [plain, decayed] = groups;
+            plain.update(lr, 0.0);
+            decayed.update(lr, weight_decay);
         });
     }
 
@@ -115,63 +115,25 @@ impl AdamW {
     }
 }
 
-/// One AdamW update of `param` (any view: FSDP applies it to shard segments) after `step`
-/// updates so far including this one, with PyTorch's single-tensor op order. Call under
-/// `no_grad`.
-pub fn adamw_update(
-    param: &mut Tensor,
-    grad: &Tensor,
-    exp_avg: &mut Tensor,
-    exp_avg_sq: &mut Tensor,
-    step: u64,
-    lr: f64,
-    wd: f64,
-) {
-    if wd != 0.0 {
-        let _ = param.g_mul_scalar_(1.0 - lr * wd);
-    }
-    let _ = exp_avg.lerp_(grad, 1.0 - BETA1);
-    // addcmul_(grad, grad, value=1-β2) with the scalar folded into the first factor:
-    // the kernel computes self + value·t1·t2 left to right, so this is identical.
-    let _ = exp_avg_sq.g_mul_scalar_(BETA2);
-    let _ = exp_avg_sq.addcmul_(&(grad * (1.0 - BETA2)), grad);
-    let step = step as f64;
-    let bias_correction1 = 1.0 - BETA1.powf(step);
-    let bias_correction2 = 1.0 - BETA2.powf(step);
-    let step_size = lr / bias_correction1;
-    let bias_correction2_sqrt = bias_correction2.powf(0.5);
-    let denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt) + EPS;
-    let _ = param.addcdiv_(&(&*exp_avg * (-step_size)), &denom);
-}
-
 /// scDINO's per-parameter clipping: each gradient is scaled to norm ≤ `clip` on its own
 /// (not the global norm). Returns the norms before clipping.
 ///
 /// scDINO decides `if clip_coef < 1` on the host, two syncs per parameter; here the
 /// coefficient is replaced by exactly 1 where it is not < 1 (NaN included, as that test),
 /// and a multiply by 1 leaves a gradient bit for bit, so the result is the same with one
-/// sync for the whole model (the norms, read at the end).
+/// sync for the whole model (the norms, read at the end), and the norms are one multi-tensor
+/// op.
 pub fn clip_gradients(params: &[AdamParam], clip: f64) -> Vec<f64> {
     tch::no_grad(|| {
-        let norms: Vec<Tensor> = params
+        let grads: Vec<Tensor> = params
             .iter()
-            .filter_map(|p| {
-                let mut grad = p.tensor.grad();
-                if !grad.defined() {
-                    return None;
-                }
-                let norm = grad.norm();
-                // Python evaluates `clip / (norm + 1e-6)` as reciprocal(norm + 1e-6) · clip.
-                let coef = (&norm + 1e-6).reciprocal() * clip;
-                let coef = coef.where_scalarother(&coef.lt(1.0), 1.0);
-                let _ = grad.g_mul_(&coef);
-                Some(norm)
-            })
+            .map(|p| p.tensor.grad())
+            .filter(Tensor::defined)
             .collect();
-        if norms.is_empty() {
+        if grads.is_empty() {
             return Vec::new();
         }
-        let norms = Tensor::stack(&norms, 0)
+        let norms = foreach::clip_per_tensor(&grads, clip)
             .to_kind(Kind::Double)
             .to_device(Device::Cpu);
         Vec::<f64>::try_from(&norms).expect("a vector of norms")
@@ -179,19 +141,19 @@ pub fn clip_gradients(params: &[AdamParam], clip: f64) -> Vec<f64> {
 }
 
 /// Teacher EMA: θ_t ← m·θ_t + (1 − m)·θ_s for every parameter (frozen ones included, as
-/// PyTorch's `parameters()`), matched by name. BatchNorm running statistics are buffers, not
-/// parameters: the teacher keeps its own.
+/// PyTorch's `parameters()`), matched by name, as one multi-tensor update. BatchNorm running
+/// statistics are buffers, not parameters: the teacher keeps its own.
 pub fn ema_update(teacher: &nn::VarStore, student: &nn::VarStore, momentum: f64) {
     let student_vars = student.variables();
-    tch::no_grad(|| {
-        for (name, mut t) in teacher.variables() {
-            if name.ends_with("running_mean") || name.ends_with("running_var") {
-                continue;
-            }
-            if let Some(s) = student_vars.get(&name) {
-                let _ = t.g_mul_scalar_(momentum);
-                let _ = t.g_add_(&(s.detach() * (1.0 - momentum)));
-            }
+    let (mut t, mut s) = (Vec::new(), Vec::new());
+    for (name, tv) in teacher.variables() {
+        if name.ends_with("running_mean") || name.ends_with("running_var") {
+            continue;
         }
-    });
+        if let Some(sv) = student_vars.get(&name) {
+            t.push(tv);
+            s.push(sv.detach());
+        }
+    }
+    tch::no_grad(|| foreach::ema(&t, &s, momentum));
 }

@@ -1314,3 +1314,118 @@ fn resume_writes_the_loss_centres_into_the_learners_tensors() {
     assert_eq!(max_abs_diff(&resumed.loss.center, &dino), 0.0);
     assert_eq!(max_abs_diff(patch_center, &ibot), 0.0);
 }
+
+/// The step's multi-tensor pieces (train/foreach.rs) against PyTorch on the same tensors:
+/// `torch.optim.AdamW(foreach=True)` with scDINO's two groups, lr and weight decay changing
+/// per step and one parameter frozen (no gradient, so its step count lags) in one step;
+/// scDINO's per-parameter clipping with gradients above and below the limit; scDINO's teacher
+/// EMA. Parameters, both moments, the teacher and the norms to 1e-6 after 4 steps.
+#[test]
+fn multi_tensor_adamw_clipping_and_ema_match_pytorch_foreach() {
+    use tch::nn;
+    use trainer::train::optim::{clip_gradients, ema_update, AdamW};
+    let _rng = super::util::torch_rng_lock();
+    tch::manual_seed(11);
+    let shapes: [(&str, &str, &[i64]); 5] = [
+        ("qkv", "weight", &[24, 8]),
+        ("qkv", "bias", &[24]),
+        ("norm1", "weight", &[8]),
+        ("mlp", "weight", &[16, 8]),
+        ("embed", "pos", &[1, 5, 8]),
+    ];
+    let student_vs = nn::VarStore::new(Device::Cpu);
+    let teacher_vs = nn::VarStore::new(Device::Cpu);
+    let mut src: Vec<(String, Tensor)> = Vec::new();
+    for (module, name, shape) in shapes {
+        let init = Tensor::randn(shape, (Kind::Float, Device::Cpu));
+        (&student_vs.root() / module).var_copy(name, &init);
+        (&teacher_vs.root() / module).var_copy(name, &init);
+        src.push((format!("init.{module}.{name}"), init));
+    }
+    let steps = 4;
+    // lr, weight decay, momentum, whether norm1.weight is frozen.
+    let sched = Tensor::from_slice(&[
+        1e-3, 0.04, 0.996, 0.0, //
+        5e-3, 0.1, 0.99, 1.0, //
+        2e-3, 0.2, 0.995, 0.0, //
+        1e-2, 0.4, 0.9, 0.0,
+    ])
+    .view([steps, 4]);
+    src.push(("sched".into(), sched.shallow_clone()));
+    src.push(("clip".into(), Tensor::from(1.5f64)));
+    let mut opt = AdamW::new(&student_vs);
+    let mut norms_ours = Vec::new();
+    for step in 0..steps {
+        let row = Vec::<f64>::try_from(&sched.get(step)).unwrap();
+        opt.zero_grad();
+        let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        for (i, p) in opt.params.iter().enumerate() {
+            // Norms from 0.2 to ~20: some gradients clipped, some not.
+            let scale = [0.05, 0.5, 2.0, 4.0, 0.3][(i + step as usize) % 5];
+            let g = Tensor::randn(p.tensor.size(), (Kind::Float, Device::Cpu)) * scale;
+            loss = loss + (&p.tensor * &g).sum(Kind::Float);
+            src.push((format!("grad.{step}.{}", p.name), g));
+        }
+        loss.backward();
+        norms_ours.push(clip_gradients(&opt.params, 1.5));
+        let frozen = |name: &str| row[3] != 0.0 && name == "norm1.weight";
+        opt.step(row[0], row[1], &frozen);
+        ema_update(&teacher_vs, &student_vs, row[2]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in.st"), dir.path().join("out.st"));
+    Tensor::write_safetensors(&src, &input).unwrap();
+    run_py_file(
+        "foreach_reference.py",
+        &[input.to_str().unwrap(), output.to_str().unwrap()],
+    );
+    let t: HashMap<String, Tensor> = Tensor::read_safetensors(&output)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let close = |what: &str, ours: &Tensor, theirs: &Tensor| {
+        let d = max_abs_diff(ours, theirs);
+        let scale = theirs.abs().max().double_value(&[]).max(1.0);
+        assert!(d <= 1e-6 * scale, "{what}: differs by {d:e}");
+    };
+    for (step, ours) in norms_ours.iter().enumerate() {
+        let theirs = Vec::<f64>::try_from(&t[&format!("norms.{step}")]).unwrap();
+        assert_eq!(ours.len(), theirs.len());
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs(),
+                "step {step} norms {ours:?} vs {theirs:?}"
+            );
+        }
+    }
+    assert!(
+        norms_ours.iter().flatten().any(|&n| n > 1.5)
+            && norms_ours.iter().flatten().any(|&n| n < 1.5),
+        "clipping must be exercised both ways: {norms_ours:?}"
+    );
+    let teacher = teacher_vs.variables();
+    for p in &opt.params {
+        close(
+            &format!("student {}", p.name),
+            &p.tensor,
+            &t[&format!("student.{}", p.name)],
+        );
+        close(
+            &format!("exp_avg {}", p.name),
+            &p.exp_avg,
+            &t[&format!("exp_avg.{}", p.name)],
+        );
+        close(
+            &format!("exp_avg_sq {}", p.name),
+            &p.exp_avg_sq,
+            &t[&format!("exp_avg_sq.{}", p.name)],
+        );
+        close(
+            &format!("teacher {}", p.name),
+            &teacher[&p.name],
+            &t[&format!("teacher.{}", p.name)],
+        );
+        let want_steps = if p.name == "norm1.weight" { 3 } else { 4 };
+        assert_eq!(p.step, want_steps, "{}", p.name);
+    }
+}

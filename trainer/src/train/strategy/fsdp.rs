@@ -49,7 +49,7 @@ use crate::checkpoint::{Checkpoint, RestoreError};
 use crate::dist::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
 use crate::dist::hooks::{resize_storage, set_grad, storage_bytes, HookError, HookSet};
 use crate::model::{BlockHooks, ModelUnits, UnitKind};
-use crate::train::optim::adamw_update;
+use crate::train::foreach::{self, AdamwGroup};
 use crate::train::step::{Learner, StepError, StepParams};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -781,27 +781,30 @@ impl Fsdp {
                     q.step += 1;
                 }
             }
+            let mut groups = [AdamwGroup::default(), AdamwGroup::default()];
             for &(i, at, _, len) in &segments {
                 let q = &inner.params[i];
                 if !used[i] || frozen(&q.name) || skipped {
                     continue;
                 }
                 let unit = &inner.units[q.unit];
-                let wd = if q.decay { p.weight_decay } else { 0.0 };
-                adamw_update(
-                    &mut unit.student.narrow(0, at, len),
-                    &unit.grad.narrow(0, at, len),
-                    &mut unit.exp_avg.narrow(0, at, len),
-                    &mut unit.exp_avg_sq.narrow(0, at, len),
+                groups[usize::from(q.decay)].push(
+                    unit.student.narrow(0, at, len),
+                    unit.grad.narrow(0, at, len),
+                    unit.exp_avg.narrow(0, at, len),
+                    unit.exp_avg_sq.narrow(0, at, len),
                     q.step,
-                    p.lr,
-                    wd,
                 );
             }
-            for unit in &mut inner.units {
-                let _ = unit.teacher.g_mul_scalar_(p.momentum);
-                let _ = unit.teacher.g_add_(&(&unit.student * (1.0 - p.momentum)));
-            }
+            let [plain, decayed] = groups;
+            plain.update(p.lr, 0.0);
+            decayed.update(p.lr, p.weight_decay);
+            let (teachers, students): (Vec<Tensor>, Vec<Tensor>) = inner
+                .units
+                .iter()
+                .map(|u| (u.teacher.shallow_clone(), u.student.shallow_clone()))
+                .unzip();
+            foreach::ema(&teachers, &students, p.momentum);
         });
         drop(g);
         if let Some(scaler) = &mut learner.scaler {

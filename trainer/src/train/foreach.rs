@@ -1,0 +1,175 @@
+//! The step's per-parameter loops as libtorch's multi-tensor (`_foreach_*`) ops, through the
+//! C++ shim (`csrc/foreach.cpp`; tch binds none of them). On a GPU a list op costs a few
+//! kernel launches for all parameters instead of several per parameter, which is what the
+//! step spends its time on at ViT-S size; on CPU libtorch applies the same ops tensor by
+//! tensor, so CPU and GPU run the same arithmetic and the CPU tests check it.
+//!
+//! The shim only fails on a programming error (tensors on different devices or of different
+//! dtypes in one list), so, like tch's own ops, these panic with libtorch's message.
+use std::ffi::{c_void, CStr};
+use std::os::raw::c_char;
+use tch::{Device, Kind, Tensor};
+
+extern "C" {
+    fn shim_last_error() -> *const c_char;
+    fn tchx_foreach_adamw(
+        params: *const *mut c_void,
+        grads: *const *mut c_void,
+        exp_avgs: *const *mut c_void,
+        exp_avg_sqs: *const *mut c_void,
+        steps: *const f64,
+        n: i64,
+        lr: f64,
+        weight_decay: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+    ) -> i32;
+    fn tchx_foreach_ema(
+        teacher: *const *mut c_void,
+        student: *const *mut c_void,
+        n: i64,
+        momentum: f64,
+    ) -> i32;
+    fn tchx_foreach_clip(
+        grads: *const *mut c_void,
+        n: i64,
+        clip: f64,
+        norms_out: *mut *mut c_void,
+    ) -> i32;
+    fn tchx_foreach_unscale(
+        grads: *const *mut c_void,
+        n: i64,
+        found_inf: *mut c_void,
+        inv_scale: *mut c_void,
+    ) -> i32;
+}
+
+/// AdamW's constants (PyTorch's defaults, which scDINO and DINOv2 keep).
+pub const BETA1: f64 = 0.9;
+pub const BETA2: f64 = 0.999;
+pub const EPS: f64 = 1e-8;
+
+fn ptrs(ts: &[Tensor]) -> Vec<*mut c_void> {
+    ts.iter().map(|t| t.as_ptr() as *mut c_void).collect()
+}
+
+fn check(rc: i32, what: &str) {
+    if rc != 0 {
+        // SAFETY: the shim keeps a thread-local NUL-terminated message; copied at once.
+        let message = unsafe { CStr::from_ptr(shim_last_error()) }.to_string_lossy();
+        panic!("{what}: {message}");
+    }
+}
+
+/// The tensors of one AdamW parameter group, gathered for one multi-tensor update: parameters
+/// (or views of them, as FSDP's shard segments), their gradients and moments, and each one's
+/// update count including this update.
+#[derive(Default)]
+pub struct AdamwGroup {
+    params: Vec<Tensor>,
+    grads: Vec<Tensor>,
+    exp_avgs: Vec<Tensor>,
+    exp_avg_sqs: Vec<Tensor>,
+    steps: Vec<f64>,
+}
+
+impl AdamwGroup {
+    pub fn push(
+        &mut self,
+        param: Tensor,
+        grad: Tensor,
+        exp_avg: Tensor,
+        exp_avg_sq: Tensor,
+        step: u64,
+    ) {
+        self.params.push(param);
+        self.grads.push(grad);
+        self.exp_avgs.push(exp_avg);
+        self.exp_avg_sqs.push(exp_avg_sq);
+        self.steps.push(step as f64);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+
+    /// One AdamW update of every tensor in the group, in place, with PyTorch's
+    /// `_multi_tensor_adam` op order (decoupled weight decay `weight_decay`). Call under
+    /// `no_grad`.
+    pub fn update(&self, lr: f64, weight_decay: f64) {
+        if self.is_empty() {
+            return;
+        }
+        let (p, g) = (ptrs(&self.params), ptrs(&self.grads));
+        let (m, v) = (ptrs(&self.exp_avgs), ptrs(&self.exp_avg_sqs));
+        // SAFETY: four arrays of n live tensor handles and n step counts; the shim reads them
+        // during the call only.
+        let rc = unsafe {
+            tchx_foreach_adamw(
+                p.as_ptr(),
+                g.as_ptr(),
+                m.as_ptr(),
+                v.as_ptr(),
+                self.steps.as_ptr(),
+                p.len() as i64,
+                lr,
+                weight_decay,
+                BETA1,
+                BETA2,
+                EPS,
+            )
+        };
+        check(rc, "multi-tensor AdamW");
+    }
+}
+
+/// Teacher EMA over matched lists: `t ← m·t + (1 − m)·s`, rounded as scDINO's per-parameter
+/// `t.mul_(m).add_((1 - m) * s)`. Call under `no_grad`.
+pub fn ema(teacher: &[Tensor], student: &[Tensor], momentum: f64) {
+    assert_eq!(teacher.len(), student.len(), "EMA lists differ in length");
+    if teacher.is_empty() {
+        return;
+    }
+    let (t, s) = (ptrs(teacher), ptrs(student));
+    // SAFETY: two arrays of n live tensor handles, read during the call only.
+    let rc = unsafe { tchx_foreach_ema(t.as_ptr(), s.as_ptr(), t.len() as i64, momentum) };
+    check(rc, "multi-tensor EMA");
+}
+
+/// scDINO's per-parameter clipping of `grads` in place (each to norm ≤ `clip` on its own);
+/// returns the norms before clipping as one 1-D fp32 tensor on the gradients' device, so the
+/// caller reads them with one sync. Call under `no_grad`.
+pub fn clip_per_tensor(grads: &[Tensor], clip: f64) -> Tensor {
+    let g = ptrs(grads);
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: an array of n live tensor handles; on success the shim stores a new tensor
+    // handle in `out`, owned from here on by the returned Tensor.
+    let rc = unsafe { tchx_foreach_clip(g.as_ptr(), g.len() as i64, clip, &mut out) };
+    check(rc, "multi-tensor clipping");
+    unsafe { Tensor::from_ptr(out as *mut _) }
+}
+
+/// `GradScaler.unscale_`: every gradient multiplied by `1/scale` (fp32) in place; returns
+/// whether any holds inf or NaN (one sync). Call under `no_grad`.
+pub fn unscale(grads: &[Tensor], scale: f64) -> bool {
+    let Some(first) = grads.first() else {
+        return false;
+    };
+    let device: Device = first.device();
+    let mut found_inf = Tensor::zeros([1], (Kind::Float, device));
+    // GradScaler: `inv_scale = scale.double().reciprocal().float()`.
+    let mut inv_scale = Tensor::from_slice(&[(1.0 / scale) as f32]).to_device(device);
+    let g = ptrs(grads);
+    // SAFETY: an array of n live tensor handles and two live 1-element tensors.
+    let rc = unsafe {
+        tchx_foreach_unscale(
+            g.as_ptr(),
+            g.len() as i64,
+            found_inf.as_mut_ptr() as *mut c_void,
+            inv_scale.as_mut_ptr() as *mut c_void,
+        )
+    };
+    check(rc, "multi-tensor unscale");
+    found_inf.double_value(&[0]) != 0.0
+}
