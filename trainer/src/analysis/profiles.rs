@@ -552,7 +552,11 @@ pub fn read(path: &Path) -> Result<Profiles, ProfilesError> {
 
 /// Refuses `values` (a table's row-major feature block) when the table carries a checksum
 /// (`stored`) they do not match.
-fn verify_checksum(stored: Option<String>, values: &[f32], path: &Path) -> Result<(), ProfilesError> {
+fn verify_checksum(
+    stored: Option<String>,
+    values: &[f32],
+    path: &Path,
+) -> Result<(), ProfilesError> {
     match stored {
         Some(sum) if sum != feature_checksum(values) => Err(ProfilesError::Checksum {
             path: path.to_path_buf(),

@@ -1338,8 +1338,8 @@ fn multi_tensor_adamw_clipping_and_ema_match_pytorch_foreach() {
     let mut src: Vec<(String, Tensor)> = Vec::new();
     for (module, name, shape) in shapes {
         let init = Tensor::randn(shape, (Kind::Float, Device::Cpu));
-        (&student_vs.root() / module).var_copy(name, &init);
-        (&teacher_vs.root() / module).var_copy(name, &init);
+        let _ = (&student_vs.root() / module).var_copy(name, &init);
+        let _ = (&teacher_vs.root() / module).var_copy(name, &init);
         src.push((format!("init.{module}.{name}"), init));
     }
     let steps = 4;
@@ -1363,7 +1363,7 @@ fn multi_tensor_adamw_clipping_and_ema_match_pytorch_foreach() {
             // Norms from 0.2 to ~20: some gradients clipped, some not.
             let scale = [0.05, 0.5, 2.0, 4.0, 0.3][(i + step as usize) % 5];
             let g = Tensor::randn(p.tensor.size(), (Kind::Float, Device::Cpu)) * scale;
-            loss = loss + (&p.tensor * &g).sum(Kind::Float);
+            loss += (&p.tensor * &g).sum(Kind::Float);
             src.push((format!("grad.{step}.{}", p.name), g));
         }
         loss.backward();
