@@ -8,7 +8,6 @@
 mod compat;
 mod locate;
 mod location;
-mod metrics_validate;
 mod parse;
 pub mod reference;
 pub mod scdino;
@@ -232,7 +231,6 @@ impl Config {
         s.train.validate(&v, &s.model, &s.augment)?;
         s.augment.validate(&v, &s.model)?;
         s.downstream.validate(&v, &s.model, &s.data)?;
-        metrics_validate::validate_metrics(&v, &s.downstream.metrics)?;
         Ok(Config(std::sync::Arc::new(Values {
             run: s.run,
             data: s.data,
@@ -472,6 +470,31 @@ mod tests {
                 "downstream: {umap: {n_components: 3}}",
                 "downstream.umap.n_components",
                 "must be 2: the embedding exists to be plotted in 2-D",
+            ),
+            (
+                "downstream: {metrics: {label: Class}}",
+                "downstream.metrics.label",
+                "must name a metadata column of the profile table (`Metadata_…`)",
+            ),
+            (
+                "downstream: {metrics: {batch: Metadata_}}",
+                "downstream.metrics.batch",
+                "must name a metadata column of the profile table (`Metadata_…`)",
+            ),
+            (
+                "downstream: {metrics: {batch: Metadata_Class}}",
+                "downstream.metrics.batch",
+                "must differ from downstream.metrics.label",
+            ),
+            (
+                "downstream: {metrics: {null_size: 0}}",
+                "downstream.metrics.null_size",
+                "must be at least 1",
+            ),
+            (
+                "downstream: {metrics: {n_neighbors: 1}}",
+                "downstream.metrics.n_neighbors",
+                "must be at least 2",
             ),
             (
                 "downstream: {umap: {topometry_plots: true}}",

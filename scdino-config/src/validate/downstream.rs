@@ -1,8 +1,10 @@
-//! `downstream:` — one check per analysis (features, attention, kNN, linear probe, UMAP); the
-//! features' options depend on the model's channel mode and the data's channels.
+//! `downstream:` — one check per analysis (features, attention, kNN, linear probe, UMAP,
+//! profiling metrics); the features' options depend on the model's channel mode and the
+//! data's channels.
 use crate::{
     AttentionSection, BagPool, ChannelMode, DataSection, DownstreamSection, FeaturesSection,
-    Invalid, KnnSection, LinearProbeSection, MissingChannels, ModelSection, UmapSection, Validator,
+    Invalid, KnnSection, LinearProbeSection, MetricsSection, MissingChannels, ModelSection,
+    UmapSection, Validator,
 };
 
 impl DownstreamSection {
@@ -16,7 +18,8 @@ impl DownstreamSection {
         self.attention.validate(v, model)?;
         self.knn.validate(v)?;
         self.linear_probe.validate(v)?;
-        self.umap.validate(v)
+        self.umap.validate(v)?;
+        self.metrics.validate(v)
     }
 }
 
@@ -198,6 +201,37 @@ impl UmapSection {
             self.epochs >= 1,
             "downstream.umap.epochs",
             "must be at least 1",
+        )
+    }
+}
+
+impl MetricsSection {
+    /// Column names of the profile tables and sizes that make sense.
+    fn validate(&self, v: &Validator) -> Result<(), Invalid> {
+        for (value, key) in [
+            (&self.label, "downstream.metrics.label"),
+            (&self.batch, "downstream.metrics.batch"),
+        ] {
+            v.check(
+                value.starts_with("Metadata_") && value.len() > "Metadata_".len(),
+                key,
+                "must name a metadata column of the profile table (`Metadata_…`)",
+            )?;
+        }
+        v.check(
+            self.label != self.batch,
+            "downstream.metrics.batch",
+            "must differ from downstream.metrics.label",
+        )?;
+        v.check(
+            self.null_size > 0,
+            "downstream.metrics.null_size",
+            "must be at least 1",
+        )?;
+        v.check(
+            self.n_neighbors >= 2,
+            "downstream.metrics.n_neighbors",
+            "must be at least 2",
         )
     }
 }
