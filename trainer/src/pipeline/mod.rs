@@ -164,6 +164,76 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
+    /// The analyses of one numbered checkpoint (`tag`): features on every rank, then kNN,
+    /// evaluation with the profiling scores, UMAP and attention maps on rank 0.
+    fn analyse_checkpoint(
+        &mut self,
+        t: &Target,
+        tag: &str,
+        ckpt: &Path,
+        ms_path: &Path,
+    ) -> Result<(), StageError> {
+        let bundle = t.files.bundle(tag);
+        self.stage(
+            Stage::Features,
+            Ranks::All,
+            t,
+            Some(tag),
+            &[ckpt.to_path_buf(), ms_path.to_path_buf()],
+            &[bundle.clone(), t.files.profiles(tag)],
+            || stages::run_features(t, ckpt, tag).map(|_| ()),
+        )?;
+        self.stage(
+            Stage::Knn,
+            Ranks::Lead,
+            t,
+            Some(tag),
+            std::slice::from_ref(&bundle),
+            &[t.files.knn_json(tag)],
+            || stages::run_knn(t, tag).map(|_| ()),
+        )?;
+        let mut eval_inputs = vec![ckpt.to_path_buf(), ms_path.to_path_buf()];
+        // A local test folder is an input (its change reruns the evaluation); an S3 one
+        // has no modification time to compare.
+        let local_test = t.cfg.data.test_dir.as_ref().and_then(|d| d.local());
+        eval_inputs.extend(local_test.filter(|d| d.exists()).map(Path::to_path_buf));
+        self.stage(
+            Stage::Evaluate,
+            Ranks::Lead,
+            t,
+            Some(tag),
+            &eval_inputs,
+            &[
+                t.files.evaluation_json(tag),
+                t.files.evaluation_profiles(tag),
+                t.files.scores_json(tag),
+            ],
+            || {
+                stages::run_evaluate(t, ckpt, tag)?;
+                stages::run_scores(t, tag)
+            },
+        )?;
+        self.stage(
+            Stage::Umap,
+            Ranks::Lead,
+            t,
+            Some(tag),
+            std::slice::from_ref(&bundle),
+            &[t.files.umap_json(tag)],
+            || stages::run_umap(t, tag).map(|_| ()),
+        )?;
+        self.stage(
+            Stage::Attention,
+            Ranks::Lead,
+            t,
+            Some(tag),
+            &[ckpt.to_path_buf(), ms_path.to_path_buf()],
+            &[t.files.attention_manifest(tag)],
+            || stages::run_attention(t, ckpt, tag).map(|_| ()),
+        )?;
+        Ok(())
+    }
+
     fn log(&self, what: &str) {
         if self.lead {
             tracing::info!("[pipeline] {what}");
@@ -297,65 +367,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             });
         }
         for (tag, ckpt) in &checkpoints {
-            let tag = tag.as_str();
-            let bundle = t.files.bundle(tag);
-            r.stage(
-                Stage::Features,
-                Ranks::All,
-                &t,
-                Some(tag),
-                &[ckpt.clone(), ms_path.clone()],
-                &[bundle.clone(), t.files.profiles(tag)],
-                || stages::run_features(&t, ckpt, tag).map(|_| ()),
-            )?;
-            r.stage(
-                Stage::Knn,
-                Ranks::Lead,
-                &t,
-                Some(tag),
-                std::slice::from_ref(&bundle),
-                &[t.files.knn_json(tag)],
-                || stages::run_knn(&t, tag).map(|_| ()),
-            )?;
-            let mut eval_inputs = vec![ckpt.clone(), ms_path.clone()];
-            // A local test folder is an input (its change reruns the evaluation); an S3 one
-            // has no modification time to compare.
-            let local_test = cfg.data.test_dir.as_ref().and_then(|d| d.local());
-            eval_inputs.extend(local_test.filter(|d| d.exists()).map(Path::to_path_buf));
-            r.stage(
-                Stage::Evaluate,
-                Ranks::Lead,
-                &t,
-                Some(tag),
-                &eval_inputs,
-                &[
-                    t.files.evaluation_json(tag),
-                    t.files.evaluation_profiles(tag),
-                    t.files.scores_json(tag),
-                ],
-                || {
-                    stages::run_evaluate(&t, ckpt, tag)?;
-                    stages::run_scores(&t, tag)
-                },
-            )?;
-            r.stage(
-                Stage::Umap,
-                Ranks::Lead,
-                &t,
-                Some(tag),
-                std::slice::from_ref(&bundle),
-                &[t.files.umap_json(tag)],
-                || stages::run_umap(&t, tag).map(|_| ()),
-            )?;
-            r.stage(
-                Stage::Attention,
-                Ranks::Lead,
-                &t,
-                Some(tag),
-                &[ckpt.clone(), ms_path.clone()],
-                &[t.files.attention_manifest(tag)],
-                || stages::run_attention(&t, ckpt, tag).map(|_| ()),
-            )?;
+            r.analyse_checkpoint(&t, tag, ckpt, &ms_path)?;
             if r.stopped() {
                 return Ok(PipelineOutcome::Preempted(r.runs));
             }
