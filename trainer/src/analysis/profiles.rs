@@ -575,6 +575,18 @@ fn stored_checksum(reader: &SerializedFileReader<std::fs::File>) -> Option<Strin
         .and_then(|k| k.value.clone())
 }
 
+/// The Parquet reader of the table at `path`.
+fn open_reader(path: &Path) -> Result<SerializedFileReader<std::fs::File>, ProfilesError> {
+    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    SerializedFileReader::new(file).map_err(|source| ProfilesError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Row count, named columns and stored feature checksum of a table, as read.
 pub(crate) type TableColumns = (usize, Vec<(String, Column)>, Option<String>);
 
@@ -585,11 +597,7 @@ pub(crate) fn read_columns(path: &Path) -> Result<TableColumns, ProfilesError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let reader = open_reader(path)?;
     let meta = reader.metadata();
     let rows = meta.file_metadata().num_rows() as usize;
     let schema = meta.file_metadata().schema_descr();
@@ -654,11 +662,7 @@ pub fn read_streamed(path: &Path) -> Result<StreamedTable, ProfilesError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(|source| ProfilesError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let reader = open_reader(path)?;
     let rows = reader.metadata().file_metadata().num_rows() as usize;
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
     let (mut columns, mut data, mut features) = (vec![], vec![], vec![]);

@@ -405,6 +405,94 @@ fn fsdp_unit_of(units: &ModelUnits, name: &str) -> String {
     }
 }
 
+/// What [`Fsdp::new`] reads while it shards: the learner's full state, where each trainable
+/// parameter sits in its optimizer, and this rank's place in the group.
+struct Sharding<'a> {
+    learner: &'a Learner,
+    by_name: HashMap<&'a str, usize>,
+    teacher_vars: HashMap<String, Tensor>,
+    rank: usize,
+    world: usize,
+}
+
+impl Sharding<'_> {
+    /// Unit `u` (`uname`) of `members` in forward order: its parameters appended to `params`
+    /// with their offsets, this rank's shard of the flat student, teacher and both moments,
+    /// and the module variables re-pointed at views of the (still allocated) full buffers.
+    fn unit(
+        &self,
+        u: usize,
+        uname: &str,
+        members: &[&String],
+        params: &mut Vec<Param>,
+    ) -> Result<Unit, FsdpError> {
+        let mut offset = 0i64;
+        let mut idxs = vec![];
+        for n in members {
+            let ap = &self.learner.optimizer.params[self.by_name[n.as_str()]];
+            let numel = ap.tensor.numel() as i64;
+            let teacher = self
+                .teacher_vars
+                .get(n.as_str())
+                .ok_or_else(|| FsdpError::NoTeacherParameter(n.to_string()))?
+                .shallow_clone();
+            idxs.push(params.len());
+            params.push(Param {
+                name: n.to_string(),
+                unit: u,
+                offset,
+                numel,
+                shape: ap.tensor.size(),
+                decay: ap.decay,
+                step: ap.step,
+                student: ap.tensor.shallow_clone(),
+                teacher,
+            });
+            offset += numel;
+        }
+        let (device, rank, world) = (self.learner.device, self.rank, self.world);
+        let shard = (offset + world as i64 - 1) / world as i64;
+        let flat = |get: &dyn Fn(&Param) -> Tensor| -> Tensor {
+            let full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
+            for &i in &idxs {
+                let p: &Param = &params[i];
+                full.narrow(0, p.offset, p.numel)
+                    .copy_(&get(p).to_kind(Kind::Float).reshape([-1]));
+            }
+            full.narrow(0, rank as i64 * shard, shard).copy()
+        };
+        let opt = |n: &str| &self.learner.optimizer.params[self.by_name[n]];
+        let student = flat(&|p| p.student.detach());
+        let teacher = flat(&|p| p.teacher.detach());
+        let exp_avg = flat(&|p| opt(&p.name).exp_avg.shallow_clone());
+        let exp_avg_sq = flat(&|p| opt(&p.name).exp_avg_sq.shallow_clone());
+        let student_full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
+        let teacher_full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
+        for &i in &idxs {
+            let p = &mut params[i];
+            let view = |full: &Tensor| full.narrow(0, p.offset, p.numel).view(p.shape.as_slice());
+            p.student.set_data(&view(&student_full));
+            p.teacher.set_data(&view(&teacher_full));
+        }
+        Ok(Unit {
+            name: uname.to_string(),
+            pending: idxs.len(),
+            params: idxs,
+            shard,
+            grad: student.zeros_like(),
+            student,
+            teacher,
+            exp_avg,
+            exp_avg_sq,
+            student_full,
+            teacher_full,
+            reduce: None,
+            gathered: false,
+            in_backward: 0,
+        })
+    }
+}
+
 /// The unit of everything outside the blocks (embeddings, final norm, head).
 const REST: &str = "rest";
 
@@ -441,14 +529,19 @@ impl Fsdp {
         if names.iter().any(|n| fsdp_unit_of(declared, n) == REST) {
             unit_names.push(REST.into());
         }
-        let by_name: HashMap<&str, usize> = learner
-            .optimizer
-            .params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.name.as_str(), i))
-            .collect();
-
+        let sharding = Sharding {
+            learner: &*learner,
+            by_name: learner
+                .optimizer
+                .params
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.name.as_str(), i))
+                .collect(),
+            teacher_vars,
+            rank,
+            world,
+        };
         let mut params: Vec<Param> = vec![];
         let mut units: Vec<Unit> = vec![];
         tch::no_grad(|| {
@@ -457,70 +550,7 @@ impl Fsdp {
                     .iter()
                     .filter(|n| &fsdp_unit_of(declared, n) == uname)
                     .collect();
-                let mut offset = 0i64;
-                let mut idxs = vec![];
-                for n in &members {
-                    let ap = &learner.optimizer.params[by_name[n.as_str()]];
-                    let numel = ap.tensor.numel() as i64;
-                    let teacher = teacher_vars
-                        .get(n.as_str())
-                        .ok_or_else(|| FsdpError::NoTeacherParameter(n.to_string()))?
-                        .shallow_clone();
-                    idxs.push(params.len());
-                    params.push(Param {
-                        name: n.to_string(),
-                        unit: u,
-                        offset,
-                        numel,
-                        shape: ap.tensor.size(),
-                        decay: ap.decay,
-                        step: ap.step,
-                        student: ap.tensor.shallow_clone(),
-                        teacher,
-                    });
-                    offset += numel;
-                }
-                let shard = (offset + world as i64 - 1) / world as i64;
-                let device = learner.device;
-                let flat = |get: &dyn Fn(&Param) -> Tensor| -> Tensor {
-                    let full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
-                    for &i in &idxs {
-                        let p: &Param = &params[i];
-                        full.narrow(0, p.offset, p.numel)
-                            .copy_(&get(p).to_kind(Kind::Float).reshape([-1]));
-                    }
-                    full.narrow(0, rank as i64 * shard, shard).copy()
-                };
-                let opt = |n: &str| &learner.optimizer.params[by_name[n]];
-                let student = flat(&|p| p.student.detach());
-                let teacher = flat(&|p| p.teacher.detach());
-                let exp_avg = flat(&|p| opt(&p.name).exp_avg.shallow_clone());
-                let exp_avg_sq = flat(&|p| opt(&p.name).exp_avg_sq.shallow_clone());
-                let student_full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
-                let teacher_full = Tensor::zeros([shard * world as i64], (Kind::Float, device));
-                for &i in &idxs {
-                    let p = &mut params[i];
-                    let view =
-                        |full: &Tensor| full.narrow(0, p.offset, p.numel).view(p.shape.as_slice());
-                    p.student.set_data(&view(&student_full));
-                    p.teacher.set_data(&view(&teacher_full));
-                }
-                units.push(Unit {
-                    name: uname.clone(),
-                    pending: idxs.len(),
-                    params: idxs,
-                    shard,
-                    grad: student.zeros_like(),
-                    student,
-                    teacher,
-                    exp_avg,
-                    exp_avg_sq,
-                    student_full,
-                    teacher_full,
-                    reduce: None,
-                    gathered: false,
-                    in_backward: 0,
-                });
+                units.push(sharding.unit(u, uname, &members, &mut params)?);
             }
             Ok::<(), FsdpError>(())
         })?;
