@@ -11,6 +11,8 @@
 #                  and PyTorch's (bench/train_step.py --device cuda), alternating R,P per round
 #   demo/          the demo pipeline (configs/demo.yaml) trained on the GPU, resumed after its
 #                  first 3 steps: log, kNN, report
+#   embed/         `trainer embed` of demo/data/Test with the demo checkpoint on the CPU (fp32)
+#                  and the GPU (fp32, bf16): compare with scripts/device-compare-embed.py
 # usage: [OUT=dir] [ROUNDS=2] [BATCH=64] scripts/device-check.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -64,4 +66,17 @@ tail -n 15 "$OUT/demo/pipeline.log"
 A=demo/output/demo
 find "$A" \( -name '*kNN*.txt' -o -name 'report.html' -o -name '*.jsonl' -o -name '*.json' \) \
   -size -2M -exec cp --parents {} "$OUT/demo/" \; 2>/dev/null
+
+# `trainer embed` on the GPU (fp32 and bf16) and on the CPU, same checkpoint and images: the
+# tables come back under embed/ and are compared on the Rust machine
+# (scripts/device-compare-embed.py), as this machine may lack pyarrow.
+mkdir -p "$OUT/embed"
+CK=$(find "$A" -name checkpoint.safetensors | head -n 1)
+for run in cpu-fp32 cuda-fp32 cuda-bf16; do
+  timeout 120 "$T" embed --checkpoint "$CK" --images demo/data/Test --device "${run%-*}" \
+    --precision "${run#*-}" --out "$OUT/embed/$run.parquet" >>"$OUT/embed/embed.log" 2>&1
+  echo "embed $run rc=$?" | tee -a "$OUT/embed/embed.log"
+  rm -rf "$OUT/embed/$run.parquet.parts"
+done
+tail -n 6 "$OUT/embed/embed.log"
 du -sh "$OUT"

@@ -131,6 +131,58 @@ fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
     }
 }
 
+/// `--precision bf16` (the backbone in bfloat16, features written as float32) gives the fp32
+/// rows' directions: every row's cosine to its fp32 row at least 0.999 (bf16 keeps 8 bits of
+/// mantissa and the matmuls accumulate in fp32 on every CPU backend, AMX or AVX-512). A rerun in the other precision into the
+/// same parts folder is refused, naming `--precision`, as its parts would mix precisions.
+#[test]
+fn embed_in_bf16_keeps_the_fp32_directions_and_never_mixes_precisions() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let ck = {
+        let _rng = super::util::torch_rng_lock();
+        tch::set_num_threads(2);
+        let cfg = config(dir.path(), "fixed", "");
+        train(&cfg, &TrainOptions::default()).unwrap();
+        trainer::layout::RunLayout::new(&cfg)
+            .model(&cfg, &cfg.training_channels(0).unwrap())
+            .latest_checkpoint()
+    };
+    let images = dir.path().join("data/Training").display().to_string();
+    let rows = |out: &Path, bf16: bool| {
+        let mut opts = options(&ck, &images, out);
+        opts.bf16 = bf16;
+        let s = run(&opts).unwrap();
+        assert_eq!((s.images, s.errors), (24, 0));
+        let t = profiles::read_streamed(out).unwrap();
+        let paths = strings(&t, "Metadata_ImagePath").to_vec();
+        let v = tch::Tensor::from_slice(&t.values).reshape([t.rows as i64, t.dim as i64]);
+        (paths, v)
+    };
+    let (p32, f32s) = rows(&dir.path().join("fp32.parquet"), false);
+    let bf16_out = dir.path().join("bf16.parquet");
+    let (p16, f16s) = rows(&bf16_out, true);
+    assert_eq!(p32, p16);
+    assert_eq!(f16s.kind(), tch::Kind::Float);
+    // Rows are unit length, so the cosine is the row-wise dot product.
+    let cos = (&f32s * &f16s).sum_dim_intlist(1, false, tch::Kind::Double);
+    let worst = cos.min().double_value(&[]);
+    eprintln!("worst cosine of a bf16 row to its fp32 row: {worst}");
+    assert!(
+        worst >= 0.999,
+        "worst cosine of a bf16 row to its fp32 row: {worst}"
+    );
+    let exact = (&f32s - &f16s).abs().max().double_value(&[]);
+    assert!(
+        exact > 0.0,
+        "bf16 gave the fp32 numbers exactly: it did not run in bf16"
+    );
+    let mut again = options(&ck, &images, &bf16_out);
+    again.bf16 = false;
+    let e = run(&again).unwrap_err().to_string();
+    assert!(e.contains("--precision"), "{e}");
+}
+
 fn trainer_cmd(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
     c.args(args).env("OMP_NUM_THREADS", "1");
