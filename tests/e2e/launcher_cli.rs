@@ -841,7 +841,8 @@ fn recorded_calls(root: &Path) -> Vec<Call> {
 /// the one-job layout runs 2 ranks with Slurm's rank variables and the rendezvous. Submitting
 /// the same command again (the resume) is accepted once the jobs ended and runs the same
 /// scripts again. The trainer is a stand-in that records its calls: this checks what the
-/// launcher renders and submits; `trainer embed` itself is tested in the trainer's tests.
+/// launcher renders and submits; the real `trainer embed` runs under Slurm in
+/// `slurm_embedding_with_the_real_trainer_equals_one_process`.
 #[test]
 fn slurm_embedding_array_merges_after_every_shard_and_ranks_run_as_one_job() {
     require_slurm();
@@ -987,6 +988,91 @@ fn slurm_embedding_array_merges_after_every_shard_and_ranks_run_as_one_job() {
         );
     }
     assert!(!all_text(&root).contains(SECRET), "the secret value leaked");
+}
+
+/// `launcher embed` running the real `trainer embed` on the real Slurm, through paths with a
+/// space, a quote and a `$`: a checkpoint of one training step embeds the 24 images of a
+/// synthetic dataset as one job of 2 ranks, and as a job array of 3 shards and its merge job;
+/// both tables are byte for byte the table one `trainer embed` process writes on this machine
+/// (same rows, same order, same features, same key-value metadata).
+#[test]
+fn slurm_embedding_with_the_real_trainer_equals_one_process() {
+    require_slurm();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = hostile_dir(tmp.path());
+    let cfg = setup(&root, "  epochs: 1\n");
+    ok(
+        "trainer",
+        &[
+            "train",
+            "--config",
+            s(&cfg),
+            "--max-steps",
+            "1",
+            "--threads",
+            "1",
+        ],
+    );
+    let checkpoint =
+        root.join("out/slurmrun/scDINO_ViTs/m_channel_APC_DAPI/checkpoint.safetensors");
+    let images = root.join("data/Training");
+    let pattern = "{Class}/{Cell}.tiff";
+    let table = |name: &str| root.join(format!("tables/{name}.parquet"));
+    let single = ok(
+        "trainer",
+        &[
+            "embed",
+            "--checkpoint",
+            s(&checkpoint),
+            "--images",
+            s(&images),
+            "--path-pattern",
+            pattern,
+            "--out",
+            s(&table("single")),
+        ],
+    );
+    assert!(single.contains("24 rows ->"), "{single}");
+    let cluster = cluster_file(&root, &["train"], "");
+    let submit = |name: &str, layout: &[&str]| {
+        let out = root.join(format!("jobs {name}"));
+        let mut args = vec![
+            "embed",
+            "--cluster",
+            s(&cluster),
+            "--checkpoint",
+            s(&checkpoint),
+            "--images",
+            s(&images),
+            "--path-pattern",
+            pattern,
+        ];
+        let embeddings = table(name);
+        args.extend(["--out", s(&out), "--embeddings", s(&embeddings)]);
+        args.extend(layout);
+        let o = launcher(&args, &[]);
+        assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+        out
+    };
+    let jobs = [
+        submit("ranks", &["--tasks-per-node", "2"]),
+        submit("array", &["--array", "3", "--array-limit", "2"]),
+    ];
+    for out in &jobs {
+        let ended = wait_all(out, Duration::from_secs(120));
+        assert!(!ended.is_empty());
+        for j in ended {
+            assert_eq!(j["state"], "COMPLETED", "{j:#}\n{}", log_of(&j));
+        }
+    }
+    let want = std::fs::read(table("single")).unwrap();
+    for name in ["ranks", "array"] {
+        let got = std::fs::read(table(name)).unwrap();
+        assert!(
+            got == want,
+            "the {name} table differs from the single-process table"
+        );
+    }
 }
 
 /// The image bakes in no tunable (they would beat `--container-env` under Pyxis), sets the

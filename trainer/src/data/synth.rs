@@ -13,9 +13,23 @@
 //! chunky, so `tifffile.imread` returns (H, W, C) uint16 like the PBMC files.
 //! Training holds `per_class` images per class; Test holds
 //! `ceil(per_class / 4)` per class, dealt round-robin over the donors (image
-//! j goes to donor `j % donors + 1`, numbered per donor from 0001). Each donor
-//! scales the marker channels by a small donor-specific gain (a batch effect,
-//! 4 % per donor step, centred on 1); Training uses gain 1.
+//! j goes to donor `j % donors + 1`, numbered per donor from 0001).
+//!
+//! # Donor batch effect
+//!
+//! Each test donor images under its own uneven illumination (a flat-field
+//! error): every channel of its images, cell and background alike, is
+//! multiplied by a linear ramp `1 + 0.1·(cos φ·X + sin φ·Y)` (X, Y ∈ [−1, 1]
+//! across the image), ±10 % from edge to edge, whose direction φ = 360°·(d − 1)
+//! / donors turns with the donor d (two donors: opposite ramps). Training
+//! images are evenly lit. A ramp is not a per-channel affine map, so it
+//! survives the per-image per-channel min–max scaling every stage applies (a
+//! per-donor gain, which this generator applied before, was cancelled by it
+//! exactly): the background of a channel whose cells are faint slopes one way
+//! for one donor and the other way for the next, and an untrained network's
+//! features already separate the donors (docs/scoring.md). ±10 % is a mild
+//! flat-field error for a widefield microscope; the classes remain as
+//! separable as without it.
 //!
 //! Channels follow the PBMC convention: 0 APC, 1 BF (brightfield), 2 DAPI,
 //! 3 GREEN, 4 PE. With fewer channels the list is truncated; channel k ≥ 5 is
@@ -206,6 +220,8 @@ const BACKGROUND: [f32; 5] = [100.0, 1200.0, 110.0, 105.0, 100.0];
 const DAPI_LEVEL: f32 = 3000.0;
 const EXTRA_MARKER_LEVEL: f32 = 1500.0;
 const READ_NOISE_VAR: f32 = 36.0;
+/// Half the edge-to-edge swing of a donor's illumination ramp (module docs).
+const DONOR_RAMP: f32 = 0.1;
 
 /// SplitMix64 with the float draws the synthetic cells need.
 struct Rng(SplitMix64);
@@ -264,8 +280,14 @@ fn add_blobs(plane: &mut [f32], size: usize, blobs: &[Blob]) {
     }
 }
 
-/// Render one cell of class `class` as C×H×W u16.
-fn render_cell(class: usize, opts: &SynthOptions, donor_gain: f32, rng: &mut Rng) -> Vec<u16> {
+/// Render one cell of class `class` as C×H×W u16, lit by `illumination` (H×W; `None`:
+/// evenly).
+fn render_cell(
+    class: usize,
+    opts: &SynthOptions,
+    illumination: Option<&[f32]>,
+    rng: &mut Rng,
+) -> Vec<u16> {
     let recipe = &RECIPES[class];
     let size = opts.size;
     let scale = size as f32 / 50.0;
@@ -356,11 +378,13 @@ fn render_cell(class: usize, opts: &SynthOptions, donor_gain: f32, rng: &mut Rng
                     scale,
                     rng,
                 );
-                plane.iter_mut().for_each(|p| *p *= donor_gain);
             }
         }
         let bg = BACKGROUND.get(ch).copied().unwrap_or(100.0);
         plane.iter_mut().for_each(|p| *p = *p * gain + bg);
+        if let Some(light) = illumination {
+            plane.iter_mut().zip(light).for_each(|(p, &l)| *p *= l);
+        }
     }
     planes
         .into_iter()
@@ -454,15 +478,24 @@ struct Job {
     ids: [u64; 4],
 }
 
+/// Test donor `donor`'s (1-based, of `donors`) illumination over a `size`×`size` image: the
+/// ramp of the module docs, row-major.
+fn donor_illumination(donor: usize, donors: usize, size: usize) -> Vec<f32> {
+    let phi = std::f32::consts::TAU * (donor - 1) as f32 / donors as f32;
+    let (sin, cos) = phi.sin_cos();
+    let (centre, half) = ((size as f32 - 1.0) / 2.0, size as f32 / 2.0);
+    (0..size * size)
+        .map(|i| {
+            let (y, x) = ((i / size) as f32, (i % size) as f32);
+            1.0 + DONOR_RAMP * (cos * (x - centre) + sin * (y - centre)) / half
+        })
+        .collect()
+}
+
 fn write_job(job: &Job, opts: &SynthOptions) -> Result<(), DataError> {
-    // Donor batch effect: gains spread symmetrically around 1 in 4 % steps.
-    let donor_gain = if job.donor == 0 {
-        1.0
-    } else {
-        1.0 + 0.04 * (job.donor as f32 - (opts.donors as f32 + 1.0) / 2.0)
-    };
+    let light = (job.donor > 0).then(|| donor_illumination(job.donor, opts.donors, opts.size));
     let mut rng = image_rng(opts.seed, job.ids);
-    let data = render_cell(job.class, opts, donor_gain, &mut rng);
+    let data = render_cell(job.class, opts, light.as_deref(), &mut rng);
     let image = Chw::new(opts.channels, opts.size, opts.size, data)?;
     write_tiff_u16_chunky(&job.path, &image)
 }
@@ -571,6 +604,7 @@ pub fn generate(opts: &SynthOptions) -> Result<SynthSummary, DataError> {
         "size": opts.size,
         "channels": channel_names,
         "donors": opts.donors,
+        "donor_effect": format!("test donor d of {} lit by 1 + {DONOR_RAMP}·(cos φ·X + sin φ·Y), X, Y in [-1, 1], φ = 360°·(d-1)/{}; Training evenly lit", opts.donors, opts.donors),
         "layout": "Training/<class>/<class>-NNNN.tiff, Test/DonorDD/Control/<class>/<class>-NNNN-Test-Ctrl-E01-DDD.tiff",
         "dtype": "uint16, (H, W, C) chunky",
     });
@@ -738,7 +772,7 @@ mod tests {
         let o = SynthOptions::default();
         let render = |i: u64| {
             let mut rng = image_rng(1, [0, 0, 0, i]);
-            render_cell((i % 8) as usize, &o, 1.0, &mut rng)
+            render_cell((i % 8) as usize, &o, None, &mut rng)
         };
         let first: Vec<_> = (0..16).map(render).collect();
         let again: Vec<_> = (0..16).rev().map(render).collect();

@@ -131,9 +131,14 @@ pub fn scores_section(t: &Target, tags: &[String]) -> Result<String, StageError>
     let mut h = String::from("<h2>Profiling scores: replicate retrieval and batch effects</h2>");
     h.push_str(&look(
         "mAP near 1 = images find the other images of their class (across donors where the \
-         table has several) before any other class; a batch silhouette well below its \
-         shuffled control, or a leave-one-donor-out F1 well below the in-distribution F1, \
-         means the embedding separates donors (a batch effect) rather than only biology.",
+         table has several) before any other class. Batch silhouette: 1 = the donors are mixed \
+         within each class; read it against its shuffled control (the same table with the \
+         donors shuffled, what no batch effect reads as): a silhouette clearly below the \
+         control (by 0.05 or more), or a leave-one-donor-out F1 well below the \
+         in-distribution F1, means the embedding separates donors (a batch effect) rather \
+         than only biology. On trainer synth data the donors differ by their illumination, \
+         which even untrained features separate (the control well above the silhouette); \
+         watch whether training closes that gap or widens it.",
     ));
     let mut rows = String::new();
     let mut skipped = String::new();
