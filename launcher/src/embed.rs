@@ -13,6 +13,7 @@
 use crate::cluster::{Cluster, Runtime};
 use crate::container_view;
 use crate::render::{self, Allocation, ArrayTasks, Dependency, Job, Manifest, Rendered, Shape};
+use scdino_config::DatasetLocation;
 use std::path::{Path, PathBuf};
 
 /// The one job of [`Layout::Ranks`].
@@ -38,7 +39,8 @@ pub enum Layout {
 #[derive(Debug, Clone)]
 pub struct Options {
     pub checkpoint: PathBuf,
-    /// A folder, or `s3://bucket/prefix` (read over the network: no mount needed).
+    /// A folder, or `s3://`, `gs://` or `az://` bucket/prefix (read over the network: no mount
+    /// needed).
     pub images: String,
     /// The Parquet table (`--out` of the trainer); its parts go to `OUT.parquet.parts/`.
     pub table: PathBuf,
@@ -78,15 +80,10 @@ impl Paths<'_> {
 
 /// The trainer's words shared by every job, one option per line of the script.
 fn trainer_args(o: &Options, paths: &mut Paths) -> anyhow::Result<Vec<Vec<String>>> {
-    let images = match o.images.strip_prefix("s3://") {
-        Some(rest) => {
-            anyhow::ensure!(
-                !rest.is_empty(),
-                "--images s3:// needs a bucket: s3://bucket/prefix"
-            );
-            o.images.clone()
-        }
-        None => paths.job_path("--images", Path::new(&o.images), true)?,
+    let images = match o.images.parse::<DatasetLocation>() {
+        Ok(DatasetLocation::Remote(_)) => o.images.clone(),
+        Ok(DatasetLocation::Local(dir)) => paths.job_path("--images", &dir, true)?,
+        Err(e) => anyhow::bail!("--images: {e}"),
     };
     let table = o.table.to_string_lossy();
     anyhow::ensure!(

@@ -305,7 +305,7 @@ struct EmbedArgs {
     /// The trained checkpoint (the trainer's --checkpoint).
     #[arg(long)]
     checkpoint: PathBuf,
-    /// The images: a folder every node sees, or s3://bucket/prefix.
+    /// The images: a folder every node sees, or s3://, gs:// or az:// bucket/prefix.
     #[arg(long)]
     images: String,
     /// The Parquet table to write (the trainer's --out), on a filesystem every node sees;

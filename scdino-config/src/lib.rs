@@ -17,7 +17,7 @@ mod validate;
 
 pub use compat::{IgnoredKey, IGNORED_KEYS};
 pub use locate::KeyLines;
-pub use location::{DatasetLocation, LocationError, S3Url};
+pub use location::{DatasetLocation, LocationError, Scheme, StoreUrl};
 pub use parse::{parse_yaml, Unparsed};
 pub use sections::*;
 pub use stage::{Stage, UnknownStage, PIPELINE_STAGES};
@@ -302,7 +302,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.data.dataset_dir,
-            DatasetLocation::S3(S3Url::parse("s3://bkt/pbmc").unwrap())
+            DatasetLocation::Remote(StoreUrl::parse("s3://bkt/pbmc").unwrap())
         );
         assert_eq!(
             c.data.test_dir,
@@ -318,9 +318,15 @@ mod tests {
         assert_eq!(msg, "an s3:// dataset needs a bucket: s3://bucket/prefix");
         let (key, line, _) = invalid("data: {test_dir: 's3://'}\n");
         assert_eq!((key.as_str(), line), ("data.test_dir", Some(1)));
-        let (key, _, msg) = invalid("data:\n  dataset_dir: gs://b/x\n");
+        let (key, _, msg) = invalid("data:\n  dataset_dir: hdfs://b/x\n");
         assert_eq!(key, "data.dataset_dir");
-        assert!(msg.contains("only local paths and s3://"), "{msg}");
+        assert!(
+            msg.contains("only local paths (or file:///path), s3://"),
+            "{msg}"
+        );
+        let (key, line, msg) = invalid("data:\n  test_dir: gs:///x\n");
+        assert_eq!((key.as_str(), line), ("data.test_dir", Some(2)));
+        assert_eq!(msg, "a gs:// dataset needs a bucket: gs://bucket/prefix");
     }
 
     /// Every refusal no other test reaches, each as a one-line file: the section that checks it
@@ -628,7 +634,10 @@ mod tests {
         assert_eq!(key, "downstream.linear_probe.validation_fraction");
         let (key, _, msg) = invalid("data:\n  test_dir: http://x/Test\n");
         assert_eq!(key, "data.test_dir");
-        assert!(msg.contains("only local paths and s3://"), "{msg}");
+        assert!(
+            msg.contains("only local paths (or file:///path), s3://"),
+            "{msg}"
+        );
         assert!(Config::from_yaml("train:\n  on_collapse: ignore\n", "t").is_err());
         assert_eq!(
             Config::from_yaml("train:\n  peak_tflops: 989\n", "t")

@@ -48,7 +48,7 @@ impl Default for RunSection {
 #[serde(default, deny_unknown_fields)]
 pub struct DataSection {
     /// `meta.dataset_dir`: an ImageFolder-style tree of multi-channel TIFFs (or the shards
-    /// packed from one), a local path or `s3://bucket/prefix`.
+    /// packed from one), a local path or `s3://`, `gs://` or `az://` bucket/prefix.
     pub dataset_dir: DatasetLocation,
     /// `meta.folder_depth_for_labels`: 0 = the folder holding the image, 1 = the one above, ...
     pub label_folder_depth: usize,
@@ -79,7 +79,7 @@ pub struct DataSection {
     /// New. Shuffle-buffer size (samples per rank) for `order: shard_sequential`; 1 keeps the
     /// shard's stored order.
     pub shuffle_buffer: usize,
-    /// How `s3://` datasets are reached (ignored for local and FSx paths).
+    /// How `s3://`, `gs://` and `az://` datasets are reached (ignored for local and FSx paths).
     pub s3: S3Section,
     /// Node-local copy of streamed images, so only the first epoch pays for the network.
     pub cache: CacheSection,
@@ -110,18 +110,25 @@ pub enum SampleOrder {
     ShardSequential,
 }
 
-/// Client settings for an `s3://bucket/prefix` dataset. Credentials are deliberately not
-/// settable here: they come from the environment (see docs/data.md, "Data on S3, FSx and node-local NVMe"), so a config file can be
-/// shared, logged and stored in checkpoints without leaking a secret.
+/// Client settings for a dataset in a remote store (`s3://`, `gs://`, `az://`; the section
+/// keeps its first store's name). Credentials are deliberately not settable here: they come
+/// from each store's environment variables (see docs/data.md, "Data in object stores, on FSx
+/// and on node-local NVMe"), so a config file can be shared, logged and stored in checkpoints
+/// without leaking a secret.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct S3Section {
     /// Endpoint of an S3-compatible server (`http://127.0.0.1:9000`); unset = AWS, or the
-    /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT` variable.
+    /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT` variable. For `gs://` the service's base URL
+    /// (unset = Google's, or `GOOGLE_BASE_URL`); for `az://` the account's blob endpoint
+    /// (`http://127.0.0.1:10000/devstoreaccount1`; unset = `AZURE_STORAGE_ENDPOINT`, else the
+    /// account's `https://ACCOUNT.blob.core.windows.net`).
     pub endpoint: Option<String>,
-    /// Bucket region; unset = `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    /// Bucket region (`s3://` only); unset = `AWS_REGION` / `AWS_DEFAULT_REGION`, else
+    /// `us-east-1`.
     pub region: Option<String>,
-    /// Permit plain-HTTP endpoints (local S3-compatible servers); AWS itself needs HTTPS.
+    /// Permit plain-HTTP endpoints (local S3-compatible servers and emulators); the clouds
+    /// themselves need HTTPS.
     pub allow_http: bool,
     /// GET requests in flight at once per process: S3 latency, not bandwidth, limits
     /// small-object throughput, so this is what sets images/s.

@@ -218,6 +218,14 @@ fn unreachable_paths_and_impossible_layouts_are_refused() {
     );
     o.images = "s3://".into();
     assert!(err(&o).contains("needs a bucket"), "{}", err(&o));
+    o.images = "gs://".into();
+    assert!(
+        err(&o).contains("a gs:// dataset needs a bucket"),
+        "{}",
+        err(&o)
+    );
+    o.images = "http://host/images".into();
+    assert!(err(&o).contains("only local paths"), "{}", err(&o));
     let mut o = opts(all);
     o.table = "s3://b/x.parquet".into();
     assert!(

@@ -12,7 +12,7 @@ pub enum DataCommand {
     /// Pack `data.dataset_dir` into WebDataset-style tar shards plus an index (resumable:
     /// a rerun verifies finished shards by checksum and writes only what is missing).
     Pack(PackArgs),
-    /// Copy an s3:// dataset (data.dataset_dir) to a local or FSx directory, resumably.
+    /// Copy an s3://, gs:// or az:// dataset (data.dataset_dir) to a local or FSx directory, resumably.
     Preload(PreloadArgs),
     /// Read (and decode) epochs of the training split in the configured `data.order` from
     /// any source (folder, shards, s3://, with or without the node-local cache) and print

@@ -17,8 +17,8 @@ pub struct EmbedArgs {
     /// A checkpoint written by this trainer (it records the run config, channels and mean/std).
     #[arg(long, value_name = "CKPT")]
     checkpoint: PathBuf,
-    /// The images: a folder or s3://bucket/prefix; every .tif/.tiff below it, recursively.
-    #[arg(long, value_name = "DIR|S3")]
+    /// The images: a folder or s3://, gs:// or az:// bucket/prefix; every .tif/.tiff below it, recursively.
+    #[arg(long, value_name = "DIR|URL")]
     images: String,
     /// The profile table to write (parts and manifest in OUT.parts/, errors in OUT's
     /// `.errors.parquet`).

@@ -14,11 +14,11 @@ pub struct PackArgs {
     #[command(flatten)]
     config: super::ConfigArg,
     /// Output directory (created; point `data.dataset_dir` at it to train from the shards),
-    /// or `s3://bucket/prefix`: packed into `--staging` first, then uploaded (shards, then the
+    /// or `s3://`, `gs://` or `az://` bucket/prefix: packed into `--staging` first, then uploaded (shards, then the
     /// index last; shards already there with the same size and sha256 are skipped).
     #[arg(long)]
     out: String,
-    /// With an s3:// `--out`: the local directory to pack into before uploading (kept, so a
+    /// With a store `--out` (s3://, gs://, az://): the local directory to pack into before uploading (kept, so a
     /// rerun resumes both the pack and the upload). Default: `trainer-pack-<hash of --out>`
     /// under the system temp dir.
     #[arg(long)]
@@ -67,7 +67,7 @@ impl PackArgs {
         let cfg = self.config.load()?;
         let out: DatasetLocation = self.out.parse().context("--out")?;
         let local_out: PathBuf = match &out {
-            DatasetLocation::S3(url) => {
+            DatasetLocation::Remote(url) => {
                 if cfg.data.dataset_dir == out {
                     bail!("--out must differ from data.dataset_dir");
                 }
@@ -154,7 +154,7 @@ impl PackArgs {
             s.seconds,
             s.written_samples as f64 / s.seconds.max(1e-9)
         );
-        if let DatasetLocation::S3(url) = &out {
+        if let DatasetLocation::Remote(url) = &out {
             let t1 = Instant::now();
             let remote =
                 Remote::open(url, &cfg.data.s3).with_context(|| format!("opening {}", self.out))?;

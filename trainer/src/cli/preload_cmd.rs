@@ -1,4 +1,4 @@
-//! `trainer data preload`: copy an s3:// dataset to FSx or node-local NVMe ahead of a run.
+//! `trainer data preload`: copy an s3:// (gs://, az://) dataset to FSx or node-local NVMe ahead of a run.
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -25,9 +25,9 @@ impl PreloadArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.config.load()?;
         let src = match &cfg.data.dataset_dir {
-            DatasetLocation::S3(url) => url,
+            DatasetLocation::Remote(url) => url,
             DatasetLocation::Local(dir) => bail!(
-                "{}: data.dataset_dir is {}, not an s3:// URL: nothing to preload",
+                "{}: data.dataset_dir is {}, not an s3://, gs:// or az:// URL: nothing to preload",
                 self.config.path()?.display(),
                 dir.display()
             ),

@@ -93,11 +93,13 @@ pub enum DataError {
         note: String,
     },
 
-    /// The S3 client could not get credentials (`credentials` says from where; never a
+    /// The store's client could not get credentials (`credentials` says from where; never a
     /// value).
-    #[error("{url}: no S3 credentials: {credentials}: {reason}")]
+    #[error("{url}: no {service} credentials: {credentials}: {reason}")]
     Credentials {
         url: String,
+        /// The store's name: S3, Google Cloud Storage, Azure Blob Storage.
+        service: &'static str,
         credentials: String,
         reason: String,
     },

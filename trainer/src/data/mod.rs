@@ -12,7 +12,7 @@
 //!   behind one trait so every consumer reads any source.
 //! * [`shards`]: packed WebDataset-style tar shards with an index (`trainer data pack`),
 //!   read back as the same `ImageFolder` dataset.
-//! * [`object_store`]: the S3 client (`s3://` URLs, settings, blocking API), reusable by
+//! * [`object_store`]: the object-store client (`s3://`, `gs://`, `az://` URLs, settings, blocking API), reusable by
 //!   anything that reads or writes the dataset's bucket; [`stream`]: the streaming source
 //!   with prefetch; [`cache`]: verified node-local copies; [`preload`]: `trainer data preload`.
 //! * [`synth`]: a deterministic synthetic PBMC-like dataset for tests/demos.

@@ -1,24 +1,32 @@
-//! The object-store client: `s3://bucket/prefix` URLs, the S3 client built from the
-//! environment plus `data.s3`, and a blocking API over it.
+//! The object-store client: `s3://`, `gs://` and `az://` bucket/prefix URLs, the store's
+//! client built from the environment plus `data.s3` ([`build`]), and one blocking API over
+//! it that listing, reads, preload, shard reads and writes all go through.
 //!
 //! `object_store` is async; the loader's workers are plain threads. [`Remote`] owns a small
 //! tokio runtime and blocks on it, so callers (loader workers, the prefetcher, `trainer data
 //! preload`, shard writers) never see async code. Several threads may block on the same
 //! runtime at once; the runtime's two workers only drive socket I/O.
 //!
-//! Credentials never come from the config: `AmazonS3Builder::from_env` reads `AWS_*`
-//! variables (keys, session token, web identity / IRSA, ECS container credentials) and falls
-//! back to the EC2 instance metadata service. Shared-config profiles (`~/.aws/credentials`,
-//! `AWS_PROFILE`) are not read by `object_store`; export them first
-//! (`eval "$(aws configure export-credentials --format env)"`).
+//! Credentials never come from the config: each store's builder reads its own variables.
+//! S3: `AWS_*` (keys, session token, web identity / IRSA, ECS container credentials), else
+//! the EC2 instance metadata service; shared-config profiles (`~/.aws/credentials`,
+//! `AWS_PROFILE`) are not read by `object_store`, export them first
+//! (`eval "$(aws configure export-credentials --format env)"`). Google Cloud Storage:
+//! `GOOGLE_SERVICE_ACCOUNT` / `GOOGLE_SERVICE_ACCOUNT_KEY` / `GOOGLE_APPLICATION_CREDENTIALS`,
+//! else gcloud's application default credentials, else the instance metadata service. Azure:
+//! `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_ACCOUNT_KEY`, a SAS, a token, a service
+//! principal or workload identity, else the managed identity endpoint.
+mod build;
+mod credentials;
+
 use super::error::DataError;
 use crate::config::S3Section;
-pub use crate::config::S3Url;
-use ::object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+pub use crate::config::{Scheme, StoreUrl};
 use ::object_store::path::Path as ObjPath;
-use ::object_store::{BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, RetryConfig};
+use ::object_store::{ObjectStore, ObjectStoreExt};
+pub use credentials::CredentialSource;
 use futures_util::StreamExt;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One listed object.
@@ -32,11 +40,11 @@ pub struct Listed {
     pub size: u64,
 }
 
-/// A bucket prefix with a blocking client.
+/// A bucket (container) prefix with a blocking client.
 pub struct Remote {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn ObjectStore>,
-    pub url: S3Url,
+    pub url: StoreUrl,
     credentials: CredentialSource,
     backoff: (Duration, Duration),
     retry_timeout: Duration,
@@ -60,6 +68,11 @@ pub enum Retry {
 /// is read: the HTTP status the server answered (in the text of the client's request error,
 /// "status code: NNN"; the type holding it is private to `object_store`) decides, and a
 /// transport error without a status (connect, send, timeout, reset) is transient.
+///
+/// One rule serves every store: S3, GCS and Azure clients share `object_store`'s request and
+/// retry layer (and so its error text), and the stores agree on what the statuses mean:
+/// throttling is 429 or 503 (S3's SlowDown, GCS's rateLimitExceeded, Azure's ServerBusy),
+/// refusals 401/403, a missing bucket or container 404.
 pub fn retry_class(e: &::object_store::Error) -> Retry {
     if !matches!(e, ::object_store::Error::Generic { .. }) {
         return Retry::Never;
@@ -94,137 +107,10 @@ fn http_status(text: &str) -> Option<u16> {
     text.get(at..at + 3)?.parse().ok()
 }
 
-/// Where the S3 client's credentials come from, in `object_store`'s order of precedence;
-/// named in credential and permission errors. Holds variable names and endpoints only,
-/// never a key, token or role.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CredentialSource {
-    /// `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`).
-    Keys { session_token: bool },
-    /// IRSA: `AWS_WEB_IDENTITY_TOKEN_FILE` + `AWS_ROLE_ARN`, exchanged at STS.
-    WebIdentity,
-    /// ECS task role: `AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`.
-    EcsTask,
-    /// EKS Pod Identity: `AWS_CONTAINER_CREDENTIALS_FULL_URI` + its token file.
-    EksPodIdentity,
-    /// No variables: the EC2 instance metadata service (IMDS) at this endpoint.
-    InstanceMetadata { endpoint: String },
-}
-
-impl CredentialSource {
-    fn of(b: &AmazonS3Builder) -> Self {
-        let has = |k: AmazonS3ConfigKey| b.get_config_value(&k).is_some();
-        if has(AmazonS3ConfigKey::AccessKeyId) || has(AmazonS3ConfigKey::SecretAccessKey) {
-            CredentialSource::Keys {
-                session_token: has(AmazonS3ConfigKey::Token),
-            }
-        } else if has(AmazonS3ConfigKey::WebIdentityTokenFile) && has(AmazonS3ConfigKey::RoleArn) {
-            CredentialSource::WebIdentity
-        } else if has(AmazonS3ConfigKey::ContainerCredentialsRelativeUri) {
-            CredentialSource::EcsTask
-        } else if has(AmazonS3ConfigKey::ContainerCredentialsFullUri)
-            && has(AmazonS3ConfigKey::ContainerAuthorizationTokenFile)
-        {
-            CredentialSource::EksPodIdentity
-        } else {
-            CredentialSource::InstanceMetadata {
-                endpoint: b
-                    .get_config_value(&AmazonS3ConfigKey::MetadataEndpoint)
-                    .unwrap_or_else(|| "http://169.254.169.254".into()),
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for CredentialSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CredentialSource::Keys { session_token } => write!(
-                f,
-                "credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY{}",
-                if *session_token { " with AWS_SESSION_TOKEN" } else { "" }
-            ),
-            CredentialSource::WebIdentity => write!(
-                f,
-                "credentials from the web identity token (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN) exchanged at STS"
-            ),
-            CredentialSource::EcsTask => write!(
-                f,
-                "credentials from the ECS task role (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI)"
-            ),
-            CredentialSource::EksPodIdentity => write!(
-                f,
-                "credentials from EKS Pod Identity (AWS_CONTAINER_CREDENTIALS_FULL_URI)"
-            ),
-            CredentialSource::InstanceMetadata { endpoint } => write!(
-                f,
-                "no AWS_* credential variables set, so credentials from the instance metadata service at {endpoint}"
-            ),
-        }
-    }
-}
-
-/// The S3 client for `url` (bucket and prefix taken from it) with `data.s3`'s endpoint,
-/// region, plain-HTTP permission, timeouts and retry policy; credentials from the
-/// environment (and where from).
-fn build_store(url: &S3Url, s3: &S3Section) -> Result<(AmazonS3, CredentialSource), DataError> {
-    static TLS: Once = Once::new();
-    // rustls is built with ring only (aws-lc-rs would add a slow C/cmake build); make it the
-    // process default so reqwest finds it.
-    TLS.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-    let mut b = AmazonS3Builder::from_env().with_bucket_name(url.bucket());
-    if let Some(ep) = &s3.endpoint {
-        b = b.with_endpoint(ep);
-    }
-    if let Some(region) = &s3.region {
-        b = b.with_region(region);
-    } else if std::env::var_os("AWS_DEFAULT_REGION").is_none() {
-        if let Ok(r) = std::env::var("AWS_REGION") {
-            b = b.with_region(r);
-        }
-    }
-    if s3.allow_http {
-        b = b.with_allow_http(true);
-    }
-    // Set through config keys, not `with_client_options`, which would replace the client
-    // settings `from_env` read (AWS_ALLOW_HTTP, AWS_PROXY_URL, ...).
-    b = b
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
-            format!("{}s", s3.request_timeout_seconds.max(1)),
-        )
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
-            format!("{}s", s3.request_timeout_seconds.clamp(1, 10)),
-        );
-    let retry = RetryConfig {
-        backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(s3.retry_initial_backoff_ms.max(1)),
-            max_backoff: Duration::from_millis(
-                s3.retry_max_backoff_ms.max(s3.retry_initial_backoff_ms),
-            ),
-            base: 2.0,
-        },
-        max_retries: s3.max_retries,
-        retry_timeout: Duration::from_secs(s3.retry_timeout_seconds),
-    };
-    let credentials = CredentialSource::of(&b);
-    let store = b
-        .with_retry(retry)
-        .build()
-        .map_err(|e| DataError::StoreConfig {
-            url: url.root(),
-            reason: e.to_string(),
-        })?;
-    Ok((store, credentials))
-}
-
 impl Remote {
-    pub fn open(url: &S3Url, s3: &S3Section) -> Result<Self, DataError> {
+    pub fn open(url: &StoreUrl, s3: &S3Section) -> Result<Self, DataError> {
         let url = url.clone();
-        let (store, credentials) = build_store(&url, s3)?;
+        let built = build::build_store(&url, s3)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("object-store")
@@ -233,17 +119,17 @@ impl Remote {
             .map_err(|e| DataError::io(url.root(), "starting the object-store runtime", e))?;
         // Credentials are fetched once here, so that a missing or refused credential fails
         // at once, named as such, instead of inside every request's retries.
-        let provider = store.credentials().clone();
-        rt.block_on(provider.get_credential())
+        rt.block_on(built.check)
             .map_err(|e| DataError::Credentials {
                 url: url.root(),
-                credentials: credentials.to_string(),
+                service: url.scheme().service(),
+                credentials: built.credentials.to_string(),
                 reason: e.to_string(),
             })?;
         Ok(Self {
             rt,
-            store: Arc::new(store),
-            credentials,
+            store: built.store,
+            credentials: built.credentials,
             url,
             backoff: (
                 Duration::from_millis(s3.retry_initial_backoff_ms.max(1)),
@@ -349,7 +235,7 @@ impl Remote {
     /// The whole object at `location` (retried per `data.s3`); `expected` (from the
     /// listing) catches a truncated body.
     pub fn get(&self, location: &ObjPath, expected: Option<u64>) -> Result<Vec<u8>, DataError> {
-        let url = || format!("s3://{}/{}", self.url.bucket(), location.as_ref());
+        let url = || self.url.url_of_key(location.as_ref());
         let bytes = self.retrying(|| async { self.store.get(location).await?.bytes().await });
         let bytes = bytes.map_err(|e| self.error(url(), "reading object", e))?;
         if let Some(n) = expected {

@@ -3,12 +3,12 @@
 //! themselves know only the [`ImageSource`] trait and not each other.
 use super::error::DataError;
 use super::source::{LocalSource, SharedSource};
-use crate::config::S3Url;
+use crate::config::StoreUrl;
 use std::sync::Arc;
 
 /// Opens the dataset named by `data.dataset_dir`: `s3://bucket/prefix` holding packed shards
 /// (`data.format: shards`, or `auto` and a `shard-index.json` object under the prefix, one
-/// HEAD) is read by ranged GETs through [`S3ShardStore`], in chunks ahead of a sequential
+/// HEAD) is read by ranged GETs through [`RemoteShardStore`], in chunks ahead of a sequential
 /// order ([`StreamedShardStore`]) or, with `data.cache.dir`, through a [`CachedShardStore`]
 /// that caches whole shards; any other `s3://` prefix streams
 /// through [`ObjectStoreSource`](super::stream::ObjectStoreSource); a packed directory (see
@@ -21,7 +21,7 @@ pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, Da
     use crate::config::{DataFormat, DatasetLocation};
     let dataset_dir = match &data.dataset_dir {
         DatasetLocation::Local(dir) => dir,
-        DatasetLocation::S3(url) => return open_s3(url, data),
+        DatasetLocation::Remote(url) => return open_remote(url, data),
     };
     let packed = match data.format {
         DataFormat::Folder => false,
@@ -62,16 +62,19 @@ pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, Da
 }
 
 /// [`open_source`] for a dataset below `url`: its shards, or its objects one by one.
-fn open_s3(url: &S3Url, data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
+fn open_remote(
+    url: &StoreUrl,
+    data: &crate::config::DataSection,
+) -> Result<SharedSource, DataError> {
     use super::shards::{
-        CachedShardStore, S3ShardStore, ShardSource, StreamSettings, StreamedShardStore,
+        CachedShardStore, RemoteShardStore, ShardSource, StreamSettings, StreamedShardStore,
     };
     use crate::config::DataFormat;
     let packed = match data.format {
         DataFormat::Folder => None,
-        DataFormat::Shards => Some(S3ShardStore::open(url, &data.s3)?),
+        DataFormat::Shards => Some(RemoteShardStore::open(url, &data.s3)?),
         DataFormat::Auto => {
-            let store = S3ShardStore::open(url, &data.s3)?;
+            let store = RemoteShardStore::open(url, &data.s3)?;
             store.is_packed()?.then_some(store)
         }
     };
@@ -82,7 +85,7 @@ fn open_s3(url: &S3Url, data: &crate::config::DataSection) -> Result<SharedSourc
         Some(dir) => {
             let cache = super::cache::NodeCache::open(
                 dir,
-                &dir.join(url.bucket()).join(url.prefix()),
+                &url.cache_dir(dir),
                 data.cache.max_bytes,
                 super::stream::processes_per_node(),
             )?;

@@ -1,11 +1,11 @@
-//! `trainer data preload`: copy an `s3://` dataset to a local directory (FSx, NVMe) before
+//! `trainer data preload`: copy an `s3://` (`gs://`, `az://`) dataset to a local directory (FSx, NVMe) before
 //! a run, as the AWS setup did with `lfs hsm_restore` or an NVMe copy job, but resumable:
 //! every file is written as a verified entry (see [`cache`](super::cache)), and a rerun skips
 //! the entries that verify, so an interrupted copy continues where it stopped. The copy is
 //! the dataset's tree, usable as `data.dataset_dir` with the same index and splits.
 use super::cache::{is_verified, safe_rel, write_verified};
 use super::error::DataError;
-use super::object_store::{Remote, S3Url};
+use super::object_store::{Remote, StoreUrl};
 use crate::config::DataSection;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -24,7 +24,7 @@ pub struct PreloadSummary {
 /// Copies every object below `url` (`data.dataset_dir`) to `to/{key relative to the prefix}`
 /// with `jobs` concurrent downloads, through the client `data.s3` configures.
 pub fn preload(
-    url: &S3Url,
+    url: &StoreUrl,
     data: &DataSection,
     to: &Path,
     jobs: usize,

@@ -1,4 +1,4 @@
-//! [`ObjectStoreSource`]: a dataset streamed from `s3://bucket/prefix`.
+//! [`ObjectStoreSource`]: a dataset streamed from `s3://`, `gs://` or `az://` bucket/prefix.
 //!
 //! Listing once gives the index (same `ImageFolder` order as the local tree, see
 //! [`build_index_from_keys`]). Reads then go through the node-local cache (if configured) to
@@ -10,7 +10,7 @@
 use super::cache::{NodeCache, Origin};
 use super::error::DataError;
 use super::index::{build_index_from_keys, DatasetIndex};
-use super::object_store::{Listed, Remote, S3Url};
+use super::object_store::{Listed, Remote, StoreUrl};
 use super::source::ImageSource;
 use crate::config::DataSection;
 use std::collections::{HashMap, VecDeque};
@@ -98,7 +98,7 @@ pub struct ObjectStoreSource {
 impl ObjectStoreSource {
     /// Lists `url` (`data.dataset_dir`, or the test folder) and starts the fetcher threads;
     /// the rest of `data` says how (client, cache, labels, concurrency).
-    pub fn open(url: &S3Url, data: &DataSection) -> Result<Self, DataError> {
+    pub fn open(url: &StoreUrl, data: &DataSection) -> Result<Self, DataError> {
         let remote = Remote::open(url, &data.s3)?;
         let mut listed = remote.list()?;
         listed.retain(|o| !o.rel.ends_with('/'));
@@ -117,7 +117,7 @@ impl ObjectStoreSource {
             .collect();
         let cache = match &data.cache.dir {
             Some(dir) => {
-                let sub = dir.join(url.bucket()).join(url.prefix());
+                let sub = url.cache_dir(dir);
                 Some(NodeCache::open(
                     dir,
                     &sub,

@@ -1,8 +1,8 @@
-//! Which images `trainer embed` reads: every TIFF below a folder or an `s3://` prefix, in any
+//! Which images `trainer embed` reads: every TIFF below a folder or an `s3://`, `gs://` or `az://` prefix, in any
 //! layout, or the paths a CSV lists; always in one sorted order, so every rank, every shard
 //! of an array job and every rerun agree on which image is number `i`.
 use super::csv::{Csv, CsvError};
-use crate::config::S3Url;
+use crate::config::{DatasetLocation, StoreUrl};
 use crate::data::index::TIFF_EXTENSIONS;
 use crate::data::object_store::Remote;
 use crate::data::{decode_tiff_into, DataError, ImageChw};
@@ -40,11 +40,11 @@ pub enum ImagesError {
 /// Where the images live.
 pub enum Root {
     Local(PathBuf),
-    S3 { url: S3Url, remote: Box<Remote> },
+    Remote { url: StoreUrl, remote: Box<Remote> },
 }
 
 /// One image: its path relative to the root ('/'-separated, the key metadata is joined on)
-/// and, for a listed S3 object, the store's own path and size.
+/// and, for a listed object, the store's own path and size.
 pub struct Entry {
     pub rel: String,
     location: Option<(ObjPath, u64)>,
@@ -57,35 +57,41 @@ pub struct ImageList {
 }
 
 impl Root {
-    /// `images` as given on the command line: `s3://bucket/prefix` or a folder. S3 settings
-    /// (endpoint, region, plain HTTP) come from the `AWS_*` environment, as any S3 client's.
+    /// `images` as given on the command line: `s3://`, `gs://` or `az://` bucket/prefix, or a
+    /// folder. The store's settings (endpoint, region, plain HTTP) come from its environment
+    /// variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`), as any client's of that store.
     pub fn open(images: &str) -> Result<Self, ImagesError> {
-        if images.starts_with("s3://") {
-            let url = S3Url::parse(images).map_err(|e| DataError::StoreConfig {
-                url: images.to_string(),
-                reason: e.to_string(),
-            })?;
-            let remote = Remote::open(&url, &crate::config::S3Section::default())?;
-            return Ok(Self::S3 {
-                url,
-                remote: Box::new(remote),
-            });
+        let location: DatasetLocation =
+            images
+                .parse()
+                .map_err(|e: crate::config::LocationError| DataError::StoreConfig {
+                    url: images.to_string(),
+                    reason: e.to_string(),
+                })?;
+        match location {
+            DatasetLocation::Local(dir) => Ok(Self::Local(dir)),
+            DatasetLocation::Remote(url) => {
+                let remote = Remote::open(&url, &crate::config::S3Section::default())?;
+                Ok(Self::Remote {
+                    url,
+                    remote: Box::new(remote),
+                })
+            }
         }
-        Ok(Self::Local(PathBuf::from(images)))
     }
 
     /// Where `rel` lives, as written into `Metadata_ImagePath` and messages.
     pub fn full_path(&self, rel: &str) -> String {
         match self {
             Self::Local(dir) => dir.join(rel).display().to_string(),
-            Self::S3 { url, .. } => url.url_of(rel),
+            Self::Remote { url, .. } => url.url_of(rel),
         }
     }
 
     pub fn describe(&self) -> String {
         match self {
             Self::Local(dir) => dir.display().to_string(),
-            Self::S3 { url, .. } => url.root(),
+            Self::Remote { url, .. } => url.root(),
         }
     }
 }
@@ -102,7 +108,7 @@ impl ImageList {
                     walk(dir, "", &mut out)?;
                     out
                 }
-                Root::S3 { remote, .. } => remote
+                Root::Remote { remote, .. } => remote
                     .list()?
                     .into_iter()
                     .filter(|l| is_tiff(&l.rel) && !l.rel.split('/').any(|p| p.starts_with('.')))
@@ -140,7 +146,7 @@ impl ImageList {
                     .and_then(|mut f| f.read_to_end(bytes))
                     .map_err(|err| DataError::io(&shown, "reading", err))?;
             }
-            Root::S3 { url, remote } => {
+            Root::Remote { url, remote } => {
                 *bytes = match &e.location {
                     Some((location, size)) => remote.get(location, Some(*size))?,
                     None => remote.get(&ObjPath::from(url.key(&e.rel)), None)?,

@@ -424,7 +424,7 @@ fn embed_reads_images_from_s3() {
             .latest_checkpoint()
     };
     let local = dir.path().join("data/Training");
-    let moto = super::s3::Moto::start(&local);
+    let moto = super::s3::Server::start(super::s3::Backend::S3, &local);
     super::s3::fake_credentials();
     let url = format!("s3://{}/{}", super::s3::BUCKET, super::s3::PREFIX);
     let o = ok(trainer_cmd(&[

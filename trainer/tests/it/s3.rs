@@ -1,7 +1,14 @@
-//! Datasets on S3, against a real S3-compatible server: `moto_server` (moto[server] from the
-//! project venv, started here on 127.0.0.1), reached through a small HTTP proxy of ours that
-//! logs every request and can answer 503 SlowDown, so GETs are counted by something other
-//! than the code under test.
+//! Datasets in object stores, against real servers started here on 127.0.0.1: S3 as
+//! `moto_server` (moto[server] from the project venv), Azure Blob Storage as Azurite (npm,
+//! installed by scripts/test.sh into target/npm), each reached through a small HTTP proxy of
+//! ours that logs every request and can answer 503 SlowDown (or any status), so requests are
+//! counted by something other than the code under test. One fixture ([`Store`]) serves every
+//! backend; the scenarios that hold for any store run once per backend.
+//!
+//! Google Cloud Storage is not among them: `gcp-storage-emulator` serves only GCS's JSON API,
+//! while `object_store`'s GCS client speaks its XML API (listing `GET /bucket?list-type=2`,
+//! `HEAD`, and `ETag`/`Last-Modified` on every read), which the emulator answers 501 or
+//! without those headers.
 use super::util::{py_dir, python, torch_rng_lock};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -11,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
-use trainer::config::{Config, DatasetLocation, S3Url};
+use trainer::config::{Config, DatasetLocation, StoreUrl};
 use trainer::data::stream::ObjectStoreSource;
 use trainer::data::{self, ImageSource, LocalSource, SynthOptions};
 use trainer::train::run::{model_dir, train, TrainOptions, TrainOutcome};
@@ -27,26 +34,99 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Dummy credentials: object_store signs requests, moto accepts any key. Without them the
-/// client would wait for the EC2 metadata service.
+/// The account of every Azurite: its fixed development account and key.
+const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// Dummy credentials: object_store signs requests, moto accepts any key (without them the
+/// client would wait for the EC2 metadata service); Azurite's development account, as
+/// `AZURE_STORAGE_*` variables, the way a user's account reaches the client.
 pub(super) fn fake_credentials() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT);
+        std::env::set_var("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY);
     });
 }
 
-/// A moto server holding `src` under `s3://bkt/pbmc/v1/`.
-pub(super) struct Moto {
+/// A store the scenarios run against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backend {
+    S3,
+    Azure,
+}
+
+impl Backend {
+    /// `s3://bkt/{path}` (`az://bkt/{path}`).
+    pub(super) fn url(self, path: &str) -> String {
+        let scheme = match self {
+            Backend::S3 => "s3",
+            Backend::Azure => "az",
+        };
+        format!("{scheme}://{BUCKET}/{path}")
+    }
+
+    /// The `data.s3` section reaching this store through `port`.
+    pub(super) fn yaml(self, port: u16) -> String {
+        match self {
+            Backend::S3 => s3_yaml(port),
+            Backend::Azure => format!(
+                "  s3:\n    endpoint: http://127.0.0.1:{port}/{AZURITE_ACCOUNT}\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
+            ),
+        }
+    }
+
+    /// The HTTP path of the bucket's object `key`, as the proxy logs it.
+    fn object_path(self, key: &str) -> String {
+        match self {
+            Backend::S3 => format!("/{BUCKET}/{key}"),
+            Backend::Azure => format!("/{AZURITE_ACCOUNT}/{BUCKET}/{key}"),
+        }
+    }
+
+    /// Whether a logged request is a listing.
+    fn is_listing(self, r: &Logged) -> bool {
+        match self {
+            Backend::S3 => r.target.contains("list-type=2"),
+            Backend::Azure => r.target.contains("comp=list"),
+        }
+    }
+
+    /// The credential source named in refusals.
+    fn credentials(self) -> &'static str {
+        match self {
+            Backend::S3 => "credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
+            Backend::Azure => "the account key in AZURE_STORAGE_ACCOUNT_KEY",
+        }
+    }
+
+    /// Where the node-local cache keeps `s3://bkt/{path}`.
+    fn cache_dir(self, cache: &Path, path: &str) -> PathBuf {
+        StoreUrl::parse(&self.url(path)).unwrap().cache_dir(cache)
+    }
+}
+
+/// Azurite's blob service script, from the npm package scripts/test.sh installs.
+fn azurite_js() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/npm/node_modules/azurite/dist/src/blob/main.js")
+}
+
+/// A server of `backend` holding `src` under `bkt/pbmc/v1/`.
+pub(super) struct Server {
+    backend: Backend,
     pub(super) port: u16,
     src: PathBuf,
     child: Option<Child>,
 }
 
-impl Moto {
-    pub(super) fn start(src: &Path) -> Moto {
-        let mut m = Moto {
+impl Server {
+    pub(super) fn start(backend: Backend, src: &Path) -> Server {
+        let mut m = Server {
+            backend,
             port: free_port(),
             src: src.to_path_buf(),
             child: None,
@@ -56,6 +136,57 @@ impl Moto {
     }
 
     fn spawn(&mut self) {
+        match self.backend {
+            Backend::S3 => self.spawn_moto(),
+            Backend::Azure => self.spawn_azurite(),
+        }
+    }
+
+    /// Azurite in memory on `port`, then the container filled by `azurite_seed.py`.
+    fn spawn_azurite(&mut self) {
+        let js = azurite_js();
+        assert!(
+            js.is_file(),
+            "{} is missing: scripts/test.sh installs Azurite (npm install --prefix target/npm azurite@3.37.0)",
+            js.display()
+        );
+        let child = Command::new("node")
+            .arg(&js)
+            .args([
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                &self.port.to_string(),
+            ])
+            .args(["--inMemoryPersistence", "--silent", "--skipApiVersionCheck"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start node for Azurite");
+        self.child = Some(child);
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "Azurite did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = Command::new(python())
+            .arg(py_dir().join("azurite_seed.py"))
+            .arg(format!("http://127.0.0.1:{}/{AZURITE_ACCOUNT}", self.port))
+            .args([BUCKET, PREFIX])
+            .arg(&self.src)
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("ready"),
+            "seeding Azurite failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn spawn_moto(&mut self) {
         let mut child = Command::new(python())
             .arg(py_dir().join("moto_s3.py"))
             .args([&self.port.to_string(), BUCKET, PREFIX])
@@ -92,7 +223,7 @@ impl Moto {
     }
 }
 
-impl Drop for Moto {
+impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
@@ -116,7 +247,7 @@ struct ProxyState {
     log: Mutex<Vec<Logged>>,
 }
 
-/// A logging HTTP/1.1 proxy in front of moto (one upstream connection per request).
+/// A logging HTTP/1.1 proxy in front of the server (one upstream connection per request).
 struct Proxy {
     port: u16,
     st: Arc<ProxyState>,
@@ -279,36 +410,37 @@ fn response_complete(method: &str, resp: &[u8]) -> bool {
     declared.is_none_or(|n| resp.len() - (end + 4) >= n)
 }
 
-/// One test's S3: a temporary folder holding the synthetic [`dataset`] (`root`), moto serving
-/// that tree under `s3://bkt/pbmc/v1/` (with dummy credentials in the environment), and the
-/// logging [`Proxy`] in front of moto. A test binds every field it keeps alive (`moto` and
-/// `proxy` stop when dropped): `let S3 { dir, root, moto, proxy } = S3::start();`.
-struct S3 {
+/// One test's store: a temporary folder holding the synthetic [`dataset`] (`root`), a server
+/// of the backend holding that tree under `bkt/pbmc/v1/` (with dummy credentials in the
+/// environment), and the logging [`Proxy`] in front of it. A test binds every field it keeps
+/// alive (`server` and `proxy` stop when dropped):
+/// `let Store { dir, root, server, proxy } = Store::start(Backend::S3);`.
+struct Store {
     dir: tempfile::TempDir,
     root: PathBuf,
-    moto: Moto,
+    server: Server,
     proxy: Proxy,
 }
 
-impl S3 {
-    fn start() -> S3 {
-        S3::start_after(|_| ()).0
+impl Store {
+    fn start(backend: Backend) -> Store {
+        Store::start_after(backend, |_| ()).0
     }
 
-    /// [`S3::start`], with `prepare` run on the dataset before moto uploads it (a corrupted
-    /// object); returns what `prepare` returns.
-    fn start_after<T>(prepare: impl FnOnce(&Path) -> T) -> (S3, T) {
+    /// [`Store::start`], with `prepare` run on the dataset before the server gets it (a
+    /// corrupted object); returns what `prepare` returns.
+    fn start_after<T>(backend: Backend, prepare: impl FnOnce(&Path) -> T) -> (Store, T) {
         fake_credentials();
         let dir = tempfile::tempdir().unwrap();
         let root = dataset(dir.path());
         let prepared = prepare(&root);
-        let moto = Moto::start(&root);
-        let proxy = Proxy::start(moto.port);
+        let server = Server::start(backend, &root);
+        let proxy = Proxy::start(server.port);
         (
-            S3 {
+            Store {
                 dir,
                 root,
-                moto,
+                server,
                 proxy,
             },
             prepared,
@@ -347,9 +479,9 @@ fn config_yaml(out: &Path, dataset_dir: &str, data_extra: &str, epochs: usize) -
 }
 
 /// The bucket prefix a test config reads.
-fn s3_url(cfg: &Config) -> &S3Url {
+fn s3_url(cfg: &Config) -> &StoreUrl {
     match &cfg.data.dataset_dir {
-        DatasetLocation::S3(url) => url,
+        DatasetLocation::Remote(url) => url,
         DatasetLocation::Local(dir) => panic!("{} is not an s3:// dataset", dir.display()),
     }
 }
@@ -418,17 +550,28 @@ fn object_path(rel: &str) -> String {
 
 #[test]
 fn s3_listing_indexes_and_reads_like_the_local_tree() {
-    let S3 {
+    listing_indexes_and_reads_like_the_local_tree(Backend::S3);
+}
+
+#[test]
+fn azure_listing_indexes_and_reads_like_the_local_tree() {
+    listing_indexes_and_reads_like_the_local_tree(Backend::Azure);
+}
+
+fn listing_indexes_and_reads_like_the_local_tree(backend: Backend) {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(backend);
     // The whole tree: classes Test and Training, nested donor folders, labels from depth 1.
     let cfg = config(
         dir.path(),
-        &format!("s3://{BUCKET}/{PREFIX}"),
-        &s3_yaml(proxy.port).replace("  s3:", "  label_folder_depth: 1\n  s3:"),
+        &backend.url(PREFIX),
+        &backend
+            .yaml(proxy.port)
+            .replace("  s3:", "  label_folder_depth: 1\n  s3:"),
         1,
     );
     let remote = ObjectStoreSource::open(s3_url(&cfg), &cfg.data).unwrap();
@@ -442,7 +585,7 @@ fn s3_listing_indexes_and_reads_like_the_local_tree() {
     assert_eq!(ri.labels(), li.labels());
     assert_eq!(
         ri.path_strings()[0],
-        format!("s3://{BUCKET}/{PREFIX}{}", rel_paths(li)[0])
+        format!("{}{}", backend.url(PREFIX), rel_paths(li)[0])
     );
     let cls = |i: &trainer::data::DatasetIndex| {
         i.samples.iter().map(|s| s.class_index).collect::<Vec<_>>()
@@ -479,31 +622,40 @@ fn s3_listing_indexes_and_reads_like_the_local_tree() {
         s.prefetched
     );
     // Only the listing and GETs: no request for anything outside the prefix.
-    assert!(proxy
-        .log()
-        .iter()
-        .all(|r| r.target.starts_with(&format!("/{BUCKET}"))));
+    let bucket = backend.object_path("");
+    let bucket = bucket.trim_end_matches('/');
+    assert!(proxy.log().iter().all(|r| r.target.starts_with(bucket)));
 }
 
 #[test]
 fn s3_training_matches_local_and_later_epochs_read_the_cache() {
+    training_matches_local_and_later_epochs_read_the_cache(Backend::S3);
+}
+
+#[test]
+fn azure_training_matches_local_and_later_epochs_read_the_cache() {
+    training_matches_local_and_later_epochs_read_the_cache(Backend::Azure);
+}
+
+fn training_matches_local_and_later_epochs_read_the_cache(backend: Backend) {
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(backend);
     let local_out = dir.path().join("local");
     let s3_out = dir.path().join("s3");
     let cache = dir.path().join("nvme");
     let s3_extra = format!(
         "{}  cache:\n    dir: {}\n",
-        s3_yaml(proxy.port),
+        backend.yaml(proxy.port),
         cache.display()
     );
-    let url = format!("s3://{BUCKET}/{PREFIX}/Training");
+    let url = backend.url(&format!("{PREFIX}/Training"));
+    let cached_tree = backend.cache_dir(&cache, &format!("{PREFIX}/Training"));
     let local_dir = root.join("Training");
     // Epoch 0, then a resumed epoch 1 (a second process in real life).
     for epochs in [1, 2] {
@@ -518,14 +670,14 @@ fn s3_training_matches_local_and_later_epochs_read_the_cache() {
             let split = data::train_heldout_split(16, 0.8, 3).unwrap();
             assert!(gets.len() >= split.train.len(), "{gets:?}");
             assert!(gets.values().all(|&n| n == 1), "{gets:?}");
-            let cached = walk_tifs(&cache.join(BUCKET).join(PREFIX).join("Training"));
+            let cached = walk_tifs(&cached_tree);
             assert_eq!(cached.len(), gets.len());
         } else {
             assert!(
                 gets.is_empty(),
                 "epoch 1 should read only the cache, but GET {gets:?}"
             );
-            assert!(proxy.log().iter().any(|r| r.target.contains("list-type=2")));
+            assert!(proxy.log().iter().any(|r| backend.is_listing(r)));
         }
         assert_same_weights(
             &config(&local_out, "x", "", epochs),
@@ -533,7 +685,7 @@ fn s3_training_matches_local_and_later_epochs_read_the_cache() {
         );
     }
     // The cache is a verified copy of the tree, usable as a local dataset_dir.
-    let from_cache = LocalSource::open(&cache.join(BUCKET).join(PREFIX).join("Training"), 0);
+    let from_cache = LocalSource::open(&cached_tree, 0);
     assert!(from_cache.is_ok());
 }
 
@@ -564,12 +716,12 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
 fn s3_server_killed_and_restarted_mid_epoch() {
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let S3 {
+    let Store {
         dir,
         root,
-        moto,
+        server: moto,
         proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     let local_dir = root.join("Training");
     let local_out = dir.path().join("local");
     run(&config(&local_out, local_dir.to_str().unwrap(), "", 1));
@@ -655,12 +807,12 @@ fn s3_server_killed_and_restarted_mid_epoch() {
 
 #[test]
 fn s3_throttling_is_retried_with_backoff() {
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     // The listing and the first GETs are refused with 503 SlowDown, several times in a row.
     proxy.st.throttle.store(7, Ordering::SeqCst);
     let cfg = config(
@@ -697,21 +849,33 @@ fn s3_throttling_is_retried_with_backoff() {
 /// credentials came from, never their values.
 #[test]
 fn s3_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
+    retries_only_what_can_succeed_and_fails_at_once_on_refusals(Backend::S3);
+}
+
+#[test]
+fn azure_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
+    retries_only_what_can_succeed_and_fails_at_once_on_refusals(Backend::Azure);
+}
+
+fn retries_only_what_can_succeed_and_fails_at_once_on_refusals(backend: Backend) {
     use trainer::data::object_store::Remote;
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(backend);
+    let url = backend.url(&format!("{PREFIX}/Training"));
     let cfg = config(
         dir.path(),
-        &format!("s3://{BUCKET}/{PREFIX}/Training"),
-        &format!("{}    retry_timeout_seconds: 120\n", s3_yaml(proxy.port)),
+        &url,
+        &format!(
+            "{}    retry_timeout_seconds: 120\n",
+            backend.yaml(proxy.port)
+        ),
         1,
     );
-    let url = format!("s3://{BUCKET}/{PREFIX}/Training");
-    let remote = Remote::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3).unwrap();
+    let remote = Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3).unwrap();
     let listed = remote.list().unwrap();
     let first = &listed[0];
     let want = std::fs::read(root.join("Training").join(&first.rel)).unwrap();
@@ -739,18 +903,68 @@ fn s3_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
         let log = proxy.log();
         assert_eq!(log.len(), 1, "status {status} was retried: {log:?}\n{text}");
         assert!(took < Duration::from_secs(10), "status {status}: {took:?}");
-        assert!(text.contains(&format!("s3://{BUCKET}/{key}")), "{text}");
+        assert!(text.contains(&backend.url(&key)), "{text}");
+        assert!(text.contains(backend.credentials()), "{text}");
         assert!(
-            text.contains("credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"),
-            "{text}"
-        );
-        assert!(
-            !text.contains("testing"),
+            !text.contains("testing") && !text.contains(AZURITE_KEY),
             "a credential value leaked: {text}"
         );
     }
     proxy.st.throttle.store(0, Ordering::SeqCst);
     assert_eq!(remote.get(&first.location, Some(first.size)).unwrap(), want);
+}
+
+#[test]
+fn s3_missing_bucket_and_refused_listing_fail_at_once_naming_the_location() {
+    missing_bucket_and_refused_listing_fail_at_once_naming_the_location(Backend::S3);
+}
+
+#[test]
+fn azure_missing_bucket_and_refused_listing_fail_at_once_naming_the_location() {
+    missing_bucket_and_refused_listing_fail_at_once_naming_the_location(Backend::Azure);
+}
+
+/// Opening a dataset in a bucket (container) that does not exist, or one whose listing is
+/// refused with 403, fails on the first answer (long before `retry_timeout_seconds`) with an
+/// error naming the location.
+fn missing_bucket_and_refused_listing_fail_at_once_naming_the_location(backend: Backend) {
+    let Store {
+        dir,
+        root: _root,
+        server: _server,
+        proxy,
+    } = Store::start(backend);
+    let yaml = format!(
+        "{}    retry_timeout_seconds: 120\n",
+        backend.yaml(proxy.port)
+    );
+    let open = |url: &str| {
+        let cfg = config(dir.path(), url, &yaml, 1);
+        let t = Instant::now();
+        let e = match ObjectStoreSource::open(s3_url(&cfg), &cfg.data) {
+            Ok(_) => panic!("{url} opened"),
+            Err(e) => e.to_string(),
+        };
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(10), "{url}: {took:?}\n{e}");
+        e
+    };
+    let missing = backend
+        .url(PREFIX)
+        .replacen(&format!("://{BUCKET}"), "://no-such-bucket", 1);
+    let e = open(&missing);
+    assert!(e.contains(&missing), "{e}");
+    let statuses: Vec<u16> = proxy.log().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [404], "{e}");
+
+    proxy.clear();
+    proxy.st.fault_status.store(403, Ordering::SeqCst);
+    proxy.st.throttle.store(usize::MAX, Ordering::SeqCst);
+    let url = backend.url(PREFIX);
+    let e = open(&url);
+    assert!(e.contains(&url), "{e}");
+    assert!(e.contains(backend.credentials()), "{e}");
+    assert_eq!(proxy.log().len(), 1, "a 403 was retried: {e}");
 }
 
 /// Without credential variables the client asks the instance metadata service; when that
@@ -829,7 +1043,7 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
     tch::set_num_threads(1);
     let split = data::train_heldout_split(16, 0.8, 3).unwrap();
     let bad = split.train[1];
-    let (s3, bad_rel) = S3::start_after(|root| {
+    let (s3, bad_rel) = Store::start_after(Backend::S3, |root| {
         let local = LocalSource::open(&root.join("Training"), 0).unwrap();
         let bad_path = local.index().samples[bad].path.clone();
         let bad_rel = bad_path
@@ -842,10 +1056,10 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
         std::fs::write(&bad_path, &bytes).unwrap();
         bad_rel
     });
-    let S3 {
+    let Store {
         dir,
         root: _root,
-        moto,
+        server: moto,
         proxy: _proxy,
     } = s3;
     let url = format!("s3://{BUCKET}/{PREFIX}/Training");
@@ -893,12 +1107,12 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
 
 #[test]
 fn s3_preload_copies_verified_files_and_resumes() {
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     let cfg = config(
         dir.path(),
         &format!("s3://{BUCKET}/{PREFIX}"),
@@ -943,12 +1157,12 @@ fn s3_preload_copies_verified_files_and_resumes() {
 
 #[test]
 fn s3_each_rank_fetches_only_its_own_samples() {
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     let cfg = config(
         dir.path(),
         &format!("s3://{BUCKET}/{PREFIX}/Training"),
@@ -994,7 +1208,7 @@ fn s3_each_rank_fetches_only_its_own_samples() {
 
 /// `trainer data pack --config <local tree config> --out s3://bkt/packed/v1 --staging ...`.
 fn pack_to_s3(dir: &Path, tree: &Path, port: u16, out: &str, staging: &Path) -> String {
-    pack_to_s3_sized(dir, tree, port, out, staging, "40K")
+    pack_to(&s3_yaml(port), dir, tree, out, staging, "40K")
 }
 
 /// [`pack_to_s3`] with shards of at most `shard_size`.
@@ -1006,15 +1220,22 @@ fn pack_to_s3_sized(
     staging: &Path,
     shard_size: &str,
 ) -> String {
+    pack_to(&s3_yaml(port), dir, tree, out, staging, shard_size)
+}
+
+/// `trainer data pack` to the store `store_yaml` (a `data.s3` section) reaches.
+fn pack_to(
+    store_yaml: &str,
+    dir: &Path,
+    tree: &Path,
+    out: &str,
+    staging: &Path,
+    shard_size: &str,
+) -> String {
     let cfg = dir.join("pack.yaml");
     std::fs::write(
         &cfg,
-        config_yaml(
-            &dir.join("unused"),
-            tree.to_str().unwrap(),
-            &s3_yaml(port),
-            1,
-        ),
+        config_yaml(&dir.join("unused"), tree.to_str().unwrap(), store_yaml, 1),
     )
     .unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
@@ -1050,35 +1271,45 @@ fn writes(proxy: &Proxy) -> Vec<Logged> {
 
 #[test]
 fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
+    pack_uploads_shards_index_last_reads_back_trains_and_resumes(Backend::S3);
+}
+
+#[test]
+fn azure_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
+    pack_uploads_shards_index_last_reads_back_trains_and_resumes(Backend::Azure);
+}
+
+fn pack_uploads_shards_index_last_reads_back_trains_and_resumes(backend: Backend) {
     use trainer::config::DataFormat;
     use trainer::data::shards::{LocalShardStore, ShardSource, INDEX_FILE};
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(backend);
     let tree = root.join("Training");
-    let url = format!("s3://{BUCKET}/packed/v1");
+    let url = backend.url("packed/v1");
+    let yaml = backend.yaml(proxy.port);
     let staging = dir.path().join("staging");
-    let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
+    let out = pack_to(&yaml, dir.path(), &tree, &url, &staging, "40K");
     assert!(out.contains("uploaded to"), "{out}");
     let index = staged_index(&staging);
     assert!(index.shards.len() > 1, "{} shards", index.shards.len());
     // One PUT per shard, then the index, last.
     let puts: Vec<String> = writes(&proxy)
         .into_iter()
-        .filter(|r| r.method == "PUT" && r.status == 200)
+        .filter(|r| r.method == "PUT" && (200..300).contains(&r.status))
         .map(|r| r.target)
         .collect();
     let mut want: Vec<String> = index
         .shards
         .iter()
-        .map(|s| format!("/{BUCKET}/packed/v1/{}", s.file))
+        .map(|s| backend.object_path(&format!("packed/v1/{}", s.file)))
         .collect();
-    want.push(format!("/{BUCKET}/packed/v1/{INDEX_FILE}"));
+    want.push(backend.object_path(&format!("packed/v1/{INDEX_FILE}")));
     assert_eq!(puts, want);
 
     // Read back: `auto` finds the index under the prefix; same index, labels, split, bytes as
@@ -1086,7 +1317,7 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
     let local = LocalSource::open(&tree, 0).unwrap();
     let staged = ShardSource::open(Arc::new(LocalShardStore::new(&staging)), 0).unwrap();
     for format in ["auto", "shards"] {
-        let extra = format!("  format: {format}\n{}", s3_yaml(proxy.port));
+        let extra = format!("  format: {format}\n{yaml}");
         let cfg = config(dir.path(), &url, &extra, 1);
         assert!(matches!(
             cfg.data.format,
@@ -1121,8 +1352,8 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
     // The plain-objects prefix is still read as loose objects.
     let loose = config(
         dir.path(),
-        &format!("s3://{BUCKET}/{PREFIX}/Training"),
-        &s3_yaml(proxy.port),
+        &backend.url(&format!("{PREFIX}/Training")),
+        &yaml,
         1,
     );
     assert!(data::open_source(&loose.data)
@@ -1134,7 +1365,7 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
     let local_out = dir.path().join("local");
     let s3_out = dir.path().join("s3");
     run(&config(&local_out, tree.to_str().unwrap(), "", 1));
-    run(&config(&s3_out, &url, &s3_yaml(proxy.port), 1));
+    run(&config(&s3_out, &url, &yaml, 1));
     assert_same_weights(
         &config(&local_out, "x", "", 1),
         &config(&s3_out, "x", "", 1),
@@ -1142,15 +1373,15 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
 
     // A rerun verifies the staged shards and uploads nothing.
     proxy.clear();
-    let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
+    let out = pack_to(&yaml, dir.path(), &tree, &url, &staging, "40K");
     assert!(out.contains("0 shards uploaded"), "{out}");
     assert!(out.contains("index unchanged"), "{out}");
     assert_eq!(writes(&proxy).len(), 0, "{:?}", writes(&proxy));
 
     // A shard replaced in the bucket (same size, other bytes) is uploaded again on rerun.
     let remote = trainer::data::object_store::Remote::open(
-        &S3Url::parse(&url).unwrap(),
-        &config(dir.path(), &url, &s3_yaml(proxy.port), 1).data.s3,
+        &StoreUrl::parse(&url).unwrap(),
+        &config(dir.path(), &url, &yaml, 1).data.s3,
     )
     .unwrap();
     let victim = &index.shards[index.shards.len() - 1];
@@ -1158,20 +1389,23 @@ fn s3_pack_uploads_shards_index_last_reads_back_trains_and_resumes() {
     bytes[600] ^= 0x55;
     remote.put(&victim.file, bytes).unwrap();
     proxy.clear();
-    let out = pack_to_s3(dir.path(), &tree, proxy.port, &url, &staging);
+    let out = pack_to(&yaml, dir.path(), &tree, &url, &staging, "40K");
     assert!(out.contains("1 shards uploaded"), "{out}");
     let puts: Vec<String> = writes(&proxy).into_iter().map(|r| r.target).collect();
-    assert_eq!(puts, vec![format!("/{BUCKET}/packed/v1/{}", victim.file)]);
+    assert_eq!(
+        puts,
+        vec![backend.object_path(&format!("packed/v1/{}", victim.file))]
+    );
 }
 
 #[test]
 fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
-    let S3 {
+    let Store {
         dir,
         root,
-        moto,
+        server: moto,
         proxy: _proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     let tree = root.join("Training");
     let url = format!("s3://{BUCKET}/packed");
     let staging = dir.path().join("staging");
@@ -1179,7 +1413,7 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
     let index = staged_index(&staging);
     let cfg = config(dir.path(), &url, &s3_yaml(moto.port), 1);
     let remote =
-        trainer::data::object_store::Remote::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3)
+        trainer::data::object_store::Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3)
             .unwrap();
     // A sample training reads (as in the loose-objects corrupt test).
     let bad = data::train_heldout_split(16, 0.8, 3).unwrap().train[1];
@@ -1220,15 +1454,15 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
 #[test]
 fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
     use trainer::data::cache::NodeCache;
-    use trainer::data::shards::{CachedShardStore, S3ShardStore, ShardSource, INDEX_FILE};
+    use trainer::data::shards::{CachedShardStore, RemoteShardStore, ShardSource, INDEX_FILE};
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     let tree = root.join("Training");
     let url = format!("s3://{BUCKET}/packed/v1");
     let staging = dir.path().join("staging");
@@ -1242,8 +1476,9 @@ fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
 
     // Pass 1 streams by ranged GETs while whole-shard downloads fill the cache.
     let open = || {
-        let remote =
-            Arc::new(S3ShardStore::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3).unwrap());
+        let remote = Arc::new(
+            RemoteShardStore::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3).unwrap(),
+        );
         let cache = NodeCache::open(&nvme, &cache_dir, 1 << 30, 1).unwrap();
         Arc::new(CachedShardStore::open(remote, cache).unwrap())
     };
@@ -1365,16 +1600,16 @@ fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
 fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
     use sha2::{Digest, Sha256};
     use trainer::data::shards::upload::{remote_state, upload_file_with};
-    let S3 {
+    let Store {
         dir,
         root: _root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     let url = format!("s3://{BUCKET}/big");
     let cfg = config(dir.path(), &url, &s3_yaml(proxy.port), 1);
     let remote =
-        trainer::data::object_store::Remote::open(&S3Url::parse(&url).unwrap(), &cfg.data.s3)
+        trainer::data::object_store::Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3)
             .unwrap();
     // 13 MiB of pseudo-random bytes: three parts of 5 + 5 + 3 MiB (S3's minimum part is 5 MiB).
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -1419,12 +1654,12 @@ fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
 fn s3_shard_sequential_without_cache_streams_chunks_and_trains_like_local_shards() {
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let S3 {
+    let Store {
         dir,
         root,
-        moto: _moto,
+        server: _server,
         proxy,
-    } = S3::start();
+    } = Store::start(Backend::S3);
     let tree = root.join("Training");
     let url = format!("s3://{BUCKET}/packed/v1");
     let staging = dir.path().join("staging");

@@ -28,7 +28,7 @@ pub use cached::CachedShardStore;
 pub use order::shard_sequential_order;
 pub use pack::{pack, PackEvent, PackOptions, PackSummary};
 pub use source::ShardSource;
-pub use store::{LocalShardStore, PlannedRead, S3ShardStore, ShardStore};
+pub use store::{LocalShardStore, PlannedRead, RemoteShardStore, ShardStore};
 pub use streamed::{StreamSettings, StreamedShardStore};
 pub use upload::{upload, UploadEvent, UploadSummary};
 

@@ -102,21 +102,21 @@ impl ShardStore for LocalShardStore {
     }
 }
 
-/// Shards under an `s3://bucket/prefix`: the index by one GET, sample bytes by ranged GETs
+/// Shards under an `s3://`, `gs://` or `az://` bucket/prefix: the index by one GET, sample bytes by ranged GETs
 /// (retried like every other S3 request, per `data.s3`), so no shard is ever downloaded
 /// whole and any sample can be read from any loader thread.
-pub struct S3ShardStore {
+pub struct RemoteShardStore {
     remote: crate::data::object_store::Remote,
 }
 
-impl S3ShardStore {
+impl RemoteShardStore {
     pub fn new(remote: crate::data::object_store::Remote) -> Self {
         Self { remote }
     }
 
     /// Opens `url` with the `data.s3` client settings.
     pub fn open(
-        url: &crate::config::S3Url,
+        url: &crate::config::StoreUrl,
         s3: &crate::config::S3Section,
     ) -> Result<Self, DataError> {
         Ok(Self::new(crate::data::object_store::Remote::open(url, s3)?))
@@ -132,7 +132,7 @@ impl S3ShardStore {
     }
 }
 
-impl ShardStore for S3ShardStore {
+impl ShardStore for RemoteShardStore {
     fn read_all(&self, name: &str) -> Result<Vec<u8>, DataError> {
         let key = ::object_store::path::Path::from(self.remote.url.key(name).as_str());
         self.remote.get(&key, None)

@@ -1,4 +1,4 @@
-//! Uploading a packed directory to `s3://bucket/prefix`: every shard, then the index last,
+//! Uploading a packed directory to `s3://`, `gs://` or `az://` bucket/prefix: every shard, then the index last,
 //! so a reader that finds `shard-index.json` under the prefix finds all its shards too.
 //!
 //! Resumable: a shard already in the bucket with the index's size and the index's sha256 in
