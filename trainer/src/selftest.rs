@@ -14,7 +14,6 @@ use crate::dist::env::DistEnv;
 use crate::dist::group::{ProcessGroup, ReduceOp};
 use crate::layout::ModelLayout;
 use crate::metrics::tensorboard::hostname;
-use crate::train::loss::DinoLoss;
 use crate::train::step::{Learner, Networks, StepParams};
 use crate::train::strategy::{choose, SingleProcess, StrategyOptions};
 use serde::Serialize;
@@ -384,7 +383,8 @@ fn ofi_nccl_check() -> Check {
 /// The small model every step check trains: a ViT-tiny/8 student and teacher on 3 channels.
 fn step_config() -> Config {
     Config::from_yaml(
-        "data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\n\
+        "run:\n  seed: 0\n\
+         data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\n\
          model:\n  arch: vit_tiny\n  patch_size: 8\n  out_dim: 256\n  drop_path_rate: 0.0\n\
          augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n",
         "selftest",
@@ -417,16 +417,19 @@ pub struct StepUpdate {
     pub after: Vec<Tensor>,
 }
 
-/// One training step on `device` in `precision` from the weights of seed 0 (or of `from`).
-fn step_on(
+/// The selftest's learner (training's own, [`Learner::from_config`]) on `device` in
+/// `precision`, with the weights of seed 0 or of `from`.
+fn step_learner(
     device: Device,
     precision: Precision,
     from: Option<&Networks>,
-) -> Result<StepUpdate, String> {
-    let cfg = step_config();
-    tch::manual_seed(0);
-    let mut nets = Networks::new(&cfg, 3, device);
+) -> Result<Learner, String> {
+    let cfg = step_config()
+        .edit("selftest", |s| s.train.precision = precision)
+        .map_err(|e| e.to_string())?;
+    let mut learner = Learner::from_config(&cfg, 3, device).map_err(|e| e.to_string())?;
     if let Some(src) = from {
+        let nets = &mut learner.nets;
         nets.student_vs
             .copy(&src.student_vs)
             .map_err(|e| e.to_string())?;
@@ -434,8 +437,16 @@ fn step_on(
             .copy(&src.teacher_vs)
             .map_err(|e| e.to_string())?;
     }
-    let loss = DinoLoss::new(256, 4, vec![0.04; 10], device);
-    let mut learner = Learner::new(nets, loss, precision, device);
+    Ok(learner)
+}
+
+/// One training step on `device` in `precision` from the weights of seed 0 (or of `from`).
+fn step_on(
+    device: Device,
+    precision: Precision,
+    from: Option<&Networks>,
+) -> Result<StepUpdate, String> {
+    let mut learner = step_learner(device, precision, from)?;
     let snapshot = |l: &Learner| -> Vec<Tensor> {
         l.optimizer
             .params
@@ -726,16 +737,7 @@ fn strategy_step(
     kind: Option<Strategy>,
     timeout: Duration,
 ) -> Result<(f64, std::collections::HashMap<String, Tensor>), String> {
-    let cfg = step_config();
-    let mut nets = Networks::new(&cfg, 3, device);
-    nets.student_vs
-        .copy(&reference.student_vs)
-        .map_err(|e| e.to_string())?;
-    nets.teacher_vs
-        .copy(&reference.teacher_vs)
-        .map_err(|e| e.to_string())?;
-    let loss = DinoLoss::new(256, 4, vec![0.04; 10], device);
-    let mut learner = Learner::new(nets, loss, Precision::Fp32, device);
+    let mut learner = step_learner(device, Precision::Fp32, Some(reference))?;
     let dir = std::env::temp_dir().join(format!(
         "scdino-selftest-{}-{}",
         std::process::id(),

@@ -17,11 +17,10 @@ use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::channels::hierarchical_sample;
 use trainer::train::input::TrainInput;
 use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
-use trainer::train::loss::DinoLoss;
 use trainer::train::run::training_image_fn;
 use trainer::train::sampler::epoch_order;
 use trainer::train::schedule::scaled_lr;
-use trainer::train::step::{ChannelSubset, Learner, Networks, StepParams};
+use trainer::train::step::{ChannelSubset, Learner, StepParams};
 use trainer::train::strategy::SingleProcess;
 
 mod profiles;
@@ -300,6 +299,7 @@ impl StepBench {
     /// A validated default config with this bench's model and crop settings.
     fn config(&self) -> Result<Config> {
         let mut s = Sections::default();
+        s.run.seed = self.seed;
         s.model.arch = self.arch;
         s.model.patch_size = self.patch;
         s.model.out_dim = self.out_dim;
@@ -352,16 +352,8 @@ impl StepBench {
         };
         tch::set_num_threads(self.threads);
         let cfg = self.config()?;
-        tch::manual_seed(self.seed as i64);
         let ncrops = 2 + self.local_crops;
-        let nets = Networks::new(&cfg, self.channels, device);
-        let loss = DinoLoss::new(
-            self.out_dim as i64,
-            ncrops,
-            vec![cfg.train.teacher_temp],
-            device,
-        );
-        let mut learner = Learner::new(nets, loss, self.precision, device);
+        let mut learner = Learner::from_config(&cfg, self.channels, device)?;
         let lr = scaled_lr(cfg.train.lr, self.batch, 1);
         let params = |it: usize| StepParams {
             lr,

@@ -8,6 +8,9 @@
 //! Masks are drawn from the run's seeded generator, not Python's `random`: the same
 //! distribution as DINOv2 (block rectangles of log-uniform aspect ratio, per-image mask ratios
 //! spread evenly over the configured range), not the same draws.
+use super::loss::{sinkhorn_knopp, SINKHORN_ITERATIONS};
+use super::terms::{LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
+use crate::config::Centering;
 use crate::dist::group::DistError;
 use crate::dist::Collective;
 use scdino_base::rng::SplitMix64;
@@ -206,7 +209,8 @@ pub fn mask_seed(step_seed: i64, rank: usize) -> u64 {
     scdino_base::rng::mix64(step_seed as u64 ^ (rank as u64).rotate_left(32))
 }
 
-/// `train.ibot` as one step uses it: the masking, the loss's settings and the patch centre.
+/// `train.ibot` as one step uses it: the masking, the loss's settings and the patch centre;
+/// the iBOT term of the step's loss.
 #[derive(Debug)]
 pub struct IbotObjective {
     pub weight: f64,
@@ -218,6 +222,10 @@ pub struct IbotObjective {
     /// The EMA centre of the patch targets (`ibot_patch_loss.center` in checkpoints); unused
     /// with Sinkhorn-Knopp centring.
     pub center: PatchCenter,
+    /// `train.centering`: the patch targets are centred as the CLS targets are.
+    pub centering: Centering,
+    /// This step's patch targets, between [`LossTerm::targets`] and the update.
+    targets: Option<Tensor>,
 }
 
 /// DINOv2's `iBOTPatchLoss` centre momentum.
@@ -238,9 +246,17 @@ impl IbotObjective {
                 teacher_temp: ibot.teacher_temp,
                 student_temp: ibot.student_temp,
                 center: PatchCenter::new(out_dim as i64, PATCH_CENTER_MOMENTUM, device),
+                centering: cfg.train.centering,
+                targets: None,
             }
         })
     }
+
+    pub const INFO: TermInfo = TermInfo {
+        name: "ibot",
+        label: "iBOT",
+        help: "iBOT masked-patch term of the last iteration's loss, weight included",
+    };
 
     /// The masks of one step's `images` global-crop images of `grid` patches (rows, columns),
     /// drawn from `seed` (a function of the run seed, the iteration and the rank, so a
@@ -270,6 +286,68 @@ impl IbotObjective {
     ) -> Tensor {
         self.masks(images, grid, seed)
             .repeat([1, token_channels as i64])
+    }
+}
+
+impl LossTerm for IbotObjective {
+    fn info(&self) -> &'static TermInfo {
+        &Self::INFO
+    }
+
+    /// Which patch tokens of this rank's global crops the student sees masked.
+    fn masks(&self, r: &MaskRequest) -> Option<Tensor> {
+        let seed = mask_seed(r.step_seed, r.rank);
+        Some(
+            self.token_masks(r.images, r.grid, r.token_channels, seed)
+                .to_device(r.device),
+        )
+    }
+
+    /// The masked patches' targets, centred as the CLS targets are.
+    fn targets(
+        &mut self,
+        teacher: &TeacherOutputs,
+        ctx: &StepContext,
+        group: &mut dyn Collective,
+    ) -> Result<(), DistError> {
+        let t = teacher
+            .patch_logits
+            .as_ref()
+            .expect("iBOT's masks give the teacher's patch logits");
+        let temp = self.teacher_temp.unwrap_or(ctx.teacher_temp);
+        self.targets = Some(match self.centering {
+            Centering::SinkhornKnopp => sinkhorn_knopp(t, temp, SINKHORN_ITERATIONS, group)?,
+            Centering::Ema => self.center.targets(t, temp),
+        });
+        Ok(())
+    }
+
+    fn value(&self, student: &StudentOutputs, _: &TeacherOutputs, ctx: &StepContext) -> Tensor {
+        let expect = "iBOT's masks give the student's patch logits and the targets";
+        let (Some(s), Some(targets), Some(masks)) =
+            (&student.patch_logits, &self.targets, ctx.masks)
+        else {
+            panic!("{expect}");
+        };
+        patch_loss(s, targets, masks, self.student_temp) * self.weight
+    }
+
+    /// Moves the EMA patch centre past this step's teacher patch logits.
+    fn update(
+        &mut self,
+        teacher: &TeacherOutputs,
+        _: &StepContext,
+        group: &mut dyn Collective,
+    ) -> Result<(), DistError> {
+        self.targets = None;
+        if let (Some(t), Centering::Ema) = (&teacher.patch_logits, self.centering) {
+            self.center.update(&t.to_kind(Kind::Float), group)?;
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(&'static str, Tensor)> {
+        vec![("ibot_patch_loss.center", self.center.center.shallow_clone())]
     }
 }
 

@@ -10,7 +10,46 @@
 //! NaNs of dinov2 issues #101, #143 and #314. Here such rows (nearest-neighbour distance below
 //! [`DUPLICATE_DISTANCE`]) are left out of the mean, and a crop without any other row
 //! contributes 0; on every other batch the value and gradient are DINOv2's.
+use super::terms::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
 use tch::{Kind, Tensor};
+
+/// The KoLeo term of the step's loss: `train.koleo_weight` times KoLeo of each global crop's
+/// student CLS tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KoLeoTerm {
+    pub weight: f64,
+}
+
+impl KoLeoTerm {
+    pub const INFO: TermInfo = TermInfo {
+        name: "koleo",
+        label: "KoLeo",
+        help: "KoLeo term of the last iteration's loss, weight included",
+    };
+
+    /// The term `train.koleo_weight` asks for; None at 0 (off).
+    pub fn from_config(cfg: &crate::config::Config) -> Option<Self> {
+        let weight = cfg.train.koleo_weight;
+        (weight > 0.0).then_some(Self { weight })
+    }
+}
+
+impl LossTerm for KoLeoTerm {
+    fn info(&self) -> &'static TermInfo {
+        &Self::INFO
+    }
+
+    /// fp32 whatever the precision, as DINOv2.
+    fn autocast(&self) -> bool {
+        false
+    }
+
+    /// Per rank, on each global crop's CLS tokens.
+    fn value(&self, student: &StudentOutputs, _: &TeacherOutputs, ctx: &StepContext) -> Tensor {
+        let (cls, b) = (&student.cls, ctx.batch);
+        (koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b))) * self.weight
+    }
+}
 
 /// A nearest neighbour closer than this (on the unit sphere) is the same vector: with
 /// PyTorch's `pairwise_distance` eps of 1e-8, identical rows of dimension D are

@@ -1,8 +1,13 @@
 //! DINO loss: cross-entropy between the sharpened, centred teacher distribution on the two
 //! global crops and the student distribution on every other crop (scDINO `DINOLoss`).
+use super::terms::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
+use crate::config::{Centering, Config};
 use crate::dist::group::DistError;
 use crate::dist::Collective;
 use tch::{Kind, Tensor};
+
+/// DINOv2's `sinkhorn_knopp_teacher` iterations.
+pub const SINKHORN_ITERATIONS: usize = 3;
 
 /// The teacher targets of one step: `softmax((teacher − center) / temp)` (EMA centring), or
 /// the Sinkhorn-Knopp assignment itself.
@@ -144,6 +149,116 @@ impl DinoLoss {
                 &self.center * self.center_momentum + batch_center * (1.0 - self.center_momentum);
             Ok(())
         })
+    }
+}
+
+/// The DINO (CLS) term of the step's loss: [`DinoLoss`] against the teacher's EMA-centred
+/// softmax or (`train.centering: sinkhorn_knopp`) its Sinkhorn-Knopp assignment. Its teacher
+/// targets are what the collapse detector reads.
+pub struct DinoTerm {
+    pub loss: DinoLoss,
+    pub centering: Centering,
+    /// This step's Sinkhorn-Knopp targets, between [`LossTerm::targets`] and the update.
+    assigned: Option<Tensor>,
+    /// The teacher targets of the last update, until the step takes them.
+    collapse_targets: Option<TeacherTargets>,
+}
+
+impl DinoTerm {
+    pub const INFO: TermInfo = TermInfo {
+        name: "dino",
+        label: "DINO",
+        help: "DINO (CLS) term of the last iteration's loss",
+    };
+
+    pub fn new(loss: DinoLoss, centering: Centering) -> Self {
+        Self {
+            loss,
+            centering,
+            assigned: None,
+            collapse_targets: None,
+        }
+    }
+
+    /// `model.out_dim` prototypes, the crops of `augment`, the teacher temperature schedule
+    /// and the centring of `train`.
+    pub fn from_config(cfg: &Config, device: tch::Device) -> Self {
+        let t = &cfg.train;
+        let temps = super::schedule::teacher_temp_schedule(
+            t.warmup_teacher_temp,
+            t.teacher_temp,
+            t.warmup_teacher_temp_epochs,
+            t.epochs,
+        );
+        let ncrops = 2 + cfg.augment.local_crops_number;
+        let loss = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
+        Self::new(loss, t.centering)
+    }
+
+    /// The teacher targets of the last step's loss (once).
+    pub fn take_collapse_targets(&mut self) -> Option<TeacherTargets> {
+        self.collapse_targets.take()
+    }
+}
+
+impl LossTerm for DinoTerm {
+    fn info(&self) -> &'static TermInfo {
+        &Self::INFO
+    }
+
+    fn targets(
+        &mut self,
+        teacher: &TeacherOutputs,
+        ctx: &StepContext,
+        group: &mut dyn Collective,
+    ) -> Result<(), DistError> {
+        self.assigned = match self.centering {
+            Centering::SinkhornKnopp => Some(sinkhorn_knopp(
+                &teacher.logits,
+                ctx.teacher_temp,
+                SINKHORN_ITERATIONS,
+                group,
+            )?),
+            Centering::Ema => None,
+        };
+        Ok(())
+    }
+
+    fn value(
+        &self,
+        student: &StudentOutputs,
+        teacher: &TeacherOutputs,
+        ctx: &StepContext,
+    ) -> Tensor {
+        match &self.assigned {
+            Some(q) => self.loss.forward_targets(&student.logits, q),
+            None => self
+                .loss
+                .forward(&student.logits, &teacher.logits, ctx.epoch),
+        }
+    }
+
+    /// Keeps the targets the loss used (before the centre moves), then moves the EMA centre.
+    fn update(
+        &mut self,
+        teacher: &TeacherOutputs,
+        ctx: &StepContext,
+        group: &mut dyn Collective,
+    ) -> Result<(), DistError> {
+        self.collapse_targets = Some(match self.assigned.take() {
+            Some(q) => TeacherTargets::Assigned(q),
+            None => {
+                let targets = self.loss.targets(&teacher.logits, ctx.epoch);
+                self.loss
+                    .update_center(&teacher.logits.to_kind(Kind::Float), group)?;
+                targets
+            }
+        });
+        Ok(())
+    }
+
+    fn state(&self) -> Vec<(&'static str, Tensor)> {
+        vec![("dino_loss.center", self.loss.center.shallow_clone())]
     }
 }
 

@@ -20,3 +20,4 @@ pub mod schedule;
 pub mod step;
 pub mod strategy;
 pub mod telemetry;
+pub mod terms;

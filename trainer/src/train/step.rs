@@ -2,19 +2,17 @@
 //! global crops, student on all crops, loss (+ centre update), finite check, backward,
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
-use super::ibot::{mask_seed, patch_loss, IbotObjective};
-use super::koleo::koleo_loss;
-use super::loss::{sinkhorn_knopp, DinoLoss, TeacherTargets};
+use super::loss::TeacherTargets;
 use super::optim::AdamW;
-use crate::config::{Centering, Config, Precision};
+use super::terms::{
+    LossTerms, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermValues,
+};
+use crate::config::{Config, Precision};
 use crate::dist::group::DistError;
 use crate::dist::Collective;
 use crate::model::{configs_for, ibot_head_config, IbotForward, ModelUnits, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
-
-/// DINOv2's `sinkhorn_knopp_teacher` iterations.
-pub const SINKHORN_ITERATIONS: usize = 3;
 
 /// What the parallel strategy (one process, DDP or FSDP; `super::strategy`) does at the points
 /// of a step where the strategies differ. Declared here, with the step that calls it, so the
@@ -148,23 +146,11 @@ pub enum StepError {
     Fsdp(#[from] super::strategy::fsdp_error::FsdpError),
 }
 
-/// The parts of a step's loss, each the mean over the ranks: what the progress line shows and
-/// what the collapse detector reads (the DINO term alone is a cross-entropy whose teacher
-/// entropy it can subtract).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LossTerms {
-    /// The DINO (CLS) term.
-    pub dino: f64,
-    /// KoLeo's term, weight included (`train.koleo_weight` > 0).
-    pub koleo: Option<f64>,
-    /// iBOT's masked-patch term, weight included (`train.ibot`).
-    pub ibot: Option<f64>,
-}
-
 pub struct StepOutput {
-    /// The total loss (the DINO term plus the stabilisers'), mean over the ranks.
+    /// The total loss (the sum of the terms), mean over the ranks.
     pub loss: f64,
-    pub terms: LossTerms,
+    /// Each term's value, mean over the ranks.
+    pub terms: TermValues,
     /// Gradient norms before clipping, one per parameter with a gradient.
     pub grad_norms: Vec<f64>,
     /// fp16 only: the optimizer step was skipped because a gradient overflowed.
@@ -173,39 +159,45 @@ pub struct StepOutput {
     pub teacher: TeacherTargets,
 }
 
-/// Everything one iteration updates: networks, optimizer state, loss centre and (fp16) the
-/// loss scale.
+/// Everything one iteration updates: networks, optimizer state, the loss terms (with their
+/// centres) and (fp16) the loss scale.
 pub struct Learner {
     pub nets: Networks,
     pub optimizer: AdamW,
-    pub loss: DinoLoss,
+    pub terms: LossTerms,
     pub precision: Precision,
     /// Present for fp16 only.
     pub scaler: Option<LossScaler>,
     pub device: Device,
-    /// `train.koleo_weight` (0: off, the default of [`Learner::new`]).
-    pub koleo_weight: f64,
-    /// `train.centering` (EMA, the default of [`Learner::new`]).
-    pub centering: Centering,
-    /// `train.ibot` (None: off, the default of [`Learner::new`]). The networks must have
-    /// been built for it (mask token, and the separate head if asked for).
-    pub ibot: Option<IbotObjective>,
 }
 
 impl Learner {
-    pub fn new(nets: Networks, loss: DinoLoss, precision: Precision, device: Device) -> Self {
+    /// `nets` trained on `terms`. The networks must have been built for the terms (iBOT's
+    /// mask token, and its separate head if asked for).
+    pub fn new(nets: Networks, terms: LossTerms, precision: Precision, device: Device) -> Self {
         let optimizer = AdamW::new(&nets.student_vs);
         Self {
             nets,
             optimizer,
-            loss,
+            terms,
             precision,
             scaler: (precision == Precision::Fp16).then(LossScaler::default),
             device,
-            koleo_weight: 0.0,
-            centering: Centering::Ema,
-            ibot: None,
         }
+    }
+
+    /// The learner `cfg` describes, its networks initialised from `run.seed`: what training,
+    /// `trainer bench step` and `trainer selftest` step.
+    pub fn from_config(
+        cfg: &Config,
+        in_chans: usize,
+        device: Device,
+    ) -> Result<Self, crate::precision::PrecisionError> {
+        tch::manual_seed(cfg.run.seed as i64);
+        crate::precision::check_supported(cfg.train.precision, device)?;
+        let nets = Networks::new(cfg, in_chans, device);
+        let terms = LossTerms::from_config(cfg, device);
+        Ok(Self::new(nets, terms, cfg.train.precision, device))
     }
 
     /// One iteration. `crops`: `[global1, global2, local1, ...]`, each `[B, C, H, W]`. The
@@ -246,15 +238,22 @@ impl Learner {
             None => crops,
         };
         let channels = subset.as_deref();
-        let masks = self.ibot_masks(crops, p, strategy.collective().rank());
+        let masks = self.masks(crops, p, strategy.collective().rank());
+        let ctx = StepContext {
+            epoch: p.epoch,
+            teacher_temp: self.terms.teacher_temp(p.epoch),
+            batch: crops[0].size()[0],
+            masks: masks.as_ref(),
+        };
         strategy.before_teacher()?;
-        let teacher = self.teacher_pass(crops, channels, masks.as_ref(), p.epoch, strategy)?;
+        let teacher = self.teacher_forward(crops, channels, ctx.masks);
+        self.terms.targets(&teacher, &ctx, strategy.collective())?;
         strategy.before_student()?;
-        let loss = self.student_loss(crops, channels, masks.as_ref(), &teacher, p.epoch);
+        let loss = self.student_loss(crops, channels, &teacher, &ctx);
         strategy.after_student()?;
         let group = strategy.collective();
-        let targets = self.update_centres(teacher, p.epoch, group)?;
-        let (loss_value, terms) = global_terms(&loss, group)?;
+        let targets = self.terms.update(&teacher, &ctx, group)?;
+        let (loss_value, terms) = self.global_terms(&loss, group)?;
         if !loss_value.is_finite() {
             return Err(NonFiniteLoss {
                 loss: loss_value,
@@ -273,208 +272,152 @@ impl Learner {
         })
     }
 
-    /// iBOT: which patch tokens of this rank's global crops the student sees masked
-    /// (`[2·B, tokens]`), None without iBOT.
-    fn ibot_masks(&self, crops: &[Tensor], p: &StepParams, rank: usize) -> Option<Tensor> {
-        let ibot = self.ibot.as_ref()?;
+    /// The patch masks a term asks for on this rank's global crops (iBOT), None otherwise.
+    fn masks(&self, crops: &[Tensor], p: &StepParams, rank: usize) -> Option<Tensor> {
         let (b, c, h, w) = crops[0].size4().expect("crops are [B, C, H, W]");
         let vit = self.nets.student.backbone.config();
-        let grid = ((h / vit.patch_size) as usize, (w / vit.patch_size) as usize);
-        let token_channels = if vit.channel_tokens { c as usize } else { 1 };
-        let seed = mask_seed(p.rng_seed, rank);
-        Some(
-            ibot.token_masks(2 * b as usize, grid, token_channels, seed)
-                .to_device(crops[0].device()),
-        )
+        self.terms.masks(&MaskRequest {
+            images: 2 * b as usize,
+            grid: ((h / vit.patch_size) as usize, (w / vit.patch_size) as usize),
+            token_channels: if vit.channel_tokens { c as usize } else { 1 },
+            step_seed: p.rng_seed,
+            rank,
+            device: crops[0].device(),
+        })
     }
 
-    /// The teacher on the global crops and the targets the losses will use: the CLS logits
-    /// (EMA-centred later) or their Sinkhorn-Knopp assignment, and with iBOT the masked
-    /// patches' logits and targets.
-    fn teacher_pass(
+    /// The teacher on the global crops (with masks: also the masked patches' logits).
+    fn teacher_forward(
         &self,
         crops: &[Tensor],
         channels: Option<&[i64]>,
         masks: Option<&Tensor>,
-        epoch: usize,
-        strategy: &mut dyn StepHooks,
-    ) -> Result<TeacherPass, DistError> {
-        let nets = &self.nets;
-        let (logits, patch_logits) = autocast(self.precision, self.device, || {
+    ) -> TeacherOutputs {
+        let teacher = &self.nets.teacher;
+        autocast(self.precision, self.device, || {
             tch::no_grad(|| match masks {
                 Some(m) => {
-                    let t = nets
-                        .teacher
-                        .forward_ibot_t(&crops[..2], m, false, channels, true);
-                    (t.logits, Some(t.patch_logits))
+                    let t = teacher.forward_ibot_t(&crops[..2], m, false, channels, true);
+                    TeacherOutputs {
+                        logits: t.logits,
+                        patch_logits: Some(t.patch_logits),
+                    }
                 }
-                None => (
-                    nets.teacher.forward_channels_t(&crops[..2], channels, true),
-                    None,
-                ),
+                None => TeacherOutputs {
+                    logits: teacher.forward_channels_t(&crops[..2], channels, true),
+                    patch_logits: None,
+                },
             })
-        });
-        // DINOv2's Sinkhorn-Knopp targets instead of the EMA centre (its sums all-reduced).
-        let temp = self.loss.teacher_temp(epoch);
-        let sk = |t: &Tensor, temp: f64, group: &mut dyn Collective| {
-            sinkhorn_knopp(t, temp, SINKHORN_ITERATIONS, group)
-        };
-        let assigned = match self.centering {
-            Centering::SinkhornKnopp => Some(sk(&logits, temp, strategy.collective())?),
-            Centering::Ema => None,
-        };
-        // iBOT's targets for the masked patches, centred as the CLS targets are.
-        let patch_targets = match (&self.ibot, &patch_logits) {
-            (Some(ibot), Some(t)) => {
-                let temp = ibot.teacher_temp.unwrap_or(temp);
-                Some(match self.centering {
-                    Centering::SinkhornKnopp => sk(t, temp, strategy.collective())?,
-                    Centering::Ema => ibot.center.targets(t, temp),
-                })
-            }
-            _ => None,
-        };
-        Ok(TeacherPass {
-            logits,
-            assigned,
-            patch_logits,
-            patch_targets,
         })
     }
 
-    /// The student on every crop and the step's loss: the DINO term, plus iBOT's masked-patch
-    /// term and KoLeo's, each weighted.
+    /// The student on every crop and the step's loss: the terms computed under autocast
+    /// with the forward, the others after it; the total adds them in that order.
     fn student_loss(
         &self,
         crops: &[Tensor],
         channels: Option<&[i64]>,
-        masks: Option<&Tensor>,
-        teacher: &TeacherPass,
-        epoch: usize,
+        teacher: &TeacherOutputs,
+        ctx: &StepContext,
     ) -> StepLoss {
-        let (nets, loss_fn, ibot) = (&self.nets, &self.loss, self.ibot.as_ref());
-        let (dino, cls, ibot_term) = autocast(self.precision, self.device, || {
-            let (s, cls, ibot_term) = match (masks, &teacher.patch_targets, ibot) {
-                (Some(m), Some(targets), Some(ibot)) => {
+        let (student, terms) = (&self.nets.student, &self.terms);
+        let (outputs, under_autocast) = autocast(self.precision, self.device, || {
+            let outputs = match ctx.masks {
+                Some(m) => {
                     let IbotForward {
                         logits,
                         cls,
                         patch_logits,
-                    } = nets.student.forward_ibot_t(crops, m, true, channels, true);
-                    let term = patch_loss(&patch_logits, targets, m, ibot.student_temp);
-                    (logits, cls, Some(term * ibot.weight))
+                    } = student.forward_ibot_t(crops, m, true, channels, true);
+                    StudentOutputs {
+                        logits,
+                        cls,
+                        patch_logits: Some(patch_logits),
+                    }
                 }
-                _ => {
-                    let (s, cls) = nets.student.forward_with_backbone_t(crops, channels, true);
-                    (s, cls, None)
+                None => {
+                    let (logits, cls) = student.forward_with_backbone_t(crops, channels, true);
+                    StudentOutputs {
+                        logits,
+                        cls,
+                        patch_logits: None,
+                    }
                 }
             };
-            let dino = match &teacher.assigned {
-                Some(q) => loss_fn.forward_targets(&s, q),
-                None => loss_fn.forward(&s, &teacher.logits, epoch),
-            };
-            (dino, cls, ibot_term)
+            let values = terms.values(true, &outputs, teacher, ctx);
+            (outputs, values)
         });
-        // DINOv2's KoLeo on each global crop's CLS tokens, per rank, in fp32.
-        let koleo = (self.koleo_weight > 0.0).then(|| {
-            let b = crops[0].size()[0];
-            (koleo_loss(&cls.narrow(0, 0, b)) + koleo_loss(&cls.narrow(0, b, b)))
-                * self.koleo_weight
-        });
-        let total = match &ibot_term {
-            Some(term) => dino.to_kind(tch::Kind::Float) + term,
-            None => dino.shallow_clone(),
-        };
-        let total = match &koleo {
-            Some(term) => total.to_kind(tch::Kind::Float) + term,
-            None => total,
-        };
+        let after = terms.values(false, &outputs, teacher, ctx);
+        let values: Vec<Tensor> = under_autocast
+            .into_iter()
+            .zip(after)
+            .map(|(a, b)| a.or(b).expect("each term is computed once"))
+            .collect();
+        let order = terms
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.autocast())
+            .chain(terms.iter().enumerate().filter(|(_, t)| !t.autocast()))
+            .map(|(i, _)| i);
+        let mut total: Option<Tensor> = None;
+        for i in order {
+            total = Some(match total {
+                None => values[i].shallow_clone(),
+                Some(t) => t.to_kind(tch::Kind::Float) + &values[i],
+            });
+        }
         StepLoss {
-            total,
-            dino,
-            koleo,
-            ibot: ibot_term,
+            total: total.expect("the DINO term is always on"),
+            values,
         }
     }
 
-    /// Moves the EMA centres (the CLS centre; with iBOT the patch centre) past this step's
-    /// teacher outputs, after the targets were taken; returns the CLS targets the loss used,
-    /// for the collapse signals.
-    fn update_centres(
-        &mut self,
-        teacher: TeacherPass,
-        epoch: usize,
+    /// The loss and its terms averaged over the ranks. Every rank logs the same values and
+    /// takes the same finite/NaN decision, so none is left waiting in a collective. The terms
+    /// travel in the loss's own all-reduce (only when there is more than one).
+    fn global_terms(
+        &self,
+        loss: &StepLoss,
         group: &mut dyn Collective,
-    ) -> Result<TeacherTargets, DistError> {
-        if let (Some(ibot), Some(t), Centering::Ema) =
-            (self.ibot.as_mut(), &teacher.patch_logits, self.centering)
-        {
-            ibot.center.update(&t.to_kind(tch::Kind::Float), group)?;
+    ) -> Result<(f64, TermValues), DistError> {
+        let mut parts = vec![&loss.total];
+        if loss.values.len() > 1 {
+            parts.extend(loss.values.iter());
         }
-        Ok(match teacher.assigned {
-            Some(q) => TeacherTargets::Assigned(q),
-            None => {
-                let targets = self.loss.targets(&teacher.logits, epoch);
-                self.loss
-                    .update_center(&teacher.logits.to_kind(tch::Kind::Float), group)?;
-                targets
-            }
-        })
+        let mut parts: Vec<Tensor> = parts
+            .into_iter()
+            .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
+            .collect();
+        let mut global = match parts.len() {
+            1 => parts.remove(0),
+            _ => Tensor::cat(&parts, 0),
+        };
+        group.all_reduce_sum(&mut global)?;
+        let world = group.world_size() as f64;
+        let global: Vec<f64> = Vec::<f64>::try_from(global.to_device(Device::Cpu))
+            .expect("the packed loss terms are f64")
+            .into_iter()
+            .map(|x| x / world)
+            .collect();
+        // One term: its value is the total.
+        let values = if global.len() == 1 {
+            &global[..]
+        } else {
+            &global[1..]
+        };
+        let terms = self
+            .terms
+            .iter()
+            .zip(values)
+            .map(|(t, &v)| (t.info(), v))
+            .collect();
+        Ok((global[0], TermValues(terms)))
     }
 }
 
-/// The teacher's side of a step.
-struct TeacherPass {
-    /// CLS logits of the global crops, `[2·B, K]`.
-    logits: Tensor,
-    /// Sinkhorn-Knopp targets of those (None: EMA centring).
-    assigned: Option<Tensor>,
-    /// iBOT: the masked patches' logits `[M, K']` and their targets.
-    patch_logits: Option<Tensor>,
-    patch_targets: Option<Tensor>,
-}
-
-/// The step's loss on this rank: the total the backward runs from, and its terms.
+/// The step's loss on this rank: the total the backward runs from, and each term's value
+/// (in list order).
 struct StepLoss {
     total: Tensor,
-    dino: Tensor,
-    koleo: Option<Tensor>,
-    ibot: Option<Tensor>,
-}
-
-/// The loss and its terms averaged over the ranks. Every rank logs the same values and takes
-/// the same finite/NaN decision, so none is left waiting in a collective. The terms travel in
-/// the loss's own all-reduce (only when there is more than one).
-fn global_terms(
-    loss: &StepLoss,
-    group: &mut dyn Collective,
-) -> Result<(f64, LossTerms), DistError> {
-    let mut parts = vec![&loss.total];
-    if loss.koleo.is_some() || loss.ibot.is_some() {
-        parts.push(&loss.dino);
-        parts.extend(loss.koleo.iter());
-        parts.extend(loss.ibot.iter());
-    }
-    let mut parts: Vec<Tensor> = parts
-        .into_iter()
-        .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
-        .collect();
-    let mut global = match parts.len() {
-        1 => parts.remove(0),
-        _ => Tensor::cat(&parts, 0),
-    };
-    group.all_reduce_sum(&mut global)?;
-    let world = group.world_size() as f64;
-    let global: Vec<f64> = Vec::<f64>::try_from(global.to_device(Device::Cpu))
-        .expect("the packed loss terms are f64")
-        .into_iter()
-        .map(|x| x / world)
-        .collect();
-    let mut rest = global[1..].iter().copied();
-    let terms = LossTerms {
-        dino: rest.next().unwrap_or(global[0]),
-        koleo: loss.koleo.as_ref().and_then(|_| rest.next()),
-        ibot: loss.ibot.as_ref().and_then(|_| rest.next()),
-    };
-    Ok((global[0], terms))
+    values: Vec<Tensor>,
 }

@@ -406,7 +406,8 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
             let dev = tch::Device::Cpu;
             let nets = Networks::new(&cfg, 2, dev);
             let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-            let mut learner = Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
+            let terms = trainer::train::terms::LossTerms::dino_only(loss);
+            let mut learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
             let full_state: usize = learner
                 .optimizer
                 .params
@@ -478,7 +479,8 @@ fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher()
             let dev = tch::Device::Cpu;
             let nets = Networks::new(&cfg, 2, dev);
             let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-            let mut learner = Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
+            let terms = trainer::train::terms::LossTerms::dino_only(loss);
+            let mut learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
             let mut ddp = Ddp::new(g);
             ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
             ddp.broadcast_parameters(&learner.nets.teacher_vs).unwrap();
@@ -565,7 +567,8 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
                 Networks::new(&cfg, 2, dev)
             };
             let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-            let mut learner = Learner::new(nets, loss, trainer::config::Precision::Fp32, dev);
+            let terms = trainer::train::terms::LossTerms::dino_only(loss);
+            let mut learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
             learner.scaler = scale.map(|scale| LossScaler {
                 scale,
                 ..LossScaler::default()

@@ -6,10 +6,12 @@ use trainer::config::{Config, Precision};
 use trainer::dist::Single;
 use trainer::model::load_safetensors_strict;
 use trainer::precision::{autocast, LossScaler};
-use trainer::train::loss::DinoLoss;
+use trainer::train::ibot::IbotObjective;
+use trainer::train::loss::{DinoLoss, DinoTerm};
 use trainer::train::schedule::{cosine_schedule, teacher_temp_schedule};
 use trainer::train::step::{Learner, Networks, StepParams};
 use trainer::train::strategy::SingleProcess;
+use trainer::train::terms::LossTerms;
 
 fn tiny_config() -> Config {
     Config::from_yaml(
@@ -62,6 +64,15 @@ fn check_steps_against_pytorch_ibot(
         .edit("tokens", |s| {
             if mode == "tokens" {
                 s.model.channels = trainer::config::ChannelMode::Tokens;
+            }
+            // The reference's loss: 2 local crops, its teacher temperature schedule, and the
+            // stabilisers asked for (the learner's terms come from this config).
+            s.augment.local_crops_number = 2;
+            (s.train.warmup_teacher_temp, s.train.teacher_temp) = (0.04, 0.07);
+            (s.train.warmup_teacher_temp_epochs, s.train.epochs) = (2, 5);
+            s.train.koleo_weight = koleo;
+            if centering == "sinkhorn_knopp" {
+                s.train.centering = trainer::config::Centering::SinkhornKnopp;
             }
             if ibot != "none" {
                 s.train.ibot.weight = 1.0;
@@ -118,14 +129,8 @@ fn check_steps_against_pytorch_ibot(
     )
     .unwrap();
     nets.teacher_vs.copy(&nets.student_vs).unwrap();
-    let temps = teacher_temp_schedule(0.04, 0.07, 2, 5);
-    let loss = DinoLoss::new(256, 4, temps, Device::Cpu);
-    let mut learner = Learner::new(nets, loss, Precision::Fp32, Device::Cpu);
-    learner.koleo_weight = koleo;
-    if centering == "sinkhorn_knopp" {
-        learner.centering = trainer::config::Centering::SinkhornKnopp;
-    }
-    learner.ibot = objective;
+    let terms = LossTerms::from_config(&cfg, Device::Cpu);
+    let mut learner = Learner::new(nets, terms, Precision::Fp32, Device::Cpu);
     let expected_losses: Vec<f64> = Vec::<f64>::try_from(&t["out.losses"]).unwrap();
     let mut lr_sum = 0.0;
     for it in 0..steps {
@@ -158,10 +163,14 @@ fn check_steps_against_pytorch_ibot(
         );
     }
     assert!(
-        max_abs_diff(&learner.loss.center, &t["out.center"]) <= 1e-7,
+        max_abs_diff(&learner.terms.dino().loss.center, &t["out.center"]) <= 1e-7,
         "centre differs"
     );
-    if let Some(ibot) = &learner.ibot {
+    assert_eq!(
+        learner.terms.find::<IbotObjective>().is_some(),
+        ibot != "none"
+    );
+    if let Some(ibot) = learner.terms.find::<IbotObjective>() {
         let d = max_abs_diff(&ibot.center.center, &t["out.ibot_center"]);
         assert!(d <= 1e-7, "iBOT patch centre differs by {d}");
     }
@@ -529,7 +538,7 @@ fn bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_trains() {
             Tensor::write_safetensors(&named, dir.path().join("crops.safetensors")).unwrap();
         }
         let loss = DinoLoss::new(256, 4, vec![0.04], Device::Cpu);
-        let mut learner = Learner::new(nets, loss, precision, Device::Cpu);
+        let mut learner = Learner::new(nets, LossTerms::dino_only(loss), precision, Device::Cpu);
         let out = learner
             .step(&crops, params, 0, &mut SingleProcess::default())
             .unwrap();
@@ -1209,7 +1218,8 @@ fn stabilisers_train_under_every_precision() {
     let cfg = Config::from_yaml(
         "data:\n  channel_names: [a, b, c, d]\n  channel_combinations: [\"0123\"]\n\
          model:\n  arch: vit_tiny\n  out_dim: 256\n  drop_path_rate: 0.0\n  num_register_tokens: 2\n\
-         train:\n  koleo_weight: 0.1\n  centering: sinkhorn_knopp\n  ibot:\n    weight: 1.0\n    separate_head: true\n    out_dim: 128\n",
+         train:\n  koleo_weight: 0.1\n  centering: sinkhorn_knopp\n  ibot:\n    weight: 1.0\n    separate_head: true\n    out_dim: 128\n\
+         augment:\n  local_crops_number: 2\n",
         "test",
     )
     .unwrap();
@@ -1223,19 +1233,19 @@ fn stabilisers_train_under_every_precision() {
     for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
         tch::manual_seed(9);
         let nets = Networks::new(&cfg, 4, Device::Cpu);
-        let loss = DinoLoss::new(256, 4, vec![0.04], Device::Cpu);
-        let mut learner = Learner::new(nets, loss, precision, Device::Cpu);
-        learner.koleo_weight = cfg.train.koleo_weight;
-        learner.centering = cfg.train.centering;
-        learner.ibot = trainer::train::ibot::IbotObjective::from_config(&cfg, Device::Cpu);
+        let terms = LossTerms::from_config(&cfg, Device::Cpu);
+        let mut learner = Learner::new(nets, terms, precision, Device::Cpu);
         let out = learner
             .step(&crops, params, 0, &mut SingleProcess::default())
             .unwrap();
-        let t = out.terms;
-        let (koleo, ibot) = (t.koleo.unwrap(), t.ibot.unwrap());
+        let t = &out.terms;
+        let names: Vec<&str> = t.iter().map(|(info, _)| info.name).collect();
+        assert_eq!(names, ["dino", "koleo", "ibot"]);
+        let term = |name| t.get(name).unwrap();
+        let (dino, koleo, ibot) = (term("dino"), term("koleo"), term("ibot"));
         assert!(out.loss.is_finite() && ibot > 0.0, "{precision:?}: {t:?}");
         assert!(
-            (t.dino + koleo + ibot - out.loss).abs() <= 1e-4 * out.loss.abs(),
+            (dino + koleo + ibot - out.loss).abs() <= 1e-4 * out.loss.abs(),
             "{precision:?}: terms {t:?} vs loss {}",
             out.loss
         );
@@ -1273,17 +1283,21 @@ fn resume_writes_the_loss_centres_into_the_learners_tensors() {
         .unwrap();
     let learner = || {
         let nets = Networks::new(&cfg, 4, Device::Cpu);
-        let temps = teacher_temp_schedule(0.04, 0.07, 2, 5);
-        let loss = DinoLoss::new(256, 4, temps, Device::Cpu);
-        let mut l = Learner::new(nets, loss, Precision::Fp32, Device::Cpu);
-        l.ibot = trainer::train::ibot::IbotObjective::from_config(&cfg, Device::Cpu);
-        l
+        let terms = LossTerms::from_config(&cfg, Device::Cpu);
+        Learner::new(nets, terms, Precision::Fp32, Device::Cpu)
     };
     let mut saved = learner();
     let dino = Tensor::randn([1, 256], (Kind::Float, Device::Cpu));
     let ibot = Tensor::randn([1, 256], (Kind::Float, Device::Cpu));
-    saved.loss.center.copy_(&dino);
-    saved.ibot.as_mut().unwrap().center.center.copy_(&ibot);
+    let terms = &mut saved.terms;
+    terms
+        .find_mut::<DinoTerm>()
+        .unwrap()
+        .loss
+        .center
+        .copy_(&dino);
+    let saved_ibot = terms.find_mut::<IbotObjective>().unwrap();
+    saved_ibot.center.center.copy_(&ibot);
     let ck = Checkpoint {
         path: "in-memory.safetensors".into(),
         tensors: trainer::train::strategy::checkpoint_tensors(&saved)
@@ -1305,14 +1319,19 @@ fn resume_writes_the_loss_centres_into_the_learners_tensors() {
         },
     };
     let mut resumed = learner();
-    let dino_storage = resumed.loss.center.data_ptr();
-    let ibot_storage = resumed.ibot.as_ref().unwrap().center.center.data_ptr();
+    let dino_center = |l: &Learner| l.terms.dino().loss.center.shallow_clone();
+    let patch_center = |l: &Learner| {
+        let ibot = l.terms.find::<IbotObjective>().unwrap();
+        ibot.center.center.shallow_clone()
+    };
+    let dino_storage = dino_center(&resumed).data_ptr();
+    let ibot_storage = patch_center(&resumed).data_ptr();
     trainer::train::strategy::restore(&ck, "fp", &mut resumed).unwrap();
-    assert_eq!(resumed.loss.center.data_ptr(), dino_storage);
-    let patch_center = &resumed.ibot.as_ref().unwrap().center.center;
+    assert_eq!(dino_center(&resumed).data_ptr(), dino_storage);
+    let patch_center = patch_center(&resumed);
     assert_eq!(patch_center.data_ptr(), ibot_storage);
-    assert_eq!(max_abs_diff(&resumed.loss.center, &dino), 0.0);
-    assert_eq!(max_abs_diff(patch_center, &ibot), 0.0);
+    assert_eq!(max_abs_diff(&dino_center(&resumed), &dino), 0.0);
+    assert_eq!(max_abs_diff(&patch_center, &ibot), 0.0);
 }
 
 /// The step's multi-tensor pieces (train/foreach.rs) against PyTorch on the same tensors:

@@ -9,6 +9,7 @@ use crate::checkpoint::EpochTotals;
 use crate::config::ChannelMode;
 use crate::train::channels::hierarchical_sample;
 use crate::train::collapse::TeacherSnapshot;
+use crate::train::loss::DinoTerm;
 use crate::train::step::{ChannelSubset, StepOutput, StepParams};
 use crate::train::telemetry::progress::{Progress, ProgressLine};
 use crate::train::telemetry::throughput::LogWindow;
@@ -133,21 +134,24 @@ impl TrainingRun<'_> {
         progress: &Progress,
     ) -> Result<(), TrainError> {
         let rates = self.throughput.rates(window);
-        let teacher = TeacherSnapshot::gather(
-            &out.teacher.stats(),
-            out.terms.dino,
-            self.strategy.collective(),
-        )?;
+        // The collapse signals read the DINO term alone: a cross-entropy whose teacher
+        // entropy they subtract.
+        let dino = out
+            .terms
+            .get(DinoTerm::INFO.name)
+            .expect("the DINO term is always on");
+        let teacher =
+            TeacherSnapshot::gather(&out.teacher.stats(), dino, self.strategy.collective())?;
         let (epoch, iteration) = (self.at.epoch, self.at.iteration);
         let record = StepRecord {
             iteration,
             epoch,
             loss: out.loss,
-            terms: out.terms,
+            terms: &out.terms,
             lr: params.lr,
             weight_decay: params.weight_decay,
             momentum: params.momentum,
-            teacher_temp: self.learner.loss.teacher_temp(epoch),
+            teacher_temp: self.learner.terms.teacher_temp(epoch),
             images_per_second: rates.images_per_second,
             data_wait_seconds: rates.data_wait_seconds,
             teacher: &teacher,

@@ -14,12 +14,10 @@ use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use crate::layout::{ModelLayout, RunLayout};
 use crate::train::collapse::CollapsePolicy;
-use crate::train::ibot::IbotObjective;
-use crate::train::loss::DinoLoss;
 use crate::train::preempt::StopRequest;
 use crate::train::sampler::iters_per_epoch;
-use crate::train::schedule::{scale_lr, teacher_temp_schedule, Schedules};
-use crate::train::step::{Learner, Networks};
+use crate::train::schedule::{scale_lr, Schedules};
+use crate::train::step::Learner;
 use crate::train::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
 use crate::train::telemetry::throughput::ThroughputMeter;
 use crate::train::telemetry::Telemetry;
@@ -53,7 +51,7 @@ impl<'a> TrainingRun<'a> {
             niter: iters_per_epoch(items.items.len(), denv.world, batch),
         };
         let (peak_lr, sched) = schedules(cfg, &shape);
-        let mut learner = new_learner(cfg, channels.len(), device)?;
+        let mut learner = Learner::from_config(cfg, channels.len(), device)?;
         let fingerprint = resume::fingerprint(cfg, &channels);
         let origin = DataOrigin::new(cfg, opts.allow_new_data);
         let (strategy, start) = resume_and_distribute(
@@ -231,27 +229,6 @@ fn schedules(cfg: &Config, shape: &RunShape) -> (f64, Schedules) {
         );
     }
     (peak_lr, Schedules::new(&cfg.train, peak_lr, shape.niter))
-}
-
-/// Student, teacher, loss and optimizer, initialised from `run.seed`.
-fn new_learner(cfg: &Config, channels: usize, device: tch::Device) -> Result<Learner, TrainError> {
-    let t = &cfg.train;
-    let temps = teacher_temp_schedule(
-        t.warmup_teacher_temp,
-        t.teacher_temp,
-        t.warmup_teacher_temp_epochs,
-        t.epochs,
-    );
-    let ncrops = 2 + cfg.augment.local_crops_number;
-    tch::manual_seed(cfg.run.seed as i64);
-    crate::precision::check_supported(cfg.train.precision, device)?;
-    let nets = Networks::new(cfg, channels, device);
-    let loss_fn = DinoLoss::new(cfg.model.out_dim as i64, ncrops, temps, device);
-    let mut learner = Learner::new(nets, loss_fn, cfg.train.precision, device);
-    learner.koleo_weight = cfg.train.koleo_weight;
-    learner.centering = cfg.train.centering;
-    learner.ibot = IbotObjective::from_config(cfg, device);
-    Ok(learner)
 }
 
 fn checkpoint_writer(

@@ -436,20 +436,15 @@ pub fn checkpoint_tensors(learner: &Learner) -> Vec<(String, Tensor)> {
     out
 }
 
-/// The running centres of the loss under DINOv2's names: the CLS targets' (`dino_loss.center`)
-/// and, with iBOT, the patch targets' (`ibot_patch_loss.center`).
+/// The loss terms' running state under DINOv2's names: the CLS targets' centre
+/// (`dino_loss.center`) and, with iBOT, the patch targets' (`ibot_patch_loss.center`).
 fn loss_centres(learner: &Learner) -> Vec<(String, Tensor)> {
-    let mut out = vec![(
-        "dino_loss.center".to_string(),
-        learner.loss.center.shallow_clone(),
-    )];
-    if let Some(ibot) = &learner.ibot {
-        out.push((
-            "ibot_patch_loss.center".to_string(),
-            ibot.center.center.shallow_clone(),
-        ));
-    }
-    out
+    learner
+        .terms
+        .state()
+        .into_iter()
+        .map(|(name, t)| (name.to_string(), t))
+        .collect()
 }
 
 /// Restores what [`loss_centres`] saved, into the learner's own tensors: a checkpoint is read
@@ -458,9 +453,8 @@ fn loss_centres(learner: &Learner) -> Vec<(String, Tensor)> {
 /// device" at the first centring).
 fn restore_loss_centres(ck: &Checkpoint, learner: &mut Learner) -> Result<(), RestoreError> {
     tch::no_grad(|| {
-        RestoreError::copy_into(ck, "dino_loss.center", &mut learner.loss.center)?;
-        if let Some(ibot) = &mut learner.ibot {
-            RestoreError::copy_into(ck, "ibot_patch_loss.center", &mut ibot.center.center)?;
+        for (name, mut t) in learner.terms.state() {
+            RestoreError::copy_into(ck, name, &mut t)?;
         }
         Ok(())
     })

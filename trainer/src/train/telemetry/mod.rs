@@ -8,7 +8,7 @@ pub mod throughput;
 use super::collapse::TeacherSnapshot;
 use super::error::TrainError;
 use super::flops::Utilisation;
-use super::step::LossTerms;
+use super::terms::TermValues;
 use crate::gpu::GpuSample;
 use crate::layout::ModelLayout;
 use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
@@ -21,7 +21,7 @@ pub struct StepRecord<'a> {
     pub epoch: usize,
     /// The total loss; `terms` its parts.
     pub loss: f64,
-    pub terms: LossTerms,
+    pub terms: &'a TermValues,
     pub lr: f64,
     pub weight_decay: f64,
     pub momentum: f64,
@@ -127,11 +127,13 @@ impl Sinks {
             self.tb
                 .add_scalars(r.iteration as i64, &[("train/mfu", mfu as f32)])?;
         }
-        let terms = r.terms;
-        if terms.koleo.is_some() || terms.ibot.is_some() {
-            let mut scalars = vec![("train/dino_loss", terms.dino as f32)];
-            scalars.extend(terms.koleo.map(|k| ("train/koleo_loss", k as f32)));
-            scalars.extend(terms.ibot.map(|k| ("train/ibot_loss", k as f32)));
+        if r.terms.split() {
+            let tags: Vec<(String, f32)> = r
+                .terms
+                .iter()
+                .map(|(info, v)| (format!("train/{}_loss", info.name), v as f32))
+                .collect();
+            let scalars: Vec<(&str, f32)> = tags.iter().map(|(t, v)| (t.as_str(), *v)).collect();
             self.tb.add_scalars(r.iteration as i64, &scalars)?;
         }
         if let Some(g) = r.gpu {
@@ -154,17 +156,17 @@ impl Sinks {
                 .label("run", &self.run_label)
                 .label("rank", self.rank.to_string())
         };
-        let mut metrics = vec![
-            m(
-                "scdino_train_loss",
-                "total loss of the last iteration",
-                r.loss,
-            ),
-            m(
-                "scdino_train_dino_loss",
-                "DINO (CLS) term of the last iteration's loss",
-                r.terms.dino,
-            ),
+        let mut metrics = vec![m(
+            "scdino_train_loss",
+            "total loss of the last iteration",
+            r.loss,
+        )];
+        metrics.extend(
+            r.terms
+                .iter()
+                .map(|(info, v)| m(&format!("scdino_train_{}_loss", info.name), info.help, v)),
+        );
+        metrics.extend([
             m("scdino_train_lr", "learning rate", r.lr),
             m("scdino_train_epoch", "current epoch", r.epoch as f64),
             m(
@@ -202,7 +204,7 @@ impl Sinks {
                 "model FLOP/s of this rank over the last window (matrix products, analytic count)",
                 r.utilisation.flops_per_second,
             ),
-        ];
+        ]);
         if let Some(mfu) = r.utilisation.mfu {
             metrics.push(m(
                 "scdino_train_mfu",

@@ -107,14 +107,12 @@ impl ProgressLine<'_> {
         // are read against.
         let terms = r.terms;
         let mut terms_text = String::new();
-        if terms.koleo.is_some() || terms.ibot.is_some() {
-            terms_text = format!(" = DINO {:.4}", terms.dino);
-            if let Some(k) = terms.koleo {
-                terms_text += &format!(" + KoLeo {k:.4}");
-            }
-            if let Some(i) = terms.ibot {
-                terms_text += &format!(" + iBOT {i:.4}");
-            }
+        if terms.split() {
+            let shown: Vec<String> = terms
+                .iter()
+                .map(|(info, v)| format!("{} {v:.4}", info.label))
+                .collect();
+            terms_text = format!(" = {}", shown.join(" + "));
         }
         let (epoch, done_in_epoch, niter) = (r.epoch, self.done_in_epoch, self.niter);
         let imgs_per_s = r.images_per_second;
@@ -123,9 +121,10 @@ impl ProgressLine<'_> {
             epoch,
             iteration = r.iteration,
             loss = r.loss,
-            dino_loss = terms.dino,
-            koleo_loss = terms.koleo,
-            ibot_loss = terms.ibot,
+            // tracing's fields are named at compile time: a new term's JSON field goes here.
+            dino_loss = terms.get("dino"),
+            koleo_loss = terms.get("koleo"),
+            ibot_loss = terms.get("ibot"),
             lr = r.lr,
             weight_decay = r.weight_decay,
             images_per_second = imgs_per_s,
