@@ -129,6 +129,9 @@ pub fn run(env: &DistEnv, opts: &Options) -> Report {
         let device = if cuda { gpu.unwrap() } else { Device::Cpu };
         strategies_match_single(device, opts.timeout)
     }));
+    checks.push(run_check("ddp step, two ranks on one device (gloo)", || {
+        two_ranks_match_single(gpu.unwrap_or(Device::Cpu), opts.timeout)
+    }));
     let passed = checks.iter().all(|c| c.status != Status::Fail);
     Report {
         kind: REPORT_KIND,
@@ -729,6 +732,118 @@ pub fn strategies_match_single(device: Device, timeout: Duration) -> Result<Stri
     ))
 }
 
+/// One fp32 DDP step of two ranks on the same `device` over a Gloo group (with CUDA tensors on
+/// a GPU: the path a job takes when ranks share a GPU or NCCL is unavailable), each rank on
+/// half of the batch, against one process stepping on the whole batch: the loss to 1e-6 and
+/// every student weight and AdamW first moment within 1e-5 of its tensor's scale on both
+/// ranks (the two halves' gradients are summed in another order than one batch's, so not
+/// bit for bit; after one step AdamW's moments carry the gradients).
+pub fn two_ranks_match_single(device: Device, timeout: Duration) -> Result<String, String> {
+    // `Learner::from_config` seeds the global generator: one construction at a time, so
+    // rank 0 and the single process start from the same weights.
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let build = || {
+        let _one = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+        step_learner(device, Precision::Fp32, None)
+    };
+    let state = |l: &Learner| -> Vec<(String, Tensor, Tensor)> {
+        l.optimizer
+            .params
+            .iter()
+            .map(|q| {
+                let cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float).copy();
+                (q.name.clone(), cpu(&q.tensor), cpu(&q.exp_avg))
+            })
+            .collect()
+    };
+    let mut single = build()?;
+    let single_loss = single
+        .step(
+            &step_batch(device),
+            selftest_params(),
+            0,
+            &mut SingleProcess::default(),
+        )
+        .map_err(|e| e.to_string())?
+        .loss;
+    let want = state(&single);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free port: {e}"))?
+        .port();
+    let ranks: Vec<Result<(f64, Vec<(String, Tensor, Tensor)>), String>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2usize)
+                .map(|rank| {
+                    s.spawn(move || {
+                        let mut learner = build()?;
+                        let group = ProcessGroup::new("127.0.0.1", port, rank, 2, timeout, false)
+                            .map_err(|e| e.to_string())?;
+                        let dir = std::env::temp_dir().join(format!(
+                            "scdino-selftest-{}-two-ranks-{rank}",
+                            std::process::id()
+                        ));
+                        let files = ModelLayout::beside(&dir.join("scDINO_ViTs").join("selftest"))
+                            .expect("a scDINO_ViTs model folder");
+                        let options = StrategyOptions {
+                            ddp_overlap: true,
+                            fsdp_reshard_after_forward: true,
+                        };
+                        let result = (|| {
+                            let mut chosen = choose(
+                                Strategy::Ddp,
+                                Some(group),
+                                &mut learner,
+                                &files,
+                                "selftest",
+                                None,
+                                options,
+                            )
+                            .map_err(|e| e.to_string())?;
+                            let half: Vec<Tensor> = step_batch(device)
+                                .iter()
+                                .map(|c| c.narrow(0, 2 * rank as i64, 2))
+                                .collect();
+                            let out = learner
+                                .step(&half, selftest_params(), 0, chosen.strategy.as_mut())
+                                .map_err(|e| e.to_string())?;
+                            Ok((out.loss, state(&learner)))
+                        })();
+                        let _ = std::fs::remove_dir_all(&dir);
+                        result
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+                .collect()
+        });
+    let mut details = vec![];
+    for (rank, result) in ranks.into_iter().enumerate() {
+        let (loss, got) = result.map_err(|e| format!("rank {rank}: {e}"))?;
+        let mut worst = (0.0f64, String::new());
+        for ((name, w, m), (_, gw, gm)) in want.iter().zip(&got) {
+            for (what, a, b) in [("", w, gw), (" exp_avg", m, gm)] {
+                let scale = a.abs().max().double_value(&[]).max(1e-6);
+                let rel = (b - a).abs().max().double_value(&[]) / scale;
+                if rel > worst.0 || worst.1.is_empty() {
+                    worst = (rel, format!("{name}{what}"));
+                }
+            }
+        }
+        let text = format!(
+            "rank {rank}: loss {loss:.6} vs {single_loss:.6}, worst {} rel {:.1e} <= 1e-5",
+            worst.1, worst.0
+        );
+        if worst.0 > 1e-5 || (loss - single_loss).abs() > 1e-6 * single_loss.abs() {
+            return Err(text);
+        }
+        details.push(text);
+    }
+    Ok(format!("Gloo on {device:?}: {}", details.join("; ")))
+}
+
 /// One step from `reference`'s weights with `kind` over a fresh one-rank group (`None`: a
 /// single process); returns the loss and the checkpoint the strategy writes, read back.
 fn strategy_step(
@@ -868,6 +983,12 @@ mod tests {
         assert_eq!(status("train step cpu"), Status::Pass);
         // DDP and FSDP over a one-rank Gloo group on the CPU, against the single process.
         assert_eq!(status("ddp and fsdp step, one rank"), Status::Pass);
+        // Two ranks as threads over Gloo on the CPU, each on half the batch, against one
+        // process on the whole batch.
+        assert_eq!(
+            status("ddp step, two ranks on one device (gloo)"),
+            Status::Pass
+        );
         if tch::Cuda::device_count() == 0 {
             for name in ["cuda", "train step gpu fp32", "augment gpu vs cpu"] {
                 assert_eq!(status(name), Status::Skip, "{name}");
