@@ -319,6 +319,8 @@ pub enum Arch {
     VitTiny,
     VitSmall,
     VitBase,
+    /// ViT-L: width 1024, 24 blocks, 16 heads (DINOv2's ViT-L/14).
+    VitLarge,
 }
 
 /// Optimisation and schedules (scDINO `train_scDINO` + `hyperparameters`).

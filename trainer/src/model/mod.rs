@@ -3,11 +3,14 @@
 mod head;
 mod init;
 mod multicrop;
+mod pos_embed;
+pub mod timm;
 mod units;
 mod vit;
 
 pub use head::{DinoHead, HeadConfig};
 pub use multicrop::{IbotForward, MultiCropNet};
+pub use pos_embed::PosResample;
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
 

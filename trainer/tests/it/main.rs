@@ -17,6 +17,7 @@ mod pth;
 mod s3;
 mod scoring;
 mod shards;
+mod timm;
 mod train;
 mod umap;
 mod util;
