@@ -5,7 +5,7 @@
 //! init).
 use super::ExportError;
 use crate::checkpoint;
-use crate::config::{Arch, ChannelMode, CheckpointKey, Config};
+use crate::config::{Arch, ChannelMode, CheckpointKey, Config, ModelSection, PosEmbed};
 use crate::model::{timm, VisionTransformer, VitConfig};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,10 @@ pub struct ModelRecord {
     /// The channels the model was trained on, in its input order.
     pub channel_names: Vec<String>,
     pub num_register_tokens: usize,
+    /// `model.layer_scale` and `model.pos_embed` of the run (absent from older fingerprints:
+    /// none and DINO's).
+    pub layer_scale: Option<f64>,
+    pub pos_embed: PosEmbed,
     /// The exact network when the source is a timm folder (its sizes need not be one of
     /// our presets, and it may have LayerScale or no class position); None: the preset.
     pub layout: Option<VitConfig>,
@@ -75,6 +79,11 @@ impl ModelRecord {
             mode,
             channel_names,
             num_register_tokens,
+            layer_scale: v.get("layer_scale").and_then(|x| x.as_f64()),
+            pos_embed: match v.get("pos_embed") {
+                None => PosEmbed::Dino,
+                Some(p) => serde_json::from_value(p.clone()).map_err(|_| field("pos_embed"))?,
+            },
             layout: None,
         })
     }
@@ -85,14 +94,20 @@ impl ModelRecord {
             return layout;
         }
         let k = self.channel_names.len();
-        match self.mode {
+        let vit = match self.mode {
             ChannelMode::Fixed => VitConfig::new(self.arch, self.patch_size, k),
             ChannelMode::Bag => VitConfig::new(self.arch, self.patch_size, 1),
             ChannelMode::Tokens => {
                 VitConfig::new(self.arch, self.patch_size, k).with_channel_tokens()
             }
         }
-        .with_registers(self.num_register_tokens)
+        .with_registers(self.num_register_tokens);
+        let section = ModelSection {
+            layer_scale: self.layer_scale,
+            pos_embed: self.pos_embed,
+            ..ModelSection::default()
+        };
+        crate::model::with_layout(vit, &section)
     }
 
     /// `vit_small, patch 16, 3 channels (DAPI, ...), model.channels: fixed`.
@@ -407,6 +422,8 @@ impl Source {
             mode: ChannelMode::Fixed,
             channel_names,
             num_register_tokens: cfg.num_register_tokens as usize,
+            layer_scale: cfg.layer_scale,
+            pos_embed: PosEmbed::Dino,
             layout: Some(cfg),
         };
         let trained_vs = nn::VarStore::new(tch::Device::Cpu);

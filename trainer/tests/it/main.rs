@@ -9,6 +9,7 @@ mod embed;
 mod evaluate;
 mod export;
 mod ibot;
+mod init;
 mod knn;
 mod metrics;
 mod model;

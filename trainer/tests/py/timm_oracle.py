@@ -6,6 +6,8 @@ Writes, each with timm's own `save_for_hf` (config.json with model_args + model.
       no_embed_class, patch 14), 3 channels, 2 blocks, trained resolution 56 px;
   OUT_DIR/vits16: a ViT-S/16 (`vit_small_patch16_224`) at 5 channels, 2 blocks, 48 px, class
       position in pos_embed, no LayerScale;
+  OUT_DIR/tiny: a ViT-Ti/16 (12 blocks, as our vit_tiny) with DINOv2's layout (LayerScale,
+      4 registers, no_embed_class), 3 channels, 32 px: a source for `model.init`;
   OUT_DIR/regpos: reg_tokens=2 with no_embed_class=False (registers with positions, a layout
       the reader refuses).
 Weights are timm's random init (pretrained=False) then perturbed, so LayerScale, norms and
@@ -38,6 +40,11 @@ MODELS = {
         dict(img_size=48, depth=2, in_chans=5,
              pretrained_cfg_overlay=dict(mean=(0.1, 0.2, 0.3, 0.4, 0.5), std=(0.5, 0.4, 0.3, 0.2, 0.1))),
         [(48, 48), (80, 80), (32, 64)],
+    ),
+    "tiny": (
+        "vit_tiny_patch16_224",
+        dict(img_size=32, in_chans=3, init_values=1e-5, reg_tokens=4, no_embed_class=True),
+        [],
     ),
     "regpos": (
         "vit_small_patch16_224",
