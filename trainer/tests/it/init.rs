@@ -264,3 +264,33 @@ fn model_init_keys_are_validated() {
     .to_string();
     assert!(err.contains("model.init.from"), "{err}");
 }
+
+#[test]
+fn pth_init_loads_the_backbone_with_mean_adaptation() {
+    let _rng = torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let pth = dir.path().join("bare.pth");
+    run_py_file(
+        "pth_oracle.py",
+        &["bare", pth.to_str().unwrap(), "3", "7", "float32"],
+    );
+    let init = format!(
+        "    from: {}\n    format: pth\n    channels: mean\n",
+        pth.display()
+    );
+    let cfg = config(&init, "");
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+    let source = BackboneWeights::load(&pth, CheckpointKey::Teacher).unwrap();
+    assert_eq!(report.loaded, source.tensors.len());
+    let student = nets.student_vs.variables();
+    for (name, t) in &source.tensors {
+        let s = &student[&format!("backbone.{name}")];
+        let want = match name.as_str() {
+            "patch_embed.proj.weight" => adapt_patch_embed(t, 5, ChannelAdapt::Mean),
+            _ => t.shallow_clone(),
+        };
+        assert!(s.equal(&want), "{name}");
+    }
+    assert_teacher_is_student(&nets);
+}
