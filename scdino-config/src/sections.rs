@@ -266,6 +266,91 @@ pub struct ModelSection {
     /// position embedding, that take over the high-norm "artefact" tokens which spoil the
     /// attention maps. Attention maps leave them out.
     pub num_register_tokens: usize,
+    /// LayerScale (CaiT; DINOv2's `ls1.gamma`, `ls2.gamma`): each residual branch scaled per
+    /// channel by a learned vector starting at this value (DINOv2: 1e-5). Unset: none (scDINO).
+    pub layer_scale: Option<f64>,
+    /// The position-embedding layout and how it is resampled for other input sizes:
+    /// `dino` (scDINO: a class position, DINO's `interpolate_pos_encoding`), `timm` (a class
+    /// position, timm's `resample_abs_pos_embed`), `timm_no_class` (timm's `no_embed_class`,
+    /// DINOv2's layout: patch positions only, timm's resampling).
+    pub pos_embed: PosEmbed,
+    /// Start training from pretrained weights (once, when a run starts; a resumed run
+    /// continues from its own checkpoint).
+    pub init: ModelInit,
+}
+
+/// `model.pos_embed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PosEmbed {
+    #[default]
+    Dino,
+    Timm,
+    TimmNoClass,
+}
+
+impl PosEmbed {
+    /// The YAML spelling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PosEmbed::Dino => "dino",
+            PosEmbed::Timm => "timm",
+            PosEmbed::TimmNoClass => "timm_no_class",
+        }
+    }
+}
+
+/// `model.init`: the weights a run starts from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelInit {
+    /// A timm folder, a checkpoint of another run, or a `.pth`. Unset: a random init (scDINO).
+    pub from: Option<String>,
+    /// What `from` is.
+    pub format: InitFormat,
+    /// How a source with another channel count meets the run's channels.
+    pub channels: ChannelAdapt,
+    /// `run` only: keep the source's DINO head too (else it starts fresh).
+    pub head: bool,
+    /// `false`: tensors that do not fit are skipped (and listed) instead of refused.
+    pub strict: bool,
+}
+
+impl Default for ModelInit {
+    fn default() -> Self {
+        Self {
+            from: None,
+            format: InitFormat::Timm,
+            channels: ChannelAdapt::Repeat,
+            head: false,
+            strict: true,
+        }
+    }
+}
+
+/// `model.init.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitFormat {
+    /// `config.json` + `model.safetensors` as timm writes them.
+    #[default]
+    Timm,
+    /// A checkpoint of one of our runs (its teacher backbone).
+    Run,
+    /// A scDINO/DINO `.pth` (its teacher backbone).
+    Pth,
+}
+
+/// `model.init.channels`: the patch embedding of a source with S channels for C channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChannelAdapt {
+    /// timm's `adapt_input_conv`: the source kernels repeated cyclically over the C channels,
+    /// scaled by S/C (summed for C = 1).
+    #[default]
+    Repeat,
+    /// Every channel gets the mean kernel, scaled by S/C.
+    Mean,
 }
 
 /// `model.channels`: one model per channel combination, or one for all of them.
@@ -316,6 +401,9 @@ impl Default for ModelSection {
             drop_path_rate: 0.1,
             channels: ChannelMode::Fixed,
             num_register_tokens: 0,
+            layer_scale: None,
+            pos_embed: PosEmbed::Dino,
+            init: ModelInit::default(),
         }
     }
 }
@@ -326,6 +414,8 @@ pub enum Arch {
     VitTiny,
     VitSmall,
     VitBase,
+    /// ViT-L: width 1024, 24 blocks, 16 heads (DINOv2's ViT-L/14).
+    VitLarge,
 }
 
 /// Optimisation and schedules (scDINO `train_scDINO` + `hyperparameters`).

@@ -216,7 +216,12 @@ fn model_and_teacher(imp: &mut Importer, hyper: &mut Map<String, Value>, s: &mut
             Some("vit_tiny") => s.model.arch = Arch::VitTiny,
             Some("vit_small") => s.model.arch = Arch::VitSmall,
             Some("vit_base") => s.model.arch = Arch::VitBase,
-            _ => imp.bad(&key("arch"), &v, "expected vit_tiny, vit_small or vit_base"),
+            Some("vit_large") => s.model.arch = Arch::VitLarge,
+            _ => imp.bad(
+                &key("arch"),
+                &v,
+                "expected vit_tiny, vit_small, vit_base or vit_large",
+            ),
         }
     }
     imp.uint(hyper, &key("patch_size"), &mut s.model.patch_size);

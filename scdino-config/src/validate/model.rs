@@ -1,6 +1,6 @@
 //! `model:` — patch size, head and channel mode (which depends on the data's channels and
 //! sample order).
-use crate::{ChannelMode, DataSection, Invalid, ModelSection, SampleOrder, Validator};
+use crate::{ChannelMode, DataSection, InitFormat, Invalid, ModelSection, SampleOrder, Validator};
 
 impl ModelSection {
     pub(crate) fn validate(&self, v: &Validator, data: &DataSection) -> Result<(), Invalid> {
@@ -28,6 +28,22 @@ impl ModelSection {
             (0.0..1.0).contains(&self.drop_path_rate),
             "model.drop_path_rate",
             "must be in [0, 1)",
+        )?;
+        if let Some(ls) = self.layer_scale {
+            v.positive(ls, "model.layer_scale")?;
+        }
+        let init = &self.init;
+        if let Some(from) = &init.from {
+            v.check(
+                !from.trim().is_empty(),
+                "model.init.from",
+                "must name the weights to start from (a timm folder, a run's checkpoint or a .pth)",
+            )?;
+        }
+        v.check(
+            !init.head || init.format == InitFormat::Run,
+            "model.init.head",
+            "only a run's checkpoint (format: run) has a DINO head to keep",
         )?;
         v.folder_name(&self.name, "model.name")
     }

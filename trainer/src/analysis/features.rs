@@ -153,8 +153,11 @@ pub fn load_backbone(
         .as_ref()
         .map(|a| format!(" (the checkpoint was trained with {})", a.summary()))
         .unwrap_or_default();
-    let vit_cfg = VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len())
-        .with_registers(cfg.model.num_register_tokens);
+    let vit_cfg = crate::model::with_layout(
+        VitConfig::new(cfg.model.arch, cfg.model.patch_size, channels.len())
+            .with_registers(cfg.model.num_register_tokens),
+        &cfg.model,
+    );
     let model = format!("{:?}, patch {}", cfg.model.arch, cfg.model.patch_size);
     build_backbone(weights, vit_cfg, Some(patch_embed), &model, &hint, device)
 }
@@ -376,6 +379,7 @@ pub fn load_embedder(
         _ => VitConfig::new(m.arch, m.patch_size, 1),
     }
     .with_registers(m.num_register_tokens);
+    let vit_cfg = crate::model::with_layout(vit_cfg, m);
     let model = format!(
         "{:?}, patch {}, model.channels: {}",
         m.arch,

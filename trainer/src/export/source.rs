@@ -5,8 +5,8 @@
 //! init).
 use super::ExportError;
 use crate::checkpoint;
-use crate::config::{Arch, ChannelMode, CheckpointKey, Config};
-use crate::model::{VisionTransformer, VitConfig};
+use crate::config::{Arch, ChannelMode, CheckpointKey, Config, ModelSection, PosEmbed};
+use crate::model::{timm, VisionTransformer, VitConfig};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tch::{nn, Kind, Tensor};
@@ -20,6 +20,13 @@ pub struct ModelRecord {
     /// The channels the model was trained on, in its input order.
     pub channel_names: Vec<String>,
     pub num_register_tokens: usize,
+    /// `model.layer_scale` and `model.pos_embed` of the run (absent from older fingerprints:
+    /// none and DINO's).
+    pub layer_scale: Option<f64>,
+    pub pos_embed: PosEmbed,
+    /// The exact network when the source is a timm folder (its sizes need not be one of
+    /// our presets, and it may have LayerScale or no class position); None: the preset.
+    pub layout: Option<VitConfig>,
 }
 
 impl ModelRecord {
@@ -72,20 +79,35 @@ impl ModelRecord {
             mode,
             channel_names,
             num_register_tokens,
+            layer_scale: v.get("layer_scale").and_then(|x| x.as_f64()),
+            pos_embed: match v.get("pos_embed") {
+                None => PosEmbed::Dino,
+                Some(p) => serde_json::from_value(p.clone()).map_err(|_| field("pos_embed"))?,
+            },
+            layout: None,
         })
     }
 
     /// The backbone's architecture (a `bag` model is one single-channel ViT).
     pub fn vit_config(&self) -> VitConfig {
+        if let Some(layout) = self.layout {
+            return layout;
+        }
         let k = self.channel_names.len();
-        match self.mode {
+        let vit = match self.mode {
             ChannelMode::Fixed => VitConfig::new(self.arch, self.patch_size, k),
             ChannelMode::Bag => VitConfig::new(self.arch, self.patch_size, 1),
             ChannelMode::Tokens => {
                 VitConfig::new(self.arch, self.patch_size, k).with_channel_tokens()
             }
         }
-        .with_registers(self.num_register_tokens)
+        .with_registers(self.num_register_tokens);
+        let section = ModelSection {
+            layer_scale: self.layer_scale,
+            pos_embed: self.pos_embed,
+            ..ModelSection::default()
+        };
+        crate::model::with_layout(vit, &section)
     }
 
     /// `vit_small, patch 16, 3 channels (DAPI, ...), model.channels: fixed`.
@@ -157,6 +179,8 @@ pub enum InputSizeFrom {
     FeaturesStage,
     /// Asked for with `--image-size`.
     Requested,
+    /// A timm folder's own training resolution.
+    TimmSource,
 }
 
 impl InputSize {
@@ -169,6 +193,9 @@ impl InputSize {
             "its position embeddings are the trained ones resampled to {grid}×{grid} patches with DINO's bicubic `interpolate_pos_encoding`, as the pipeline does at run time"
         );
         match self.from {
+            InputSizeFrom::TimmSource => format!(
+                "The input size {s}×{s} is the resolution the source timm model was saved at."
+            ),
             InputSizeFrom::FeaturesStage => format!(
                 "The input size {s}×{s} is the run's `downstream.features.resize_length`: at this size the export gives exactly the features stage's CLS features ({resampled})."
             ),
@@ -194,6 +221,7 @@ impl InputSize {
             "from": match self.from {
                 InputSizeFrom::FeaturesStage => "downstream.features.resize_length",
                 InputSizeFrom::Requested => "--image-size",
+                InputSizeFrom::TimmSource => "the timm source's img_size",
             },
         })
     }
@@ -251,6 +279,9 @@ impl Source {
         network: CheckpointKey,
         image_size: Option<usize>,
     ) -> Result<Self, ExportError> {
+        if timm::is_timm_folder(path) {
+            return Self::load_timm(path, image_size);
+        }
         let ck = checkpoint::load(path)?;
         let invalid = |what: String| ExportError::Invalid {
             path: path.to_path_buf(),
@@ -341,6 +372,82 @@ impl Source {
         })
     }
 
+    /// A timm folder (`config.json` + `model.safetensors`) for images of `image_size` px
+    /// (None: the resolution it was saved at), normalised with its `pretrained_cfg` mean/std.
+    pub fn load_timm(dir: &Path, image_size: Option<usize>) -> Result<Self, ExportError> {
+        let invalid = |what: String| ExportError::Invalid {
+            path: dir.to_path_buf(),
+            what,
+        };
+        let source = timm::read(dir).map_err(|e| invalid(e.to_string()))?;
+        let cfg = source.cfg;
+        let k = cfg.in_chans as usize;
+        let (mean, std) = match (&source.mean, &source.std) {
+            (Some(m), Some(s)) if m.len() == k && s.len() == k => (m.clone(), s.clone()),
+            _ => {
+                return Err(invalid(format!(
+                    "config.json's pretrained_cfg needs a mean and a std for each of the model's {k} input channels (the normalisation the weights expect)"
+                )))
+            }
+        };
+        let channel_names = match source.channel_names.clone() {
+            Some(names) if names.len() == k => names,
+            _ => (0..k).map(|i| format!("channel_{i}")).collect(),
+        };
+        let arch = timm::arch_of_width(cfg.embed_dim).ok_or_else(|| {
+            invalid(format!(
+                "width {} is none of this project's ViT presets (192, 384, 768, 1024)",
+                cfg.embed_dim
+            ))
+        })?;
+        let input = match image_size {
+            Some(side) => InputSize {
+                side,
+                from: InputSizeFrom::Requested,
+            },
+            None => InputSize {
+                side: cfg.img_size as usize,
+                from: InputSizeFrom::TimmSource,
+            },
+        };
+        if (input.side as i64) < cfg.patch_size {
+            return Err(invalid(format!(
+                "an input size of {} px is smaller than the model's patch size {}",
+                input.side, cfg.patch_size
+            )));
+        }
+        let model = ModelRecord {
+            arch,
+            patch_size: cfg.patch_size as usize,
+            mode: ChannelMode::Fixed,
+            channel_names,
+            num_register_tokens: cfg.num_register_tokens as usize,
+            layer_scale: cfg.layer_scale,
+            pos_embed: PosEmbed::Dino,
+            layout: Some(cfg),
+        };
+        let trained_vs = nn::VarStore::new(tch::Device::Cpu);
+        let trained = VisionTransformer::new(trained_vs.root() / "backbone", cfg);
+        source
+            .load_into(&trained_vs, "backbone.")
+            .map_err(|e| invalid(e.to_string()))?;
+        let (vs, vit) = resampled(&trained_vs, &trained, cfg, input.side as i64);
+        Ok(Self {
+            path: dir.to_path_buf(),
+            network: CheckpointKey::Teacher,
+            model,
+            mean,
+            std,
+            epoch: 0,
+            iteration: 0,
+            config: None,
+            config_yaml: String::new(),
+            input,
+            vs,
+            vit,
+        })
+    }
+
     /// The exported network's configuration: the trained one at the export's input size.
     pub fn vit_config(&self) -> VitConfig {
         *self.vit.config()
@@ -371,14 +478,13 @@ fn resampled(
         img_size: side,
         ..cfg
     };
-    let grid = cfg.grid();
     let mut vs = nn::VarStore::new(tch::Device::Cpu);
     let vit = VisionTransformer::new(vs.root() / "backbone", cfg);
     let trained_vars = trained_vs.variables();
     tch::no_grad(|| {
         for (name, mut var) in vs.variables() {
             let value = if name == "backbone.pos_embed" {
-                trained.interpolate_pos_encoding(grid * grid, side, side)
+                trained.pos_embed_for(side, side)
             } else {
                 trained_vars[&name].shallow_clone()
             };

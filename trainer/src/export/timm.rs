@@ -37,7 +37,9 @@ pub fn architecture(arch: Arch, patch_size: usize) -> String {
     let size = arch_name(arch).trim_start_matches("vit_").to_string();
     let registered = matches!(
         (arch, patch_size),
-        (Arch::VitTiny, 16) | (Arch::VitSmall | Arch::VitBase, 8 | 16 | 32)
+        (Arch::VitTiny, 16)
+            | (Arch::VitSmall | Arch::VitBase, 8 | 16 | 32)
+            | (Arch::VitLarge, 16 | 32)
     );
     let patch = if registered { patch_size } else { 16 };
     format!("vit_{size}_patch{patch}_224")
@@ -45,7 +47,10 @@ pub fn architecture(arch: Arch, patch_size: usize) -> String {
 
 /// The state dict under timm's names, float32 and contiguous, sorted by name.
 pub fn state_dict(src: &Source) -> Vec<(String, Tensor)> {
-    let registers = src.model.num_register_tokens > 0;
+    let cfg = src.vit_config();
+    // Our registers sit without positions: timm expresses that only with no_embed_class,
+    // so a model with a class position moves it into the class token.
+    let fold = src.model.num_register_tokens > 0 && !cfg.no_embed_class;
     let ours = src.tensors();
     let class_pos = ours
         .iter()
@@ -56,14 +61,13 @@ pub fn state_dict(src: &Source) -> Vec<(String, Tensor)> {
     for (name, t) in ours {
         let t = t.detach().to_kind(Kind::Float);
         match name.as_str() {
-            "register_tokens" => out.push(("reg_token".to_string(), t)),
             // no_embed_class: the class token's position moves into the token itself.
-            "cls_token" if registers => out.push((name, t + &class_pos)),
-            "pos_embed" if registers => {
+            "cls_token" if fold => out.push((name, t + &class_pos)),
+            "pos_embed" if fold => {
                 let n = t.size()[1];
                 out.push((name, t.narrow(1, 1, n - 1)));
             }
-            _ => out.push((name, t)),
+            _ => out.push((crate::model::timm::timm_name(&name), t)),
         }
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -106,7 +110,8 @@ pub fn config_json(src: &Source) -> serde_json::Value {
             "class_token": true,
             "global_pool": "token",
             "reg_tokens": r,
-            "no_embed_class": r > 0,
+            "no_embed_class": r > 0 || cfg.no_embed_class,
+            "init_values": cfg.layer_scale,
             "num_classes": 0,
         },
         "pretrained_cfg": {
@@ -167,8 +172,11 @@ fn how_to_load(src: &Source, config: &serde_json::Value) -> String {
         args["depth"],
         args["num_heads"],
         args["reg_tokens"],
-        if src.model.num_register_tokens > 0 { "True" } else { "False" },
-    );
+        if args["no_embed_class"] == true { "True" } else { "False" },
+    ) + &match src.vit_config().layer_scale {
+        Some(v) => format!(", init_values={v:e}"),
+        None => String::new(),
+    };
     format!(
         r#"With timm (tested with timm 1.0.31), from this folder:
 

@@ -3,15 +3,18 @@
 mod head;
 mod init;
 mod multicrop;
+mod pos_embed;
+pub mod timm;
 mod units;
 mod vit;
 
 pub use head::{DinoHead, HeadConfig};
 pub use multicrop::{IbotForward, MultiCropNet};
+pub use pos_embed::{resample as resample_pos_embed, PosResample};
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
 
-use crate::config::{ChannelMode, Config};
+use crate::config::{ChannelMode, Config, ModelSection, PosEmbed};
 use std::collections::BTreeSet;
 use std::path::Path;
 use tch::{nn, Tensor};
@@ -38,7 +41,7 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
         ChannelMode::Bag => VitConfig::new(m.arch, m.patch_size, 1),
         ChannelMode::Tokens => VitConfig::new(m.arch, m.patch_size, in_chans).with_channel_tokens(),
     };
-    vit = vit.with_registers(m.num_register_tokens);
+    vit = with_layout(vit.with_registers(m.num_register_tokens), m);
     if cfg.train.ibot.enabled() {
         vit = vit.with_mask_token();
     }
@@ -49,6 +52,22 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
     let norm_last = !student || m.norm_last_layer;
     let head = HeadConfig::new(vit.embed_dim, m.out_dim as i64, m.use_bn_in_head, norm_last);
     (vit, head)
+}
+
+/// `vit` with the configured LayerScale and position-embedding layout (`model.layer_scale`,
+/// `model.pos_embed`).
+pub fn with_layout(vit: VitConfig, m: &ModelSection) -> VitConfig {
+    let (no_embed_class, pos_resample) = match m.pos_embed {
+        PosEmbed::Dino => (false, PosResample::Dino),
+        PosEmbed::Timm => (false, PosResample::Timm),
+        PosEmbed::TimmNoClass => (true, PosResample::Timm),
+    };
+    VitConfig {
+        layer_scale: m.layer_scale,
+        no_embed_class,
+        pos_resample,
+        ..vit
+    }
 }
 
 /// The separate iBOT head of the student (or teacher), when `train.ibot` asks for one: the

@@ -7,6 +7,7 @@
 //! input. Variable names mirror the PyTorch state dicts (DINO's; ChannelViT's
 //! `patch_embed.channel_embed`) so checkpoints load by name.
 use super::init::{orthogonal_rows, pytorch_default_uniform, trunc_normal_};
+use super::pos_embed::{resample, PosResample};
 use super::units::{module_name, names, Unit, UnitKind};
 use crate::config::Arch;
 use std::sync::Arc;
@@ -32,6 +33,14 @@ pub struct VitConfig {
     /// DINOv2's `mask_token` (iBOT): the embedding a masked patch is replaced by. Only models
     /// trained with iBOT have the parameter, so scDINO's stays as it was.
     pub mask_token: bool,
+    /// LayerScale (CaiT; DINOv2's `ls1.gamma`, `ls2.gamma`): each residual branch scaled per
+    /// channel by a learned vector initialised to this value. None: no LayerScale (DINO).
+    pub layer_scale: Option<f64>,
+    /// timm's `no_embed_class` (DINOv2's layout): `pos_embed` holds the patch positions only
+    /// (`[1, N, D]`) and the class token gets none. Otherwise `[1, 1 + N, D]`, DINO's.
+    pub no_embed_class: bool,
+    /// Whose code the position embeddings are resampled with for other input sizes.
+    pub pos_resample: PosResample,
 }
 
 impl VitConfig {
@@ -40,6 +49,7 @@ impl VitConfig {
             Arch::VitTiny => (192, 12, 3),
             Arch::VitSmall => (384, 12, 6),
             Arch::VitBase => (768, 12, 12),
+            Arch::VitLarge => (1024, 24, 16),
         };
         Self {
             embed_dim,
@@ -53,7 +63,16 @@ impl VitConfig {
             channel_tokens: false,
             num_register_tokens: 0,
             mask_token: false,
+            layer_scale: None,
+            no_embed_class: false,
+            pos_resample: PosResample::Dino,
         }
+    }
+
+    /// The number of position embeddings (the class position included unless
+    /// `no_embed_class`).
+    pub fn num_pos(&self) -> i64 {
+        self.grid() * self.grid() + i64::from(!self.no_embed_class)
     }
 
     pub fn with_mask_token(mut self) -> Self {
@@ -340,13 +359,42 @@ impl Mlp {
     }
 }
 
-/// Pre-norm transformer block: x + DropPath(Attn(LN(x))), then x + DropPath(MLP(LN(x))).
+/// timm's and DINOv2's `LayerScale`: the branch times a learned per-channel `gamma`.
+#[derive(Debug)]
+pub struct LayerScale {
+    gamma: Tensor,
+}
+
+impl LayerScale {
+    fn new(p: nn::Path, dim: i64, init: f64) -> Self {
+        Self {
+            gamma: p.var("gamma", &[dim], nn::Init::Const(init)),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x * &self.gamma
+    }
+}
+
+/// An optional LayerScale: the identity without one.
+fn scaled(ls: &Option<LayerScale>, x: Tensor) -> Tensor {
+    match ls {
+        Some(ls) => ls.forward(&x),
+        None => x,
+    }
+}
+
+/// Pre-norm transformer block: x + DropPath(LS1(Attn(LN(x)))), then
+/// x + DropPath(LS2(MLP(LN(x)))), the LayerScales only where the model has them.
 #[derive(Debug)]
 pub struct Block {
     norm1: nn::LayerNorm,
     attn: Attention,
+    ls1: Option<LayerScale>,
     norm2: nn::LayerNorm,
     mlp: Mlp,
+    ls2: Option<LayerScale>,
     drop_path: f64,
     name: String,
 }
@@ -357,8 +405,10 @@ impl Block {
         Self {
             norm1: layer_norm(&p / "norm1", d),
             attn: Attention::new(&p / "attn", d, cfg.num_heads),
+            ls1: cfg.layer_scale.map(|v| LayerScale::new(&p / "ls1", d, v)),
             norm2: layer_norm(&p / "norm2", d),
             mlp: Mlp::new(&p / "mlp", d, (d as f64 * cfg.mlp_ratio) as i64),
+            ls2: cfg.layer_scale.map(|v| LayerScale::new(&p / "ls2", d, v)),
             drop_path,
             name: module_name(&p),
         }
@@ -367,22 +417,22 @@ impl Block {
     fn param_names(&self) -> Vec<String> {
         let mut out = names(&self.name, &["norm1.weight", "norm1.bias"]);
         out.extend(self.attn.param_names());
+        if self.ls1.is_some() {
+            out.extend(names(&self.name, &["ls1.gamma"]));
+        }
         out.extend(names(&self.name, &["norm2.weight", "norm2.bias"]));
         out.extend(self.mlp.param_names());
+        if self.ls2.is_some() {
+            out.extend(names(&self.name, &["ls2.gamma"]));
+        }
         out
     }
 
     fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let x = x + drop_path(
-            &self.attn.forward(&self.norm1.forward(x)),
-            self.drop_path,
-            train,
-        );
-        &x + drop_path(
-            &self.mlp.forward(&self.norm2.forward(&x)),
-            self.drop_path,
-            train,
-        )
+        let attn = scaled(&self.ls1, self.attn.forward(&self.norm1.forward(x)));
+        let x = x + drop_path(&attn, self.drop_path, train);
+        let mlp = scaled(&self.ls2, self.mlp.forward(&self.norm2.forward(&x)));
+        &x + drop_path(&mlp, self.drop_path, train)
     }
 }
 
@@ -446,14 +496,13 @@ pub struct VisionTransformer {
 impl VisionTransformer {
     pub fn new(p: nn::Path, cfg: VitConfig) -> Self {
         let d = cfg.embed_dim;
-        let grid = cfg.grid();
         let patch_embed = if cfg.channel_tokens {
             Tokenizer::PerChannel(ChannelPatchEmbed::new(&p / "patch_embed", &cfg))
         } else {
             Tokenizer::Image(PatchEmbed::new(&p / "patch_embed", &cfg))
         };
         let cls_token = p.var("cls_token", &[1, 1, d], nn::Init::Const(0.0));
-        let pos_embed = p.var("pos_embed", &[1, grid * grid + 1, d], nn::Init::Const(0.0));
+        let pos_embed = p.var("pos_embed", &[1, cfg.num_pos(), d], nn::Init::Const(0.0));
         trunc_normal_(&pos_embed, 0.02);
         trunc_normal_(&cls_token, 0.02);
         // DINOv2: nn.init.normal_(self.register_tokens, std=1e-6).
@@ -543,32 +592,30 @@ impl VisionTransformer {
         &self.cfg
     }
 
-    /// Position embeddings for an `h × w` input: unchanged at the training grid, otherwise the
-    /// patch part resized with bicubic interpolation using DINO's `+0.1` scale factors (passed
-    /// to the kernel exactly, so results match `F.interpolate(..., scale_factor=...)`).
-    pub fn interpolate_pos_encoding(&self, npatch: i64, h: i64, w: i64) -> Tensor {
-        let n = self.pos_embed.size()[1] - 1;
-        if npatch == n && h == w {
-            return self.pos_embed.shallow_clone();
+    /// The position embeddings for an `h × w`-pixel input: the class position (None with
+    /// `no_embed_class`) and the patch positions `[1, patches, D]`, unchanged at the training
+    /// grid, otherwise resampled as the source's code does ([`PosResample`]).
+    pub fn interpolate_pos_encoding(&self, h: i64, w: i64) -> (Option<Tensor>, Tensor) {
+        let n = self.pos_embed.size()[1];
+        let (class_pos, patch_pos) = if self.cfg.no_embed_class {
+            (None, self.pos_embed.shallow_clone())
+        } else {
+            (
+                Some(self.pos_embed.narrow(1, 0, 1)),
+                self.pos_embed.narrow(1, 1, n - 1),
+            )
+        };
+        let p = self.cfg.patch_size;
+        let patch_pos = resample(&patch_pos, self.cfg.pos_resample, h / p, w / p);
+        (class_pos, patch_pos)
+    }
+
+    /// The `pos_embed` tensor (this model's layout) for `h × w`-pixel inputs.
+    pub fn pos_embed_for(&self, h: i64, w: i64) -> Tensor {
+        match self.interpolate_pos_encoding(h, w) {
+            (Some(class_pos), patch_pos) => Tensor::cat(&[class_pos, patch_pos], 1),
+            (None, patch_pos) => patch_pos,
         }
-        let d = self.cfg.embed_dim;
-        let class_pos = self.pos_embed.narrow(1, 0, 1);
-        let side = (n as f64).sqrt();
-        let h0 = (h / self.cfg.patch_size) as f64 + 0.1;
-        let w0 = (w / self.cfg.patch_size) as f64 + 0.1;
-        let (scale_h, scale_w) = (h0 / side, w0 / side);
-        let grid = side as i64;
-        let out_h = (grid as f64 * scale_h) as i64;
-        let out_w = (grid as f64 * scale_w) as i64;
-        let patch_pos = self
-            .pos_embed
-            .narrow(1, 1, n)
-            .reshape([1, grid, grid, d])
-            .permute([0, 3, 1, 2])
-            .upsample_bicubic2d([out_h, out_w], false, scale_h, scale_w)
-            .permute([0, 2, 3, 1])
-            .reshape([1, -1, d]);
-        Tensor::cat(&[class_pos, patch_pos], 1)
     }
 
     /// `[B, C, H, W]` → `[B, 1 + R + patches, D]`: CLS token prepended, positions added,
@@ -633,9 +680,15 @@ impl VisionTransformer {
         match &self.patch_embed {
             Tokenizer::Image(embed) => {
                 let patches = masked(embed.forward(x));
-                let npatch = patches.size()[1];
                 let cls = batch_expand(&self.cls_token, &patches);
-                Tensor::cat(&[cls, patches], 1) + self.interpolate_pos_encoding(npatch, h, w)
+                match self.interpolate_pos_encoding(h, w) {
+                    // DINO: concatenate, then add (one tensor, the same rounding as DINO).
+                    (Some(class_pos), patch_pos) => {
+                        Tensor::cat(&[cls, patches], 1) + Tensor::cat(&[class_pos, patch_pos], 1)
+                    }
+                    // timm's no_embed_class: add to the patches, then concatenate.
+                    (None, patch_pos) => Tensor::cat(&[cls, patches + patch_pos], 1),
+                }
             }
             Tokenizer::PerChannel(embed) => {
                 let index = channels.map(|channels| {
@@ -648,11 +701,12 @@ impl VisionTransformer {
                 });
                 let patches = masked(embed.forward(x, index.as_ref()));
                 let cls = batch_expand(&self.cls_token, &patches);
-                let per_channel = patches.size()[1] / c;
-                let pos = self.interpolate_pos_encoding(per_channel, h, w);
-                let cls_pos = pos.narrow(1, 0, 1);
-                let patch_pos = pos.narrow(1, 1, per_channel).repeat([1, c, 1]);
-                Tensor::cat(&[cls + cls_pos, patches + patch_pos], 1)
+                let (class_pos, patch_pos) = self.interpolate_pos_encoding(h, w);
+                let cls = match class_pos {
+                    Some(class_pos) => cls + class_pos,
+                    None => cls,
+                };
+                Tensor::cat(&[cls, patches + patch_pos.repeat([1, c, 1])], 1)
             }
         }
     }

@@ -30,6 +30,8 @@ pub enum TrainError {
     Precision(#[from] crate::precision::PrecisionError),
     #[error(transparent)]
     SampleOrder(#[from] super::sampler::NotPacked),
+    #[error(transparent)]
+    Init(#[from] super::init::InitError),
     /// A strategy asked to restore shards without a shard folder (a bug, not a user error).
     #[error("FSDP: no shard folder was given")]
     NoShardFolder,
@@ -49,7 +51,7 @@ pub enum TrainError {
          resuming would continue its sample order, split and schedules on other images. \
          Pass --allow-new-data (`trainer train` or `trainer pipeline`) to resume this run on \
          the new data, or give the new data a run of its own (another run.name); starting a \
-         new run from this run's weights is what the planned `model.init` key will do",
+         new run from this run's weights is what `model.init` (format: run) does",
         checkpoint.display()
     )]
     OtherDataset {

@@ -8,6 +8,7 @@ pub mod error;
 pub mod flops;
 pub mod foreach;
 pub mod ibot;
+pub mod init;
 pub mod input;
 pub mod koleo;
 pub mod loader;

@@ -49,6 +49,13 @@ pub fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     if m.num_register_tokens > 0 {
         fp["num_register_tokens"] = m.num_register_tokens.into();
     }
+    // Written only when set, so the fingerprints of earlier runs stay valid.
+    if let Some(ls) = m.layer_scale {
+        fp["layer_scale"] = ls.into();
+    }
+    if m.pos_embed != crate::config::PosEmbed::Dino {
+        fp["pos_embed"] = m.pos_embed.name().into();
+    }
     // iBOT adds the mask token and perhaps a head; its loss settings are not shapes.
     let ibot = &cfg.train.ibot;
     if ibot.enabled() {

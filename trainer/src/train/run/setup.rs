@@ -129,6 +129,11 @@ fn resume_and_distribute(
     rank: usize,
 ) -> Result<(Box<dyn ParallelStrategy>, Start), TrainError> {
     let resumed = resume::restore_latest(cfg, files, fingerprint, origin, learner, rank)?;
+    // A new run starts from `model.init` (every rank reads the same file, so every rank
+    // starts from the same weights before the strategy takes over); a resumed one does not.
+    if resumed.is_none() {
+        crate::train::init::apply(cfg, &cfg.model.init, &learner.nets)?;
+    }
     let Chosen {
         strategy,
         resumed_shards,

@@ -1,0 +1,326 @@
+//! `model.init`: a new run's student starts from pretrained weights (a timm folder, another
+//! run's checkpoint, a scDINO/DINO `.pth`) and the teacher from the student, once, before the
+//! first step; a resumed run continues from its own checkpoint instead.
+//!
+//! Nothing loads partly by accident: every student tensor must come from the source with its
+//! shape, every source tensor must be used, and the source's layout must be the configured
+//! one (naming the key to set), unless `strict: false`, which lists what it skipped. The patch
+//! embedding is the one tensor adapted, when the source has another channel count
+//! ([`adapt_patch_embed`]); position embeddings are resampled to the model's grid with the
+//! resampling of their layout.
+use super::step::Networks;
+use crate::analysis::backbone::BackboneWeights;
+use crate::checkpoint;
+use crate::config::{ChannelAdapt, CheckpointKey, Config, InitFormat, ModelInit};
+use crate::model::{timm, VitConfig};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+#[derive(Debug, thiserror::Error)]
+#[error("model.init.from {path}: {what}")]
+pub struct InitError {
+    pub path: PathBuf,
+    pub what: String,
+}
+
+/// What a source offers: backbone tensors under our names, the head's (`run` with
+/// `head: true`), the file they came from and, for timm, its layout.
+struct SourceWeights {
+    file: PathBuf,
+    backbone: BTreeMap<String, Tensor>,
+    head: BTreeMap<String, Tensor>,
+    layout: Option<VitConfig>,
+}
+
+/// What was loaded, and (with `strict: false`) what was not.
+#[derive(Debug, Default)]
+pub struct InitReport {
+    pub loaded: usize,
+    pub skipped: Vec<String>,
+}
+
+/// The patch-embedding kernel `w` (`[D, S, P, P]`) of a source with S channels for a model
+/// with `c` input channels. Every input channel contributes to each patch feature, so the
+/// kernels are scaled by S/C to keep the activations at the scale the rest of the network was
+/// trained on (for an image whose channels are all alike: exactly with `mean`, and with
+/// `repeat` when C is a multiple of S).
+/// - `repeat` (timm's `adapt_input_conv`): channel i takes source kernel i mod S; C = 1 sums
+///   them. Channels that correspond (DAPI first in both) keep their kernel.
+/// - `mean`: every channel takes the mean kernel: no channel is favoured when the run's
+///   channels have nothing to do with the source's (RGB to fluorescence).
+pub fn adapt_patch_embed(w: &Tensor, c: i64, how: ChannelAdapt) -> Tensor {
+    let s = w.size()[1];
+    if s == c {
+        return w.shallow_clone();
+    }
+    let w = w.to_kind(Kind::Float);
+    if c == 1 {
+        return w.sum_dim_intlist(1, true, Kind::Float);
+    }
+    let scale = s as f64 / c as f64;
+    match how {
+        ChannelAdapt::Repeat => {
+            let times = (c + s - 1) / s;
+            w.repeat([1, times, 1, 1]).narrow(1, 0, c) * scale
+        }
+        ChannelAdapt::Mean => w.mean_dim(1, true, Kind::Float).repeat([1, c, 1, 1]) * scale,
+    }
+}
+
+/// Loads `init` into the student of `nets` and copies it to the teacher (nothing without
+/// `init.from`).
+pub fn apply(cfg: &Config, init: &ModelInit, nets: &Networks) -> Result<InitReport, InitError> {
+    let Some(from) = &init.from else {
+        return Ok(InitReport::default());
+    };
+    let path = PathBuf::from(from);
+    let src = read_source(init, &path)?;
+    let student = nets.student.backbone.config();
+    if let Some(layout) = &src.layout {
+        check_layout(cfg, layout, student, &path)?;
+    }
+    let report = load_student(init, &src, nets, student)?;
+    tch::no_grad(|| {
+        let mut teacher = nets.teacher_vs.variables();
+        for (name, t) in nets.student_vs.variables() {
+            if let Some(dst) = teacher.get_mut(&name) {
+                dst.copy_(&t);
+            }
+        }
+    });
+    tracing::info!(
+        "model.init: {} tensors from {} ({:?}); the teacher starts equal to the student{}",
+        report.loaded,
+        src.file.display(),
+        init.format,
+        if report.skipped.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; skipped (model.init.strict: false): {}",
+                report.skipped.join("; ")
+            )
+        }
+    );
+    Ok(report)
+}
+
+fn read_source(init: &ModelInit, path: &Path) -> Result<SourceWeights, InitError> {
+    let err = |what: String| InitError {
+        path: path.to_path_buf(),
+        what,
+    };
+    match init.format {
+        InitFormat::Timm => {
+            let m = timm::read(path).map_err(|e| err(e.to_string()))?;
+            Ok(SourceWeights {
+                file: path.join("model.safetensors"),
+                backbone: m.tensors,
+                head: BTreeMap::new(),
+                layout: Some(m.cfg),
+            })
+        }
+        InitFormat::Run | InitFormat::Pth => {
+            let w = BackboneWeights::load(path, CheckpointKey::Teacher)
+                .map_err(|e| err(e.to_string()))?;
+            let head = if init.head {
+                let ck = checkpoint::load(path).map_err(|e| err(e.to_string()))?;
+                ck.tensors
+                    .iter()
+                    .filter_map(|(n, t)| {
+                        n.strip_prefix("teacher.")
+                            .filter(|n| n.starts_with("head."))
+                            .map(|n| (n.to_string(), t.shallow_clone()))
+                    })
+                    .collect()
+            } else {
+                BTreeMap::new()
+            };
+            Ok(SourceWeights {
+                file: path.to_path_buf(),
+                backbone: w.tensors.into_iter().collect(),
+                head,
+                layout: None,
+            })
+        }
+    }
+}
+
+/// The source's layout against the configured one: each difference names the config key,
+/// its value and the source's.
+fn check_layout(
+    cfg: &Config,
+    src: &VitConfig,
+    ours: &VitConfig,
+    path: &Path,
+) -> Result<(), InitError> {
+    let m = &cfg.model;
+    let pos = |c: &VitConfig| match (c.no_embed_class, c.pos_resample) {
+        (true, _) => "timm_no_class",
+        (false, crate::model::PosResample::Timm) => "timm",
+        (false, crate::model::PosResample::Dino) => "dino",
+    };
+    let ls = |c: &VitConfig| c.layer_scale.map(|_| "set (e.g. 1e-5)").unwrap_or("unset");
+    let arch = |c: &VitConfig| {
+        format!(
+            "width {}, depth {}, {} heads",
+            c.embed_dim, c.depth, c.num_heads
+        )
+    };
+    let checks: [(&str, String, String, bool); 5] = [
+        (
+            "model.arch",
+            format!("{:?} ({})", m.arch, arch(ours)),
+            arch(src),
+            (src.embed_dim, src.depth, src.num_heads)
+                == (ours.embed_dim, ours.depth, ours.num_heads),
+        ),
+        (
+            "model.patch_size",
+            ours.patch_size.to_string(),
+            src.patch_size.to_string(),
+            src.patch_size == ours.patch_size,
+        ),
+        (
+            "model.num_register_tokens",
+            ours.num_register_tokens.to_string(),
+            src.num_register_tokens.to_string(),
+            src.num_register_tokens == ours.num_register_tokens,
+        ),
+        (
+            "model.layer_scale",
+            ls(ours).into(),
+            ls(src).into(),
+            src.layer_scale.is_some() == ours.layer_scale.is_some(),
+        ),
+        (
+            "model.pos_embed",
+            pos(ours).into(),
+            pos(src).into(),
+            pos(src) == pos(ours),
+        ),
+    ];
+    for (key, configured, source, same) in checks {
+        if !same {
+            return Err(InitError {
+                path: path.to_path_buf(),
+                what: format!("the source has {key} = {source}, but the config gives {configured}; set {key} to the source's value"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Copies the source into the student (patch embedding adapted, positions resampled).
+fn load_student(
+    init: &ModelInit,
+    src: &SourceWeights,
+    nets: &Networks,
+    student: &VitConfig,
+) -> Result<InitReport, InitError> {
+    let file = src.file.display().to_string();
+    let mut report = InitReport::default();
+    let mut used = std::collections::BTreeSet::new();
+    let refuse = |report: &mut InitReport, what: String| -> Result<(), InitError> {
+        if init.strict {
+            Err(InitError {
+                path: src.file.clone(),
+                what: format!("{what} (model.init.strict: false skips it)"),
+            })
+        } else {
+            report.skipped.push(what);
+            Ok(())
+        }
+    };
+    let mut vars: Vec<(String, Tensor)> = nets.student_vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, var) in vars {
+        let (short, pool) = match name.strip_prefix("backbone.") {
+            Some(s) => (s, &src.backbone),
+            None if init.head && name.starts_with("head.") => (name.as_str(), &src.head),
+            None => continue,
+        };
+        let Some(t) = pool.get(short) else {
+            // Tensors a source cannot have: iBOT's mask token, ChannelViT's channel embedding
+            // (a fixed-channel source), both kept at their init.
+            if matches!(short, "mask_token" | "patch_embed.channel_embed") {
+                continue;
+            }
+            refuse(
+                &mut report,
+                format!("{file} has no tensor {short} for the model's {name}"),
+            )?;
+            continue;
+        };
+        used.insert(short.to_string());
+        let value = match short {
+            "patch_embed.proj.weight" => adapt_for(t, &var.size(), init.channels),
+            "pos_embed" => resample_pos(t, student),
+            _ => t.to_kind(Kind::Float),
+        };
+        if value.size() != var.size() {
+            refuse(
+                &mut report,
+                format!(
+                    "{file}: {short} has shape {:?}, the model's {name} needs {:?}",
+                    t.size(),
+                    var.size()
+                ),
+            )?;
+            continue;
+        }
+        tch::no_grad(|| var.shallow_clone().copy_(&value));
+        report.loaded += 1;
+    }
+    // iBOT's mask token only ever replaces masked patches in training.
+    let left = src.backbone.keys().chain(src.head.keys());
+    for name in left.filter(|n| !used.contains(*n) && *n != "mask_token") {
+        refuse(
+            &mut report,
+            format!("{file}: tensor {name} has no place in the model"),
+        )?;
+    }
+    Ok(report)
+}
+
+/// The source's patch kernel for a student patch embedding of shape `dst`: `[D, C, P, P]`
+/// (fixed channels), `[D, 1, P, P]` (bag) or ChannelViT's `[D, 1, 1, P, P]` (tokens), whose
+/// single-channel projection is the sum over the source's channels.
+fn adapt_for(w: &Tensor, dst: &[i64], how: ChannelAdapt) -> Tensor {
+    if w.dim() != 4 {
+        return w.to_kind(Kind::Float);
+    }
+    match dst.len() {
+        5 => adapt_patch_embed(w, 1, how).unsqueeze(1),
+        _ => adapt_patch_embed(w, dst[1], how),
+    }
+}
+
+/// The source's position embeddings resampled to the student's grid, the student's layout
+/// (the same as the source's, checked for timm) deciding the class position and method.
+fn resample_pos(t: &Tensor, student: &VitConfig) -> Tensor {
+    let t = t.to_kind(Kind::Float);
+    let n = t.size()[1];
+    let (class_pos, patch_pos) = if student.no_embed_class {
+        (None, t)
+    } else {
+        (Some(t.narrow(1, 0, 1)), t.narrow(1, 1, n - 1))
+    };
+    let g = student.grid();
+    let side = (patch_pos.size()[1] as f64).sqrt() as i64;
+    if side * side != patch_pos.size()[1] {
+        // Another layout: left as it is, for the shape check to refuse.
+        return t_all(class_pos, patch_pos);
+    }
+    let patch_pos = crate::model::resample_pos_embed(&patch_pos, student.pos_resample, g, g);
+    t_all(class_pos, patch_pos)
+}
+
+/// The class position (if any) and the patch positions as one `pos_embed`.
+fn t_all(class_pos: Option<Tensor>, patch_pos: Tensor) -> Tensor {
+    match class_pos {
+        Some(c) => Tensor::cat(&[c, patch_pos], 1),
+        None => patch_pos,
+    }
+}

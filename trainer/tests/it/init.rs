@@ -1,0 +1,296 @@
+//! `model.init`: channel adaptation against timm's `adapt_input_conv`; a timm source (made by
+//! timm, `tests/py/timm_oracle.py`) and another run's checkpoint load into the student, the
+//! teacher equal to it; layouts and tensors that do not fit are refused naming the key, the
+//! tensor and the file, or listed with `strict: false`; a real `trainer train` starts from
+//! `model.init` once and a resumed run does not.
+use super::util::{max_abs_diff, run_py_file, run_python, torch_rng_lock};
+use std::path::Path;
+use std::process::Command;
+use tch::{Device, Kind, Tensor};
+use trainer::analysis::backbone::BackboneWeights;
+use trainer::config::{ChannelAdapt, CheckpointKey, Config};
+use trainer::train::init::{adapt_patch_embed, apply};
+use trainer::train::step::Networks;
+
+#[test]
+fn repeat_is_timms_adapt_input_conv_and_mean_the_mean_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = Tensor::randn([8, 3, 4, 4], (Kind::Float, Device::Cpu));
+    let path = dir.path().join("w.safetensors");
+    Tensor::write_safetensors(&[("w", &w)], &path).unwrap();
+    let out = dir.path().join("timm.safetensors");
+    run_python(
+        "import sys\nfrom safetensors.torch import load_file, save_file\nfrom timm.models._manipulate import adapt_input_conv\nw = load_file(sys.argv[1])['w']\nsave_file({f'c{c}': adapt_input_conv(c, w.clone()).contiguous() for c in (1, 2, 3, 5)}, sys.argv[2])\n",
+        &[path.to_str().unwrap(), out.to_str().unwrap()],
+    );
+    let timm: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&out)
+        .unwrap()
+        .into_iter()
+        .collect();
+    for c in [1, 2, 3, 5] {
+        let ours = adapt_patch_embed(&w, c, ChannelAdapt::Repeat);
+        assert_eq!(ours.size(), [8, c, 4, 4]);
+        let d = max_abs_diff(&ours, &timm[&format!("c{c}")]);
+        assert!(d == 0.0, "C = {c}: |ours - timm| = {d}");
+        let mean = adapt_patch_embed(&w, c, ChannelAdapt::Mean);
+        let want = if c == 3 {
+            w.shallow_clone()
+        } else {
+            (w.mean_dim(1, true, Kind::Float) * (3.0 / c as f64)).repeat([1, c, 1, 1])
+        };
+        assert!(max_abs_diff(&mean, &want) < 1e-6, "mean, C = {c}");
+        // The mean kernel keeps the sum over the input channels.
+        let sum = |t: &Tensor| t.sum_dim_intlist(1, false, Kind::Float);
+        assert!(max_abs_diff(&sum(&mean), &sum(&w)) < 1e-5, "C = {c}");
+    }
+}
+
+fn config(init: &str, extra: &str) -> Config {
+    // vit_tiny unless `extra` names another architecture.
+    let arch = if extra.contains("arch:") {
+        ""
+    } else {
+        "  arch: vit_tiny\n"
+    };
+    Config::from_yaml(
+        &format!("data:\n  channel_names: [a, b, c, d, e]\n  channel_combinations: [\"01234\"]\nmodel:\n{arch}  out_dim: 64\n{extra}  init:\n{init}"),
+        "test.yaml",
+    )
+    .unwrap()
+}
+
+fn assert_teacher_is_student(nets: &Networks) {
+    let teacher = nets.teacher_vs.variables();
+    for (name, t) in nets.student_vs.variables() {
+        assert!(
+            t.equal(&teacher[&name]),
+            "teacher {name} differs from the student"
+        );
+    }
+}
+
+#[test]
+fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
+    let _rng = torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    run_py_file("timm_oracle.py", &[dir.path().to_str().unwrap()]);
+    let folder = dir.path().join("tiny");
+    let init = format!("    from: {}\n    format: timm\n", folder.display());
+    let layout = "  layer_scale: 1.0e-5\n  pos_embed: timm_no_class\n  num_register_tokens: 4\n";
+    let cfg = config(&init, layout);
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+    assert!(report.skipped.is_empty());
+    let source: std::collections::HashMap<String, Tensor> =
+        Tensor::read_safetensors(folder.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .collect();
+    let student = nets.student_vs.variables();
+    for (name, t) in &source {
+        let ours = match name.as_str() {
+            "reg_token" => "backbone.register_tokens".to_string(),
+            n => format!("backbone.{n}"),
+        };
+        let s = &student[&ours];
+        match name.as_str() {
+            "patch_embed.proj.weight" => {
+                let want = adapt_patch_embed(t, 5, ChannelAdapt::Repeat);
+                assert!(s.equal(&want), "{name} is the repeat adaptation");
+            }
+            // 2×2 patches at 32 px resampled (timm's way) to 14×14 at 224 px.
+            "pos_embed" => assert_eq!(s.size(), [1, 196, 192]),
+            _ => assert!(s.equal(t), "{name} loaded as it is"),
+        }
+    }
+    assert_teacher_is_student(&nets);
+
+    // A layout key the source contradicts: named with both values.
+    let cfg = config(
+        &init,
+        "  pos_embed: timm_no_class\n  num_register_tokens: 4\n",
+    );
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
+    assert!(
+        err.contains("model.layer_scale = set")
+            && err.contains("config gives unset")
+            && err.contains("tiny"),
+        "{err}"
+    );
+    let cfg = config(&init, "  layer_scale: 1.0e-5\n  num_register_tokens: 4\n");
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
+    assert!(
+        err.contains("model.pos_embed = timm_no_class") && err.contains("gives dino"),
+        "{err}"
+    );
+    let cfg = config(&init, "  arch: vit_small\n  layer_scale: 1.0e-5\n  pos_embed: timm_no_class\n  num_register_tokens: 4\n");
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
+    assert!(
+        err.contains("model.arch = width 192") && err.contains("VitSmall"),
+        "{err}"
+    );
+}
+
+/// `trainer train` for at most `steps` steps on `config`; returns stderr.
+fn train(config: &Path, steps: &str) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(["train", "--config", config.to_str().unwrap()])
+        .args(["--threads", "1", "--max-steps", steps])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{stderr}");
+    stderr + &String::from_utf8_lossy(&o.stdout)
+}
+
+#[test]
+fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
+    use trainer::data::{generate_synthetic, SynthOptions};
+    use trainer::train::run::model_dir;
+    let dir = tempfile::tempdir().unwrap();
+    generate_synthetic(&SynthOptions {
+        out: dir.path().join("data"),
+        seed: 4,
+        classes: 2,
+        per_class: 8,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    let yaml = |name: &str, model: &str| {
+        format!(
+            "run:\n  name: {name}\n  output_dir: {out}\n  seed: 5\ndata:\n  dataset_dir: {data}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  channel_combinations: [\"24\"]\n  num_workers: 1\nmodel:\n  arch: vit_tiny\n  out_dim: 64\n{model}train:\n  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n  precision: fp32\n  lr: 0.05\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n",
+            out = dir.path().join("out").display(),
+            data = dir.path().join("data/Training").display()
+        )
+    };
+    let first = dir.path().join("first.yaml");
+    std::fs::write(&first, yaml("first", "")).unwrap();
+    train(&first, "2");
+    let source = model_dir(&Config::load(&first).unwrap(), &[2, 4]).join("checkpoint.safetensors");
+    let trained = BackboneWeights::load(&source, CheckpointKey::Teacher).unwrap();
+
+    // In process: the student's backbone (and with head: true its head) is the run's teacher.
+    let init = format!(
+        "  init:\n    from: {}\n    format: run\n    head: true\n",
+        source.display()
+    );
+    let cfg = Config::from_yaml(&yaml("second", &init), "second.yaml").unwrap();
+    let nets = Networks::new(&cfg, 2, Device::Cpu);
+    apply(&cfg, &cfg.model.init, &nets).unwrap();
+    let student = nets.student_vs.variables();
+    for (name, t) in &trained.tensors {
+        assert!(
+            student[&format!("backbone.{name}")].equal(&t.to_kind(Kind::Float)),
+            "{name}"
+        );
+    }
+    let ck = trainer::checkpoint::load(&source).unwrap();
+    for (name, t) in &ck.tensors {
+        if let Some(head) = name.strip_prefix("teacher.head.") {
+            assert!(student[&format!("head.{head}")].equal(t), "head.{head}");
+        }
+    }
+    assert_teacher_is_student(&nets);
+
+    // A model the checkpoint does not fit: refused naming the tensor and the file, or
+    // skipped and listed with strict: false.
+    let bad = format!(
+        "  layer_scale: 1.0e-5\n  init:\n    from: {}\n    format: run\n",
+        source.display()
+    );
+    let cfg = Config::from_yaml(&yaml("third", &bad), "third.yaml").unwrap();
+    let nets = Networks::new(&cfg, 2, Device::Cpu);
+    let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
+    assert!(
+        err.contains("blocks.0.ls1.gamma")
+            && err.contains("checkpoint.safetensors")
+            && err.contains("model.init"),
+        "{err}"
+    );
+    let lax = bad.clone() + "    strict: false\n";
+    let cfg = Config::from_yaml(&yaml("third", &lax), "third.yaml").unwrap();
+    let nets = Networks::new(&cfg, 2, Device::Cpu);
+    let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+    assert_eq!(report.skipped.len(), 24, "{:?}", report.skipped);
+
+    // A real run starts from it once; run again, it resumes and does not re-initialise.
+    let second = dir.path().join("second.yaml");
+    let init = format!("  init:\n    from: {}\n    format: run\n", source.display());
+    std::fs::write(&second, yaml("second", &init)).unwrap();
+    let log = train(&second, "1");
+    assert!(
+        log.contains("model.init: ") && log.contains("the teacher starts equal to the student"),
+        "{log}"
+    );
+    let log = train(&second, "2");
+    assert!(
+        !log.contains("model.init: "),
+        "a resumed run was initialised again: {log}"
+    );
+}
+
+#[test]
+fn model_init_keys_are_validated() {
+    let base = "data:\n  channel_names: [a]\n  channel_combinations: [\"0\"]\nmodel:\n  init:\n";
+    let err = Config::from_yaml(
+        &format!("{base}    from: x\n    format: timm\n    head: true\n"),
+        "c.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("c.yaml:") && err.contains("model.init.head"),
+        "{err}"
+    );
+    let err = Config::from_yaml(&format!("{base}    from: x\n    format: onnx\n"), "c.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("format") && err.contains("onnx"), "{err}");
+    let err = Config::from_yaml(
+        &format!("{base}    from: x\n    format: timm\n    colour: 1\n"),
+        "c.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("colour"), "{err}");
+    let err = Config::from_yaml(
+        &format!("{base}    from: \"\"\n    format: timm\n"),
+        "c.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("model.init.from"), "{err}");
+}
+
+#[test]
+fn pth_init_loads_the_backbone_with_mean_adaptation() {
+    let _rng = torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let pth = dir.path().join("bare.pth");
+    run_py_file(
+        "pth_oracle.py",
+        &["bare", pth.to_str().unwrap(), "3", "7", "float32"],
+    );
+    let init = format!(
+        "    from: {}\n    format: pth\n    channels: mean\n",
+        pth.display()
+    );
+    let cfg = config(&init, "");
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+    let source = BackboneWeights::load(&pth, CheckpointKey::Teacher).unwrap();
+    assert_eq!(report.loaded, source.tensors.len());
+    let student = nets.student_vs.variables();
+    for (name, t) in &source.tensors {
+        let s = &student[&format!("backbone.{name}")];
+        let want = match name.as_str() {
+            "patch_embed.proj.weight" => adapt_patch_embed(t, 5, ChannelAdapt::Mean),
+            _ => t.shallow_clone(),
+        };
+        assert!(s.equal(&want), "{name}");
+    }
+    assert_teacher_is_student(&nets);
+}
