@@ -9,7 +9,7 @@
 //! distribution as DINOv2 (block rectangles of log-uniform aspect ratio, per-image mask ratios
 //! spread evenly over the configured range), not the same draws.
 use super::loss::{sinkhorn_knopp, SINKHORN_ITERATIONS};
-use super::terms::{LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
+use super::term::{LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
 use crate::config::Centering;
 use crate::dist::group::DistError;
 use crate::dist::Collective;

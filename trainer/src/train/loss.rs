@@ -1,6 +1,6 @@
 //! DINO loss: cross-entropy between the sharpened, centred teacher distribution on the two
 //! global crops and the student distribution on every other crop (scDINO `DINOLoss`).
-use super::terms::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
+use super::term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
 use crate::config::{Centering, Config};
 use crate::dist::group::DistError;
 use crate::dist::Collective;

@@ -21,4 +21,5 @@ pub mod schedule;
 pub mod step;
 pub mod strategy;
 pub mod telemetry;
+pub mod term;
 pub mod terms;

@@ -7,114 +7,14 @@
 use super::ibot::IbotObjective;
 use super::koleo::KoLeoTerm;
 use super::loss::{DinoTerm, TeacherTargets};
+pub use super::term::{
+    LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo,
+};
 use crate::config::Config;
 use crate::dist::group::DistError;
 use crate::dist::Collective;
 use std::any::Any;
 use tch::{Device, Tensor};
-
-/// How a term is named wherever it is shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TermInfo {
-    /// The key: `{name}_loss` in JSON logs, `train/{name}_loss` in TensorBoard,
-    /// `scdino_train_{name}_loss` in Prometheus.
-    pub name: &'static str,
-    /// The progress line's label (`= DINO 6.22 + KoLeo -0.31`).
-    pub label: &'static str,
-    /// The Prometheus gauge's help text.
-    pub help: &'static str,
-}
-
-/// The teacher's outputs on the two global crops, as the step's forward gives them.
-pub struct TeacherOutputs {
-    /// CLS logits, `[2·B, K]`.
-    pub logits: Tensor,
-    /// With masks: the masked patches' logits `[M, K']` (the unmasked crop's tokens there).
-    pub patch_logits: Option<Tensor>,
-}
-
-/// The student's outputs on every crop.
-pub struct StudentOutputs {
-    /// Head logits, `[ncrops·B, K]`.
-    pub logits: Tensor,
-    /// The backbone's CLS tokens, `[ncrops·B, D]` (global crops first).
-    pub cls: Tensor,
-    /// With masks: the masked patches' logits `[M, K']`.
-    pub patch_logits: Option<Tensor>,
-}
-
-/// What every term knows of the step it is computed in.
-pub struct StepContext<'a> {
-    pub epoch: usize,
-    /// The DINO teacher temperature of the epoch.
-    pub teacher_temp: f64,
-    /// Images per crop on this rank.
-    pub batch: i64,
-    /// The masks the forwards applied (`[2·B, tokens]`), when a term asked for them.
-    pub masks: Option<&'a Tensor>,
-}
-
-/// What a term that masks patches needs to draw this rank's masks.
-pub struct MaskRequest {
-    /// Global-crop images on this rank (2·B).
-    pub images: usize,
-    /// The patch grid of a global crop (rows, columns).
-    pub grid: (usize, usize),
-    /// Tokens per patch position (ChannelViT: one per channel of the step; 1 otherwise).
-    pub token_channels: usize,
-    /// The step's generator seed (`StepParams::rng_seed`).
-    pub step_seed: i64,
-    pub rank: usize,
-    pub device: Device,
-}
-
-/// One term of the loss. Every rank calls every method in the same order (some are
-/// collectives). The phases follow the step: masks before the teacher, targets after it,
-/// the value with the student's outputs, then the running state's update.
-pub trait LossTerm: Any + Send {
-    fn info(&self) -> &'static TermInfo;
-    /// True: the value is computed under the precision's autocast, with the student's
-    /// forward; false: after it, in fp32 (KoLeo, as DINOv2). The total adds the autocast
-    /// terms first, each in list order.
-    fn autocast(&self) -> bool {
-        true
-    }
-    /// Patch masks the forwards should apply to the global crops (`[2·B, tokens]`, bool);
-    /// at most one term asks for them.
-    fn masks(&self, _request: &MaskRequest) -> Option<Tensor> {
-        None
-    }
-    /// After the teacher's forward (no gradient): the targets [`LossTerm::value`] will use.
-    fn targets(
-        &mut self,
-        _teacher: &TeacherOutputs,
-        _ctx: &StepContext,
-        _group: &mut dyn Collective,
-    ) -> Result<(), DistError> {
-        Ok(())
-    }
-    /// This rank's value of the term, weight included: a differentiable scalar.
-    fn value(
-        &self,
-        student: &StudentOutputs,
-        teacher: &TeacherOutputs,
-        ctx: &StepContext,
-    ) -> Tensor;
-    /// After the value: moves the running state (centres) past this step's teacher outputs.
-    fn update(
-        &mut self,
-        _teacher: &TeacherOutputs,
-        _ctx: &StepContext,
-        _group: &mut dyn Collective,
-    ) -> Result<(), DistError> {
-        Ok(())
-    }
-    /// The running state checkpoints hold, under DINOv2's names; the tensors share the
-    /// term's storage, so a restore copies into them.
-    fn state(&self) -> Vec<(&'static str, Tensor)> {
-        Vec::new()
-    }
-}
 
 /// A kind of term: the term `cfg` asks for, None when its section leaves it off.
 type TermKind = fn(&Config, Device) -> Option<Box<dyn LossTerm>>;
