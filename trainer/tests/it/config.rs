@@ -185,7 +185,7 @@ fn s3_cache_and_corrupt_keys_are_strict_and_checked() {
             "data.s3.shard_chunk_bytes",
         ),
         ("data:\n  dataset_dir: s3:///x\n", "bucket"),
-        ("data:\n  dataset_dir: gs://b/x\n", "s3://"),
+        ("data:\n  dataset_dir: hdfs://b/x\n", "s3://"),
     ] {
         let e = Config::from_yaml(yaml, "t").unwrap_err().to_string();
         assert!(e.contains(needle), "{yaml}: {e}");
