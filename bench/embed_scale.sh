@@ -69,10 +69,12 @@ for m in smaller:
 print(f"screen: {n} paths over {len(files)} distinct images")
 PYEOF
 
+# `exec`: the background job below must BE the trainer, so that its SIGKILL reaches the
+# trainer (killing a subshell leaves its child running).
 embed() { # out [extra args...]
   local out=$1
   shift
-  env OMP_NUM_THREADS="$THREADS" "$TRAINER" embed --checkpoint "$CKPT" --images "$WORK/screen" \
+  exec env OMP_NUM_THREADS="$THREADS" "$TRAINER" embed --checkpoint "$CKPT" --images "$WORK/screen" \
     --path-pattern '{Plate}/{Well}/{Cell}.tiff' --out "$out" --batch-size "$BATCH" \
     --readers "$READERS" --part-size "$PART" --device cpu "$@"
 }
