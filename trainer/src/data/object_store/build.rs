@@ -26,6 +26,21 @@ pub(super) struct Built {
     pub check: CredentialCheck,
 }
 
+impl Built {
+    /// The check fetches one credential from the store's own provider, whatever its kind.
+    fn new<C: Send + Sync + 'static>(
+        store: impl ObjectStore,
+        credentials: CredentialSource,
+        provider: Arc<dyn ::object_store::CredentialProvider<Credential = C>>,
+    ) -> Self {
+        Self {
+            store: Arc::new(store),
+            credentials,
+            check: Box::pin(async move { provider.get_credential().await.map(|_| ()) }),
+        }
+    }
+}
+
 /// The client settings every store's builder takes as config keys: set this way, not with
 /// `with_client_options`, which would replace what `from_env` read (`*_ALLOW_HTTP`,
 /// `*_PROXY_URL`, ...).
@@ -78,11 +93,7 @@ pub(super) fn build_store(url: &StoreUrl, s3: &S3Section) -> Result<Built, DataE
             let credentials = CredentialSource::of_s3(&b);
             let store = b.build().map_err(refused)?;
             let provider = store.credentials().clone();
-            Ok(Built {
-                store: Arc::new(store),
-                credentials,
-                check: Box::pin(async move { provider.get_credential().await.map(|_| ()) }),
-            })
+            Ok(Built::new(store, credentials, provider))
         }
         Scheme::Gcs => {
             let mut b = GoogleCloudStorageBuilder::from_env().with_bucket_name(url.bucket());
@@ -95,11 +106,7 @@ pub(super) fn build_store(url: &StoreUrl, s3: &S3Section) -> Result<Built, DataE
             let credentials = CredentialSource::of_gcs(&b);
             let store = b.with_retry(retry(s3)).build().map_err(refused)?;
             let provider = store.credentials().clone();
-            Ok(Built {
-                store: Arc::new(store),
-                credentials,
-                check: Box::pin(async move { provider.get_credential().await.map(|_| ()) }),
-            })
+            Ok(Built::new(store, credentials, provider))
         }
         Scheme::Azure => {
             let mut b = MicrosoftAzureBuilder::from_env().with_container_name(url.bucket());
@@ -112,11 +119,7 @@ pub(super) fn build_store(url: &StoreUrl, s3: &S3Section) -> Result<Built, DataE
             let credentials = CredentialSource::of_azure(&b);
             let store = b.with_retry(retry(s3)).build().map_err(refused)?;
             let provider = store.credentials().clone();
-            Ok(Built {
-                store: Arc::new(store),
-                credentials,
-                check: Box::pin(async move { provider.get_credential().await.map(|_| ()) }),
-            })
+            Ok(Built::new(store, credentials, provider))
         }
     }
 }
