@@ -363,6 +363,9 @@ fn epoch_known(meta: &checkpoint::CheckpointMeta) -> bool {
 /// [`BackboneWeights::tag`] without loading any weights: our checkpoints' safetensors header,
 /// or a `.pth` file's pickle (its storages are not read).
 pub fn checkpoint_tag(path: &Path) -> Result<String, BackboneError> {
+    if crate::analysis::pretrained::is_timm_folder(path) {
+        return Ok(crate::analysis::pretrained::tag(path));
+    }
     let epoch = match pth::sniff(path)? {
         FileKind::Zip | FileKind::LegacyPickle => PthFile::open(path)?
             .root()
