@@ -294,3 +294,69 @@ fn pth_init_loads_the_backbone_with_mean_adaptation() {
     }
     assert_teacher_is_student(&nets);
 }
+
+/// DINOv2's own `.pth` (`tests/py/dinov2_oracle.py`: DINOv2's `DinoVisionTransformer` with its
+/// `interpolate_pos_encoding` copied from the dinov2 repository) as `model.init format: pth`:
+/// an original model (class position, `interpolate_offset=0.1`, chunked blocks, a training
+/// checkpoint's `teacher`) with `pos_embed: dino`, a register model (`interpolate_offset=0`,
+/// antialiased, a bare hub state dict) with `pos_embed: timm`. The positions resampled from
+/// the source's 3×3 grid to the run's 16×16 are DINOv2's, and so are the CLS features at
+/// 224 px; the other resampling gives other positions.
+#[test]
+fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
+    let _rng = torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    run_py_file("dinov2_oracle.py", &[dir.path().to_str().unwrap()]);
+    let config = |name: &str, registers: usize, pos_embed: &str| {
+        Config::from_yaml(
+            &format!("data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  arch: vit_tiny\n  patch_size: 14\n  num_register_tokens: {registers}\n  layer_scale: 1.0e-5\n  pos_embed: {pos_embed}\n  out_dim: 64\n  init:\n    from: {}\n    format: pth\n", dir.path().join(format!("{name}.pth")).display()),
+            "test.yaml",
+        )
+        .unwrap()
+    };
+    for (name, registers, pos_embed, other) in
+        [("v1", 0, "dino", "timm"), ("reg", 4, "timm", "dino")]
+    {
+        let want: std::collections::HashMap<String, Tensor> =
+            Tensor::read_safetensors(dir.path().join(format!("{name}.safetensors")))
+                .unwrap()
+                .into_iter()
+                .collect();
+        let cfg = config(name, registers, pos_embed);
+        let nets = Networks::new(&cfg, 3, Device::Cpu);
+        let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+        assert!(report.skipped.is_empty(), "{name}: {:?}", report.skipped);
+        // 12 blocks × 14 tensors, patch embedding (2), cls, pos, norm (2), the registers
+        // (DINOv2's mask_token has no place in a model without iBOT).
+        assert_eq!(
+            report.loaded,
+            12 * 14 + 6 + usize::from(registers > 0),
+            "{name}"
+        );
+        let pos = &nets.student_vs.variables()["backbone.pos_embed"];
+        let diff = max_abs_diff(pos, &want["pos"]);
+        assert!(
+            diff < 1e-6,
+            "{name}: positions differ from DINOv2's by {diff}"
+        );
+        let ours = tch::no_grad(|| nets.student.backbone.forward_t(&want["x"], false));
+        let diff = max_abs_diff(&ours, &want["y"]);
+        assert!(diff < 1e-5, "{name}: |ours - DINOv2| = {diff}");
+        assert!(
+            want["y"].abs().max().double_value(&[]) > 0.1,
+            "features are not trivial"
+        );
+        assert_teacher_is_student(&nets);
+        let cfg = config(name, registers, other);
+        let nets = Networks::new(&cfg, 3, Device::Cpu);
+        apply(&cfg, &cfg.model.init, &nets).unwrap();
+        let apart = max_abs_diff(
+            &nets.student_vs.variables()["backbone.pos_embed"],
+            &want["pos"],
+        );
+        assert!(
+            apart > 1e-4,
+            "{name}: pos_embed: {other} resamples alike ({apart})"
+        );
+    }
+}
