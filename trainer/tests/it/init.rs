@@ -360,3 +360,80 @@ fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
         );
     }
 }
+
+/// The sum of |x| over a network's variables in name order, as the trainer's rank checksum.
+fn checksum(vs: &tch::nn::VarStore) -> f64 {
+    let mut vars: Vec<_> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.iter()
+        .map(|(_, t)| t.abs().sum(Kind::Double).double_value(&[]))
+        .sum()
+}
+
+/// DDP and FSDP over 2 real processes (`trainer launch`, Gloo on 127.0.0.1) start from
+/// `model.init`: every rank's student at the start (after rank 0's broadcast and FSDP's
+/// sharding) has the checksum of the student this process builds and initialises from the
+/// same source (a bare DINO `.pth` of 3 channels, repeat-adapted to the run's 2), which a
+/// student left at its own initialisation does not have.
+#[test]
+fn ddp_and_fsdp_ranks_all_start_from_model_init() {
+    use trainer::train::step::Learner;
+    let _rng = torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let pth = dir.path().join("bare.pth");
+    run_py_file(
+        "pth_oracle.py",
+        &["bare", pth.to_str().unwrap(), "3", "7", "float32"],
+    );
+    trainer::data::generate_synthetic(&trainer::data::SynthOptions {
+        out: dir.path().join("data"),
+        seed: 4,
+        classes: 2,
+        per_class: 5,
+        size: 24,
+        channels: 3,
+        ..Default::default()
+    })
+    .unwrap();
+    for (strategy, port) in [("ddp", "29851"), ("fsdp", "29853")] {
+        let yaml = format!(
+            "run:\n  name: {strategy}\n  output_dir: {out}\n  seed: 3\ndata:\n  dataset_dir: {data}\n  channel_names: [a, b, c]\n  channel_combinations: [\"02\"]\n  num_workers: 1\nmodel:\n  arch: vit_tiny\n  out_dim: 64\n  init:\n    from: {pth}\n    format: pth\ntrain:\n  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n  precision: fp32\n  strategy: {strategy}\n  dist_timeout_seconds: 60\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\n",
+            out = dir.path().join("out").display(),
+            data = dir.path().join("data/Training").display(),
+            pth = pth.display(),
+        );
+        let path = dir.path().join(format!("{strategy}.yaml"));
+        std::fs::write(&path, &yaml).unwrap();
+        let cfg = Config::from_yaml(&yaml, "test.yaml").unwrap();
+        let learner = Learner::from_config(&cfg, 2, Device::Cpu).unwrap();
+        let fresh = checksum(&learner.nets.student_vs);
+        apply(&cfg, &cfg.model.init, &learner.nets).unwrap();
+        let want = checksum(&learner.nets.student_vs);
+        assert!((fresh - want).abs() > 1e-3 * want, "{fresh} vs {want}");
+        let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["launch", "--nproc", "2", "--master-port", port, "--"])
+            .args(["train", "--config", path.to_str().unwrap()])
+            .args(["--threads", "1", "--max-steps", "1"])
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{strategy}: {stderr}");
+        let sums: Vec<(String, f64)> = stderr
+            .lines()
+            .filter_map(|l| {
+                let (rank, rest) = l.split_once("student checksum at the start ")?;
+                let value = rest.split_whitespace().next()?.parse().ok()?;
+                Some((rank[..rank.find(']')? + 1].to_string(), value))
+            })
+            .collect();
+        assert_eq!(sums.len(), 2, "{strategy}: {stderr}");
+        assert_ne!(sums[0].0, sums[1].0, "{strategy}: one line per rank");
+        for (rank, sum) in sums {
+            assert!(
+                (sum - want).abs() <= 1e-9 * want,
+                "{strategy} {rank}: starts from checksum {sum}, model.init gives {want}"
+            );
+        }
+    }
+}
