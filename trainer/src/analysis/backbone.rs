@@ -93,10 +93,22 @@ fn key_name(key: CheckpointKey) -> &'static str {
 }
 
 /// DINO's renaming: `module.backbone.blocks.0...` -> `blocks.0...`; `None` for head weights.
-fn backbone_name(name: &str) -> Option<&str> {
+/// DINOv2's chunked blocks (`block_chunks > 0`, for FSDP: `blocks.{chunk}.{block}...`, the
+/// block index counted over the whole network) lose their chunk index.
+fn backbone_name(name: &str) -> Option<String> {
     let name = name.strip_prefix("module.").unwrap_or(name);
     let name = name.strip_prefix("backbone.").unwrap_or(name);
-    (!name.starts_with("head.")).then_some(name)
+    if name.starts_with("head.") {
+        return None;
+    }
+    let parts: Vec<&str> = name.splitn(4, '.').collect();
+    let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match parts[..] {
+        ["blocks", chunk, block, rest] if numeric(chunk) && numeric(block) => {
+            Some(format!("blocks.{block}.{rest}"))
+        }
+        _ => Some(name.to_string()),
+    }
 }
 
 impl BackboneWeights {
@@ -148,7 +160,7 @@ impl BackboneWeights {
         let mut tensors = HashMap::new();
         for (name, t) in f.tensors_of(&dict) {
             if let Some(short) = backbone_name(&name) {
-                tensors.insert(short.to_string(), f.tensor(&t)?);
+                tensors.insert(short, f.tensor(&t)?);
             }
         }
         if tensors.is_empty() {
@@ -185,7 +197,7 @@ impl BackboneWeights {
             .iter()
             .filter_map(|(name, t)| {
                 let short = backbone_name(name.strip_prefix(&prefix)?)?;
-                Some((short.to_string(), t.shallow_clone()))
+                Some((short, t.shallow_clone()))
             })
             .collect();
         if tensors.is_empty() {
@@ -363,6 +375,9 @@ fn epoch_known(meta: &checkpoint::CheckpointMeta) -> bool {
 /// [`BackboneWeights::tag`] without loading any weights: our checkpoints' safetensors header,
 /// or a `.pth` file's pickle (its storages are not read).
 pub fn checkpoint_tag(path: &Path) -> Result<String, BackboneError> {
+    if crate::analysis::pretrained::is_timm_folder(path) {
+        return Ok(crate::analysis::pretrained::tag(path));
+    }
     let epoch = match pth::sniff(path)? {
         FileKind::Zip | FileKind::LegacyPickle => PthFile::open(path)?
             .root()
@@ -383,12 +398,22 @@ mod tests {
 
     #[test]
     fn dino_renaming() {
+        let some = |s: &str| Some(s.to_string());
         assert_eq!(
             backbone_name("module.backbone.blocks.0.attn.qkv.weight"),
-            Some("blocks.0.attn.qkv.weight")
+            some("blocks.0.attn.qkv.weight")
         );
-        assert_eq!(backbone_name("backbone.cls_token"), Some("cls_token"));
-        assert_eq!(backbone_name("pos_embed"), Some("pos_embed"));
+        assert_eq!(backbone_name("backbone.cls_token"), some("cls_token"));
+        assert_eq!(backbone_name("pos_embed"), some("pos_embed"));
+        // DINOv2's chunked blocks.
+        assert_eq!(
+            backbone_name("backbone.blocks.1.7.ls1.gamma"),
+            some("blocks.7.ls1.gamma")
+        );
+        assert_eq!(
+            backbone_name("blocks.11.mlp.fc1.bias"),
+            some("blocks.11.mlp.fc1.bias")
+        );
         assert_eq!(backbone_name("module.head.mlp.0.weight"), None);
         assert_eq!(backbone_name("head.last_layer.weight_g"), None);
     }

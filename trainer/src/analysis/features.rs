@@ -4,6 +4,7 @@
 //! L2 normalisation. Features, labels and paths are produced together, so they cannot drift
 //! apart (scDINO ran two jobs and relied on the sampler order matching).
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
+use crate::analysis::pretrained::{self, InputSize};
 use crate::checkpoint;
 use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
 use crate::data::mean_std::MeanStd;
@@ -22,6 +23,8 @@ pub enum FeaturesError {
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error(transparent)]
     Backbone(#[from] BackboneError),
+    #[error(transparent)]
+    Pretrained(#[from] crate::analysis::pretrained::PretrainedError),
     #[error(transparent)]
     MeanStd(#[from] crate::data::mean_std::MeanStdError),
     #[error(transparent)]
@@ -492,14 +495,21 @@ pub fn extract_indices(
         .cloned()
         .ok_or(FeaturesError::NoCombination { index: combination })?;
     let f = &cfg.downstream.features;
-    let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
     // The forward passes run on `train.device` (this process's GPU on a GPU node); images are
     // prepared and features collected on the CPU.
     let device = crate::device::resolve_for_this_process(cfg.train.device)?;
-    let (_vs, embedder) = load_embedder(cfg, &weights, &channels, device)?;
+    let (_vs, embedder, preparer, tag, epoch) = if pretrained::is_timm_folder(checkpoint_path) {
+        let p = pretrained::for_config(cfg, &channels, checkpoint_path, device)?;
+        let tag = pretrained::tag(checkpoint_path);
+        (p.vs, p.embedder, p.preparer, tag, None)
+    } else {
+        let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
+        let (vs, embedder) = load_embedder(cfg, &weights, &channels, device)?;
+        let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);
+        let preparer = Preparer::new(cfg, &channels, mean, std);
+        (vs, embedder, preparer, weights.tag(), weights.epoch)
+    };
     let index = source.index();
-    let (mean, std) = mean_std.select(&channels, &cfg.data.channel_names);
-    let preparer = Preparer::new(cfg, &channels, mean, std);
     let mut rows = Vec::new();
     // A streaming source fetches these images ahead of the forward passes.
     source.will_read(indices);
@@ -531,9 +541,9 @@ pub fn extract_indices(
             .map(|&i| index.samples[i].path.display().to_string())
             .collect(),
         indices: indices.to_vec(),
-        tag: weights.tag(),
+        tag,
         checkpoint: checkpoint_path.display().to_string(),
-        checkpoint_epoch: weights.epoch,
+        checkpoint_epoch: epoch,
     })
 }
 
@@ -564,6 +574,8 @@ pub struct Preparer {
     names: Vec<String>,
     opts: PreprocessOptions,
     resize: Option<usize>,
+    /// A pretrained model's own input size (instead of `resize`).
+    input: Option<InputSize>,
     /// Per selected channel, when `downstream.features.normalize`.
     normalize: Option<(Vec<f32>, Vec<f32>)>,
 }
@@ -582,7 +594,34 @@ impl Preparer {
                 center_crop: cfg.data.center_crop,
             },
             resize: f.resize.then_some(f.resize_length),
+            input: None,
             normalize: f.normalize.then_some((mean, std)),
+        }
+    }
+
+    /// For a pretrained model ([`pretrained`]): the file channels `channels` of images with
+    /// `file_channels` channels named `names`, centre-cropped and min–max scaled as in every
+    /// stage, resized to the model's `input` size and normalised with its `mean`/`std`.
+    pub fn pretrained(
+        file_channels: usize,
+        channels: &[usize],
+        names: Vec<String>,
+        center_crop: usize,
+        input: InputSize,
+        mean: Vec<f32>,
+        std: Vec<f32>,
+    ) -> Self {
+        Self {
+            channels: channels.to_vec(),
+            file_channels,
+            names,
+            opts: PreprocessOptions {
+                selected_channels: Some(channels.to_vec()),
+                center_crop,
+            },
+            resize: None,
+            input: Some(input),
+            normalize: Some((mean, std)),
         }
     }
 
@@ -604,6 +643,9 @@ impl Preparer {
                 .unsqueeze(0)
                 .upsample_bilinear2d([h, w], false, None, None)
                 .squeeze_dim(0);
+        }
+        if let Some(input) = &self.input {
+            x = input.resize(&x);
         }
         if let Some((mean, std)) = &self.normalize {
             let m = Tensor::from_slice(mean).reshape([-1, 1, 1]);
@@ -814,11 +856,10 @@ pub fn provenance(
     set: &FeatureSet,
 ) -> Result<crate::analysis::evaluate::Provenance, FeaturesError> {
     let path = Path::new(&set.checkpoint);
-    let (_, sha256) =
-        crate::data::shards::pack::sha256_file(path).map_err(|source| FeaturesError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let sha256 = pretrained::checkpoint_sha256(path).map_err(|source| FeaturesError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(crate::analysis::evaluate::Provenance {
         checkpoint: set.checkpoint.clone(),
         checkpoint_sha256: sha256,

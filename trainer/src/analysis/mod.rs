@@ -6,5 +6,6 @@ pub mod evaluate;
 pub mod features;
 pub mod knn;
 pub mod linear_probe;
+pub mod pretrained;
 pub mod profiles;
 pub mod umap;

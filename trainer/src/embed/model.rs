@@ -11,6 +11,8 @@ use crate::pth::{self, FileKind};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
 
+mod timm_folder;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
@@ -49,6 +51,9 @@ impl Model {
             path: path.to_path_buf(),
             what,
         };
+        if crate::analysis::pretrained::is_timm_folder(path) {
+            return Self::from_timm_folder(path, channels, device, bf16);
+        }
         if !matches!(
             pth::sniff(path).map_err(|e| unusable(e.to_string()))?,
             FileKind::Other

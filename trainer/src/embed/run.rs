@@ -148,12 +148,11 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
         image_count: list.len(),
         image_list_sha256: list_sha256(&list),
         part_size: opts.part_size.max(1),
-        checkpoint_sha256: crate::data::shards::pack::sha256_file(&opts.checkpoint)
+        checkpoint_sha256: crate::analysis::pretrained::checkpoint_sha256(&opts.checkpoint)
             .map_err(|source| EmbedError::Io {
                 path: opts.checkpoint.clone(),
                 source,
-            })?
-            .1,
+            })?,
         channels: model
             .as_ref()
             .map(|m| m.channel_names.clone())

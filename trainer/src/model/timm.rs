@@ -45,6 +45,11 @@ pub struct TimmModel {
     /// `pretrained_cfg.mean`/`std` (per input channel), when the folder gives them.
     pub mean: Option<Vec<f32>>,
     pub std: Option<Vec<f32>>,
+    /// `pretrained_cfg.input_size` (`[C, H, W]`): the `H × W` images are resized to for
+    /// embedding, when the folder gives it.
+    pub input_size: Option<(i64, i64)>,
+    /// `pretrained_cfg.interpolation` (`bicubic`, `bilinear`...), when the folder gives it.
+    pub interpolation: Option<String>,
     /// Channel names, where the folder records them (our exports do).
     pub channel_names: Option<Vec<String>>,
     /// timm tensors that are no part of the backbone (the classifier `head.*`), left out.
@@ -182,6 +187,14 @@ pub fn read(dir: &Path) -> Result<TimmModel, TimmError> {
         tensors,
         mean: floats("mean"),
         std: floats("std"),
+        input_size: pretrained["input_size"].as_array().and_then(|a| {
+            let hw: Vec<i64> = a.iter().filter_map(|v| v.as_i64()).collect();
+            match hw[..] {
+                [_, h, w] => Some((h, w)),
+                _ => None,
+            }
+        }),
+        interpolation: pretrained["interpolation"].as_str().map(String::from),
         channel_names,
         skipped,
     })

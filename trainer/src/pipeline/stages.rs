@@ -90,6 +90,18 @@ impl<'a> Target<'a> {
         MeanStd::read(&path).map_err(|source| StageError::NoMeanStd { source })
     }
 
+    /// The dataset mean/std that `ckpt` embeds with: none for a timm folder, which is
+    /// normalised with its own `config.json` mean/std (so needs no `trainer mean-std`).
+    pub fn mean_std_for(&self, ckpt: &Path) -> Result<MeanStd, StageError> {
+        if crate::analysis::pretrained::is_timm_folder(ckpt) {
+            return Ok(MeanStd {
+                mean: vec![],
+                std: vec![],
+            });
+        }
+        self.mean_std()
+    }
+
     /// The numbered checkpoints training kept (`saveckp_freq` epochs and the last), oldest
     /// first, with their feature tags.
     pub fn numbered_checkpoints(&self) -> Vec<(String, PathBuf)> {
@@ -146,7 +158,7 @@ pub fn tag_of_checkpoint(path: &Path) -> Result<String, StageError> {
 /// image, the shares are all-gathered and interleaved back into held-out order, and rank 0
 /// alone writes: the same rows, once each, as one process would write.
 pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>, StageError> {
-    let ms = t.mean_std()?;
+    let ms = t.mean_std_for(ckpt)?;
     let env = DistEnv::from_process_env()?;
     if env.world <= 1 {
         let set = features::extract(t.cfg, t.combination, ckpt, &ms)?;
@@ -211,7 +223,7 @@ fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<u
 /// `evaluation/{tag}_evaluation.json`.
 pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationReport, StageError> {
     let cfg = t.cfg;
-    let ms = t.mean_std()?;
+    let ms = t.mean_std_for(ckpt)?;
     let Dataset { source, split } = t.dataset()?;
     let n = source.index().len();
     let extract = |src: &dyn crate::data::ImageSource, idx: &[usize]| {

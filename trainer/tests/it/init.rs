@@ -294,3 +294,146 @@ fn pth_init_loads_the_backbone_with_mean_adaptation() {
     }
     assert_teacher_is_student(&nets);
 }
+
+/// DINOv2's own `.pth` (`tests/py/dinov2_oracle.py`: DINOv2's `DinoVisionTransformer` with its
+/// `interpolate_pos_encoding` copied from the dinov2 repository) as `model.init format: pth`:
+/// an original model (class position, `interpolate_offset=0.1`, chunked blocks, a training
+/// checkpoint's `teacher`) with `pos_embed: dino`, a register model (`interpolate_offset=0`,
+/// antialiased, a bare hub state dict) with `pos_embed: timm`. The positions resampled from
+/// the source's 3×3 grid to the run's 16×16 are DINOv2's, and so are the CLS features at
+/// 224 px; the other resampling gives other positions.
+#[test]
+fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
+    let _rng = torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    run_py_file("dinov2_oracle.py", &[dir.path().to_str().unwrap()]);
+    let config = |name: &str, registers: usize, pos_embed: &str| {
+        Config::from_yaml(
+            &format!("data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  arch: vit_tiny\n  patch_size: 14\n  num_register_tokens: {registers}\n  layer_scale: 1.0e-5\n  pos_embed: {pos_embed}\n  out_dim: 64\n  init:\n    from: {}\n    format: pth\n", dir.path().join(format!("{name}.pth")).display()),
+            "test.yaml",
+        )
+        .unwrap()
+    };
+    for (name, registers, pos_embed, other) in
+        [("v1", 0, "dino", "timm"), ("reg", 4, "timm", "dino")]
+    {
+        let want: std::collections::HashMap<String, Tensor> =
+            Tensor::read_safetensors(dir.path().join(format!("{name}.safetensors")))
+                .unwrap()
+                .into_iter()
+                .collect();
+        let cfg = config(name, registers, pos_embed);
+        let nets = Networks::new(&cfg, 3, Device::Cpu);
+        let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+        assert!(report.skipped.is_empty(), "{name}: {:?}", report.skipped);
+        // 12 blocks × 14 tensors, patch embedding (2), cls, pos, norm (2), the registers
+        // (DINOv2's mask_token has no place in a model without iBOT).
+        assert_eq!(
+            report.loaded,
+            12 * 14 + 6 + usize::from(registers > 0),
+            "{name}"
+        );
+        let pos = &nets.student_vs.variables()["backbone.pos_embed"];
+        let diff = max_abs_diff(pos, &want["pos"]);
+        assert!(
+            diff < 1e-6,
+            "{name}: positions differ from DINOv2's by {diff}"
+        );
+        let ours = tch::no_grad(|| nets.student.backbone.forward_t(&want["x"], false));
+        let diff = max_abs_diff(&ours, &want["y"]);
+        assert!(diff < 1e-5, "{name}: |ours - DINOv2| = {diff}");
+        assert!(
+            want["y"].abs().max().double_value(&[]) > 0.1,
+            "features are not trivial"
+        );
+        assert_teacher_is_student(&nets);
+        let cfg = config(name, registers, other);
+        let nets = Networks::new(&cfg, 3, Device::Cpu);
+        apply(&cfg, &cfg.model.init, &nets).unwrap();
+        let apart = max_abs_diff(
+            &nets.student_vs.variables()["backbone.pos_embed"],
+            &want["pos"],
+        );
+        assert!(
+            apart > 1e-4,
+            "{name}: pos_embed: {other} resamples alike ({apart})"
+        );
+    }
+}
+
+/// The sum of |x| over a network's variables in name order, as the trainer's rank checksum.
+fn checksum(vs: &tch::nn::VarStore) -> f64 {
+    let mut vars: Vec<_> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.iter()
+        .map(|(_, t)| t.abs().sum(Kind::Double).double_value(&[]))
+        .sum()
+}
+
+/// DDP and FSDP over 2 real processes (`trainer launch`, Gloo on 127.0.0.1) start from
+/// `model.init`: every rank's student at the start (after rank 0's broadcast and FSDP's
+/// sharding) has the checksum of the student this process builds and initialises from the
+/// same source (a bare DINO `.pth` of 3 channels, repeat-adapted to the run's 2), which a
+/// student left at its own initialisation does not have.
+#[test]
+fn ddp_and_fsdp_ranks_all_start_from_model_init() {
+    use trainer::train::step::Learner;
+    let _rng = torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let pth = dir.path().join("bare.pth");
+    run_py_file(
+        "pth_oracle.py",
+        &["bare", pth.to_str().unwrap(), "3", "7", "float32"],
+    );
+    trainer::data::generate_synthetic(&trainer::data::SynthOptions {
+        out: dir.path().join("data"),
+        seed: 4,
+        classes: 2,
+        per_class: 5,
+        size: 24,
+        channels: 3,
+        ..Default::default()
+    })
+    .unwrap();
+    for (strategy, port) in [("ddp", "29851"), ("fsdp", "29853")] {
+        let yaml = format!(
+            "run:\n  name: {strategy}\n  output_dir: {out}\n  seed: 3\ndata:\n  dataset_dir: {data}\n  channel_names: [a, b, c]\n  channel_combinations: [\"02\"]\n  num_workers: 1\nmodel:\n  arch: vit_tiny\n  out_dim: 64\n  init:\n    from: {pth}\n    format: pth\ntrain:\n  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 0\n  precision: fp32\n  strategy: {strategy}\n  dist_timeout_seconds: 60\naugment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\n",
+            out = dir.path().join("out").display(),
+            data = dir.path().join("data/Training").display(),
+            pth = pth.display(),
+        );
+        let path = dir.path().join(format!("{strategy}.yaml"));
+        std::fs::write(&path, &yaml).unwrap();
+        let cfg = Config::from_yaml(&yaml, "test.yaml").unwrap();
+        let learner = Learner::from_config(&cfg, 2, Device::Cpu).unwrap();
+        let fresh = checksum(&learner.nets.student_vs);
+        apply(&cfg, &cfg.model.init, &learner.nets).unwrap();
+        let want = checksum(&learner.nets.student_vs);
+        assert!((fresh - want).abs() > 1e-3 * want, "{fresh} vs {want}");
+        let o = Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args(["launch", "--nproc", "2", "--master-port", port, "--"])
+            .args(["train", "--config", path.to_str().unwrap()])
+            .args(["--threads", "1", "--max-steps", "1"])
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{strategy}: {stderr}");
+        let sums: Vec<(String, f64)> = stderr
+            .lines()
+            .filter_map(|l| {
+                let (rank, rest) = l.split_once("student checksum at the start ")?;
+                let value = rest.split_whitespace().next()?.parse().ok()?;
+                Some((rank[..rank.find(']')? + 1].to_string(), value))
+            })
+            .collect();
+        assert_eq!(sums.len(), 2, "{strategy}: {stderr}");
+        assert_ne!(sums[0].0, sums[1].0, "{strategy}: one line per rank");
+        for (rank, sum) in sums {
+            assert!(
+                (sum - want).abs() <= 1e-9 * want,
+                "{strategy} {rank}: starts from checksum {sum}, model.init gives {want}"
+            );
+        }
+    }
+}

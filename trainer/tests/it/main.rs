@@ -13,6 +13,7 @@ mod init;
 mod knn;
 mod metrics;
 mod model;
+mod pretrained;
 mod profiles;
 mod pth;
 mod s3;

@@ -135,7 +135,7 @@ fn resume_and_distribute(
         crate::train::init::apply(cfg, &cfg.model.init, &learner.nets)?;
     }
     let Chosen {
-        strategy,
+        mut strategy,
         resumed_shards,
     } = strategy::choose(
         cfg.train.strategy,
@@ -149,6 +149,13 @@ fn resume_and_distribute(
             fsdp_reshard_after_forward: cfg.train.fsdp_reshard_after_forward,
         },
     )?;
+    // The weights every rank starts from (after `model.init` or the resume, rank 0's
+    // broadcast and FSDP's sharding), so tests and people can check that all start alike (a
+    // collective under FSDP: every rank calls it).
+    if strategy.world_size() > 1 {
+        let sum = strategy.checksum(learner)?;
+        tracing::info!(checksum = sum, "student checksum at the start {sum:.12e}");
+    }
     // FSDP shards newer than the consolidated checkpoint (or without one) answer for the
     // dataset themselves.
     if let Some(meta) = &resumed_shards {
