@@ -162,7 +162,8 @@ impl AdamwGroup {
             .iter()
             .map(|&t| {
                 let (bc1, bc2) = (1.0 - BETA1.powf(t), 1.0 - BETA2.powf(t));
-                (((lr / bc1) * -1.0) as f32, bc2.powf(0.5) as f32)
+                // `-(lr / bc1)` is the shim's `(lr / bc1) * -1.0` exactly (negation rounds nothing).
+                (-(lr / bc1) as f32, bc2.powf(0.5) as f32)
             })
             .unzip()
     }
