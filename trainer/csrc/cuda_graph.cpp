@@ -18,10 +18,9 @@ void set_last_error(const char* message);
 
 #ifdef SCDINO_CUDA
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAException.h>
+#include <c10/core/Event.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 
 namespace {
 template <typename F>
@@ -37,14 +36,13 @@ int guarded(F f) {
   return -1;
 }
 
-// `waiter` waits for the work queued on `first` so far (CUDAEvent moved from ATen to c10
-// between the torch releases this builds against, so the runtime API is used directly).
+// `waiter` waits for the work queued on `first` so far, through c10's device-generic event
+// (CUDAEvent moved from ATen to c10 between the torch releases this builds against, and a
+// direct CUDA runtime call would need libcudart on the link line).
 void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& first) {
-  cudaEvent_t event;
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  C10_CUDA_CHECK(cudaEventRecord(event, first.stream()));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(waiter.stream(), event, 0));
-  C10_CUDA_CHECK(cudaEventDestroy(event));
+  c10::Event event(c10::DeviceType::CUDA);
+  event.record(first.unwrap());
+  event.block(waiter.unwrap());
 }
 
 // The caller's stream and the side stream work runs on until `leave`.
