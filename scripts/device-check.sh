@@ -9,6 +9,10 @@
 #                  against the single-process step: hooks, buckets, shard storage on CUDA)
 #   step.jsonl     one DINO training step on the GPU, ours (`trainer bench step --device cuda`)
 #                  and PyTorch's (bench/train_step.py --device cuda), alternating R,P per round
+#   graphs.jsonl   `train.cuda_graphs`: the same 14 steps (ViT-S, fp32 and bf16) from the same
+#                  init without and with the captured step (`bench step --cuda-graphs`: 3 eager
+#                  steps, capture at the 4th, 10 timed replays); graphs.txt compares the losses
+#                  (relative tolerance 1e-4 fp32, 1e-2 bf16) and prints both step times
 #   demo/          the demo pipeline (configs/demo.yaml) trained on the GPU, resumed after its
 #                  first 3 steps: log, kNN, report
 #   embed/         `trainer embed` of demo/data/Test with the demo checkpoint on the CPU (fp32)
@@ -52,6 +56,32 @@ step bf16 tokens
 BATCH=$((BATCH / 4)) step bf16 bag
 cut -c1-400 "$OUT/step.jsonl"
 tail -n 20 "$OUT/step.err" 2>/dev/null
+
+graphs() { # precision
+  local common=(--arch vit_small --batch "$BATCH" --threads "$THREADS" --warmup 4 --iters 10
+    --device cuda --precision "$1")
+  timeout 120 "$T" bench step "${common[@]}" >>"$OUT/graphs.jsonl" 2>>"$OUT/graphs.err"
+  timeout 150 "$T" bench step "${common[@]}" --cuda-graphs >>"$OUT/graphs.jsonl" 2>>"$OUT/graphs.err"
+}
+for p in fp32 bf16; do graphs "$p"; done
+"$PY" - "$OUT/graphs.jsonl" <<'PYEOF' 2>&1 | tee "$OUT/graphs.txt"
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+tolerance = {"fp32": 1e-4, "bf16": 1e-2}
+for p, tol in tolerance.items():
+    eager = [r for r in runs if r["precision"] == p and not r["cuda_graphs"]]
+    graphed = [r for r in runs if r["precision"] == p and r["cuda_graphs"]]
+    if not eager or not graphed:
+        print(f"cuda_graphs {p}: MISSING (see graphs.err)")
+        continue
+    e, g = eager[0], graphed[0]
+    diff = max(abs(a - b) / abs(a) for a, b in zip(e["losses"], g["losses"]))
+    verdict = "PASS" if diff <= tol and len(e["losses"]) == len(g["losses"]) else "FAIL"
+    print(f"cuda_graphs {p}: step {e['median_s'] * 1e3:.2f} ms eager, {g['median_s'] * 1e3:.2f} ms "
+          f"graphed ({e['median_s'] / g['median_s']:.2f}x); max relative loss difference "
+          f"{diff:.2e} over {len(g['losses'])} steps (tolerance {tol:g}): {verdict}")
+PYEOF
+tail -n 5 "$OUT/graphs.err" 2>/dev/null
 
 mkdir -p "$OUT/demo"
 {

@@ -1,7 +1,9 @@
 //! Embeds an rpath to the venv's `torch/lib` so `trainer` runs without LD_LIBRARY_PATH, and
 //! compiles the small C++ shim (csrc/) against the same libtorch's headers.
 //!
-//! With the `nccl` feature the shim also builds ProcessGroupNCCL (platform-notes §4.7): it
+//! With the `cuda` feature the shim also builds the CUDA graph entry points (csrc/cuda_graph.cpp)
+//! against the CUDA headers of the pip wheels next to torch and links libtorch_cuda.
+//! With the `nccl` feature (which implies `cuda`) it also builds ProcessGroupNCCL (platform-notes §4.7): it
 //! needs the CUDA and NCCL headers of the pip wheels next to torch, plus two header sets those
 //! wheels lack (scripts/nccl-headers.sh fetches them; `CUDA_EXTRA_INCLUDE` overrides where),
 //! and links libtorch_cuda/libc10_cuda with `--no-as-needed`: nothing references them by symbol,
@@ -35,8 +37,9 @@ fn torch_from_python() -> (PathBuf, bool) {
     (dir, abi)
 }
 
-/// Include folders for the NCCL build; panics with the fix when a required header is missing.
-fn nccl_includes(torch_dir: &Path) -> Vec<PathBuf> {
+/// Include folders for the CUDA build (with `nccl`: also NCCL's); panics with the fix when a
+/// required header is missing.
+fn cuda_includes(torch_dir: &Path, nccl: bool) -> Vec<PathBuf> {
     println!("cargo:rerun-if-env-changed=CUDA_EXTRA_INCLUDE");
     let site = torch_dir.parent().expect("torch lives in site-packages");
     let mut dirs = vec![
@@ -61,9 +64,12 @@ fn nccl_includes(torch_dir: &Path) -> Vec<PathBuf> {
         ("crt/host_config.h", "run scripts/nccl-headers.sh"),
         ("nv/target", "run scripts/nccl-headers.sh"),
     ] {
+        if header == "nccl.h" && !nccl {
+            continue;
+        }
         assert!(
             dirs.iter().any(|d| d.join(header).exists()),
-            "--features nccl: {header} is in none of {dirs:?}; {hint} (or set CUDA_EXTRA_INCLUDE)"
+            "--features cuda/nccl: {header} is in none of {dirs:?}; {hint} (or set CUDA_EXTRA_INCLUDE)"
         );
     }
     dirs
@@ -81,11 +87,16 @@ fn main() {
     let lib_dir = torch_dir.join("lib");
     let include = torch_dir.join("include");
     let nccl = std::env::var_os("CARGO_FEATURE_NCCL").is_some();
+    // `nccl` implies `cuda` (Cargo.toml); the CUDA graph shim needs the CUDA headers only.
+    let cuda = std::env::var_os("CARGO_FEATURE_CUDA").is_some();
     let mut build = cc::Build::new();
-    if nccl {
-        for d in nccl_includes(&torch_dir) {
+    if cuda {
+        for d in cuda_includes(&torch_dir, nccl) {
             build.include(d);
         }
+        build.define("SCDINO_CUDA", None);
+    }
+    if nccl {
         build
             .define("SCDINO_NCCL", None)
             .define("USE_C10D_NCCL", None);
@@ -106,11 +117,12 @@ fn main() {
         .file("csrc/c10d.cpp")
         .file("csrc/jit.cpp")
         .file("csrc/foreach.cpp")
+        .file("csrc/cuda_graph.cpp")
         .compile("scdino_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
-    if nccl {
+    if cuda {
         println!("cargo:rustc-link-lib=dylib=torch_cuda");
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,-lc10_cuda,--as-needed");

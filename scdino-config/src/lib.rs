@@ -613,6 +613,21 @@ mod tests {
     }
 
     #[test]
+    fn cuda_graphs_is_off_by_default_a_bool_and_strict() {
+        assert!(!Config::from_yaml("", "t").unwrap().train.cuda_graphs);
+        let on = Config::from_yaml("train:\n  cuda_graphs: true\n", "t").unwrap();
+        assert!(on.train.cuda_graphs);
+        let e = Config::from_yaml("train:\n  cuda_graphs: sometimes\n", "g.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cuda_graphs") && e.contains("line 2"), "{e}");
+        let e = Config::from_yaml("train:\n  cuda_graph: true\n", "g.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cuda_graph") && e.contains("line 2"), "{e}");
+    }
+
+    #[test]
     fn evaluation_and_collapse_keys_are_validated() {
         let c = Config::from_yaml(
             "data:\n  test_dir: s3://b/Test\ntrain:\n  on_collapse: stop\ndownstream:\n  linear_probe:\n    l2: [0.0, 0.01]\n",

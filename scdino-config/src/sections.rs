@@ -484,6 +484,13 @@ pub struct TrainSection {
     /// accumulated, so the whole student is gathered between forward and backward (fewer
     /// all-gathers, one full student of extra memory).
     pub fsdp_reshard_after_forward: bool,
+    /// Capture the whole training step (teacher and student forward, loss, centre update,
+    /// backward, clipping, AdamW, teacher EMA) once per crop-shape set as a CUDA graph and
+    /// replay it, so a step costs one graph launch instead of thousands of kernel launches.
+    /// Off by default until measured on a GPU. Where a step cannot be captured (a CPU device,
+    /// several ranks, fp16 loss scaling, iBOT, KoLeo, Sinkhorn-Knopp centring, `model.channels:
+    /// tokens`) the run trains as without it and says why in one warning line.
+    pub cuda_graphs: bool,
     /// How `lr` follows the global batch B (all ranks): `linear` = lr·B/256 (scDINO, Goyal et
     /// al.), `sqrt` = lr·sqrt(B/256) (often better for Adam at large B). Reported at start.
     pub lr_scaling: LrScaling,
@@ -610,6 +617,7 @@ impl Default for TrainSection {
             strategy: Strategy::Ddp,
             ddp_overlap: true,
             fsdp_reshard_after_forward: true,
+            cuda_graphs: false,
             lr_scaling: LrScaling::Linear,
             on_collapse: OnCollapse::Warn,
             peak_tflops: None,

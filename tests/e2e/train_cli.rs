@@ -95,6 +95,49 @@ fn resume_is_bitwise_exact_mid_epoch_and_at_epoch_boundary() {
     }
 }
 
+/// `train.cuda_graphs: true` on the CPU: the run trains exactly as without it (same
+/// checkpoint tensors, same log) and says once, as a warning, why it does not capture.
+#[test]
+fn cuda_graphs_on_the_cpu_trains_as_without_and_says_why_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path(), 2, 8);
+    let extra = "  epochs: 1\n  batch_size_per_gpu: 4\n  warmup_epochs: 1\n  lr: 0.05\n";
+    let mut stderr = Vec::new();
+    for (name, on) in [("eager", false), ("graphs", true)] {
+        let cfg = config(
+            dir.path(),
+            &data,
+            name,
+            &format!("{extra}  cuda_graphs: {on}\n"),
+        );
+        let out = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        stderr.push(text(&out.stderr));
+    }
+    let digests =
+        |name| tensor_digests(&model_dir(dir.path(), name).join("checkpoint.safetensors"));
+    assert!(digests("eager").len() > 100);
+    assert_eq!(digests("eager"), digests("graphs"));
+    assert_eq!(
+        log_lines(dir.path(), "eager"),
+        log_lines(dir.path(), "graphs")
+    );
+    let said = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.contains("without CUDA graphs"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(said(&stderr[0]).is_empty(), "{}", stderr[0]);
+    let lines = said(&stderr[1]);
+    assert_eq!(lines.len(), 1, "{}", stderr[1]);
+    assert!(
+        lines[0].starts_with("warning: train.cuda_graphs") && lines[0].contains("CPU"),
+        "{}",
+        lines[0]
+    );
+}
+
 #[test]
 fn sigusr1_checkpoints_and_exits_75_then_resumes() {
     let dir = tempfile::tempdir().unwrap();

@@ -17,6 +17,7 @@
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_foreach_sqrt.h>
+#include <ATen/ops/_foreach_sub.h>
 
 #include <cmath>
 #include <cstdint>
@@ -123,6 +124,49 @@ int tchx_foreach_unscale(at::Tensor** grads, int64_t n, at::Tensor* found_inf,
     if (n == 0) return;
     auto g = list(grads, n);
     at::_amp_foreach_non_finite_check_and_unscale_(g, *found_inf, *inv_scale);
+  });
+}
+
+// The AdamW step of tchx_foreach_adamw with every per-step value read from device tensors, so
+// that a CUDA graph capturing it replays with this step's values (no host scalar is baked in):
+// `decay` is the 0-d fp32 factor `1 - lr * weight_decay` (1 for the plain group); `step_size`
+// (`-lr / (1 - beta1^t)`) and `bc2_sqrt` (`sqrt(1 - beta2^t)`) hold one fp32 value per
+// parameter, filled by the caller before each step. Op order of PyTorch's capturable
+// `_multi_tensor_adam`: the denominator is divided by the step size and added with value 1.
+int tchx_foreach_adamw_dev(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs,
+                           at::Tensor** exp_avg_sqs, int64_t n, at::Tensor* decay,
+                           at::Tensor* step_size, at::Tensor* bc2_sqrt, double beta1,
+                           double beta2, double eps) {
+  return guarded([&] {
+    if (n == 0) return;
+    auto p = list(params, n);
+    auto g = list(grads, n);
+    auto m = list(exp_avgs, n);
+    auto v = list(exp_avg_sqs, n);
+    at::_foreach_mul_(p, *decay);
+    at::_foreach_lerp_(m, g, 1.0 - beta1);
+    at::_foreach_mul_(v, beta2);
+    at::_foreach_addcmul_(v, g, g, 1.0 - beta2);
+    auto steps = step_size->unbind(0);
+    auto bc2 = bc2_sqrt->unbind(0);
+    auto denom = at::_foreach_sqrt(v);
+    at::_foreach_div_(denom, bc2);
+    at::_foreach_add_(denom, eps);
+    at::_foreach_div_(denom, steps);
+    at::_foreach_addcdiv_(p, m, denom);
+  });
+}
+
+// tchx_foreach_ema with the momentum in device tensors (`momentum` = m, `rest` = 1 - m, both
+// 0-d fp32 rounded from the host's double), the same arithmetic as the Scalar version.
+int tchx_foreach_ema_dev(at::Tensor** teacher, at::Tensor** student, int64_t n,
+                         at::Tensor* momentum, at::Tensor* rest) {
+  return guarded([&] {
+    if (n == 0) return;
+    auto t = list(teacher, n);
+    auto s = list(student, n);
+    at::_foreach_mul_(t, *momentum);
+    at::_foreach_add_(t, at::_foreach_mul(s, *rest));
   });
 }
 }

@@ -5,6 +5,7 @@ pub mod analysis;
 pub mod augment;
 pub mod build_info;
 pub mod checkpoint;
+pub mod cuda_graph;
 /// The run config lives in its own crate (no libtorch) so the launcher applies the same rules.
 pub use scdino_config as config;
 pub mod data;

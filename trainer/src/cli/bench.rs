@@ -15,6 +15,7 @@ use trainer::data::mean_std;
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::channels::hierarchical_sample;
+use trainer::train::graphed::{self, GraphedStep};
 use trainer::train::input::TrainInput;
 use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
 use trainer::train::run::training_image_fn;
@@ -293,6 +294,11 @@ pub struct StepBench {
     /// `train.precision` of the step: bf16 autocast, or fp16 with loss scaling (CUDA only).
     #[arg(long, value_parser = config_values(&[Precision::Fp32, Precision::Bf16, Precision::Fp16]), default_value = "fp32")]
     precision: Precision,
+    /// `train.cuda_graphs`: with `--device cuda` the step is captured after 3 eager steps and
+    /// replayed (time replays with `--warmup 4` or more); on the CPU the same static step runs
+    /// eagerly. The output's `losses` then compare with a run without it.
+    #[arg(long)]
+    cuda_graphs: bool,
 }
 
 impl StepBench {
@@ -313,6 +319,24 @@ impl StepBench {
         s.augment.global_crops_scale = (0.4, 1.0);
         s.augment.local_crops_scale = (0.05, 0.4);
         Ok(Config::from_sections(s, "<bench step>")?)
+    }
+
+    /// `--cuda-graphs`: the graphed step, refused with the reason where it cannot capture.
+    fn graphed(&self, cfg: &Config, device: Device) -> Result<Option<GraphedStep>> {
+        if !self.cuda_graphs {
+            return Ok(None);
+        }
+        if self.loader != LoaderMode::None {
+            bail!("--cuda-graphs is measured with --loader none");
+        }
+        let reason = match device {
+            Device::Cpu => graphed::unsupported_step(cfg, 1).map(str::to_string),
+            _ => graphed::unsupported(cfg, device, 1),
+        };
+        if let Some(reason) = reason {
+            bail!("--cuda-graphs: {reason}");
+        }
+        Ok(Some(GraphedStep::new(device)))
     }
 
     /// The `--device` the step runs on, refused where the bench cannot measure it.
@@ -369,6 +393,8 @@ impl StepBench {
             }),
         };
         let mut group = SingleProcess::default();
+        let mut graphed = self.graphed(&cfg, device)?;
+        let mut losses = Vec::new();
         let total = self.warmup + self.iters;
         // Per timed step: (wall seconds, data-wait seconds, images).
         let mut timed: Vec<(f64, f64, usize)> = Vec::with_capacity(self.iters);
@@ -392,8 +418,12 @@ impl StepBench {
                     .collect();
                 for it in 0..total {
                     let t = Instant::now();
-                    let out = learner.step(&crops, params(it), it, &mut group)?;
+                    let out = match &mut graphed {
+                        Some(g) => g.step(&mut learner, &crops, params(it), it)?,
+                        None => learner.step(&crops, params(it), it, &mut group)?,
+                    };
                     sync();
+                    losses.push(out.loss);
                     let secs = t.elapsed().as_secs_f64();
                     last_loss = out.loss;
                     if it >= self.warmup {
@@ -460,6 +490,8 @@ impl StepBench {
                 "data_wait_s": waits,
                 "data_wait_median_s": median(waits.clone()),
                 "last_loss": last_loss,
+                "cuda_graphs": self.cuda_graphs,
+                "losses": losses,
             })
         );
         Ok(())

@@ -37,6 +37,26 @@ extern "C" {
         clip: f64,
         norms_out: *mut *mut c_void,
     ) -> i32;
+    fn tchx_foreach_adamw_dev(
+        params: *const *mut c_void,
+        grads: *const *mut c_void,
+        exp_avgs: *const *mut c_void,
+        exp_avg_sqs: *const *mut c_void,
+        n: i64,
+        decay: *mut c_void,
+        step_size: *mut c_void,
+        bc2_sqrt: *mut c_void,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+    ) -> i32;
+    fn tchx_foreach_ema_dev(
+        teacher: *const *mut c_void,
+        student: *const *mut c_void,
+        n: i64,
+        momentum: *mut c_void,
+        rest: *mut c_void,
+    ) -> i32;
     fn tchx_foreach_unscale(
         grads: *const *mut c_void,
         n: i64,
@@ -122,6 +142,80 @@ impl AdamwGroup {
         };
         check(rc, "multi-tensor AdamW");
     }
+}
+
+/// The per-step values of one AdamW group as device tensors, which a captured step reads at
+/// replay: `decay` = `1 − lr·weight_decay` (0-d), and per parameter `step_size` =
+/// `−lr / (1 − β1^t)` and `bc2_sqrt` = `√(1 − β2^t)` (1-D), all fp32 rounded from the host's
+/// doubles as the Scalar version rounds them.
+pub struct AdamwDeviceValues<'a> {
+    pub decay: &'a Tensor,
+    pub step_size: &'a Tensor,
+    pub bc2_sqrt: &'a Tensor,
+}
+
+impl AdamwGroup {
+    /// The per-parameter `(step_size, bc2_sqrt)` of this group's update with `lr`, from each
+    /// parameter's step count (host arithmetic of [`AdamwGroup::update`]).
+    pub fn bias_corrections(&self, lr: f64) -> (Vec<f32>, Vec<f32>) {
+        self.steps
+            .iter()
+            .map(|&t| {
+                let (bc1, bc2) = (1.0 - BETA1.powf(t), 1.0 - BETA2.powf(t));
+                // `-(lr / bc1)` is the shim's `(lr / bc1) * -1.0` exactly (negation rounds nothing).
+                (-(lr / bc1) as f32, bc2.powf(0.5) as f32)
+            })
+            .unzip()
+    }
+
+    /// [`AdamwGroup::update`] with its values read from device tensors (PyTorch's
+    /// capturable AdamW), so that a CUDA graph of it replays with each step's values. Call
+    /// under `no_grad`.
+    pub fn update_from_device(&self, v: &AdamwDeviceValues) {
+        if self.is_empty() {
+            return;
+        }
+        let (p, g) = (ptrs(&self.params), ptrs(&self.grads));
+        let (m, s) = (ptrs(&self.exp_avgs), ptrs(&self.exp_avg_sqs));
+        // SAFETY: four arrays of n live tensor handles and three live tensors, read during the
+        // call only.
+        let rc = unsafe {
+            tchx_foreach_adamw_dev(
+                p.as_ptr(),
+                g.as_ptr(),
+                m.as_ptr(),
+                s.as_ptr(),
+                p.len() as i64,
+                v.decay.as_ptr() as *mut c_void,
+                v.step_size.as_ptr() as *mut c_void,
+                v.bc2_sqrt.as_ptr() as *mut c_void,
+                BETA1,
+                BETA2,
+                EPS,
+            )
+        };
+        check(rc, "multi-tensor AdamW (device values)");
+    }
+}
+
+/// [`ema`] with the momentum `m` and `1 − m` in 0-d fp32 device tensors. Call under `no_grad`.
+pub fn ema_from_device(teacher: &[Tensor], student: &[Tensor], momentum: &Tensor, rest: &Tensor) {
+    assert_eq!(teacher.len(), student.len(), "EMA lists differ in length");
+    if teacher.is_empty() {
+        return;
+    }
+    let (t, s) = (ptrs(teacher), ptrs(student));
+    // SAFETY: two arrays of n live tensor handles and two live tensors, read during the call.
+    let rc = unsafe {
+        tchx_foreach_ema_dev(
+            t.as_ptr(),
+            s.as_ptr(),
+            t.len() as i64,
+            momentum.as_ptr() as *mut c_void,
+            rest.as_ptr() as *mut c_void,
+        )
+    };
+    check(rc, "multi-tensor EMA (device values)");
 }
 
 /// Teacher EMA over matched lists: `t ← m·t + (1 − m)·s`, rounded as scDINO's per-parameter

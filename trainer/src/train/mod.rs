@@ -7,6 +7,7 @@ pub mod collapse;
 pub mod error;
 pub mod flops;
 pub mod foreach;
+pub mod graphed;
 pub mod ibot;
 pub mod init;
 pub mod input;

@@ -59,25 +59,40 @@ impl AdamW {
     /// grad to None, which makes PyTorch skip them entirely).
     pub fn step(&mut self, lr: f64, weight_decay: f64, frozen: &dyn Fn(&str) -> bool) {
         tch::no_grad(|| {
-            let mut groups = [AdamwGroup::default(), AdamwGroup::default()];
-            for p in &mut self.params {
-                let grad = p.tensor.grad();
-                if !grad.defined() || frozen(&p.name) {
-                    continue;
-                }
-                p.step += 1;
-                groups[usize::from(p.decay)].push(
-                    p.tensor.shallow_clone(),
-                    grad,
-                    p.exp_avg.shallow_clone(),
-                    p.exp_avg_sq.shallow_clone(),
-                    p.step,
-                );
-            }
-            let [plain, decayed] = groups;
+            let [plain, decayed] = self.groups(frozen);
             plain.update(lr, 0.0);
             decayed.update(lr, weight_decay);
         });
+        self.advance(frozen);
+    }
+
+    /// The parameters the next update changes (those with a gradient, not `frozen`), as the
+    /// plain and the regularised group, each with its update count including that update.
+    pub fn groups(&self, frozen: &dyn Fn(&str) -> bool) -> [AdamwGroup; 2] {
+        let mut groups = [AdamwGroup::default(), AdamwGroup::default()];
+        for p in &self.params {
+            if !p.tensor.grad().defined() || frozen(&p.name) {
+                continue;
+            }
+            groups[usize::from(p.decay)].push(
+                p.tensor.shallow_clone(),
+                p.tensor.grad(),
+                p.exp_avg.shallow_clone(),
+                p.exp_avg_sq.shallow_clone(),
+                p.step + 1,
+            );
+        }
+        groups
+    }
+
+    /// Counts the update [`AdamW::groups`] describes (after it ran, here or in a replayed
+    /// CUDA graph).
+    pub fn advance(&mut self, frozen: &dyn Fn(&str) -> bool) {
+        for p in &mut self.params {
+            if p.tensor.grad().defined() && !frozen(&p.name) {
+                p.step += 1;
+            }
+        }
     }
 
     /// Named state tensors for checkpoints: `{param}.exp_avg`, `{param}.exp_avg_sq`, `{param}.step`.
@@ -144,6 +159,12 @@ pub fn clip_gradients(params: &[AdamParam], clip: f64) -> Vec<f64> {
 /// PyTorch's `parameters()`), matched by name, as one multi-tensor update. BatchNorm running
 /// statistics are buffers, not parameters: the teacher keeps its own.
 pub fn ema_update(teacher: &nn::VarStore, student: &nn::VarStore, momentum: f64) {
+    let (t, s) = ema_pairs(teacher, student);
+    tch::no_grad(|| foreach::ema(&t, &s, momentum));
+}
+
+/// The teacher's parameters and the student's (detached) they follow, matched by name.
+pub fn ema_pairs(teacher: &nn::VarStore, student: &nn::VarStore) -> (Vec<Tensor>, Vec<Tensor>) {
     let student_vars = student.variables();
     let (mut t, mut s) = (Vec::new(), Vec::new());
     for (name, tv) in teacher.variables() {
@@ -155,5 +176,5 @@ pub fn ema_update(teacher: &nn::VarStore, student: &nn::VarStore, momentum: f64)
             s.push(sv.detach());
         }
     }
-    tch::no_grad(|| foreach::ema(&t, &s, momentum));
+    (t, s)
 }

@@ -144,6 +144,9 @@ pub enum StepError {
     /// FSDP's gathers, frees and reductions around the forward and backward.
     #[error(transparent)]
     Fsdp(#[from] super::strategy::fsdp_error::FsdpError),
+    /// `train.cuda_graphs`: a capture or replay failed.
+    #[error(transparent)]
+    Graph(#[from] crate::cuda_graph::GraphError),
 }
 
 pub struct StepOutput {
@@ -287,7 +290,7 @@ impl Learner {
     }
 
     /// The teacher on the global crops (with masks: also the masked patches' logits).
-    fn teacher_forward(
+    pub(super) fn teacher_forward(
         &self,
         crops: &[Tensor],
         channels: Option<&[i64]>,
@@ -313,7 +316,7 @@ impl Learner {
 
     /// The student on every crop and the step's loss: the terms computed under autocast
     /// with the forward, the others after it; the total adds them in that order.
-    fn student_loss(
+    pub(super) fn student_loss(
         &self,
         crops: &[Tensor],
         channels: Option<&[i64]>,
@@ -380,18 +383,7 @@ impl Learner {
         loss: &StepLoss,
         group: &mut dyn Collective,
     ) -> Result<(f64, TermValues), DistError> {
-        let mut parts = vec![&loss.total];
-        if loss.values.len() > 1 {
-            parts.extend(loss.values.iter());
-        }
-        let mut parts: Vec<Tensor> = parts
-            .into_iter()
-            .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
-            .collect();
-        let mut global = match parts.len() {
-            1 => parts.remove(0),
-            _ => Tensor::cat(&parts, 0),
-        };
+        let mut global = loss.packed();
         group.all_reduce_sum(&mut global)?;
         let world = group.world_size() as f64;
         let global: Vec<f64> = Vec::<f64>::try_from(global.to_device(Device::Cpu))
@@ -399,9 +391,14 @@ impl Learner {
             .into_iter()
             .map(|x| x / world)
             .collect();
+        Ok(self.term_values(&global))
+    }
+
+    /// The loss and its named terms from [`StepLoss::packed`]'s values.
+    pub(super) fn term_values(&self, global: &[f64]) -> (f64, TermValues) {
         // One term: its value is the total.
         let values = if global.len() == 1 {
-            &global[..]
+            global
         } else {
             &global[1..]
         };
@@ -411,13 +408,32 @@ impl Learner {
             .zip(values)
             .map(|(t, &v)| (t.info(), v))
             .collect();
-        Ok((global[0], TermValues(terms)))
+        (global[0], TermValues(terms))
     }
 }
 
 /// The step's loss on this rank: the total the backward runs from, and each term's value
 /// (in list order).
-struct StepLoss {
-    total: Tensor,
-    values: Vec<Tensor>,
+pub(super) struct StepLoss {
+    pub(super) total: Tensor,
+    pub(super) values: Vec<Tensor>,
+}
+
+impl StepLoss {
+    /// The total, then (only when there is more than one) each term, detached as one f64
+    /// vector on the loss's device: what the ranks average and the host reads at once.
+    pub(super) fn packed(&self) -> Tensor {
+        let mut parts = vec![&self.total];
+        if self.values.len() > 1 {
+            parts.extend(self.values.iter());
+        }
+        let mut parts: Vec<Tensor> = parts
+            .into_iter()
+            .map(|t| t.detach().to_kind(tch::Kind::Double).reshape([1]))
+            .collect();
+        match parts.len() {
+            1 => parts.remove(0),
+            _ => Tensor::cat(&parts, 0),
+        }
+    }
 }

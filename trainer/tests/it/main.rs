@@ -8,6 +8,7 @@ mod dist;
 mod embed;
 mod evaluate;
 mod export;
+mod graphed;
 mod ibot;
 mod init;
 mod knn;

@@ -74,9 +74,12 @@ impl TrainingRun<'_> {
         }
         let iteration = self.at.iteration;
         let params = self.step_params(iteration);
-        let out = self
-            .learner
-            .step(&crops, params, iteration, self.strategy.as_mut())?;
+        let out = match &mut self.graphs {
+            Some(g) => g.step(&mut self.learner, &crops, params, iteration)?,
+            None => self
+                .learner
+                .step(&crops, params, iteration, self.strategy.as_mut())?,
+        };
         if out.skipped {
             tracing::warn!("fp16: gradient overflow at iteration {iteration}; step skipped, loss scale lowered");
         }

@@ -22,6 +22,7 @@ pub use resume::schedule_change_note;
 pub use run_files::{dataset_mean_std, model_dir};
 
 use super::collapse::CollapsePolicy;
+use super::graphed::GraphedStep;
 use super::preempt::StopRequest;
 use super::schedule::Schedules;
 use super::step::Learner;
@@ -98,4 +99,6 @@ pub struct TrainingRun<'a> {
     at: Position,
     /// Sums of the current epoch, for its `log.txt` line.
     meter: EpochTotals,
+    /// `train.cuda_graphs` where the step can be captured (see `setup`), else None.
+    graphs: Option<GraphedStep>,
 }

@@ -14,6 +14,7 @@ use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use crate::layout::{ModelLayout, RunLayout};
 use crate::train::collapse::CollapsePolicy;
+use crate::train::graphed::{self, GraphedStep};
 use crate::train::preempt::StopRequest;
 use crate::train::sampler::iters_per_epoch;
 use crate::train::schedule::{scale_lr, Schedules};
@@ -76,6 +77,7 @@ impl<'a> TrainingRun<'a> {
         let telemetry = Telemetry::new(shape.rank, &files, &cfg.run.name)?;
         let throughput = ThroughputMeter::new(cfg, channels.len(), device);
         tracing::info!("data: {}", data.describe());
+        let graphs = graphed_step(cfg, device, &shape);
         Ok(Self {
             cfg,
             shape,
@@ -92,7 +94,33 @@ impl<'a> TrainingRun<'a> {
             at: start.at,
             meter: start.totals,
             channels,
+            graphs,
         })
+    }
+}
+
+/// `train.cuda_graphs`: the captured step where this run's step can be captured; otherwise
+/// one warning line (rank 0) saying why, and the eager step.
+fn graphed_step(cfg: &Config, device: tch::Device, shape: &RunShape) -> Option<GraphedStep> {
+    if !cfg.train.cuda_graphs {
+        return None;
+    }
+    match graphed::unsupported(cfg, device, shape.world) {
+        None => {
+            tracing::info!(
+                "train.cuda_graphs: each crop-shape set is captured after {} eager steps and replayed",
+                graphed::WARMUP_STEPS
+            );
+            Some(GraphedStep::new(device))
+        }
+        Some(reason) => {
+            if shape.rank == 0 {
+                tracing::warn!(
+                    "train.cuda_graphs is on but this run trains without CUDA graphs: {reason}"
+                );
+            }
+            None
+        }
     }
 }
 
