@@ -65,24 +65,6 @@ pub fn pick_images(labels_of: &[(usize, String)], per_class: usize, seed: u64) -
     picked
 }
 
-/// The CLS→patch attention of the last block, per head, upsampled ×P: `[heads, h, w]` where
-/// `h`, `w` are the input's sides trimmed to a multiple of P.
-pub fn cls_attention_maps(vit: &crate::model::VisionTransformer, x: &Tensor) -> Tensor {
-    let p = vit.config().patch_size;
-    let (h, w) = (x.size()[1], x.size()[2]);
-    let (h, w) = (h - h % p, w - w % p);
-    let x = x.narrow(1, 0, h).narrow(2, 0, w).unsqueeze(0);
-    let attn = tch::no_grad(|| vit.last_selfattention(&x));
-    let heads = attn.size()[1];
-    attn.get(0)
-        .select(1, 0)
-        .narrow(1, 1, (h / p) * (w / p))
-        .reshape([heads, h / p, w / p])
-        .unsqueeze(0)
-        .upsample_nearest2d([h, w], Some(p as f64), Some(p as f64))
-        .squeeze_dim(0)
-}
-
 /// The maps one image gets, named: scDINO's one per head of a `fixed` model
 /// (`attn-head{j}`), or, for `tokens` and `bag`, one per channel of the combination, the
 /// CLS attention to that channel's patches averaged over the heads (`attn-channel_{name}`):
@@ -92,50 +74,7 @@ pub fn attention_maps(
     x: &Tensor,
     channel_names: &[&str],
 ) -> Vec<(String, Tensor)> {
-    match embedder {
-        Embedder::Fixed(vit) | Embedder::FixedZeroFilled { vit, .. } => {
-            let maps = cls_attention_maps(vit, &embedder.model_channels(x, 0));
-            (0..maps.size()[0])
-                .map(|j| (format!("attn-head{j}"), maps.get(j)))
-                .collect()
-        }
-        Embedder::Tokens { vit, channels } => {
-            let p = vit.config().patch_size;
-            let (k, h, w) = (x.size()[0], x.size()[1], x.size()[2]);
-            let (h, w) = (h - h % p, w - w % p);
-            let x = x.narrow(1, 0, h).narrow(2, 0, w).unsqueeze(0);
-            let attn = tch::no_grad(|| vit.last_selfattention_channels(&x, Some(channels)));
-            let n = (h / p) * (w / p);
-            let per_channel = attn
-                .get(0)
-                .select(1, 0)
-                .narrow(1, 1, k * n)
-                .mean_dim(0, false, None)
-                .reshape([k, 1, h / p, w / p])
-                .upsample_nearest2d([h, w], Some(p as f64), Some(p as f64));
-            channel_names
-                .iter()
-                .enumerate()
-                .map(|(c, name)| {
-                    (
-                        format!("attn-channel_{name}"),
-                        per_channel.get(c as i64).squeeze_dim(0),
-                    )
-                })
-                .collect()
-        }
-        Embedder::Bag { vit, .. } => channel_names
-            .iter()
-            .enumerate()
-            .map(|(c, name)| {
-                let one = x.narrow(0, c as i64, 1);
-                (
-                    format!("attn-channel_{name}"),
-                    cls_attention_maps(vit, &one).mean_dim(0, false, None),
-                )
-            })
-            .collect(),
-    }
+    embedder.attention_maps(x, channel_names)
 }
 
 /// Min–max scales a `[h, w]` map to [0, 1] (matplotlib `imsave`'s default normalisation and

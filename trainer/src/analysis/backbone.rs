@@ -6,6 +6,7 @@
 //! backbone-relative names (`patch_embed.proj.weight`) whatever the file was.
 use crate::checkpoint::{self, CheckpointError};
 use crate::config::{ChannelMode, CheckpointKey};
+use crate::model::channels;
 use crate::pth::{self, FileKind, PthError, PthFile, TrainingArgs, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -55,10 +56,8 @@ impl TrainedChannels {
             .iter()
             .map(|n| n.as_str().map(String::from))
             .collect::<Option<Vec<_>>>()?;
-        let mode = match v["model_channels"].as_str() {
-            None => ChannelMode::Fixed,
-            Some(m) => serde_json::from_value(serde_json::Value::String(m.into())).ok()?,
-        };
+        let record = v.get(channels::RECORD_KEY).filter(|m| m.is_string());
+        let mode = channels::read_record(record).ok()?;
         Some(Self { mode, names })
     }
 

@@ -11,7 +11,8 @@ use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
-use crate::model::{bag_cls, VisionTransformer, VitConfig};
+use crate::model::channels::{for_mode, ChannelModeKind, CombinationInput};
+use crate::model::{VisionTransformer, VitConfig};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -210,86 +211,50 @@ fn build_backbone(
     Ok((vs, vit))
 }
 
-/// How a batch of one combination's images becomes features, per `model.channels`.
-pub enum Embedder {
-    /// `fixed`: the backbone over the combination's channels as its input channels.
-    Fixed(VisionTransformer),
-    /// `fixed` with `missing_channels: zeros`: the combination's channels go to their
-    /// `positions` among the model's `trained` input channels, the others stay zero (after
-    /// normalisation: each at its dataset mean).
-    FixedZeroFilled {
-        vit: VisionTransformer,
-        positions: Vec<i64>,
-        trained: i64,
-    },
-    /// `tokens`: ChannelViT over the model's channels `channels` (indices into what it was
-    /// trained on).
-    Tokens {
-        vit: VisionTransformer,
-        channels: Vec<i64>,
-    },
-    /// `bag`: the single-channel backbone on every channel; the per-channel CLS features,
-    /// each L2-normalised (so every channel weighs the same), pooled as
-    /// `downstream.features.bag_pool` says. The pooling is decided here, where every feature
-    /// of a combination is made (features stage, evaluate), so no analysis can read another.
-    Bag {
-        vit: VisionTransformer,
-        pool: BagPool,
-    },
+/// How a batch of one combination's images becomes features: the backbone, and how the
+/// combination's channels reach it, as its `model.channels` mode says (see
+/// [`ChannelModeKind::features`]). A `bag` model's pooling is decided here, where every
+/// feature of a combination is made (features stage, evaluate), so no analysis can read
+/// another.
+pub struct Embedder {
+    kind: &'static dyn ChannelModeKind,
+    vit: VisionTransformer,
+    input: CombinationInput,
 }
 
 impl Embedder {
+    /// A `fixed` model whose input channels are the combination's, as they come (a backbone
+    /// from elsewhere: a timm folder, a `.pth`).
+    pub fn fixed(vit: VisionTransformer) -> Self {
+        let trained = vit.config().in_chans;
+        Self {
+            kind: for_mode(ChannelMode::Fixed),
+            vit,
+            input: CombinationInput {
+                positions: None,
+                trained,
+                bag_pool: BagPool::default(),
+            },
+        }
+    }
+
     /// `[B, k, H, W]` → features `[B, D]` (`[B, k·D]` for `bag` concatenated), rows not yet
     /// normalised.
     pub fn embed(&self, x: &Tensor) -> Tensor {
-        tch::no_grad(|| match self {
-            Embedder::Fixed(vit) => vit.forward_t(x, false),
-            Embedder::FixedZeroFilled { vit, .. } => {
-                vit.forward_t(&self.model_channels(x, 1), false)
-            }
-            Embedder::Tokens { vit, channels } => vit.forward_channels_t(x, Some(channels), false),
-            Embedder::Bag { vit, pool } => {
-                let cls = bag_cls(vit, x);
-                let cls = &cls / cls.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-12);
-                match pool {
-                    BagPool::Concat => cls.flatten(1, 2),
-                    BagPool::Mean => cls.mean_dim(1, false, Kind::Float),
-                }
-            }
-        })
-    }
-
-    /// `x` with the combination's channels (along `dim`) placed among the model's input
-    /// channels, the others zero, for `FixedZeroFilled`; `x` itself for every other mode.
-    pub fn model_channels(&self, x: &Tensor, dim: i64) -> Tensor {
-        match self {
-            Embedder::FixedZeroFilled {
-                positions, trained, ..
-            } => {
-                let mut shape = x.size();
-                shape[dim as usize] = *trained;
-                let at = Tensor::from_slice(positions).to_device(x.device());
-                Tensor::zeros(shape, (x.kind(), x.device())).index_copy(dim, &at, x)
-            }
-            _ => x.shallow_clone(),
-        }
+        tch::no_grad(|| self.kind.features(&self.vit, x, &self.input))
     }
 
     /// Feature dimension for `k` channels.
     pub fn dim(&self, k: usize) -> i64 {
-        match self {
-            Embedder::Fixed(vit)
-            | Embedder::FixedZeroFilled { vit, .. }
-            | Embedder::Tokens { vit, .. } => vit.config().embed_dim,
-            Embedder::Bag {
-                vit,
-                pool: BagPool::Concat,
-            } => vit.config().embed_dim * k as i64,
-            Embedder::Bag {
-                vit,
-                pool: BagPool::Mean,
-            } => vit.config().embed_dim,
-        }
+        self.kind
+            .feature_dim(self.vit.config().embed_dim, k, &self.input)
+    }
+
+    /// The named attention maps of one image `x` (`[k, h, w]`, normalised) of the
+    /// combination's `channel_names`.
+    pub fn attention_maps(&self, x: &Tensor, channel_names: &[&str]) -> Vec<(String, Tensor)> {
+        self.kind
+            .attention_maps(&self.vit, x, &self.input, channel_names)
     }
 }
 
@@ -303,6 +268,7 @@ pub fn load_embedder(
     device: Device,
 ) -> Result<(nn::VarStore, Embedder), FeaturesError> {
     let mode = cfg.model.channels;
+    let kind = for_mode(mode);
     if let Some(t) = &weights.trained {
         if t.mode != mode {
             return Err(FeaturesError::ChannelModeMismatch {
@@ -311,7 +277,7 @@ pub fn load_embedder(
                 configured: mode.name(),
             });
         }
-    } else if mode.is_adaptive() {
+    } else if kind.any_subset() {
         return Err(FeaturesError::ChannelModeUnrecorded {
             checkpoint: weights.path.clone(),
             configured: mode.name(),
@@ -321,67 +287,14 @@ pub fn load_embedder(
         .iter()
         .map(|&c| cfg.data.channel_names[c].as_str())
         .collect();
-    let trained = match (&weights.trained, mode) {
-        (_, ChannelMode::Fixed) => {
-            if let (Some(t), MissingChannels::Zeros) =
-                (&weights.trained, cfg.downstream.features.missing_channels)
-            {
-                if t.names
-                    .iter()
-                    .map(String::as_str)
-                    .ne(wanted.iter().copied())
-                {
-                    let positions = t.indices_of(&wanted, &weights.path)?;
-                    let trained_channels: Vec<usize> = t
-                        .names
-                        .iter()
-                        .map(|n| {
-                            cfg.data
-                                .channel_names
-                                .iter()
-                                .position(|c| c == n)
-                                .ok_or_else(|| FeaturesError::MissingChannel {
-                                    channel: n.clone(),
-                                    checkpoint: weights.path.clone(),
-                                })
-                        })
-                        .collect::<Result<_, _>>()?;
-                    let (vs, vit) = load_backbone(cfg, weights, &trained_channels, device)?;
-                    let embedder = Embedder::FixedZeroFilled {
-                        vit,
-                        positions,
-                        trained: t.names.len() as i64,
-                    };
-                    return Ok((vs, embedder));
-                }
-            }
-            if let (Some(t), true) = (&weights.trained, cfg.downstream.features.is_unadapted()) {
-                if t.names
-                    .iter()
-                    .map(String::as_str)
-                    .ne(wanted.iter().copied())
-                {
-                    return Err(FeaturesError::FixedChannels {
-                        checkpoint: weights.path.clone(),
-                        trained: t.names.clone(),
-                        wanted: wanted.iter().map(|w| w.to_string()).collect(),
-                    });
-                }
-            }
-            let (vs, vit) = load_backbone(cfg, weights, channels, device)?;
-            return Ok((vs, Embedder::Fixed(vit)));
-        }
-        (Some(t), _) => t,
-        (None, _) => unreachable!("an adaptive mode without a record was refused above"),
+    let trained = match &weights.trained {
+        Some(t) if kind.any_subset() => t,
+        _ => return load_per_combination(cfg, weights, channels, &wanted, device),
     };
     let m = &cfg.model;
-    let vit_cfg = match mode {
-        ChannelMode::Tokens => {
-            VitConfig::new(m.arch, m.patch_size, trained.names.len()).with_channel_tokens()
-        }
-        _ => VitConfig::new(m.arch, m.patch_size, 1),
-    }
-    .with_registers(m.num_register_tokens);
+    let vit_cfg = kind
+        .vit_config(m.arch, m.patch_size, trained.names.len())
+        .with_registers(m.num_register_tokens);
     let vit_cfg = crate::model::with_layout(vit_cfg, m);
     let model = format!(
         "{:?}, patch {}, model.channels: {}",
@@ -390,17 +303,81 @@ pub fn load_embedder(
         mode.name()
     );
     let (vs, vit) = build_backbone(weights, vit_cfg, None, &model, "", device)?;
-    let embedder = match mode {
-        ChannelMode::Tokens => Embedder::Tokens {
-            vit,
-            channels: trained.indices_of(&wanted, &weights.path)?,
-        },
-        _ => Embedder::Bag {
-            vit,
-            pool: cfg.downstream.features.bag_pool,
+    let positions = if kind.knows_channels() {
+        Some(trained.indices_of(&wanted, &weights.path)?)
+    } else {
+        None
+    };
+    let input = CombinationInput {
+        positions,
+        trained: trained.names.len() as i64,
+        bag_pool: cfg.downstream.features.bag_pool,
+    };
+    Ok((vs, Embedder { kind, vit, input }))
+}
+
+/// A model trained on one combination (`fixed`) for the combination `channels` (`wanted`
+/// by name): its patch embedding adapted as `downstream.features` says, or, with
+/// `missing_channels: zeros`, the channels it lacks fed as zeros.
+fn load_per_combination(
+    cfg: &Config,
+    weights: &BackboneWeights,
+    channels: &[usize],
+    wanted: &[&str],
+    device: Device,
+) -> Result<(nn::VarStore, Embedder), FeaturesError> {
+    let kind = for_mode(cfg.model.channels);
+    let embedder = |vit, positions, trained| Embedder {
+        kind,
+        vit,
+        input: CombinationInput {
+            positions,
+            trained,
+            bag_pool: cfg.downstream.features.bag_pool,
         },
     };
-    Ok((vs, embedder))
+    if let (Some(t), MissingChannels::Zeros) =
+        (&weights.trained, cfg.downstream.features.missing_channels)
+    {
+        if t.names
+            .iter()
+            .map(String::as_str)
+            .ne(wanted.iter().copied())
+        {
+            let positions = t.indices_of(wanted, &weights.path)?;
+            let trained_channels: Vec<usize> = t
+                .names
+                .iter()
+                .map(|n| {
+                    cfg.data
+                        .channel_names
+                        .iter()
+                        .position(|c| c == n)
+                        .ok_or_else(|| FeaturesError::MissingChannel {
+                            channel: n.clone(),
+                            checkpoint: weights.path.clone(),
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+            let (vs, vit) = load_backbone(cfg, weights, &trained_channels, device)?;
+            return Ok((vs, embedder(vit, Some(positions), t.names.len() as i64)));
+        }
+    }
+    if let (Some(t), true) = (&weights.trained, cfg.downstream.features.is_unadapted()) {
+        if t.names
+            .iter()
+            .map(String::as_str)
+            .ne(wanted.iter().copied())
+        {
+            return Err(FeaturesError::FixedChannels {
+                checkpoint: weights.path.clone(),
+                trained: t.names.clone(),
+                wanted: wanted.iter().map(|w| w.to_string()).collect(),
+            });
+        }
+    }
+    let (vs, vit) = load_backbone(cfg, weights, channels, device)?;
+    Ok((vs, embedder(vit, None, channels.len() as i64)))
 }
 
 /// torchvision `Resize(size)` with an int: the shorter side becomes `size`.

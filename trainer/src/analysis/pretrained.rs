@@ -208,7 +208,7 @@ pub fn for_config(
     );
     Ok(Loaded {
         vs,
-        embedder: Embedder::Fixed(vit),
+        embedder: Embedder::fixed(vit),
         preparer,
         channel_names: names,
     })
@@ -231,7 +231,7 @@ pub fn for_images(path: &Path, device: Device) -> Result<Loaded, PretrainedError
     let preparer = Preparer::pretrained(chans, &channels, names.clone(), 0, input, mean, std);
     Ok(Loaded {
         vs,
-        embedder: Embedder::Fixed(vit),
+        embedder: Embedder::fixed(vit),
         preparer,
         channel_names: names,
     })

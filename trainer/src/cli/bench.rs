@@ -13,8 +13,8 @@ use trainer::augment::{MultiCropAugment, MultiCropConfig};
 use trainer::config::{Arch, AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
 use trainer::data::mean_std;
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
+use trainer::model::channels::for_mode;
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
-use trainer::train::channels::hierarchical_sample;
 use trainer::train::graphed::{self, GraphedStep};
 use trainer::train::input::TrainInput;
 use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
@@ -364,7 +364,7 @@ impl StepBench {
         if self.iters == 0 {
             bail!("--iters must be at least 1");
         }
-        if self.channel_mode != ChannelMode::Fixed && self.loader != LoaderMode::None {
+        if self.channel_mode.is_adaptive() && self.loader != LoaderMode::None {
             bail!("--channel-mode bag|tokens is measured with --loader none");
         }
         let device = self.device()?;
@@ -379,6 +379,7 @@ impl StepBench {
         let ncrops = 2 + self.local_crops;
         let mut learner = Learner::from_config(&cfg, self.channels, device)?;
         let lr = scaled_lr(cfg.train.lr, self.batch, 1);
+        let mode = for_mode(self.channel_mode);
         let params = |it: usize| StepParams {
             lr,
             weight_decay: cfg.train.weight_decay,
@@ -388,9 +389,9 @@ impl StepBench {
             freeze_last_layer: false,
             clip_grad: cfg.train.clip_grad,
             rng_seed: it as i64,
-            channels: (self.channel_mode == ChannelMode::Tokens).then(|| {
-                ChannelSubset::from_indices(&hierarchical_sample(self.seed, it, self.channels))
-            }),
+            channels: mode
+                .step_channels(self.seed, it, self.channels)
+                .map(|c| ChannelSubset::from_indices(&c)),
         };
         let mut group = SingleProcess::default();
         let mut graphed = self.graphed(&cfg, device)?;
@@ -401,9 +402,10 @@ impl StepBench {
         let mut last_loss = f64::NAN;
         match self.loader {
             LoaderMode::None => {
-                let (b, c) = match self.channel_mode {
-                    ChannelMode::Bag => ((self.batch * self.channels) as i64, 1),
-                    _ => (self.batch as i64, self.channels as i64),
+                let (b, c) = if mode.channel_items() {
+                    ((self.batch * self.channels) as i64, 1)
+                } else {
+                    (self.batch as i64, self.channels as i64)
                 };
                 let opts = (Kind::Float, device);
                 let crops: Vec<Tensor> = (0..ncrops)

@@ -6,7 +6,8 @@
 use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features::{load_embedder, unit_rows, Embedder, FeaturesError, Preparer};
 use crate::checkpoint;
-use crate::config::{ChannelMode, Config, MissingChannels};
+use crate::config::{Config, MissingChannels};
+use crate::model::channels::for_mode;
 use crate::pth::{self, FileKind};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
@@ -101,7 +102,7 @@ impl Model {
             mean.push(meta.mean[model]);
             std.push(meta.std[model]);
         }
-        if trained.mode == ChannelMode::Fixed && wanted != trained.names {
+        if !for_mode(trained.mode).any_subset() && wanted != trained.names {
             let mut sections = cfg.sections();
             sections.downstream.features.missing_channels = MissingChannels::Zeros;
             cfg = Config::from_sections(sections, &path.display().to_string()).map_err(|e| {

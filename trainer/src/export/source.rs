@@ -6,6 +6,7 @@
 use super::ExportError;
 use crate::checkpoint;
 use crate::config::{Arch, ChannelMode, CheckpointKey, Config, ModelSection, PosEmbed};
+use crate::model::channels;
 use crate::model::{timm, VisionTransformer, VitConfig};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -65,10 +66,8 @@ impl ModelRecord {
             })
             .filter(|n| !n.is_empty())
             .ok_or_else(|| field("channel_names"))?;
-        let mode = match v.get("model_channels") {
-            None => ChannelMode::Fixed,
-            Some(m) => serde_json::from_value(m.clone()).map_err(|_| field("model_channels"))?,
-        };
+        let mode = channels::read_record(v.get(channels::RECORD_KEY))
+            .map_err(|_| field(channels::RECORD_KEY))?;
         let num_register_tokens = match v.get("num_register_tokens") {
             None => 0,
             Some(r) => r.as_u64().ok_or_else(|| field("num_register_tokens"))? as usize,
@@ -94,14 +93,9 @@ impl ModelRecord {
             return layout;
         }
         let k = self.channel_names.len();
-        let vit = match self.mode {
-            ChannelMode::Fixed => VitConfig::new(self.arch, self.patch_size, k),
-            ChannelMode::Bag => VitConfig::new(self.arch, self.patch_size, 1),
-            ChannelMode::Tokens => {
-                VitConfig::new(self.arch, self.patch_size, k).with_channel_tokens()
-            }
-        }
-        .with_registers(self.num_register_tokens);
+        let vit = channels::for_mode(self.mode)
+            .vit_config(self.arch, self.patch_size, k)
+            .with_registers(self.num_register_tokens);
         let section = ModelSection {
             layer_scale: self.layer_scale,
             pos_embed: self.pos_embed,

@@ -12,23 +12,18 @@
 //! position folded into `cls_token` (registers have no position, as in our model).
 use super::source::{arch_name, Source};
 use super::{ExportError, Staging};
-use crate::config::{Arch, ChannelMode};
+use crate::config::Arch;
+use crate::model::channels;
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
 /// Why a model cannot be a timm ViT, or None.
 pub fn unsupported(src: &Source) -> Option<String> {
-    match src.model.mode {
-        ChannelMode::Fixed => None,
-        mode => Some(format!(
-            "model.channels: {} is channel-adaptive ({}); timm's VisionTransformer has one fixed patch embedding over a fixed channel list (use --format torchscript, or a model.channels: fixed model)",
-            mode.name(),
-            match mode {
-                ChannelMode::Bag => "one single-channel ViT applied to each channel, features concatenated",
-                _ => "ChannelViT's per-channel tokens and channel embeddings",
-            }
-        )),
-    }
+    let why = channels::for_mode(src.model.mode).timm_unsupported()?;
+    Some(format!(
+        "model.channels: {} is channel-adaptive ({why}); timm's VisionTransformer has one fixed patch embedding over a fixed channel list (use --format torchscript, or a model.channels: fixed model)",
+        src.model.mode.name(),
+    ))
 }
 
 /// timm's registered name for this size (the `model_args` in `config.json` fix every size

@@ -11,28 +11,16 @@
 //! `torch.jit.load(path, map_location=...)` places them.
 use super::source::{network_name, Source};
 use super::{ExportError, Staging};
-use crate::config::ChannelMode;
+use crate::model::channels;
 use std::path::Path;
 use tch::{CModule, Kind, Tensor};
 
 /// The module's file in the export folder.
 pub const FILE: &str = "model.pt";
 
-/// What the module computes from `x` (`[B, C, H, W]`, already normalised), per mode.
+/// What the module computes from `x` (`[B, C, H, W]`, already normalised): the mode's.
 fn backbone(src: &Source, x: &Tensor) -> Tensor {
-    match src.model.mode {
-        ChannelMode::Fixed => src.vit.forward_t(x, false),
-        // Every channel the model knows, in its order (no channel index in the graph).
-        ChannelMode::Tokens => src.vit.forward_channels_t(x, None, false),
-        // DINO-BoC: each channel through the single-channel ViT, `[B, C, D]` (the channel
-        // count is fixed, the batch is not).
-        ChannelMode::Bag => {
-            let k = x.size()[1];
-            src.vit
-                .forward_t(&x.flatten(0, 1).unsqueeze(1), false)
-                .unflatten(0, [-1, k])
-        }
-    }
+    channels::for_mode(src.model.mode).export_forward(&src.vit, x)
 }
 
 /// The normalisation and the backbone, traced on a batch of two images of the export's
@@ -147,16 +135,7 @@ pub fn write(src: &Source, staging: &Staging) -> Result<String, ExportError> {
 fn output(src: &Source) -> (String, &'static str) {
     let d = src.vit_config().embed_dim;
     let k = src.model.channel_names.len();
-    match src.model.mode {
-        ChannelMode::Bag => (
-            format!("[B, {k}, {d}]"),
-            "each channel's CLS token (DINO Bag-of-Channels): the analyses L2-normalise each and concatenate them in channel order",
-        ),
-        _ => (
-            format!("[B, {d}]"),
-            "the CLS token after the final norm: the analyses L2-normalise it",
-        ),
-    }
+    channels::for_mode(src.model.mode).export_output(d, k)
 }
 
 /// The module's contract, machine-readable.

@@ -1,5 +1,6 @@
 //! ViT-DINO networks: the ViT backbone, the DINO head and the multi-crop wrapper, plus loading
 //! weights by PyTorch name.
+pub mod channels;
 mod head;
 mod init;
 mod multicrop;
@@ -8,13 +9,14 @@ pub mod timm;
 mod units;
 mod vit;
 
+pub use channels::bag_cls;
 pub use head::{DinoHead, HeadConfig};
 pub use multicrop::{IbotForward, MultiCropNet};
 pub use pos_embed::{resample as resample_pos_embed, PosResample};
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
 
-use crate::config::{ChannelMode, Config, ModelSection, PosEmbed};
+use crate::config::{Config, ModelSection, PosEmbed};
 use std::collections::BTreeSet;
 use std::path::Path;
 use tch::{nn, Tensor};
@@ -36,11 +38,7 @@ pub enum WeightsError {
 /// a `bag` model is a single-channel ViT whatever `in_chans` is.
 pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, HeadConfig) {
     let m = &cfg.model;
-    let mut vit = match m.channels {
-        ChannelMode::Fixed => VitConfig::new(m.arch, m.patch_size, in_chans),
-        ChannelMode::Bag => VitConfig::new(m.arch, m.patch_size, 1),
-        ChannelMode::Tokens => VitConfig::new(m.arch, m.patch_size, in_chans).with_channel_tokens(),
-    };
+    let mut vit = channels::for_mode(m.channels).vit_config(m.arch, m.patch_size, in_chans);
     vit = with_layout(vit.with_registers(m.num_register_tokens), m);
     if cfg.train.ibot.enabled() {
         vit = vit.with_mask_token();
@@ -83,16 +81,6 @@ pub fn ibot_head_config(cfg: &Config, vit: &VitConfig, student: bool) -> Option<
             !student || m.norm_last_layer,
         )
     })
-}
-
-/// DINO Bag-of-Channels: the per-channel CLS tokens of `x` (`[B, k, H, W]`) from a
-/// single-channel backbone, the channels going through the batch dimension: `[B, k, D]`.
-/// DINO-BoC's feature is these concatenated in channel order (`[B, k·D]`), or their mean over
-/// the channels (`[B, D]`), as `downstream.features.bag_pool` says.
-pub fn bag_cls(vit: &VisionTransformer, x: &Tensor) -> Tensor {
-    let (b, k, h, w) = x.size4().expect("images are [B, C, H, W]");
-    vit.forward_t(&x.reshape([b * k, 1, h, w]), false)
-        .reshape([b, k, -1])
 }
 
 /// Total element count of the variables whose name starts with `prefix`.

@@ -22,7 +22,8 @@
 //! the masked images times the mean target ratio of their patches (the block masks can fall
 //! short of their target, so this is an upper estimate of the heads' share; by how much is not
 //! measured).
-use crate::config::{ChannelMode, Config};
+use crate::config::Config;
+use crate::model::channels::for_mode;
 use crate::model::{configs_for, ibot_head_config, HeadConfig, VitConfig};
 
 /// FLOPs of one step on one rank.
@@ -81,12 +82,12 @@ pub fn head_forward(head: &HeadConfig) -> f64 {
 }
 
 /// One step with `batch` images (`bag`: items) per crop on this rank, for a model over
-/// `in_chans` channels; for `tokens` the expectation under hierarchical channel sampling.
+/// `in_chans` channels; the mean over the channel counts the mode's steps hold (for `tokens`
+/// the expectation under hierarchical channel sampling).
 pub fn step_flops(cfg: &Config, in_chans: usize, batch: usize) -> StepFlops {
-    if cfg.model.channels != ChannelMode::Tokens {
-        return step_flops_on(cfg, in_chans, batch, in_chans);
-    }
-    let each: Vec<StepFlops> = (1..=in_chans)
+    let each: Vec<StepFlops> = for_mode(cfg.model.channels)
+        .step_channel_counts(in_chans)
+        .into_iter()
         .map(|k| step_flops_on(cfg, in_chans, batch, k))
         .collect();
     let mean = |f: fn(&StepFlops) -> f64| each.iter().map(f).sum::<f64>() / each.len() as f64;

@@ -5,10 +5,11 @@
 //! allocates no input memory.
 use super::{RunShape, TrainError};
 use crate::augment::{AugmentOps, MultiCropAugment, MultiCropConfig};
-use crate::config::{ChannelMode, Config, OnCorrupt};
+use crate::config::{Config, OnCorrupt};
 use crate::data::preprocess::preprocess_into;
 use crate::data::quality;
 use crate::data::{ImageChw, PreprocessOptions, SharedSource};
+use crate::model::channels::for_mode;
 use crate::train::ahead::{ahead, Ahead};
 use crate::train::bag::BagOfChannels;
 use crate::train::input::{ImageFn, TrainInput};
@@ -28,7 +29,8 @@ pub struct TrainItems {
 impl TrainItems {
     /// `train`: the training split; `mean`/`std`: of the selected channels.
     pub fn new(cfg: &Config, train: &[usize], mean: &[f32], std: &[f32]) -> Self {
-        let bag = (cfg.model.channels == ChannelMode::Bag)
+        let bag = for_mode(cfg.model.channels)
+            .channel_items()
             .then(|| Arc::new(BagOfChannels::new(mean, std)));
         let items = match &bag {
             Some(b) => b.items(train),

@@ -6,8 +6,7 @@ use super::batches::PreparedBatch;
 use super::resume::Position;
 use super::{TrainError, TrainOutcome, TrainingRun};
 use crate::checkpoint::EpochTotals;
-use crate::config::ChannelMode;
-use crate::train::channels::hierarchical_sample;
+use crate::model::channels::for_mode;
 use crate::train::collapse::TeacherSnapshot;
 use crate::train::loss::DinoTerm;
 use crate::train::step::{ChannelSubset, StepOutput, StepParams};
@@ -115,13 +114,9 @@ impl TrainingRun<'_> {
             freeze_last_layer: epoch < cfg.train.freeze_last_layer,
             clip_grad: cfg.train.clip_grad,
             rng_seed: step_seed(cfg.run.seed, iteration),
-            channels: (cfg.model.channels == ChannelMode::Tokens).then(|| {
-                ChannelSubset::from_indices(&hierarchical_sample(
-                    cfg.run.seed,
-                    iteration,
-                    self.channels.len(),
-                ))
-            }),
+            channels: for_mode(cfg.model.channels)
+                .step_channels(cfg.run.seed, iteration, self.channels.len())
+                .map(|c| ChannelSubset::from_indices(&c)),
         }
     }
 

@@ -43,9 +43,7 @@ pub fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
         "channels": channels,
         "channel_names": channels.iter().map(|&c| &cfg.data.channel_names[c]).collect::<Vec<_>>(),
     });
-    if m.channels.is_adaptive() {
-        fp["model_channels"] = m.channels.name().into();
-    }
+    crate::model::channels::write_record(&mut fp, m.channels);
     if m.num_register_tokens > 0 {
         fp["num_register_tokens"] = m.num_register_tokens.into();
     }

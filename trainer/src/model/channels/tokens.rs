@@ -1,0 +1,89 @@
+//! `model.channels: tokens` (ChannelViT, Bao et al., ICLR 2024): one shared single-channel
+//! patch projection, a learned embedding per channel, one token per channel and patch;
+//! trained with hierarchical channel sampling.
+use super::kind::{ChannelModeKind, CombinationInput};
+use crate::config::{Arch, ChannelMode};
+use crate::model::{VisionTransformer, VitConfig};
+use crate::train::channels::hierarchical_sample;
+use tch::Tensor;
+
+pub struct Tokens;
+
+impl ChannelModeKind for Tokens {
+    fn mode(&self) -> ChannelMode {
+        ChannelMode::Tokens
+    }
+
+    fn vit_config(&self, arch: Arch, patch_size: usize, k: usize) -> VitConfig {
+        VitConfig::new(arch, patch_size, k).with_channel_tokens()
+    }
+
+    fn any_subset(&self) -> bool {
+        true
+    }
+
+    fn knows_channels(&self) -> bool {
+        true
+    }
+
+    fn step_channels(&self, seed: u64, iteration: usize, k: usize) -> Option<Vec<i64>> {
+        Some(hierarchical_sample(seed, iteration, k))
+    }
+
+    /// Hierarchical sampling draws the count uniformly from 1..=k.
+    fn step_channel_counts(&self, k: usize) -> Vec<usize> {
+        (1..=k).collect()
+    }
+
+    fn features(&self, vit: &VisionTransformer, x: &Tensor, input: &CombinationInput) -> Tensor {
+        vit.forward_channels_t(x, input.positions.as_deref(), false)
+    }
+
+    /// One map per channel: the CLS attention to that channel's patches, averaged over the
+    /// heads.
+    fn attention_maps(
+        &self,
+        vit: &VisionTransformer,
+        x: &Tensor,
+        input: &CombinationInput,
+        channel_names: &[&str],
+    ) -> Vec<(String, Tensor)> {
+        let p = vit.config().patch_size;
+        let (k, h, w) = (x.size()[0], x.size()[1], x.size()[2]);
+        let (h, w) = (h - h % p, w - w % p);
+        let x = x.narrow(1, 0, h).narrow(2, 0, w).unsqueeze(0);
+        let channels = input.positions.as_deref();
+        let attn = tch::no_grad(|| vit.last_selfattention_channels(&x, channels));
+        let n = (h / p) * (w / p);
+        let per_channel = attn
+            .get(0)
+            .select(1, 0)
+            .narrow(1, 1, k * n)
+            .mean_dim(0, false, None)
+            .reshape([k, 1, h / p, w / p])
+            .upsample_nearest2d([h, w], Some(p as f64), Some(p as f64));
+        channel_names
+            .iter()
+            .enumerate()
+            .map(|(c, name)| {
+                (
+                    format!("attn-channel_{name}"),
+                    per_channel.get(c as i64).squeeze_dim(0),
+                )
+            })
+            .collect()
+    }
+
+    /// Every channel the model knows, in its order (no channel index in the graph).
+    fn export_forward(&self, vit: &VisionTransformer, x: &Tensor) -> Tensor {
+        vit.forward_channels_t(x, None, false)
+    }
+
+    fn timm_unsupported(&self) -> Option<&'static str> {
+        Some("ChannelViT's per-channel tokens and channel embeddings")
+    }
+
+    fn record(&self) -> Option<&'static str> {
+        Some("tokens")
+    }
+}
