@@ -371,11 +371,21 @@ fn epoch_known(meta: &checkpoint::CheckpointMeta) -> bool {
         .unwrap_or(true)
 }
 
+/// The tag the outputs of a timm folder are named with: `model_{folder name}`, as a
+/// checkpoint without an epoch is (scDINO's downstream-only naming).
+pub fn timm_folder_tag(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("model_{name}")
+}
+
 /// [`BackboneWeights::tag`] without loading any weights: our checkpoints' safetensors header,
 /// or a `.pth` file's pickle (its storages are not read).
 pub fn checkpoint_tag(path: &Path) -> Result<String, BackboneError> {
-    if crate::analysis::pretrained::is_timm_folder(path) {
-        return Ok(crate::analysis::pretrained::tag(path));
+    if crate::model::timm::is_timm_folder(path) {
+        return Ok(timm_folder_tag(path));
     }
     let epoch = match pth::sniff(path)? {
         FileKind::Zip | FileKind::LegacyPickle => PthFile::open(path)?

@@ -4,7 +4,7 @@
 //! L2 normalisation. Features, labels and paths are produced together, so they cannot drift
 //! apart (scDINO ran two jobs and relied on the sampler order matching).
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
-use crate::analysis::pretrained::{self, InputSize};
+use crate::analysis::pretrained::{self, InputSize, ModelInput};
 use crate::checkpoint;
 use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
 use crate::data::mean_std::MeanStd;
@@ -477,8 +477,9 @@ pub fn extract_indices(
     let device = crate::device::resolve_for_this_process(cfg.train.device)?;
     let (_vs, embedder, preparer, tag, epoch) = if pretrained::is_timm_folder(checkpoint_path) {
         let p = pretrained::for_config(cfg, &channels, checkpoint_path, device)?;
-        let tag = pretrained::tag(checkpoint_path);
-        (p.vs, p.embedder, p.preparer, tag, None)
+        let tag = crate::analysis::backbone::timm_folder_tag(checkpoint_path);
+        let (embedder, preparer) = (Embedder::fixed(p.vit), Preparer::pretrained(p.input));
+        (p.vs, embedder, preparer, tag, None)
     } else {
         let weights = BackboneWeights::load(checkpoint_path, f.checkpoint_key)?;
         let (vs, embedder) = load_embedder(cfg, &weights, &channels, device)?;
@@ -576,28 +577,28 @@ impl Preparer {
         }
     }
 
-    /// For a pretrained model ([`pretrained`]): the file channels `channels` of images with
-    /// `file_channels` channels named `names`, centre-cropped and min–max scaled as in every
-    /// stage, resized to the model's `input` size and normalised with its `mean`/`std`.
-    pub fn pretrained(
-        file_channels: usize,
-        channels: &[usize],
-        names: Vec<String>,
-        center_crop: usize,
-        input: InputSize,
-        mean: Vec<f32>,
-        std: Vec<f32>,
-    ) -> Self {
-        Self {
-            channels: channels.to_vec(),
+    /// For a pretrained model ([`pretrained`]): the input it expects (its own size and
+    /// mean/std).
+    pub fn pretrained(input: ModelInput) -> Self {
+        let ModelInput {
             file_channels,
+            channels,
             names,
+            center_crop,
+            size,
+            mean,
+            std,
+        } = input;
+        Self {
             opts: PreprocessOptions {
-                selected_channels: Some(channels.to_vec()),
+                selected_channels: Some(channels.clone()),
                 center_crop,
             },
+            channels,
+            file_channels,
+            names,
             resize: None,
-            input: Some(input),
+            input: Some(size),
             normalize: Some((mean, std)),
         }
     }

@@ -10,7 +10,6 @@
 //! normalised with `pretrained_cfg.mean`/`std` instead of the dataset's, because the model was
 //! trained on inputs of that size normalised that way.
 use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
-use crate::analysis::features::{Embedder, Preparer};
 use crate::config::Config;
 use crate::model::timm::{self, TimmModel};
 use crate::model::VisionTransformer;
@@ -57,16 +56,6 @@ pub fn is_timm_folder(path: &Path) -> bool {
     timm::is_timm_folder(path)
 }
 
-/// The tag the outputs of a timm folder are named with: `model_{folder name}`, as a
-/// checkpoint without an epoch is (scDINO's downstream-only naming).
-pub fn tag(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    format!("model_{name}")
-}
-
 /// The SHA-256 that identifies a checkpoint in provenance records and `trainer embed`'s
 /// manifest: of the file, or for a timm folder of its two files' digests (the weights and
 /// the `config.json` whose mean/std and input size change every feature).
@@ -84,13 +73,27 @@ pub fn checkpoint_sha256(path: &Path) -> std::io::Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
-/// A timm folder ready to embed: the backbone (held by `vs`), how images are prepared for it,
-/// and the names of the channels it embeds.
+/// A timm folder ready to embed: the backbone (held by `vs`), the input it expects, and the
+/// names of the channels it embeds. (The features stage wraps them in its `Embedder` and
+/// `Preparer`; this module does not import it, which imports this one.)
 pub struct Loaded {
     pub vs: nn::VarStore,
-    pub embedder: Embedder,
-    pub preparer: Preparer,
+    pub vit: VisionTransformer,
+    pub input: ModelInput,
     pub channel_names: Vec<String>,
+}
+
+/// How images are prepared for a pretrained model: the file channels `channels` of images
+/// with `file_channels` channels named `names`, centre-cropped (`center_crop`) and min–max
+/// scaled as in every stage, resized to `size` and normalised with `mean`/`std`.
+pub struct ModelInput {
+    pub file_channels: usize,
+    pub channels: Vec<usize>,
+    pub names: Vec<String>,
+    pub center_crop: usize,
+    pub size: InputSize,
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
 }
 
 /// The folder's input size, resampling and per-input-channel mean/std.
@@ -197,19 +200,18 @@ pub fn for_config(
         PatchEmbedAdapt::Map(map) => channels.iter().map(|c| (mean[map[c]], std[map[c]])).unzip(),
     };
     let (vs, vit) = backbone(m, patch_embed, device)?;
-    let preparer = Preparer::pretrained(
-        cfg.file_channels(),
-        channels,
-        cfg.data.channel_names.clone(),
-        cfg.data.center_crop,
-        input,
-        mean,
-        std,
-    );
     Ok(Loaded {
         vs,
-        embedder: Embedder::fixed(vit),
-        preparer,
+        vit,
+        input: ModelInput {
+            file_channels: cfg.file_channels(),
+            channels: channels.to_vec(),
+            names: cfg.data.channel_names.clone(),
+            center_crop: cfg.data.center_crop,
+            size: input,
+            mean,
+            std,
+        },
         channel_names: names,
     })
 }
@@ -228,11 +230,18 @@ pub fn for_images(path: &Path, device: Device) -> Result<Loaded, PretrainedError
     let channels: Vec<usize> = (0..chans).collect();
     let patch_embed = m.tensors["patch_embed.proj.weight"].shallow_clone();
     let (vs, vit) = backbone(m, patch_embed, device)?;
-    let preparer = Preparer::pretrained(chans, &channels, names.clone(), 0, input, mean, std);
     Ok(Loaded {
         vs,
-        embedder: Embedder::fixed(vit),
-        preparer,
+        vit,
+        input: ModelInput {
+            file_channels: chans,
+            channels,
+            names: names.clone(),
+            center_crop: 0,
+            size: input,
+            mean,
+            std,
+        },
         channel_names: names,
     })
 }

@@ -2,7 +2,7 @@
 //! each image, in file order, prepared as its `config.json` says
 //! ([`crate::analysis::pretrained`]).
 use super::{Model, ModelError};
-use crate::analysis::features::FeaturesError;
+use crate::analysis::features::{Embedder, FeaturesError, Preparer};
 use crate::analysis::pretrained;
 use std::path::Path;
 use tch::Device;
@@ -29,11 +29,12 @@ impl Model {
         if bf16 {
             vs.bfloat16();
         }
-        let dim = p.embedder.dim(p.channel_names.len()) as usize;
+        let embedder = Embedder::fixed(p.vit);
+        let dim = embedder.dim(p.channel_names.len()) as usize;
         Ok(Self {
-            embedder: p.embedder,
+            embedder,
             _vs: vs,
-            preparer: p.preparer,
+            preparer: Preparer::pretrained(p.input),
             device,
             bf16,
             channel_names: p.channel_names,
