@@ -182,7 +182,10 @@ fn resume_and_distribute(
     // collective under FSDP: every rank calls it).
     if strategy.world_size() > 1 {
         let sum = strategy.checksum(learner)?;
-        tracing::info!(start_checksum = sum, "student checksum at the start {sum:.12e}");
+        tracing::info!(
+            start_checksum = sum,
+            "student checksum at the start {sum:.12e}"
+        );
     }
     // FSDP shards newer than the consolidated checkpoint (or without one) answer for the
     // dataset themselves.
