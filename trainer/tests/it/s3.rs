@@ -201,11 +201,16 @@ impl Server {
             .spawn()
             .expect("cannot start fake-gcs-server");
         self.child = Some(child);
+        self.wait_listening("fake-gcs-server");
+    }
+
+    /// Waits (up to a minute) until the server `name` accepts connections on `port`.
+    fn wait_listening(&self, name: &str) {
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 t.elapsed() < Duration::from_secs(60),
-                "fake-gcs-server did not listen"
+                "{name} did not listen"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -233,14 +238,7 @@ impl Server {
             .spawn()
             .expect("cannot start node for Azurite");
         self.child = Some(child);
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "Azurite did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.wait_listening("Azurite");
         let out = Command::new(python())
             .arg(py_dir().join("azurite_seed.py"))
             .arg(format!("http://127.0.0.1:{}/{AZURITE_ACCOUNT}", self.port))
