@@ -18,8 +18,8 @@
 # bank). Epoch times are the trainer's own ("Epoch: [e/N] Total time: Xs" in its log), so both
 # arms' times come from the same host load. The recipe is configs/small-data.yaml (the digits
 # recipe + DINOv2's four stabilisers) with model.pos_embed: timm_no_class in every run: the
-# layout `trainer export --format timm` writes a model with registers in, which a timm source
-# must match.
+# layout `trainer export --format timm` writes a model with registers in, which a run started
+# from the timm folder takes from it (written in every run, so scratch trains the same network).
 # usage: [SEEDS="0 1 2"] [ARMS="scratch repeat mean"] [SOURCE_SEED=0] [TRAINER=bin]
 #        bench/finetune.sh OUT [EPOCHS] [SOURCE_EPOCHS] [THREADS]
 # Prints the tables (bench/finetune_table.py) and writes them to OUT/table.md; reruns skip what

@@ -12,6 +12,7 @@ mod parse;
 pub mod reference;
 pub mod scdino;
 mod sections;
+mod source_layout;
 mod stage;
 mod validate;
 
@@ -20,6 +21,7 @@ pub use locate::KeyLines;
 pub use location::{DatasetLocation, LocationError, Scheme, StoreUrl};
 pub use parse::{parse_yaml, Unparsed};
 pub use sections::*;
+pub use source_layout::{ReadLayout, SourceLayout};
 pub use stage::{Stage, UnknownStage, PIPELINE_STAGES};
 pub use validate::{Invalid, Validator};
 
@@ -103,12 +105,23 @@ impl Config {
     /// Configs read back from a checkpoint or built in code go through [`Config::from_yaml`],
     /// which says nothing (their keys are not the user's current choice).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::read_file(path, None)
+    }
+
+    /// [`Config::load`], with the `model:` keys that a `model.init.from` source fixes taken
+    /// from `source` where the file does not write them, and refused where it writes them
+    /// otherwise ([`SourceLayout`]). The trainer reads a user's file this way.
+    pub fn load_with(path: &Path, source: &dyn ReadLayout) -> Result<Self, ConfigError> {
+        Self::read_file(path, Some(source))
+    }
+
+    fn read_file(path: &Path, source: Option<&dyn ReadLayout>) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.to_path_buf(),
             source,
         })?;
         let origin = path.display().to_string();
-        let cfg = Self::from_yaml(&text, &origin)?;
+        let cfg = Self::read(&text, &origin, source)?;
         for (key, line) in compat::ignored_keys_written(&KeyLines::scan(&text)) {
             tracing::warn!("{}", compat::ignored_key_notice(&origin, &key, line));
         }
@@ -117,9 +130,39 @@ impl Config {
 
     /// `origin` names the source in messages (a file path, or `<stdin>`).
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        Self::read(text, origin, None)
+    }
+
+    /// [`Config::from_yaml`] with the layout of `model.init.from` ([`Config::load_with`]).
+    pub fn from_yaml_with(
+        text: &str,
+        origin: &str,
+        source: &dyn ReadLayout,
+    ) -> Result<Self, ConfigError> {
+        Self::read(text, origin, Some(source))
+    }
+
+    fn read(
+        text: &str,
+        origin: &str,
+        source: Option<&dyn ReadLayout>,
+    ) -> Result<Self, ConfigError> {
         let lines = KeyLines::scan(text);
-        location::check_text(text, &Validator::new(origin, &lines))?;
-        let sections: Sections = parse_yaml(text, origin)?;
+        let v = Validator::new(origin, &lines);
+        location::check_text(text, &v)?;
+        let mut sections: Sections = parse_yaml(text, origin)?;
+        let init = &sections.model.init;
+        if let (Some(source), Some(from)) = (source, init.from.clone()) {
+            if !from.trim().is_empty() {
+                let layout = source.read_layout(init).map_err(|e| {
+                    v.err(
+                        "model.init.from",
+                        &format!("cannot read the model {from} fixes: {e}"),
+                    )
+                })?;
+                layout.resolve(&mut sections.model, &v, &from)?;
+            }
+        }
         Self::validate(sections, origin, &lines)
     }
 

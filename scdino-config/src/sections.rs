@@ -418,6 +418,18 @@ pub enum Arch {
     VitLarge,
 }
 
+impl Arch {
+    /// The YAML spelling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Arch::VitTiny => "vit_tiny",
+            Arch::VitSmall => "vit_small",
+            Arch::VitBase => "vit_base",
+            Arch::VitLarge => "vit_large",
+        }
+    }
+}
+
 /// Optimisation and schedules (scDINO `train_scDINO` + `hyperparameters`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -49,6 +49,11 @@ impl<'a> Validator<'a> {
         }
     }
 
+    /// Whether the file writes `key` itself (not a default).
+    pub fn written(&self, key: &str) -> bool {
+        self.lines.written(key).is_some()
+    }
+
     pub fn check(&self, ok: bool, key: &str, message: &str) -> Result<(), Invalid> {
         if ok {
             Ok(())

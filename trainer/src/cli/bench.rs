@@ -692,7 +692,7 @@ impl LoaderBench {
         });
         let (source, name): (SharedSource, String) = match (&self.config, &self.data) {
             (Some(c), _) => {
-                let cfg = Config::load(c)?;
+                let cfg = trainer::train::init_layout::load_config(c)?;
                 (open_source(&cfg.data)?, cfg.data.dataset_dir.to_string())
             }
             (None, Some(d)) => (Arc::new(LocalSource::open(d, 0)?), d.display().to_string()),

@@ -3,6 +3,7 @@ use clap::Subcommand;
 use std::path::PathBuf;
 use trainer::config::{scdino, Config};
 use trainer::probe::check_dataset;
+use trainer::train::init_layout::load_config;
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
@@ -21,7 +22,7 @@ impl ConfigCommand {
     pub fn run(self) -> Result<()> {
         match self {
             ConfigCommand::Check { file } => {
-                let cfg = Config::load(&file)?;
+                let cfg = load_config(&file)?;
                 println!(
                     "{}: valid ({} channel combination(s), {:?}/{}, dataset {})",
                     file.display(),
@@ -67,7 +68,7 @@ impl ConfigCommand {
                 Ok(())
             }
             ConfigCommand::Show { file } => {
-                let cfg = Config::load(&file)?;
+                let cfg = load_config(&file)?;
                 print!("{}", cfg.to_yaml());
                 Ok(())
             }

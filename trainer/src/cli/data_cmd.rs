@@ -77,7 +77,7 @@ impl ForwardArgs {
             tch::set_num_threads(t);
         }
         let path = self.config.path()?;
-        let cfg = trainer::config::Config::load(&path)?;
+        let cfg = trainer::train::init_layout::load_config(&path)?;
         let report = forward_probe(&cfg, self.combination, self.images)
             .with_context(|| format!("forward probe of {}", path.display()))?;
         println!("{}", serde_json::to_string_pretty(&report)?);

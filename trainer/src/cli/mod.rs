@@ -35,7 +35,7 @@ impl ConfigArg {
     }
 
     pub fn load(&self) -> Result<Config> {
-        Ok(Config::load(&self.path()?)?)
+        Ok(trainer::train::init_layout::load_config(&self.path()?)?)
     }
 }
 

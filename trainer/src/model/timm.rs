@@ -141,17 +141,8 @@ pub fn is_timm_folder(dir: &Path) -> bool {
 
 /// Reads the timm folder `dir`.
 pub fn read(dir: &Path) -> Result<TimmModel, TimmError> {
-    let config_path = dir.join("config.json");
-    let weights_path = dir.join("model.safetensors");
-    let text = std::fs::read_to_string(&config_path).map_err(|source| TimmError::Io {
-        path: config_path.clone(),
-        source,
-    })?;
-    let config: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| TimmError::Invalid {
-            path: config_path.clone(),
-            what: format!("not JSON: {e}"),
-        })?;
+    let (config_path, weights_path) = (dir.join("config.json"), dir.join("model.safetensors"));
+    let config = read_config(&config_path)?;
     let raw = Tensor::read_safetensors(&weights_path).map_err(|source| TimmError::Weights {
         path: weights_path.clone(),
         source,
@@ -165,7 +156,8 @@ pub fn read(dir: &Path) -> Result<TimmModel, TimmError> {
             tensors.insert(our_name(&name), t);
         }
     }
-    let cfg = layout(&tensors, &config, &weights_path, &config_path)?;
+    let shapes: Shapes = tensors.iter().map(|(n, t)| (n.clone(), t.size())).collect();
+    let cfg = layout(&shapes, &config, &weights_path, &config_path)?;
     let pretrained = &config["pretrained_cfg"];
     let floats = |key: &str| -> Option<Vec<f32>> {
         pretrained[key].as_array().map(|a| {
@@ -200,27 +192,88 @@ pub fn read(dir: &Path) -> Result<TimmModel, TimmError> {
     })
 }
 
-/// The shape of tensor `name`, or an error naming it and the file.
-fn shape(
-    tensors: &BTreeMap<String, Tensor>,
-    name: &str,
-    path: &Path,
-) -> Result<Vec<i64>, TimmError> {
-    tensors
-        .get(name)
-        .map(|t| t.size())
-        .ok_or_else(|| TimmError::Invalid {
-            path: path.to_path_buf(),
-            what: format!(
-                "no tensor {}: not a timm VisionTransformer with a class token",
-                timm_name(name)
-            ),
+/// Tensor shapes by our names: all a layout needs, so it can come from a file's header.
+pub type Shapes = BTreeMap<String, Vec<i64>>;
+
+/// The network of the timm folder `dir` from `config.json` and the header of
+/// `model.safetensors` alone (no tensor data read): what a run config's `model.init` needs
+/// before training starts.
+pub fn read_layout(dir: &Path) -> Result<VitConfig, TimmError> {
+    let (config_path, weights_path) = (dir.join("config.json"), dir.join("model.safetensors"));
+    let config = read_config(&config_path)?;
+    let shapes = safetensors_shapes(&weights_path)?
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("head."))
+        .map(|(n, s)| (our_name(&n), s))
+        .collect();
+    layout(&shapes, &config, &weights_path, &config_path)
+}
+
+/// A folder's `config.json`.
+fn read_config(path: &Path) -> Result<serde_json::Value, TimmError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TimmError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| TimmError::Invalid {
+        path: path.to_path_buf(),
+        what: format!("not JSON: {e}"),
+    })
+}
+
+/// The tensor names and shapes of a `.safetensors` file, from its header: an 8-byte
+/// little-endian length, then that many bytes of JSON `{name: {dtype, shape, data_offsets}}`.
+fn safetensors_shapes(path: &Path) -> Result<Shapes, TimmError> {
+    use std::io::Read;
+    let io = |source| TimmError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let invalid = |what: String| TimmError::Invalid {
+        path: path.to_path_buf(),
+        what,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(io)?;
+    let len = u64::from_le_bytes(len);
+    let size = f.metadata().map_err(io)?.len();
+    if len > size.saturating_sub(8) || len > 100 << 20 {
+        return Err(invalid(format!(
+            "not a safetensors file: its header length {len} does not fit the file's {size} bytes"
+        )));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).map_err(io)?;
+    let header: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|e| invalid(format!("not a safetensors header: {e}")))?;
+    header
+        .into_iter()
+        .filter(|(n, _)| n != "__metadata__")
+        .map(|(n, v)| {
+            let shape = v["shape"]
+                .as_array()
+                .and_then(|a| a.iter().map(|d| d.as_i64()).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| invalid(format!("tensor {n} has no shape in the header")))?;
+            Ok((n, shape))
         })
+        .collect()
+}
+
+/// The shape of tensor `name`, or an error naming it and the file.
+fn shape(shapes: &Shapes, name: &str, path: &Path) -> Result<Vec<i64>, TimmError> {
+    shapes.get(name).cloned().ok_or_else(|| TimmError::Invalid {
+        path: path.to_path_buf(),
+        what: format!(
+            "no tensor {}: not a timm VisionTransformer with a class token",
+            timm_name(name)
+        ),
+    })
 }
 
 /// The network the tensors and `model_args` describe.
-fn layout(
-    tensors: &BTreeMap<String, Tensor>,
+pub fn layout(
+    tensors: &Shapes,
     config: &serde_json::Value,
     weights: &Path,
     config_path: &Path,
@@ -260,7 +313,7 @@ fn layout(
         .take_while(|i| tensors.contains_key(&format!("blocks.{i}.norm1.weight")))
         .count() as i64;
     let registers = match tensors.get("register_tokens") {
-        Some(t) => t.size()[1],
+        Some(t) => t[1],
         None => 0,
     };
     let pos = shape(tensors, "pos_embed", weights)?[1];

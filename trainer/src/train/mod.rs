@@ -10,6 +10,7 @@ pub mod foreach;
 pub mod graphed;
 pub mod ibot;
 pub mod init;
+pub mod init_layout;
 pub mod input;
 pub mod koleo;
 pub mod loader;

@@ -1,15 +1,18 @@
 //! `model.init`: channel adaptation against timm's `adapt_input_conv`; a timm source (made by
 //! timm, `tests/py/timm_oracle.py`) and another run's checkpoint load into the student, the
 //! teacher equal to it; layouts and tensors that do not fit are refused naming the key, the
-//! tensor and the file, or listed with `strict: false`; a real `trainer train` starts from
-//! `model.init` once and a resumed run does not.
+//! tensor and the file, or listed with `strict: false`; what the source fixes of `model:` (the
+//! architecture, patch, registers, LayerScale, position layout) is taken from it where the file
+//! does not write it; a real `trainer train` starts from `model.init` once and a resumed run
+//! does not.
 use super::util::{max_abs_diff, run_py_file, run_python, torch_rng_lock};
 use std::path::Path;
 use std::process::Command;
 use tch::{Device, Kind, Tensor};
 use trainer::analysis::backbone::BackboneWeights;
-use trainer::config::{ChannelAdapt, CheckpointKey, Config};
+use trainer::config::{Arch, ChannelAdapt, CheckpointKey, Config, ConfigError, PosEmbed};
 use trainer::train::init::{adapt_patch_embed, apply};
+use trainer::train::init_layout::config_from_yaml;
 use trainer::train::step::Networks;
 
 #[test]
@@ -45,6 +48,7 @@ fn repeat_is_timms_adapt_input_conv_and_mean_the_mean_kernel() {
     }
 }
 
+/// A config built in code (every key as written, nothing read from the source).
 fn config(init: &str, extra: &str) -> Config {
     // vit_tiny unless `extra` names another architecture.
     let arch = if extra.contains("arch:") {
@@ -52,11 +56,24 @@ fn config(init: &str, extra: &str) -> Config {
     } else {
         "  arch: vit_tiny\n"
     };
-    Config::from_yaml(
-        &format!("data:\n  channel_names: [a, b, c, d, e]\n  channel_combinations: [\"01234\"]\nmodel:\n{arch}  out_dim: 64\n{extra}  init:\n{init}"),
-        "test.yaml",
+    Config::from_yaml(&yaml_of(init, &format!("{arch}{extra}")), "test.yaml").unwrap()
+}
+
+/// 5 channels, `model:` with `extra` (from line 5) and `init:` `init`.
+fn yaml_of(init: &str, extra: &str) -> String {
+    format!("data:\n  channel_names: [a, b, c, d, e]\n  channel_combinations: [\"01234\"]\nmodel:\n{extra}  out_dim: 64\n  init:\n{init}")
+}
+
+/// `model:`'s layout keys of `cfg`.
+fn layout(cfg: &Config) -> (Arch, usize, usize, bool, PosEmbed) {
+    let m = &cfg.model;
+    (
+        m.arch,
+        m.patch_size,
+        m.num_register_tokens,
+        m.layer_scale.is_some(),
+        m.pos_embed,
     )
-    .unwrap()
 }
 
 fn assert_teacher_is_student(nets: &Networks) {
@@ -76,8 +93,13 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
     run_py_file("timm_oracle.py", &[dir.path().to_str().unwrap()]);
     let folder = dir.path().join("tiny");
     let init = format!("    from: {}\n    format: timm\n", folder.display());
-    let layout = "  layer_scale: 1.0e-5\n  pos_embed: timm_no_class\n  num_register_tokens: 4\n";
-    let cfg = config(&init, layout);
+    // The file writes no layout key: the trainer takes the source's (ViT-Ti/16, 4 registers,
+    // LayerScale, timm's no_embed_class) from config.json and the safetensors header.
+    let cfg = config_from_yaml(&yaml_of(&init, ""), "test.yaml").unwrap();
+    assert_eq!(
+        layout(&cfg),
+        (Arch::VitTiny, 16, 4, true, PosEmbed::TimmNoClass)
+    );
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
     assert!(report.skipped.is_empty());
@@ -105,7 +127,47 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
     }
     assert_teacher_is_student(&nets);
 
-    // A layout key the source contradicts: named with both values.
+    // A layout key the file writes otherwise: refused when the file is read, naming the key,
+    // its line and both values.
+    for (extra, key, want) in [
+        (
+            "  patch_size: 8\n",
+            "model.patch_size",
+            "is 8, but model.init.from",
+        ),
+        (
+            "  arch: vit_small\n",
+            "model.arch",
+            "is vit_small, but model.init.from",
+        ),
+        (
+            "  layer_scale: null\n",
+            "model.layer_scale",
+            "is unset (no LayerScale), but",
+        ),
+        (
+            "  pos_embed: timm\n",
+            "model.pos_embed",
+            "is timm, but model.init.from",
+        ),
+    ] {
+        match config_from_yaml(&yaml_of(&init, extra), "test.yaml").unwrap_err() {
+            ConfigError::Invalid {
+                key: k,
+                line,
+                message,
+                ..
+            } => {
+                assert_eq!((k.as_str(), line), (key, Some(5)), "{message}");
+                assert!(
+                    message.contains(want) && message.contains(folder.to_str().unwrap()),
+                    "{message}"
+                );
+            }
+            other => panic!("{other}"),
+        }
+    }
+    // A config built in code that contradicts the source: refused when the run starts.
     let cfg = config(
         &init,
         "  pos_embed: timm_no_class\n  num_register_tokens: 4\n",
@@ -113,8 +175,7 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
     assert!(
-        err.contains("model.layer_scale = set")
-            && err.contains("config gives unset")
+        err.contains("`model.layer_scale` is unset (no LayerScale), but the source has set")
             && err.contains("tiny"),
         "{err}"
     );
@@ -122,14 +183,14 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
     assert!(
-        err.contains("model.pos_embed = timm_no_class") && err.contains("gives dino"),
+        err.contains("`model.pos_embed` is dino, but the source has timm_no_class"),
         "{err}"
     );
     let cfg = config(&init, "  arch: vit_small\n  layer_scale: 1.0e-5\n  pos_embed: timm_no_class\n  num_register_tokens: 4\n");
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
     assert!(
-        err.contains("model.arch = width 192") && err.contains("VitSmall"),
+        err.contains("`model.arch` is vit_small, but the source has vit_tiny"),
         "{err}"
     );
 }
@@ -167,7 +228,12 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
         )
     };
     let first = dir.path().join("first.yaml");
-    std::fs::write(&first, yaml("first", "")).unwrap();
+    // Patch 8 and a register, so a run that starts from it must take both from it.
+    std::fs::write(
+        &first,
+        yaml("first", "  patch_size: 8\n  num_register_tokens: 1\n"),
+    )
+    .unwrap();
     train(&first, "2");
     let source = model_dir(&Config::load(&first).unwrap(), &[2, 4]).join("checkpoint.safetensors");
     let trained = BackboneWeights::load(&source, CheckpointKey::Teacher).unwrap();
@@ -177,7 +243,9 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
         "  init:\n    from: {}\n    format: run\n    head: true\n",
         source.display()
     );
-    let cfg = Config::from_yaml(&yaml("second", &init), "second.yaml").unwrap();
+    // The file writes neither: both come from the checkpoint's model record.
+    let cfg = config_from_yaml(&yaml("second", &init), "second.yaml").unwrap();
+    assert_eq!(layout(&cfg), (Arch::VitTiny, 8, 1, false, PosEmbed::Dino));
     let nets = Networks::new(&cfg, 2, Device::Cpu);
     apply(&cfg, &cfg.model.init, &nets).unwrap();
     let student = nets.student_vs.variables();
@@ -195,13 +263,24 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
     }
     assert_teacher_is_student(&nets);
 
-    // A model the checkpoint does not fit: refused naming the tensor and the file, or
-    // skipped and listed with strict: false.
+    // A model the checkpoint does not fit: a file that asks for LayerScale is refused when
+    // read; a config built in code when the run starts, naming the tensor and the file; with
+    // strict: false the file's LayerScale stands and its tensors are skipped and listed.
     let bad = format!(
         "  layer_scale: 1.0e-5\n  init:\n    from: {}\n    format: run\n",
         source.display()
     );
-    let cfg = Config::from_yaml(&yaml("third", &bad), "third.yaml").unwrap();
+    let err = config_from_yaml(&yaml("third", &bad), "third.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "third.yaml:13: `model.layer_scale`: is set (LayerScale), but model.init.from"
+        ) && err.contains("has unset (no LayerScale)"),
+        "{err}"
+    );
+    let in_code = format!("  patch_size: 8\n  num_register_tokens: 1\n{bad}");
+    let cfg = Config::from_yaml(&yaml("third", &in_code), "third.yaml").unwrap();
     let nets = Networks::new(&cfg, 2, Device::Cpu);
     let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
     assert!(
@@ -211,7 +290,8 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
         "{err}"
     );
     let lax = bad.clone() + "    strict: false\n";
-    let cfg = Config::from_yaml(&yaml("third", &lax), "third.yaml").unwrap();
+    let cfg = config_from_yaml(&yaml("third", &lax), "third.yaml").unwrap();
+    assert_eq!(layout(&cfg), (Arch::VitTiny, 8, 1, true, PosEmbed::Dino));
     let nets = Networks::new(&cfg, 2, Device::Cpu);
     let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
     assert_eq!(report.skipped.len(), 24, "{:?}", report.skipped);
@@ -307,12 +387,17 @@ fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
     let _rng = torch_rng_lock();
     let dir = tempfile::tempdir().unwrap();
     run_py_file("dinov2_oracle.py", &[dir.path().to_str().unwrap()]);
+    // The file writes only the resampling (a .pth does not record it); the architecture,
+    // patch 14, registers and LayerScale come from the file's tensors.
     let config = |name: &str, registers: usize, pos_embed: &str| {
-        Config::from_yaml(
-            &format!("data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  arch: vit_tiny\n  patch_size: 14\n  num_register_tokens: {registers}\n  layer_scale: 1.0e-5\n  pos_embed: {pos_embed}\n  out_dim: 64\n  init:\n    from: {}\n    format: pth\n", dir.path().join(format!("{name}.pth")).display()),
+        let cfg = config_from_yaml(
+            &format!("data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  pos_embed: {pos_embed}\n  out_dim: 64\n  init:\n    from: {}\n    format: pth\n", dir.path().join(format!("{name}.pth")).display()),
             "test.yaml",
         )
-        .unwrap()
+        .unwrap();
+        let pos: PosEmbed = serde_json::from_value(pos_embed.into()).unwrap();
+        assert_eq!(layout(&cfg), (Arch::VitTiny, 14, registers, true, pos));
+        cfg
     };
     for (name, registers, pos_embed, other) in
         [("v1", 0, "dino", "timm"), ("reg", 4, "timm", "dino")]
