@@ -12,7 +12,8 @@ export PATH=$VENV/bin:$PATH LIBTORCH_USE_PYTORCH=1
 # Two test threads each start trainers and Python oracles with libtorch's OpenMP threads on
 # 2 vCPUs. By default libgomp's idle threads spin, and oversubscribed spinning threads hold
 # the cores the working ones need: the e2e pipeline run took 5 min 35 s with spinning and
-# 65 s with sleeping waits, on the same host under the same load (numbers unchanged).
+# 65 s with sleeping waits, on the same host under the same load (only how idle threads wait
+# changes, no arithmetic).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 # The NCCL build (ProcessGroupNCCL in the shim, libtorch_cuda linked) must compile and link on
 # every run even though only a GPU machine can run it; kept as target/release/trainer-nccl for

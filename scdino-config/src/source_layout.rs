@@ -76,57 +76,57 @@ impl SourceLayout {
             Some(_) => "set (LayerScale)".to_string(),
             None => "unset (no LayerScale)".to_string(),
         };
-        // (key, differs, the configured and the source's value as written in messages)
+        // The key, whether it differs, its configured and the source's value as messages
+        // write them, and how the source's value is set.
+        type Set = fn(&mut ModelSection, &SourceLayout);
         let pos = self.pos_embed.unwrap_or(model.pos_embed);
-        let keys: [(&'static str, bool, String, String); 5] = [
+        let keys: [(&'static str, bool, String, String, Set); 5] = [
             (
                 "model.arch",
                 model.arch != self.arch,
                 model.arch.name().into(),
                 self.arch.name().into(),
+                |m, s| m.arch = s.arch,
             ),
             (
                 "model.patch_size",
                 model.patch_size != self.patch_size,
                 model.patch_size.to_string(),
                 self.patch_size.to_string(),
+                |m, s| m.patch_size = s.patch_size,
             ),
             (
                 "model.num_register_tokens",
                 model.num_register_tokens != self.num_register_tokens,
                 model.num_register_tokens.to_string(),
                 self.num_register_tokens.to_string(),
+                |m, s| m.num_register_tokens = s.num_register_tokens,
             ),
             (
                 "model.layer_scale",
                 model.layer_scale.is_some() != self.layer_scale.is_some(),
                 ls(model.layer_scale),
                 ls(self.layer_scale),
+                |m, s| m.layer_scale = s.layer_scale,
             ),
+            // A source that does not record its resampling leaves the config's.
             (
                 "model.pos_embed",
                 model.pos_embed != pos,
                 model.pos_embed.name().into(),
                 pos.name().into(),
+                |m, s| m.pos_embed = s.pos_embed.unwrap_or(m.pos_embed),
             ),
         ];
-        for (key, differs, configured, source) in keys {
-            if written(key) {
-                if differs && !keep_written {
-                    return Err(Difference {
-                        key,
-                        configured,
-                        source,
-                    });
-                }
-                continue;
-            }
-            match key {
-                "model.arch" => model.arch = self.arch,
-                "model.patch_size" => model.patch_size = self.patch_size,
-                "model.num_register_tokens" => model.num_register_tokens = self.num_register_tokens,
-                "model.layer_scale" => model.layer_scale = self.layer_scale,
-                _ => model.pos_embed = pos,
+        for (key, differs, configured, source, set) in keys {
+            if !written(key) {
+                set(model, self);
+            } else if differs && !keep_written {
+                return Err(Difference {
+                    key,
+                    configured,
+                    source,
+                });
             }
         }
         Ok(())

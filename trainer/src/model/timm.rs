@@ -271,9 +271,9 @@ fn shape(shapes: &Shapes, name: &str, path: &Path) -> Result<Vec<i64>, TimmError
     })
 }
 
-/// The network the tensors and `model_args` describe.
+/// The network the tensor shapes and `model_args` describe.
 pub fn layout(
-    tensors: &Shapes,
+    shapes: &Shapes,
     config: &serde_json::Value,
     weights: &Path,
     config_path: &Path,
@@ -296,7 +296,7 @@ pub fn layout(
             return Err(invalid(config_path, format!("model_args.{key} ({value}) changes the network in a way this project's ViT does not compute (it reads timm VisionTransformers with {})", HARMLESS_ARGS.join(", "))));
         }
     }
-    let proj = shape(tensors, "patch_embed.proj.weight", weights)?;
+    let proj = shape(shapes, "patch_embed.proj.weight", weights)?;
     let [embed_dim, in_chans, patch, patch_w] = proj[..] else {
         return Err(invalid(
             weights,
@@ -310,13 +310,13 @@ pub fn layout(
         ));
     }
     let depth = (0..)
-        .take_while(|i| tensors.contains_key(&format!("blocks.{i}.norm1.weight")))
+        .take_while(|i| shapes.contains_key(&format!("blocks.{i}.norm1.weight")))
         .count() as i64;
-    let registers = match tensors.get("register_tokens") {
+    let registers = match shapes.get("register_tokens") {
         Some(t) => t[1],
         None => 0,
     };
-    let pos = shape(tensors, "pos_embed", weights)?[1];
+    let pos = shape(shapes, "pos_embed", weights)?[1];
     let square = |n: i64| {
         let g = (n as f64).sqrt().round() as i64;
         (g * g == n).then_some(g)
@@ -333,7 +333,7 @@ pub fn layout(
             return Err(invalid(weights, format!("pos_embed has {pos} positions: neither a square patch grid nor one plus the class token's{extra}")));
         }
     };
-    let mlp_hidden = shape(tensors, "blocks.0.mlp.fc1.weight", weights)?[0];
+    let mlp_hidden = shape(shapes, "blocks.0.mlp.fc1.weight", weights)?[0];
     let num_heads = match args.get("num_heads").and_then(|v| v.as_i64()) {
         Some(h) => h,
         None => standard_heads(embed_dim).ok_or_else(|| invalid(config_path, format!("no model_args.num_heads, and width {embed_dim} is no standard ViT's (192, 384, 768, 1024, 1280, 1536), so the head count is unknown")))?,
@@ -351,7 +351,7 @@ pub fn layout(
         num_register_tokens: registers,
         mask_token: false,
         // The initial value only matters for training from scratch; timm's DINOv2 uses 1e-5.
-        layer_scale: tensors.contains_key("blocks.0.ls1.gamma").then(|| {
+        layer_scale: shapes.contains_key("blocks.0.ls1.gamma").then(|| {
             args.get("init_values")
                 .and_then(|v| v.as_f64())
                 .unwrap_or(1e-5)

@@ -26,33 +26,38 @@ impl config::ReadLayout for SourceReader {
         match init.format {
             InitFormat::Timm => of_timm(&timm::read_layout(path).map_err(|e| e.to_string())?),
             InitFormat::Run => {
+                // A checkpoint without a model record (imported from a `.pth`, or written before
+                // records had these keys' places) is read by its tensors, as a `.pth` is.
                 let meta = checkpoint::read_meta(path).map_err(|e| e.to_string())?;
-                let m = ModelRecord::from_fingerprint(&meta.fingerprint, path)
-                    .map_err(|e| e.to_string())?;
-                Ok(SourceLayout {
-                    arch: m.arch,
-                    patch_size: m.patch_size,
-                    num_register_tokens: m.num_register_tokens,
-                    layer_scale: m.layer_scale,
-                    pos_embed: Some(m.pos_embed),
-                })
+                match ModelRecord::from_fingerprint(&meta.fingerprint, path) {
+                    Ok(m) => Ok(SourceLayout {
+                        arch: m.arch,
+                        patch_size: m.patch_size,
+                        num_register_tokens: m.num_register_tokens,
+                        layer_scale: m.layer_scale,
+                        pos_embed: Some(m.pos_embed),
+                    }),
+                    Err(_) => of_weights(path),
+                }
             }
-            InitFormat::Pth => {
-                let w = BackboneWeights::load(path, CheckpointKey::Teacher)
-                    .map_err(|e| e.to_string())?;
-                let shapes: timm::Shapes = w
-                    .tensors
-                    .iter()
-                    .map(|(n, t)| (n.clone(), t.size()))
-                    .collect();
-                let vit = timm::layout(&shapes, &serde_json::json!({}), path, path)
-                    .map_err(|e| e.to_string())?;
-                // DINO's and DINOv2's files hold the same position tensor whichever resampling
-                // their code used (docs/pretrained.md, the DINOv2 table): the config says.
-                of_network(&vit, None)
-            }
+            InitFormat::Pth => of_weights(path),
         }
     }
+}
+
+/// The layout the teacher backbone's tensor shapes show. DINO's and DINOv2's files hold the
+/// same position tensor whichever resampling their code used (docs/pretrained.md, the DINOv2
+/// table), so `pos_embed` is left to the config.
+fn of_weights(path: &Path) -> Result<SourceLayout, String> {
+    let w = BackboneWeights::load(path, CheckpointKey::Teacher).map_err(|e| e.to_string())?;
+    let shapes: timm::Shapes = w
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.size()))
+        .collect();
+    let vit =
+        timm::layout(&shapes, &serde_json::json!({}), path, path).map_err(|e| e.to_string())?;
+    of_network(&vit, None)
 }
 
 /// The user's config file with the layout of its `model.init` source: how the trainer's

@@ -373,6 +373,17 @@ fn pth_init_loads_the_backbone_with_mean_adaptation() {
         assert!(s.equal(&want), "{name}");
     }
     assert_teacher_is_student(&nets);
+
+    // The same .pth imported as one of our checkpoints has no model record: as a `run`
+    // source its layout comes from its tensors, and it loads as the .pth did.
+    let imported = dir.path().join("imported.safetensors");
+    source.save(&imported, CheckpointKey::Teacher).unwrap();
+    let run = format!("    from: {}\n    format: run\n", imported.display());
+    let cfg = config_from_yaml(&yaml_of(&run, ""), "test.yaml").unwrap();
+    assert_eq!(layout(&cfg), (Arch::VitTiny, 16, 0, false, PosEmbed::Dino));
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+    assert_eq!(report.loaded, source.tensors.len());
 }
 
 /// DINOv2's own `.pth` (`tests/py/dinov2_oracle.py`: DINOv2's `DinoVisionTransformer` with its
