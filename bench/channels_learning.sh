@@ -30,13 +30,7 @@
 #   (`scripts/digits.py --out DATA --size 16 --channels 4`, or `trainer synth --out DATA
 #   --size 32 --per-class 96 --channels 5`), else written into OUT.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [[ -z ${TRAINER:-} ]]; then
-  "$ROOT/scripts/setup.sh" >/dev/null 2>&1 || "$ROOT/scripts/setup.sh"
-  TRAINER=$ROOT/target/release/trainer
-fi
-PY=${PYTHON:-${SCDINO_VENV:-$ROOT/.venv}/bin/python}
-[[ -x $PY ]] || PY=python3
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 OUT=$(realpath -m "${1:?usage: bench/channels_learning.sh OUT [EPOCHS] [THREADS]}")
 EPOCHS=${2:-10} THREADS=${3:-2}
 SEEDS=${SEEDS:-0}

@@ -8,10 +8,7 @@
 # forward, Parquet written).
 # usage: [RUNS_OUT=file.jsonl] bench/embed.sh [PER_CLASS] [THREADS] [WORKERS] [ROUNDS]
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PY=${SCDINO_VENV:-$ROOT/.venv}/bin/python
-TRAINER=${TRAINER:-${CARGO_TARGET_DIR:-$ROOT/target}/release/trainer}
-[[ -x $TRAINER ]] || { echo "build first: cargo build --release" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 PER_CLASS=${1:-64} THREADS=${2:-2} WORKERS=${3:-2} ROUNDS=${4:-2}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -41,8 +38,7 @@ for _ in $(seq "$ROUNDS"); do
     --batch 24 --threads "$THREADS" --workers "$WORKERS" --out "$WORK/peer.parquet" \
     --compare "$WORK/ours.parquet" >"$WORK/peer.json"
   t1=$(date +%s.%N)
-  "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["wall_s"]=float(sys.argv[3])-float(sys.argv[2]); print(json.dumps(d))' \
-    "$WORK/peer.json" "$t0" "$t1" >>"$RUNS"
+  with_wall "$WORK/peer.json" "$t0" "$t1" >>"$RUNS"
 done
 [[ -n ${RUNS_OUT:-} ]] && cp "$RUNS" "$RUNS_OUT"
 echo "load average (1/5/15 min) at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -13,10 +13,7 @@
 # usage: [RUNS_OUT=file.jsonl] bench/features.sh [PER_CLASS] [THREADS] [ROUNDS]
 # (held-out images = 20 % of 8 × PER_CLASS; default 320 -> 512 images)
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PY=${SCDINO_VENV:-$ROOT/.venv}/bin/python
-TRAINER=$ROOT/target/release/trainer
-[[ -x $TRAINER ]] || { echo "build first: cargo build --release (or scripts/setup.sh)" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 PER_CLASS=${1:-320} THREADS=${2:-2} ROUNDS=${3:-2}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -76,8 +73,7 @@ for _ in $(seq "$ROUNDS"); do
     --mean-std "$RUN/mean_and_std_of_dataset.txt" --batch 24 --threads "$THREADS" \
     --out "$WORK/peer_features.csv" --compare "$WORK/ours.safetensors" >"$WORK/peer.json"
   t1=$(date +%s.%N)
-  "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["wall_s"]=float(sys.argv[3])-float(sys.argv[2]); print(json.dumps(d))' \
-    "$WORK/peer.json" "$t0" "$t1" >>"$RUNS"
+  with_wall "$WORK/peer.json" "$t0" "$t1" >>"$RUNS"
 done
 
 [[ -n ${RUNS_OUT:-} ]] && cp "$RUNS" "$RUNS_OUT"

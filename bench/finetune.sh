@@ -22,21 +22,17 @@
 # from the timm folder takes from it (written in every run, so scratch trains the same network).
 # usage: [SEEDS="0 1 2"] [ARMS="scratch repeat mean"] [SOURCE_SEED=0] [TRAINER=bin]
 #        bench/finetune.sh OUT [EPOCHS] [SOURCE_EPOCHS] [THREADS]
+# SEEDS="" (set, empty): the source only (trained and exported), e.g. to give it every core
+# before the targets run side by side at one thread each.
 # Prints the tables (bench/finetune_table.py) and writes them to OUT/table.md; reruns skip what
 # is finished (OUT/logs/*.done). Instances started side by side on one OUT share the runs
 # (a lock per run), e.g. `for s in "0 1 2" "1 2 0" "2 0 1"; do SEEDS=$s bench/finetune.sh OUT &
 # done; wait`; the table of the last one to finish has every run (or run finetune_table.py).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [[ -z ${TRAINER:-} ]]; then
-  "$ROOT/scripts/setup.sh" >/dev/null 2>&1 || "$ROOT/scripts/setup.sh"
-  TRAINER=$ROOT/target/release/trainer
-fi
-PY=${PYTHON:-${SCDINO_VENV:-$ROOT/.venv}/bin/python}
-[[ -x $PY ]] || PY=python3
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 OUT=$(realpath -m "${1:?usage: bench/finetune.sh OUT [EPOCHS] [SOURCE_EPOCHS] [THREADS]}")
 EPOCHS=${2:-5} SOURCE_EPOCHS=${3:-10} THREADS=${4:-1}
-SEEDS=${SEEDS:-0 1 2}
+SEEDS=${SEEDS-0 1 2}
 ARMS=${ARMS:-scratch repeat mean}
 SOURCE_SEED=${SOURCE_SEED:-0}
 mkdir -p "$OUT/logs"
@@ -172,4 +168,5 @@ for seed in $SEEDS; do
   done
 done
 
+[[ -n ${SEEDS// /} ]] || exit 0
 "$PY" "$ROOT/bench/finetune_table.py" "$OUT" --seeds $SEEDS --arms $ARMS | tee "$OUT/table.md"

@@ -11,10 +11,7 @@
 # bundle read, kNN); the peer also reports its load and kNN seconds separately.
 # usage: [DTYPE=f64|f32] [RUNS_OUT=file.jsonl] bench/knn.sh [THREADS] [ROUNDS] [ROWS]
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PY=${SCDINO_VENV:-$ROOT/.venv}/bin/python
-TRAINER=$ROOT/target/release/trainer
-[[ -x $TRAINER ]] || { echo "build first: cargo build --release (or scripts/setup.sh)" >&2; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 THREADS=${1:-2} ROUNDS=${2:-1} ROWS=${3:-113564}
 DTYPE=${DTYPE:-f64}
 KS=5,10,50,100,200,500 T=0.1 SEED=40
@@ -48,8 +45,7 @@ PYEOF
   "$PY" "$ROOT/bench/knn.py" peer --bundle "$BUNDLE" --seed "$SEED" --ks "$KS" --temperature "$T" \
     --threads "$THREADS" >"$WORK/peer.json"
   t1=$(date +%s.%N)
-  "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); d["wall_s"]=float(sys.argv[3])-float(sys.argv[2]); print(json.dumps(d))' \
-    "$WORK/peer.json" "$t0" "$t1" >>"$RUNS"
+  with_wall "$WORK/peer.json" "$t0" "$t1" >>"$RUNS"
 done
 
 [[ -n ${RUNS_OUT:-} ]] && cp "$RUNS" "$RUNS_OUT"

@@ -19,13 +19,7 @@
 #        [TRAINER=bin] [KEEP_CHECKPOINTS=1] bench/recipe.sh OUT [EPOCHS] [THREADS]
 # Prints a Markdown table per dataset (also written to OUT/table.md); reruns skip finished runs.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [[ -z ${TRAINER:-} ]]; then
-  "$ROOT/scripts/setup.sh" >/dev/null 2>&1 || "$ROOT/scripts/setup.sh"
-  TRAINER=$ROOT/target/release/trainer
-fi
-PY=${PYTHON:-${SCDINO_VENV:-$ROOT/.venv}/bin/python}
-[[ -x $PY ]] || PY=python3
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 OUT=$(realpath -m "${1:?usage: bench/recipe.sh OUT [EPOCHS] [THREADS]}")
 EPOCHS=${2:-10} THREADS=${3:-1}
 SEED=${SEED:-0}
