@@ -15,22 +15,10 @@
 #include <thread>
 #include <vector>
 
-extern "C" const char* shim_last_error();
-namespace {
-thread_local std::string c10d_error;
+#include "guarded.h"
 
-template <typename F>
-int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    c10d_error = e.what();
-  } catch (...) {
-    c10d_error = "unknown C++ exception";
-  }
-  return -1;
-}
+namespace {
+using scdino_shim::guarded;
 
 struct Group {
   c10::intrusive_ptr<c10d::Store> store;
@@ -53,8 +41,6 @@ c10d::ReduceOp reduce_op(int op) {
 }  // namespace
 
 extern "C" {
-
-const char* c10d_last_error() { return c10d_error.c_str(); }
 
 // Rendezvous through a TCPStore at host:port (rank 0 serves it), then a Gloo (cuda=0) or
 // NCCL (cuda=1) process group. Returns NULL on error.

@@ -12,9 +12,7 @@
 #include <exception>
 #include <string>
 
-namespace scdino_shim {
-void set_last_error(const char* message);
-}
+#include "guarded.h"
 
 #ifdef SCDINO_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -23,18 +21,7 @@ void set_last_error(const char* message);
 #include <c10/cuda/CUDAStream.h>
 
 namespace {
-template <typename F>
-int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    scdino_shim::set_last_error(e.what());
-  } catch (...) {
-    scdino_shim::set_last_error("unknown C++ exception");
-  }
-  return -1;
-}
+using scdino_shim::guarded;
 
 // `waiter` waits for the work queued on `first` so far, through c10's device-generic event
 // (CUDAEvent moved from ATen to c10 between the torch releases this builds against, and a

@@ -6,7 +6,7 @@
 // capturable=False), the implementation `torch.optim.AdamW` picks by default on CUDA.
 //
 // Tensors arrive as arrays of `at::Tensor*` (tch's C handles). Every function catches C++
-// exceptions and reports them through shim_last_error() (shim.cpp).
+// exceptions and reports them through shim_last_error() (guarded.h).
 #include <ATen/ATen.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_foreach_add.h>
@@ -25,25 +25,10 @@
 #include <string>
 #include <vector>
 
-// Defined in shim.cpp.
-namespace scdino_shim {
-void set_last_error(const char* message);
-}
+#include "guarded.h"
 
 namespace {
-
-template <typename F>
-int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    scdino_shim::set_last_error(e.what());
-  } catch (...) {
-    scdino_shim::set_last_error("unknown C++ exception");
-  }
-  return -1;
-}
+using scdino_shim::guarded;
 
 std::vector<at::Tensor> list(at::Tensor** ts, int64_t n) {
   std::vector<at::Tensor> out;

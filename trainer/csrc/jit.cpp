@@ -5,24 +5,17 @@
 // source compiled here keeps the check (and its message) inside the module.
 #include <torch/script.h>
 
-#include <exception>
-#include <string>
-
-namespace {
-thread_local std::string jit_error;
-}
+#include "guarded.h"
 
 extern "C" {
-
-const char* shim_jit_last_error() { return jit_error.c_str(); }
 
 // Loads the traced module at `traced_path`, registers it as submodule `inner_name` of a new
 // module of class `class_name`, compiles `source` (TorchScript methods referring to
 // `self.<inner_name>`) into it and saves it to `out_path`. 0 on success, -1 with
-// shim_jit_last_error() set otherwise.
+// shim_last_error() set otherwise.
 int shim_jit_wrap(const char* traced_path, const char* class_name, const char* inner_name,
                   const char* source, const char* out_path) {
-  try {
+  return scdino_shim::guarded([&] {
     torch::jit::Module inner = torch::jit::load(traced_path);
     inner.eval();
     torch::jit::Module outer(class_name);
@@ -31,12 +24,6 @@ int shim_jit_wrap(const char* traced_path, const char* class_name, const char* i
     outer.register_module(inner_name, inner);
     outer.define(source);
     outer.save(out_path);
-    return 0;
-  } catch (const std::exception& e) {
-    jit_error = e.what();
-  } catch (...) {
-    jit_error = "unknown C++ exception";
-  }
-  return -1;
+  });
 }
 }

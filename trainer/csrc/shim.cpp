@@ -1,31 +1,22 @@
 // The few libtorch entry points tch does not expose, behind a C ABI. Kept minimal: the logic
-// lives in Rust. Every function catches C++ exceptions and reports them via shim_last_error().
+// lives in Rust. Every function catches C++ exceptions and reports them via shim_last_error()
+// (guarded.h).
 #include <ATen/autocast_mode.h>
 #include <c10/core/ScalarType.h>
 
 #include <exception>
 #include <string>
 
+#include "guarded.h"
+
 namespace {
 thread_local std::string last_error;
-
-template <typename F>
-int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return -1;
-}
+using scdino_shim::guarded;
 
 at::DeviceType device_type(int cuda) { return cuda ? at::kCUDA : at::kCPU; }
 }  // namespace
 
-// For the shim's other files (foreach.cpp): one error slot behind shim_last_error().
+// The one error slot of every shim file (guarded.h), behind shim_last_error().
 namespace scdino_shim {
 void set_last_error(const char* message) { last_error = message; }
 }  // namespace scdino_shim

@@ -4,11 +4,9 @@
 //! caller copies new inputs into those tensors before [`CudaGraph::replay`] and reads the
 //! outputs it captured afterwards. Built without the `cuda` feature, every entry point fails
 //! with that reason ([`built_with_cuda`] says so beforehand).
-use std::ffi::{c_void, CStr};
-use std::os::raw::c_char;
+use std::ffi::c_void;
 
 extern "C" {
-    fn shim_last_error() -> *const c_char;
     fn tchx_cuda_available_in_build() -> i32;
     fn tchx_side_stream_enter(device: i32, out: *mut *mut c_void) -> i32;
     fn tchx_side_stream_leave(handle: *mut c_void) -> i32;
@@ -29,11 +27,10 @@ fn check(rc: i32, what: &'static str) -> Result<(), GraphError> {
     if rc == 0 {
         return Ok(());
     }
-    // SAFETY: the shim keeps a thread-local NUL-terminated message; copied at once.
-    let message = unsafe { CStr::from_ptr(shim_last_error()) }
-        .to_string_lossy()
-        .into_owned();
-    Err(GraphError { what, message })
+    Err(GraphError {
+        what,
+        message: crate::shim::last_error(),
+    })
 }
 
 /// Whether this trainer has the CUDA graph entry points (the `cuda` feature, or `nccl`).

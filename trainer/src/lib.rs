@@ -25,5 +25,6 @@ pub mod probe;
 pub mod pth;
 pub mod scoring;
 pub mod selftest;
+mod shim;
 pub mod tensor_file;
 pub mod train;

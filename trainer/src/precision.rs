@@ -2,21 +2,11 @@
 //! CUDA-only and fp16-only) and a dynamic loss scaler with `torch.cuda.amp.GradScaler`
 //! semantics for fp16.
 use crate::config::Precision;
-use std::ffi::CStr;
 use tch::{Device, Kind, Tensor};
 
 extern "C" {
-    fn shim_last_error() -> *const std::os::raw::c_char;
     fn shim_autocast_enter(cuda: i32, bf16: i32) -> i32;
     fn shim_autocast_exit(cuda: i32, previous: i32) -> i32;
-}
-
-fn last_error() -> String {
-    // SAFETY: the shim returns a pointer to a thread-local NUL-terminated string that lives
-    // until the next shim call on this thread; we copy it at once.
-    unsafe { CStr::from_ptr(shim_last_error()) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// Runs `f` under autocast for `device` when `precision` asks for it (fp32: plain call).
@@ -32,13 +22,13 @@ pub fn autocast<T>(precision: Precision, device: Device, f: impl FnOnce() -> T) 
     // SAFETY: plain C calls into libtorch's thread-local autocast state; errors are reported
     // through return codes.
     let previous = unsafe { shim_autocast_enter(cuda, bf16) };
-    assert!(previous >= 0, "autocast: {}", last_error());
+    assert!(previous >= 0, "autocast: {}", crate::shim::last_error());
     struct Exit(i32, i32);
     impl Drop for Exit {
         fn drop(&mut self) {
             // SAFETY: as above; restoring on unwind keeps the thread's state consistent.
             let rc = unsafe { shim_autocast_exit(self.0, self.1) };
-            debug_assert_eq!(rc, 0, "autocast exit: {}", last_error());
+            debug_assert_eq!(rc, 0, "autocast exit: {}", crate::shim::last_error());
         }
     }
     let _exit = Exit(cuda, previous);

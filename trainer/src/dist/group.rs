@@ -2,14 +2,13 @@
 //! rendezvous through a TCPStore. Every collective waits with the group's timeout, so a dead
 //! peer becomes an error instead of a hang.
 use std::collections::BTreeMap;
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_void, CString};
 use std::os::raw::c_char;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tch::Tensor;
 
 extern "C" {
-    fn c10d_last_error() -> *const c_char;
     fn c10d_group_new(
         host: *const c_char,
         port: i32,
@@ -48,13 +47,9 @@ pub struct DistError {
 }
 
 fn last_error(what: &str) -> DistError {
-    // SAFETY: the shim keeps a thread-local NUL-terminated message; copied at once.
-    let message = unsafe { CStr::from_ptr(c10d_last_error()) }
-        .to_string_lossy()
-        .into_owned();
     DistError {
         what: what.to_string(),
-        message,
+        message: crate::shim::last_error(),
     }
 }
 

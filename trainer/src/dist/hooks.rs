@@ -4,8 +4,7 @@
 //!
 //! Callbacks run on the thread that executes backward (on CPU, the caller of `backward`).
 //! A panic cannot unwind through libtorch's C++ frames, so a panicking callback aborts.
-use std::ffi::{c_void, CStr};
-use std::os::raw::c_char;
+use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use tch::Tensor;
@@ -13,7 +12,6 @@ use tch::Tensor;
 type RawCallback = extern "C" fn(*mut c_void, i64, *mut c_void);
 
 extern "C" {
-    fn shim_last_error() -> *const c_char;
     fn tchx_register_grad_hook(t: *mut c_void, cb: RawCallback, ctx: *mut c_void, idx: i64) -> i64;
     fn tchx_remove_grad_hook(t: *mut c_void, handle: i64) -> i32;
     fn tchx_set_post_accumulate_hook(
@@ -35,13 +33,9 @@ pub struct HookError {
 }
 
 fn shim_error(what: impl Into<String>) -> HookError {
-    // SAFETY: the shim keeps a thread-local NUL-terminated message; copied at once.
-    let message = unsafe { CStr::from_ptr(shim_last_error()) }
-        .to_string_lossy()
-        .into_owned();
     HookError {
         what: what.into(),
-        message,
+        message: crate::shim::last_error(),
     }
 }
 

@@ -71,7 +71,6 @@ const INNER: &str = "backbone";
 mod shim {
     use std::os::raw::{c_char, c_int};
     extern "C" {
-        pub fn shim_jit_last_error() -> *const c_char;
         pub fn shim_jit_wrap(
             traced_path: *const c_char,
             class_name: *const c_char,
@@ -84,7 +83,7 @@ mod shim {
 
 /// Saves `traced` wrapped in a module whose `forward` is `source` (see csrc/jit.cpp).
 fn save_wrapped(traced: &CModule, source: &str, out: &Path) -> Result<(), ExportError> {
-    use std::ffi::{CStr, CString};
+    use std::ffi::CString;
     let traced_path = out.with_extension("traced.pt");
     traced
         .save(&traced_path)
@@ -108,10 +107,7 @@ fn save_wrapped(traced: &CModule, source: &str, out: &Path) -> Result<(), Export
     };
     let _ = std::fs::remove_file(&traced_path);
     if rc != 0 {
-        // SAFETY: the shim's thread-local message, valid until its next call on this thread.
-        let msg = unsafe { CStr::from_ptr(shim::shim_jit_last_error()) }
-            .to_string_lossy()
-            .into_owned();
+        let msg = crate::shim::last_error();
         return Err(ExportError::Invalid {
             path: out.to_path_buf(),
             what: format!("wrapping the traced backbone in its input check failed: {msg}"),

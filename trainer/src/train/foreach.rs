@@ -6,12 +6,10 @@
 //!
 //! The shim only fails on a programming error (tensors on different devices or of different
 //! dtypes in one list), so, like tch's own ops, these panic with libtorch's message.
-use std::ffi::{c_void, CStr};
-use std::os::raw::c_char;
+use std::ffi::c_void;
 use tch::{Device, Kind, Tensor};
 
 extern "C" {
-    fn shim_last_error() -> *const c_char;
     fn tchx_foreach_adamw(
         params: *const *mut c_void,
         grads: *const *mut c_void,
@@ -76,9 +74,7 @@ fn ptrs(ts: &[Tensor]) -> Vec<*mut c_void> {
 
 fn check(rc: i32, what: &str) {
     if rc != 0 {
-        // SAFETY: the shim keeps a thread-local NUL-terminated message; copied at once.
-        let message = unsafe { CStr::from_ptr(shim_last_error()) }.to_string_lossy();
-        panic!("{what}: {message}");
+        panic!("{what}: {}", crate::shim::last_error());
     }
 }
 
