@@ -7,7 +7,6 @@
 //! after it was written (or a disk that lied) still leaves a good one to resume from.
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
@@ -166,30 +165,11 @@ impl Checkpoint {
 /// is finished or which epoch a file holds must not read (and checksum) hundreds of MB of
 /// weights. The tensors are not verified; [`load`] does that when they are used.
 pub fn read_meta(path: &Path) -> Result<CheckpointMeta, CheckpointError> {
-    use std::io::Read;
+    let header = read_header(path)?;
     let invalid = |reason: String| CheckpointError::Invalid {
         path: path.to_path_buf(),
         reason,
     };
-    let io = |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        context: "reading header",
-        source,
-    };
-    let mut f = File::open(path).map_err(io)?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).map_err(io)?;
-    let len = u64::from_le_bytes(len);
-    let file_len = f.metadata().map_err(io)?.len();
-    if len > 100 << 20 || len + 8 > file_len {
-        return Err(invalid(format!(
-            "header length {len} does not fit a {file_len}-byte file"
-        )));
-    }
-    let mut header = vec![0u8; len as usize];
-    f.read_exact(&mut header).map_err(io)?;
-    let header: serde_json::Value =
-        serde_json::from_slice(&header).map_err(|e| invalid(format!("header: {e}")))?;
     let meta = header
         .get("__metadata__")
         .and_then(|m| m.get("meta"))
@@ -204,6 +184,25 @@ pub fn read_meta(path: &Path) -> Result<CheckpointMeta, CheckpointError> {
         )));
     }
     Ok(meta)
+}
+
+/// A checkpoint's safetensors header ([`crate::tensor_file::read_header`]), its errors naming
+/// the file.
+pub fn read_header(
+    path: &Path,
+) -> Result<serde_json::Map<String, serde_json::Value>, CheckpointError> {
+    use crate::tensor_file::HeaderError;
+    crate::tensor_file::read_header(path).map_err(|e| match e {
+        HeaderError::Io(source) => CheckpointError::Io {
+            path: path.to_path_buf(),
+            context: "reading header",
+            source,
+        },
+        HeaderError::Invalid(reason) => CheckpointError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        },
+    })
 }
 
 /// Reads and verifies one checkpoint file (format, metadata, checksum).

@@ -1,8 +1,60 @@
 //! Named tensors as safetensors bytes: the one writer behind checkpoints, feature bundles
 //! and the timm export, so every file this project writes encodes tensors the same way
-//! (CPU, contiguous, little-endian, the tensor's own dtype).
-use std::collections::HashMap;
+//! (CPU, contiguous, little-endian, the tensor's own dtype), and the one reader of a file's
+//! header alone, for the questions (which epoch, which network) that must not read hundreds of
+//! MB of weights to answer.
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use tch::{Kind, Tensor};
+
+/// Why a safetensors header could not be read (the caller names the file).
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    #[error("reading header: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The JSON header of the safetensors file at `path`: an 8-byte little-endian length, then that
+/// many bytes of JSON (`{name: {dtype, shape, data_offsets}, "__metadata__": {...}}`). No
+/// tensor data is read and nothing is verified; the full read does that when tensors are used.
+pub fn read_header(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>, HeaderError> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)?;
+    let len = u64::from_le_bytes(len);
+    let size = f.metadata()?.len();
+    if len > size.saturating_sub(8) || len > 100 << 20 {
+        return Err(HeaderError::Invalid(format!(
+            "not a safetensors file: its header length {len} does not fit the file's {size} bytes"
+        )));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header)?;
+    serde_json::from_slice(&header)
+        .map_err(|e| HeaderError::Invalid(format!("not a safetensors header: {e}")))
+}
+
+/// The names and shapes of the tensors a [`read_header`] header lists.
+pub fn header_shapes(
+    header: &serde_json::Map<String, serde_json::Value>,
+) -> Result<BTreeMap<String, Vec<i64>>, HeaderError> {
+    header
+        .iter()
+        .filter(|(n, _)| *n != "__metadata__")
+        .map(|(n, v)| {
+            let shape = v["shape"]
+                .as_array()
+                .and_then(|a| a.iter().map(|d| d.as_i64()).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| {
+                    HeaderError::Invalid(format!("tensor {n} has no shape in the header"))
+                })?;
+            Ok((n.clone(), shape))
+        })
+        .collect()
+}
 
 /// The raw bytes of `t` (contiguous, in its own dtype); `t` must be on the CPU.
 pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {

@@ -110,6 +110,60 @@ fn backbone_name(name: &str) -> Option<String> {
     }
 }
 
+/// The backbone tensors of the `key` network of a `.pth` (a training checkpoint, or a bare
+/// state dict when the file has neither network) by backbone-relative names, not yet read.
+fn pth_network(
+    f: &PthFile,
+    path: &Path,
+    key: CheckpointKey,
+) -> Result<Vec<(String, pth::TensorRef)>, BackboneError> {
+    let invalid = |what: String| BackboneError::Invalid {
+        path: path.to_path_buf(),
+        what,
+    };
+    let root = f.root();
+    let want = key_name(key);
+    let dict = match root.get(want) {
+        Some(d @ Value::Dict(_)) => d,
+        Some(other) => {
+            return Err(invalid(format!(
+                "`{want}` is {}, not a state dict",
+                other.short_repr()
+            )))
+        }
+        None => {
+            let other = match key {
+                CheckpointKey::Teacher => "student",
+                CheckpointKey::Student => "teacher",
+            };
+            if root.get(other).is_some() {
+                return Err(invalid(format!(
+                    "has `{other}` but no `{want}` (downstream.features.checkpoint_key)"
+                )));
+            }
+            root.clone()
+        }
+    };
+    let tensors: Vec<(String, pth::TensorRef)> = f
+        .tensors_of(&dict)
+        .into_iter()
+        .filter_map(|(name, t)| Some((backbone_name(&name)?, t)))
+        .collect();
+    if tensors.is_empty() {
+        let keys: Vec<String> = root
+            .dict_items()
+            .unwrap_or_default()
+            .into_iter()
+            .take(10)
+            .map(|(k, _)| k)
+            .collect();
+        return Err(invalid(format!(
+            "no `{want}` network and no backbone tensors at the top level (top-level keys: {keys:?})"
+        )));
+    }
+    Ok(tensors)
+}
+
 impl BackboneWeights {
     /// Reads the `key` network of `path`, whichever format it is.
     pub fn load(path: &Path, key: CheckpointKey) -> Result<Self, BackboneError> {
@@ -130,51 +184,11 @@ impl BackboneWeights {
     /// `checkpoint_key`), or a bare state dict when the file has neither network.
     fn from_pth(path: &Path, key: CheckpointKey) -> Result<Self, BackboneError> {
         let f = PthFile::open(path)?;
-        let root = f.root();
-        let want = key_name(key);
-        let dict = match root.get(want) {
-            Some(d @ Value::Dict(_)) => d,
-            Some(other) => {
-                return Err(Self::invalid(
-                    path,
-                    format!("`{want}` is {}, not a state dict", other.short_repr()),
-                ))
-            }
-            None => {
-                let other = match key {
-                    CheckpointKey::Teacher => "student",
-                    CheckpointKey::Student => "teacher",
-                };
-                if root.get(other).is_some() {
-                    return Err(Self::invalid(
-                        path,
-                        format!(
-                            "has `{other}` but no `{want}` (downstream.features.checkpoint_key)"
-                        ),
-                    ));
-                }
-                root.clone()
-            }
-        };
         let mut tensors = HashMap::new();
-        for (name, t) in f.tensors_of(&dict) {
-            if let Some(short) = backbone_name(&name) {
-                tensors.insert(short, f.tensor(&t)?);
-            }
+        for (name, t) in pth_network(&f, path, key)? {
+            tensors.insert(name, f.tensor(&t)?);
         }
-        if tensors.is_empty() {
-            let keys: Vec<String> = root
-                .dict_items()
-                .unwrap_or_default()
-                .into_iter()
-                .take(10)
-                .map(|(k, _)| k)
-                .collect();
-            return Err(Self::invalid(
-                path,
-                format!("no `{want}` network and no backbone tensors at the top level (top-level keys: {keys:?})"),
-            ));
-        }
+        let root = f.root();
         Ok(Self {
             path: path.to_path_buf(),
             tensors,
@@ -185,6 +199,39 @@ impl BackboneWeights {
             args: root.get("args").and_then(|a| TrainingArgs::from_value(&a)),
             trained: None,
         })
+    }
+
+    /// The shapes of the `key` network's tensors by the names [`Self::load`] gives them, read
+    /// without the tensor data: a `.pth`'s pickle (its storages are not read), our
+    /// checkpoint's safetensors header. What a config needs of a `model.init` source
+    /// (train/init_layout.rs) every time a command reads that config, so a multi-GB source
+    /// must not be read whole for it.
+    pub fn shapes(
+        path: &Path,
+        key: CheckpointKey,
+    ) -> Result<BTreeMap<String, Vec<i64>>, BackboneError> {
+        if pth::sniff(path)? != FileKind::Other {
+            let f = PthFile::open(path)?;
+            return Ok(pth_network(&f, path, key)?
+                .into_iter()
+                .map(|(name, t)| (name, t.size))
+                .collect());
+        }
+        let header = checkpoint::read_header(path)?;
+        let shapes = crate::tensor_file::header_shapes(&header)
+            .map_err(|e| Self::invalid(path, e.to_string()))?;
+        let prefix = format!("{}.", key_name(key));
+        let shapes: BTreeMap<String, Vec<i64>> = shapes
+            .into_iter()
+            .filter_map(|(name, shape)| Some((backbone_name(name.strip_prefix(&prefix)?)?, shape)))
+            .collect();
+        if shapes.is_empty() {
+            return Err(Self::invalid(
+                path,
+                format!("no {} backbone", key_name(key)),
+            ));
+        }
+        Ok(shapes)
     }
 
     /// One of our safetensors checkpoints (`teacher.backbone.*`).

@@ -221,43 +221,21 @@ fn read_config(path: &Path) -> Result<serde_json::Value, TimmError> {
     })
 }
 
-/// The tensor names and shapes of a `.safetensors` file, from its header: an 8-byte
-/// little-endian length, then that many bytes of JSON `{name: {dtype, shape, data_offsets}}`.
+/// The tensor names and shapes of a `.safetensors` file, from its header alone.
 fn safetensors_shapes(path: &Path) -> Result<Shapes, TimmError> {
-    use std::io::Read;
-    let io = |source| TimmError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let invalid = |what: String| TimmError::Invalid {
-        path: path.to_path_buf(),
-        what,
-    };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).map_err(io)?;
-    let len = u64::from_le_bytes(len);
-    let size = f.metadata().map_err(io)?.len();
-    if len > size.saturating_sub(8) || len > 100 << 20 {
-        return Err(invalid(format!(
-            "not a safetensors file: its header length {len} does not fit the file's {size} bytes"
-        )));
-    }
-    let mut header = vec![0u8; len as usize];
-    f.read_exact(&mut header).map_err(io)?;
-    let header: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header)
-        .map_err(|e| invalid(format!("not a safetensors header: {e}")))?;
-    header
-        .into_iter()
-        .filter(|(n, _)| n != "__metadata__")
-        .map(|(n, v)| {
-            let shape = v["shape"]
-                .as_array()
-                .and_then(|a| a.iter().map(|d| d.as_i64()).collect::<Option<Vec<_>>>())
-                .ok_or_else(|| invalid(format!("tensor {n} has no shape in the header")))?;
-            Ok((n, shape))
+    use crate::tensor_file::{header_shapes, read_header, HeaderError};
+    read_header(path)
+        .and_then(|h| header_shapes(&h))
+        .map_err(|e| match e {
+            HeaderError::Io(source) => TimmError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+            HeaderError::Invalid(what) => TimmError::Invalid {
+                path: path.to_path_buf(),
+                what,
+            },
         })
-        .collect()
 }
 
 /// The shape of tensor `name`, or an error naming it and the file.

@@ -2,8 +2,8 @@
 //! validated ([`config::ReadLayout`]), so a run config need not repeat the source's
 //! architecture and every stage builds the same network from the same file. Cheap by
 //! design, since every command that reads the config reads it: a timm folder's `config.json`
-//! and safetensors header, a run checkpoint's model record; only a `.pth` must be read whole
-//! (pickles have no header).
+//! and safetensors header, a run checkpoint's model record, a `.pth`'s pickle (the tensor
+//! shapes, not their data).
 use crate::analysis::backbone::BackboneWeights;
 use crate::checkpoint;
 use crate::config::{
@@ -49,12 +49,8 @@ impl config::ReadLayout for SourceReader {
 /// same position tensor whichever resampling their code used (docs/pretrained.md, the DINOv2
 /// table), so `pos_embed` is left to the config.
 fn of_weights(path: &Path) -> Result<SourceLayout, String> {
-    let w = BackboneWeights::load(path, CheckpointKey::Teacher).map_err(|e| e.to_string())?;
-    let shapes: timm::Shapes = w
-        .tensors
-        .iter()
-        .map(|(n, t)| (n.clone(), t.size()))
-        .collect();
+    let shapes: timm::Shapes =
+        BackboneWeights::shapes(path, CheckpointKey::Teacher).map_err(|e| e.to_string())?;
     let vit =
         timm::layout(&shapes, &serde_json::json!({}), path, path).map_err(|e| e.to_string())?;
     of_network(&vit, None)

@@ -455,6 +455,29 @@ fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
             "{name}: pos_embed: {other} resamples alike ({apart})"
         );
     }
+    // Reading the config reads the file's pickle, not its tensors (every command reads the
+    // config; a ViT-L .pth is over a GB): with every tensor record dropped from the archive the
+    // layout is still the file's, and only the start of training, which needs the weights,
+    // fails naming a missing record.
+    let hollow = dir.path().join("hollow.pth");
+    run_python(
+        "import sys, zipfile\nsrc, dst = zipfile.ZipFile(sys.argv[1]), zipfile.ZipFile(sys.argv[2], 'w')\nkept = [i for i in src.infolist() if '/data/' not in i.filename]\nassert len(kept) < len(src.infolist())\nfor i in kept: dst.writestr(i, src.read(i))\ndst.close()\n",
+        &[dir.path().join("reg.pth").to_str().unwrap(), hollow.to_str().unwrap()],
+    );
+    let cfg = config_from_yaml(
+        &format!("data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  pos_embed: timm\n  out_dim: 64\n  init:\n    from: {}\n    format: pth\n", hollow.display()),
+        "test.yaml",
+    )
+    .unwrap();
+    assert_eq!(layout(&cfg), (Arch::VitTiny, 14, 4, true, PosEmbed::Timm));
+    let nets = Networks::new(&cfg, 3, Device::Cpu);
+    let err = apply(&cfg, &cfg.model.init, &nets)
+        .expect_err("a .pth without its tensor records cannot initialise a network")
+        .to_string();
+    assert!(
+        err.contains("hollow.pth") && err.contains("has no record"),
+        "{err}"
+    );
 }
 
 /// The sum of |x| over a network's variables in name order, as the trainer's rank checksum.
