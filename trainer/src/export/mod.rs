@@ -45,6 +45,15 @@ pub enum ExportError {
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("{path}: {what}")]
     Invalid { path: PathBuf, what: String },
+    /// A checkpoint that records no model (imported from a `.pth`): export refuses it, a
+    /// `model.init` of format `run` reads its layout from its tensors instead.
+    #[error("{path}: the checkpoint does not record its model (no {missing} in its fingerprint){imported}; export needs a checkpoint written by `trainer train`")]
+    Unrecorded {
+        path: PathBuf,
+        missing: String,
+        /// ", it was imported from a .pth" when the fingerprint says so, else empty.
+        imported: &'static str,
+    },
     #[error("cannot export {path} as {format}: {why}")]
     Unsupported {
         path: PathBuf,

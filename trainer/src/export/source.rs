@@ -45,12 +45,15 @@ impl ModelRecord {
             .filter(|k| v.get(k).is_none_or(|x| x.is_null()))
             .collect();
         if !missing.is_empty() {
-            let imported = v.get("imported_from").is_some();
-            return Err(invalid(format!(
-                "the checkpoint does not record its model (no {} in its fingerprint){}; export needs a checkpoint written by `trainer train`",
-                missing.join(", "),
-                if imported { ", it was imported from a .pth" } else { "" }
-            )));
+            return Err(ExportError::Unrecorded {
+                path: path.to_path_buf(),
+                missing: missing.join(", "),
+                imported: if v.get("imported_from").is_some() {
+                    ", it was imported from a .pth"
+                } else {
+                    ""
+                },
+            });
         }
         let field = |k: &str| invalid(format!("the fingerprint's `{k}` is malformed: {}", v[k]));
         let arch: Arch = serde_json::from_value(v["arch"].clone()).map_err(|_| field("arch"))?;

@@ -9,7 +9,7 @@ use crate::checkpoint;
 use crate::config::{
     self, Arch, CheckpointKey, Config, ConfigError, InitFormat, ModelInit, PosEmbed, SourceLayout,
 };
-use crate::export::ModelRecord;
+use crate::export::{ExportError, ModelRecord};
 use crate::model::{timm, PosResample, VitConfig};
 use std::path::Path;
 
@@ -26,8 +26,8 @@ impl config::ReadLayout for SourceReader {
         match init.format {
             InitFormat::Timm => of_timm(&timm::read_layout(path).map_err(|e| e.to_string())?),
             InitFormat::Run => {
-                // A checkpoint without a model record (imported from a `.pth`, or written before
-                // records had these keys' places) is read by its tensors, as a `.pth` is.
+                // A checkpoint without a model record (imported from a `.pth`) is read by its
+                // tensors, as a `.pth` is; a record that is there but malformed is refused.
                 let meta = checkpoint::read_meta(path).map_err(|e| e.to_string())?;
                 match ModelRecord::from_fingerprint(&meta.fingerprint, path) {
                     Ok(m) => Ok(SourceLayout {
@@ -37,7 +37,8 @@ impl config::ReadLayout for SourceReader {
                         layer_scale: m.layer_scale,
                         pos_embed: Some(m.pos_embed),
                     }),
-                    Err(_) => of_weights(path),
+                    Err(ExportError::Unrecorded { .. }) => of_weights(path),
+                    Err(e) => Err(e.to_string()),
                 }
             }
             InitFormat::Pth => of_weights(path),

@@ -384,6 +384,28 @@ fn pth_init_loads_the_backbone_with_mean_adaptation() {
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
     assert_eq!(report.loaded, source.tensors.len());
+
+    // Only an absent record means "read the tensors": a record that is there but names no
+    // network this project has is refused, not silently replaced by the shapes.
+    let ck = trainer::checkpoint::load(&imported).unwrap();
+    let mut meta = ck.meta.clone();
+    meta.fingerprint =
+        r#"{"arch": "vit_huge", "patch_size": 16, "channel_names": ["a"]}"#.to_string();
+    let tensors: Vec<(String, Tensor)> = ck
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    let damaged = dir.path().join("damaged.safetensors");
+    trainer::checkpoint::save(&damaged, &tensors, &meta).unwrap();
+    let run = format!("    from: {}\n    format: run\n", damaged.display());
+    let err = config_from_yaml(&yaml_of(&run, ""), "test.yaml")
+        .expect_err("a malformed model record is refused")
+        .to_string();
+    assert!(
+        err.contains("damaged.safetensors") && err.contains("`arch` is malformed"),
+        "{err}"
+    );
 }
 
 /// DINOv2's own `.pth` (`tests/py/dinov2_oracle.py`: DINOv2's `DinoVisionTransformer` with its
