@@ -35,14 +35,26 @@ impl CudaFacts {
 /// Why the configured device cannot be used, with what to check.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
-    #[error("train.device is cuda but this trainer was built without CUDA: rebuild with `cargo build --release -p trainer --features nccl` (it links libtorch_cuda)")]
-    NotBuiltWithCuda,
-    #[error("train.device is cuda but libtorch sees no GPU in this process (check the driver, CUDA_VISIBLE_DEVICES, and --gpus/--gres in the job)")]
-    NoGpu,
+    /// `setting` names what asked for the GPU (`train.device`, `--device`).
+    #[error("{setting} is cuda but this trainer was built without CUDA: rebuild with `cargo build --release -p trainer --features nccl` (it links libtorch_cuda)")]
+    NotBuiltWithCuda { setting: &'static str },
+    #[error("{setting} is cuda but libtorch sees no GPU in this process (check the driver, CUDA_VISIBLE_DEVICES, and --gpus/--gres in the job)")]
+    NoGpu { setting: &'static str },
     #[error("local rank {local_rank} has no GPU: this node shows {devices} to the process (one task per GPU; check CUDA_VISIBLE_DEVICES and --ntasks-per-node)")]
     NoGpuForRank { local_rank: usize, devices: usize },
     #[error(transparent)]
     Env(#[from] crate::dist::env::DistEnvError),
+}
+
+impl DeviceError {
+    /// The same error for a device asked for by `setting` instead of `train.device`.
+    pub fn asked_by(self, setting: &'static str) -> Self {
+        match self {
+            Self::NotBuiltWithCuda { .. } => Self::NotBuiltWithCuda { setting },
+            Self::NoGpu { .. } => Self::NoGpu { setting },
+            other => other,
+        }
+    }
 }
 
 /// The device for the process with `local_rank`.
@@ -53,10 +65,14 @@ pub fn resolve(
 ) -> Result<Device, DeviceError> {
     let gpu = || -> Result<Device, DeviceError> {
         if !facts.cuda_built {
-            return Err(DeviceError::NotBuiltWithCuda);
+            return Err(DeviceError::NotBuiltWithCuda {
+                setting: "train.device",
+            });
         }
         if facts.devices == 0 {
-            return Err(DeviceError::NoGpu);
+            return Err(DeviceError::NoGpu {
+                setting: "train.device",
+            });
         }
         if local_rank >= facts.devices {
             return Err(DeviceError::NoGpuForRank {

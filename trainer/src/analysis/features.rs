@@ -32,6 +32,8 @@ pub enum FeaturesError {
     Device(#[from] crate::device::DeviceError),
     #[error("channel combination {index} does not exist")]
     NoCombination { index: usize },
+    #[error("the backbone failed on a batch of {} images ({}{}): {reason}", images.len(), images.iter().take(3).cloned().collect::<Vec<_>>().join(", "), if images.len() > 3 { ", ..." } else { "" })]
+    Forward { images: Vec<String>, reason: String },
     #[error("the held-out split is empty")]
     EmptyHeldOut,
     #[error("{} has {found} channels but data.channel_names lists {expected}", path.display())]
@@ -244,6 +246,53 @@ impl Embedder {
         tch::no_grad(|| self.kind.features(&self.vit, x, &self.input))
     }
 
+    /// Features `[B, D]` (float32, on `device`, rows not yet normalised) of prepared images
+    /// `inputs` (`[k, H, W]` each, in order) that may differ in size: a non-square crop keeps
+    /// its aspect ratio through the resize (scDINO's `Resize(resize_length)`), and the
+    /// backbone takes any multiple-of-patch size by resampling its positions. Images of one
+    /// size are stacked and run together, each size in order of first appearance, and the
+    /// rows go back to the order given; so a batch of equal sizes is one forward, exactly as
+    /// before. A libtorch error (a size the backbone cannot take) comes back as its message,
+    /// never as a panic.
+    pub fn embed_images(
+        &self,
+        inputs: &[Tensor],
+        device: Device,
+        kind: Kind,
+    ) -> Result<Tensor, String> {
+        let mut groups: Vec<(Vec<i64>, Vec<usize>)> = vec![];
+        for (i, x) in inputs.iter().enumerate() {
+            let size = x.size();
+            match groups.iter_mut().find(|(s, _)| *s == size) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((size, vec![i])),
+            }
+        }
+        let forward = |members: &[usize]| -> Result<Tensor, String> {
+            let batch: Vec<&Tensor> = members.iter().map(|&i| &inputs[i]).collect();
+            let x = Tensor::f_stack(&batch, 0)
+                .and_then(|x| x.f_to_device(device))
+                .and_then(|x| x.f_to_kind(kind))
+                .map_err(|e| e.to_string())?;
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.embed(&x).to_kind(Kind::Float)
+            }))
+            .map_err(|p| panic_message(p.as_ref()))
+        };
+        if groups.len() == 1 {
+            return forward(&groups[0].1);
+        }
+        let mut rows: Vec<Option<Tensor>> = (0..inputs.len()).map(|_| None).collect();
+        for (_, members) in &groups {
+            let f = forward(members)?;
+            for (j, &i) in members.iter().enumerate() {
+                rows[i] = Some(f.get(j as i64));
+            }
+        }
+        let rows: Vec<Tensor> = rows.into_iter().flatten().collect();
+        Ok(Tensor::stack(&rows, 0))
+    }
+
     /// Feature dimension for `k` channels.
     pub fn dim(&self, k: usize) -> i64 {
         self.kind
@@ -422,8 +471,7 @@ pub fn extract_shard(
 ) -> Result<FeatureSet, FeaturesError> {
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
-    let split =
-        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    let split = data::configured_split(index, &cfg.data, cfg.run.seed as u32)?;
     if split.held_out.is_empty() {
         return Err(FeaturesError::EmptyHeldOut);
     }
@@ -497,8 +545,16 @@ pub fn extract_indices(
             let raw = source.read(i)?;
             batch.push(preparer.prepare(&raw, &index.samples[i].path)?);
         }
-        let x = Tensor::stack(&batch, 0).to_device(device);
-        rows.push(embedder.embed(&x).to_device(Device::Cpu));
+        let f = embedder
+            .embed_images(&batch, device, Kind::Float)
+            .map_err(|reason| FeaturesError::Forward {
+                images: chunk
+                    .iter()
+                    .map(|&i| index.samples[i].path.display().to_string())
+                    .collect(),
+                reason,
+            })?;
+        rows.push(f.to_device(Device::Cpu));
     }
     let features = if rows.is_empty() {
         Tensor::zeros(
@@ -534,6 +590,15 @@ fn warn_guarded(outcome: &data::MinMaxOutcome, selected: &[usize], names: &[Stri
     if outcome.nonfinite_pixels > 0 {
         quality::nonfinite_pixels(outcome.nonfinite_pixels, path);
     }
+}
+
+/// The text of a caught panic (libtorch's error message, for tch's panicking calls).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Rows scaled to unit L2 norm, as every feature table holds them.

@@ -109,10 +109,11 @@ impl EmbedArgs {
 
 fn device(given: Option<&str>) -> Result<tch::Device> {
     use trainer::device::{resolve_for_this_process, DeviceChoice};
+    let resolve = |choice| resolve_for_this_process(choice).map_err(|e| e.asked_by("--device"));
     Ok(match given {
-        None => resolve_for_this_process(DeviceChoice::Auto)?,
+        None => resolve(DeviceChoice::Auto)?,
         Some("cpu") => tch::Device::Cpu,
-        Some("cuda") => resolve_for_this_process(DeviceChoice::Cuda)?,
+        Some("cuda") => resolve(DeviceChoice::Cuda)?,
         Some(other) => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => tch::Device::Cuda(n),
             _ => bail!("--device {other:?}: expected cpu, cuda or cuda:N"),

@@ -30,6 +30,8 @@ pub struct Csv {
     pub path: PathBuf,
     pub header: Vec<String>,
     pub rows: Vec<(usize, Vec<String>)>,
+    /// SHA-256 of the text read.
+    pub sha256: String,
 }
 
 impl Csv {
@@ -77,6 +79,10 @@ impl Csv {
             path: path.to_path_buf(),
             header,
             rows,
+            sha256: {
+                use sha2::Digest;
+                format!("{:x}", sha2::Sha256::digest(text.as_bytes()))
+            },
         })
     }
 

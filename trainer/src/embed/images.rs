@@ -88,9 +88,14 @@ impl Root {
         }
     }
 
+    /// The root as the job manifest records it: a local folder canonicalised, so the same
+    /// folder given relative or absolute is the same job.
     pub fn describe(&self) -> String {
         match self {
-            Self::Local(dir) => dir.display().to_string(),
+            Self::Local(dir) => std::fs::canonicalize(dir)
+                .unwrap_or_else(|_| dir.clone())
+                .display()
+                .to_string(),
             Self::Remote { url, .. } => url.root(),
         }
     }

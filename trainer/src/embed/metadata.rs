@@ -21,9 +21,23 @@ pub enum MetadataError {
         count: usize,
         examples: Vec<String>,
     },
-    #[error("column {column} comes from both --path-pattern and {}; rename one", path.display())]
-    Clash { column: String, path: PathBuf },
+    /// Two sources of one column name: a Parquet table cannot hold two columns of one name
+    /// (pandas refuses such a file), so it is refused before anything is embedded.
+    #[error("column {column} comes from {first} and from {second}; rename one")]
+    Clash {
+        column: String,
+        first: String,
+        second: String,
+    },
 }
+
+/// The columns every embedding table writes besides the metadata, in table order around
+/// it: the image path first, then the metadata, then these three.
+pub const IMAGE_PATH: &str = "Metadata_ImagePath";
+pub const CHECKPOINT: &str = "Metadata_Checkpoint";
+pub const EPOCH: &str = "Metadata_Epoch";
+pub const CHANNELS: &str = "Metadata_Channels";
+const WRITTEN: [&str; 4] = [IMAGE_PATH, CHECKPOINT, EPOCH, CHANNELS];
 
 /// How many examples a report shows.
 const EXAMPLES: usize = 5;
@@ -154,6 +168,10 @@ pub struct MetadataCsv {
     pub path: PathBuf,
     /// Every other column, as `Metadata_*` names.
     pub columns: Vec<String>,
+    /// Those columns as the CSV's header names them.
+    header: Vec<String>,
+    /// SHA-256 of the file's bytes: a rerun with other metadata is told apart by it.
+    pub sha256: String,
     rows: HashMap<String, Vec<String>>,
 }
 
@@ -161,13 +179,15 @@ impl MetadataCsv {
     pub fn read(path: &Path) -> Result<Self, MetadataError> {
         let csv = Csv::read(path)?;
         let key = csv.column("path")?;
-        let columns = csv
+        let header: Vec<String> = csv
             .header
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != key)
-            .map(|(_, h)| column_name(h))
+            .map(|(_, h)| h.clone())
             .collect();
+        let columns = header.iter().map(|h| column_name(h)).collect();
+        let sha256 = csv.sha256.clone();
         let mut rows = HashMap::with_capacity(csv.rows.len());
         let mut dups = vec![];
         for (_, mut fields) in csv.rows {
@@ -191,9 +211,18 @@ impl MetadataCsv {
         Ok(Self {
             path: path.to_path_buf(),
             columns,
+            header,
+            sha256,
             rows,
         })
     }
+}
+
+/// What the metadata columns were made from (recorded in the job manifest).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MetadataFingerprint {
+    pub path_pattern: Option<String>,
+    pub csv_sha256: Option<String>,
 }
 
 /// What did not line up, counted with the first examples (sorted).
@@ -256,25 +285,57 @@ pub struct Metadata {
 }
 
 impl Metadata {
-    /// The column names, pattern fields first; a name both give is an error.
+    /// The column names, pattern fields first. A name given twice (by the pattern and the
+    /// CSV, by two CSV columns such as `Treatment` and `Metadata_Treatment`) or one the
+    /// table writes itself (`Metadata_ImagePath`, `_Checkpoint`, `_Epoch`, `_Channels`) is
+    /// an error naming both sources.
     pub fn columns(&self) -> Result<Vec<String>, MetadataError> {
-        let mut cols = self
-            .pattern
-            .as_ref()
-            .map(|p| p.columns())
-            .unwrap_or_default();
-        if let Some(csv) = &self.csv {
-            for c in &csv.columns {
-                if cols.contains(c) || c == "Metadata_ImagePath" {
-                    return Err(MetadataError::Clash {
-                        column: c.clone(),
-                        path: csv.path.clone(),
-                    });
-                }
-                cols.push(c.clone());
+        let mut named: Vec<(String, String)> = WRITTEN
+            .iter()
+            .map(|c| (c.to_string(), "the embedding table itself".to_string()))
+            .collect();
+        let mut add = |column: String, source: String| {
+            if let Some((_, first)) = named.iter().find(|(c, _)| *c == column) {
+                return Err(MetadataError::Clash {
+                    column,
+                    first: first.clone(),
+                    second: source,
+                });
+            }
+            named.push((column, source));
+            Ok(())
+        };
+        if let Some(p) = &self.pattern {
+            for (field, column) in Self::fields(p).zip(p.columns()) {
+                add(column, format!("--path-pattern field {{{field}}}"))?;
             }
         }
-        Ok(cols)
+        if let Some(csv) = &self.csv {
+            for (header, column) in csv.header.iter().zip(&csv.columns) {
+                add(
+                    column.clone(),
+                    format!("column {header:?} of {}", csv.path.display()),
+                )?;
+            }
+        }
+        Ok(named
+            .split_off(WRITTEN.len())
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect())
+    }
+
+    fn fields(p: &PathPattern) -> impl Iterator<Item = &str> {
+        PathPattern::names(&p.pieces)
+    }
+
+    /// What the metadata is made of, for the job manifest: the pattern's text and the CSV's
+    /// SHA-256 (a rerun with other metadata re-joins it instead of keeping stale values).
+    pub fn fingerprint(&self) -> MetadataFingerprint {
+        MetadataFingerprint {
+            path_pattern: self.pattern.as_ref().map(|p| p.text.clone()),
+            csv_sha256: self.csv.as_ref().map(|c| c.sha256.clone()),
+        }
     }
 
     /// The values of the columns for the image at `rel` (empty where unknown).

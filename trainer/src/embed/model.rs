@@ -131,13 +131,16 @@ impl Model {
         })
     }
 
-    /// Unit-length features `[B, dim]` (float32, CPU) of a stack of prepared images.
-    pub fn embed(&self, batch: &[Tensor]) -> Tensor {
-        let mut x = Tensor::stack(batch, 0).to_device(self.device);
-        if self.bf16 {
-            x = x.to_kind(Kind::BFloat16);
-        }
-        let f = self.embedder.embed(&x).to_kind(Kind::Float);
-        unit_rows(&f).to_device(Device::Cpu)
+    /// Unit-length features `[B, dim]` (float32, CPU) of prepared images, in order; images
+    /// of different sizes are run size by size ([`Embedder::embed_images`]). A backbone
+    /// failure is returned as its message.
+    pub fn embed(&self, batch: &[Tensor]) -> Result<Tensor, String> {
+        let kind = if self.bf16 {
+            Kind::BFloat16
+        } else {
+            Kind::Float
+        };
+        let f = self.embedder.embed_images(batch, self.device, kind)?;
+        Ok(unit_rows(&f).to_device(Device::Cpu))
     }
 }

@@ -5,7 +5,10 @@
 //! exists with its entry (kept) or is made again: a rerun neither duplicates nor loses a row.
 //! Part `k` is images `k·S .. (k+1)·S` whatever the number of ranks or shards, so any split of
 //! the work, and any resume of it, produces the same parts.
-use crate::analysis::profiles::{self, ColumnData, ColumnSpec, ProfileStream, ProfilesError};
+use super::metadata::MetadataFingerprint;
+use crate::analysis::profiles::{
+    self, ColumnData, ColumnSpec, ProfileStream, ProfilesError, StreamedTable,
+};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -54,8 +57,13 @@ pub struct JobManifest {
     pub part_size: usize,
     pub checkpoint_sha256: String,
     pub channels: Vec<String>,
+    /// The metadata columns and what they were made from. Metadata can change between runs
+    /// without re-embedding: the merge joins the metadata of the run that merges (so these
+    /// are updated, never a reason to refuse the parts).
     pub columns: Vec<String>,
     pub precision: String,
+    #[serde(default)]
+    pub metadata: MetadataFingerprint,
 }
 
 impl JobManifest {
@@ -70,8 +78,8 @@ impl JobManifest {
 
     /// The first field in which `self` (found on disk) and `now` differ.
     fn difference(&self, now: &Self) -> Option<(&'static str, String, String)> {
-        let fields: [(&'static str, String, String); 8] = [
-            ("--images", self.images.clone(), now.images.clone()),
+        let fields: [(&'static str, String, String); 7] = [
+            ("--images", canonical(&self.images), canonical(&now.images)),
             (
                 "the image count",
                 self.image_count.to_string(),
@@ -96,11 +104,6 @@ impl JobManifest {
                 "--channels",
                 self.channels.join(","),
                 now.channels.join(","),
-            ),
-            (
-                "the metadata columns",
-                self.columns.join(","),
-                now.columns.join(","),
             ),
             ("--precision", self.precision.clone(), now.precision.clone()),
         ];
@@ -174,11 +177,18 @@ impl Parts {
                         now,
                     });
                 }
+                if (&found.columns, &found.metadata) != (&job.columns, &job.metadata) {
+                    tracing::info!(
+                        "embed: the metadata differs from the run that made the parts (columns [{}] from {:?}, now [{}] from {:?}); the parts' features are kept and the table is joined with this run's metadata",
+                        found.columns.join(", "),
+                        found.metadata,
+                        job.columns.join(", "),
+                        job.metadata
+                    );
+                    write_manifest(&path, &job)?;
+                }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let json = serde_json::to_vec_pretty(&job).expect("a manifest serializes");
-                scdino_base::fs::write_atomic(&path, &json).map_err(io(&path))?;
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => write_manifest(&path, &job)?,
             Err(e) => return Err(io(&path)(e)),
         }
         Ok(Self {
@@ -258,8 +268,15 @@ impl Parts {
 
     /// Copies every part, in order, into `out` (streamed: one part in memory at a time;
     /// written to a temporary file and renamed), and the errors of all parts into
-    /// `errors_out`. Returns the rows and the errors written.
-    pub fn merge(&self, out: &Path, errors_out: &Path) -> Result<(usize, usize), PartsError> {
+    /// `errors_out`. `rejoin` gives each part its metadata columns as the merging run has
+    /// them (before it is written), so a rerun with corrected metadata corrects the table.
+    /// Returns the rows and the errors written.
+    pub fn merge(
+        &self,
+        out: &Path,
+        errors_out: &Path,
+        rejoin: &dyn Fn(&PartEntry, &mut StreamedTable) -> Result<(), PartsError>,
+    ) -> Result<(usize, usize), PartsError> {
         let entries = self.all_finished()?;
         let tmp = self.dir.join(".merged.parquet.tmp");
         let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
@@ -271,7 +288,8 @@ impl Parts {
         let mut rows = 0;
         let mut writer = Some(std::io::BufWriter::new(file));
         for e in &entries {
-            let part = profiles::read_streamed(&self.part_path(e.part))?;
+            let mut part = profiles::read_streamed(&self.part_path(e.part))?;
+            rejoin(e, &mut part)?;
             if part.rows != e.rows {
                 return Err(PartsError::Invalid {
                     path: self.part_path(e.part),
@@ -305,6 +323,19 @@ impl Parts {
         write_errors(errors_out, &errors)?;
         Ok((rows, errors.len()))
     }
+}
+
+/// A local folder as its canonical path (manifests written before `--images` was recorded
+/// so may hold it relative); anything else as written.
+fn canonical(images: &str) -> String {
+    std::fs::canonicalize(images)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| images.to_string())
+}
+
+fn write_manifest(path: &Path, job: &JobManifest) -> Result<(), PartsError> {
+    let json = serde_json::to_vec_pretty(job).expect("a manifest serializes");
+    scdino_base::fs::write_atomic(path, &json).map_err(io(path))
 }
 
 /// The errors table: `Metadata_ImagePath`, `reason`, one row per image not embedded.

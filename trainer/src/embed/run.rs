@@ -2,10 +2,14 @@
 //! parts of its rank in its shard), and merges them when it is the one to (rank 0 of an
 //! unsharded job once every rank is done, or `--merge`).
 use super::images::{ImageList, ImagesError, Root};
-use super::metadata::{Metadata, MetadataCsv, MetadataError, PathPattern};
+use super::metadata::{
+    Metadata, MetadataCsv, MetadataError, PathPattern, CHANNELS, CHECKPOINT, EPOCH, IMAGE_PATH,
+};
 use super::model::{Model, ModelError};
 use super::parts::{self, JobManifest, PartEntry, Parts, PartsError};
-use crate::analysis::profiles::{ColumnData, ColumnSpec, ProfileStream};
+use crate::analysis::profiles::{
+    ColumnData, ColumnSpec, OwnedColumn, ProfileStream, StreamedTable,
+};
 use crate::dist::env::DistEnv;
 use crate::dist::group::ProcessGroup;
 use sha2::{Digest, Sha256};
@@ -160,6 +164,7 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
             .unwrap_or_default(),
         columns: columns.clone(),
         precision: if opts.bf16 { "bf16" } else { "fp32" }.into(),
+        metadata: metadata.fingerprint(),
     };
     let parts = open_parts(opts, job, model.as_ref())?;
     let mut summary = EmbedSummary {
@@ -193,7 +198,10 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
     }
     if env.rank == 0 {
         let errors_out = parts::errors_path(&opts.out);
-        let (rows, errors) = parts.merge(&opts.out, &errors_out)?;
+        let rejoin = |e: &PartEntry, part: &mut StreamedTable| {
+            rejoin_metadata(&list, &metadata, &columns, e, part)
+        };
+        let (rows, errors) = parts.merge(&opts.out, &errors_out, &rejoin)?;
         summary.merged = Some((rows, errors));
     }
     Ok(summary)
@@ -215,6 +223,64 @@ fn open_parts(
         }
     }
     Ok(Parts::open(&dir, job)?)
+}
+
+/// Replaces the metadata columns of part `e` (read back as `part`) by this run's: its rows
+/// are the images of its range less its errors, in order.
+fn rejoin_metadata(
+    list: &ImageList,
+    metadata: &Metadata,
+    columns: &[String],
+    e: &PartEntry,
+    part: &mut StreamedTable,
+) -> Result<(), PartsError> {
+    let invalid = |what: String| PartsError::Invalid {
+        path: PathBuf::from(format!("part {}", e.part)),
+        what,
+    };
+    let failed: std::collections::HashSet<&str> =
+        e.errors.iter().map(|(p, _)| p.as_str()).collect();
+    let rels: Vec<&str> = (e.first..e.first + e.images)
+        .map(|i| list.entries.get(i).map(|x| x.rel.as_str()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| invalid("its images are beyond the image list".into()))?
+        .into_iter()
+        .filter(|rel| !failed.contains(list.root.full_path(rel).as_str()))
+        .collect();
+    let find = |name: &str| part.columns.iter().position(|c| c.name() == name);
+    if rels.len() != part.rows {
+        return Err(invalid(format!(
+            "{} rows for {} images without errors",
+            part.rows,
+            rels.len()
+        )));
+    }
+    // The image list is the same as the parts' (the manifest's SHA-256 of it), so row `j`
+    // is `rels[j]`; its path is written as this run spells `--images`.
+    let paths: Vec<String> = rels.iter().map(|rel| list.root.full_path(rel)).collect();
+    let mut values: Vec<Vec<String>> = vec![Vec::with_capacity(rels.len()); columns.len()];
+    for rel in &rels {
+        for (c, v) in metadata.values(rel).into_iter().enumerate() {
+            values[c].push(v);
+        }
+    }
+    let mut specs = vec![ColumnSpec::string(IMAGE_PATH, false)];
+    let mut data = vec![OwnedColumn::Strings(paths)];
+    for (name, v) in columns.iter().zip(values) {
+        specs.push(ColumnSpec::string(name, true));
+        data.push(OwnedColumn::Strings(v));
+    }
+    for name in [CHECKPOINT, EPOCH, CHANNELS] {
+        let i = find(name).ok_or_else(|| invalid(format!("no {name} column")))?;
+        specs.push(part.columns[i].clone());
+        data.push(std::mem::replace(
+            &mut part.data[i],
+            OwnedColumn::Strings(vec![]),
+        ));
+    }
+    part.columns = specs;
+    part.data = data;
+    Ok(())
 }
 
 fn list_sha256(list: &ImageList) -> String {
@@ -317,12 +383,39 @@ impl Context<'_> {
                     }
                     errors.push((path, reason));
                 }
-                if !prepared.inputs.is_empty() {
-                    let f = self.model.embed(&prepared.inputs);
-                    values.extend(
-                        Vec::<f32>::try_from(f.flatten(0, -1)).expect("float features convert"),
-                    );
-                    rows.extend(prepared.ok);
+                if prepared.inputs.is_empty() {
+                    continue;
+                }
+                match self.model.embed(&prepared.inputs) {
+                    Ok(f) => {
+                        values.extend(features_of(&f));
+                        rows.extend(prepared.ok);
+                    }
+                    // One image the backbone cannot take must not cost the batch: each is
+                    // run alone, and the ones that still fail are errors naming the file.
+                    Err(_) => {
+                        for (x, i) in prepared.inputs.iter().zip(prepared.ok) {
+                            match self.model.embed(std::slice::from_ref(x)) {
+                                Ok(f) => {
+                                    values.extend(features_of(&f));
+                                    rows.push(i);
+                                }
+                                Err(reason) => {
+                                    let path = self
+                                        .reader
+                                        .list
+                                        .root
+                                        .full_path(&self.reader.list.entries[i].rel);
+                                    let reason =
+                                        format!("part {k}: the backbone failed on it: {reason}");
+                                    if self.opts.on_error == OnError::Fail {
+                                        return Err(EmbedError::Image { path, reason });
+                                    }
+                                    errors.push((path, reason));
+                                }
+                            }
+                        }
+                    }
                 }
             }
             Ok(())
@@ -345,13 +438,11 @@ impl Context<'_> {
     /// The part's table: `Metadata_ImagePath`, the metadata columns, `Metadata_Checkpoint`,
     /// `Metadata_Epoch`, `Metadata_Channels`, then the features.
     fn part_table(&self, rows: &[usize], values: &[f32]) -> Result<Vec<u8>, EmbedError> {
-        let mut specs = vec![ColumnSpec::string("Metadata_ImagePath", false)];
+        let mut specs = vec![ColumnSpec::string(IMAGE_PATH, false)];
         specs.extend(self.columns.iter().map(|c| ColumnSpec::string(c, true)));
-        specs.push(ColumnSpec::string("Metadata_Checkpoint", false));
-        specs.push(ColumnSpec::Int {
-            name: "Metadata_Epoch".into(),
-        });
-        specs.push(ColumnSpec::string("Metadata_Channels", false));
+        specs.push(ColumnSpec::string(CHECKPOINT, false));
+        specs.push(ColumnSpec::Int { name: EPOCH.into() });
+        specs.push(ColumnSpec::string(CHANNELS, false));
         let n = rows.len();
         let mut strings: Vec<Vec<String>> = vec![Vec::with_capacity(n); self.columns.len() + 1];
         for &i in rows {
@@ -374,6 +465,15 @@ impl Context<'_> {
     }
 }
 
+/// The values of a float `[B, D]` CPU tensor, row-major.
+fn features_of(f: &Tensor) -> Vec<f32> {
+    let flat = f.flatten(0, -1);
+    let n = flat.numel();
+    let mut out = vec![0f32; n];
+    flat.copy_data(&mut out, n);
+    out
+}
+
 /// Reads and prepares images; shared by the reading threads (no tensors of its own).
 struct Reader<'a> {
     list: &'a ImageList,
@@ -393,7 +493,21 @@ impl Reader<'_> {
                     s.spawn(move || {
                         let mut bytes = vec![];
                         part.iter()
-                            .map(|&i| (i, self.prepare_one(i, &mut bytes)))
+                            .map(|&i| {
+                                // A panic while decoding or preparing one image (a defect,
+                                // but one a strange file can reach) is that image's error.
+                                let r =
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        self.prepare_one(i, &mut bytes)
+                                    }))
+                                    .unwrap_or_else(|p| {
+                                        Err(format!(
+                                            "reading it panicked: {}",
+                                            crate::analysis::features::panic_message(p.as_ref())
+                                        ))
+                                    });
+                                (i, r)
+                            })
                             .collect::<Vec<_>>()
                     })
                 })

@@ -465,3 +465,239 @@ fn embed_reads_images_from_s3() {
     );
     assert!(strings(&s3, "Metadata_ImagePath")[0].starts_with(&format!("{url}/")));
 }
+
+/// A model trained on the synthetic set (`fixed`, all three channels).
+fn trained_fixed(dir: &Path) -> PathBuf {
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let cfg = config(dir, "fixed", "");
+    train(&cfg, &TrainOptions::default()).unwrap();
+    trainer::layout::RunLayout::new(&cfg)
+        .model(&cfg, &[0, 1, 2])
+        .latest_checkpoint()
+}
+
+/// Crops of varying size and aspect ratio, as segmentation boxes and imaging flow cytometry
+/// give them (a 60×40 crop among 50×50 ones used to panic the process in `Tensor::stack`):
+/// every synthetic image is rewritten at one of five shapes, square, tall, wide and not a
+/// multiple of the patch. The features stage and `trainer embed` both take them (each shape
+/// keeps its aspect ratio through the resize, shorter side to `resize_length`), embed gives
+/// the features stage's rows and nothing is an error. Equal to float rounding, not bit for
+/// bit: images of one shape run as one batch, and the held-out images (features) and all
+/// images (embed) make batches of other sizes; a CPU GEMM's last bit depends on the rows it
+/// is given (1.6e-7 seen), so each row must agree to 1e-6 (unit rows: 6 decimal places).
+#[test]
+fn embed_and_features_take_crops_of_every_size_and_aspect() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let shapes = [(24, 24), (30, 20), (20, 36), (60, 40), (17, 29)];
+    let mut tiffs = walk(&dir.path().join("data/Training"));
+    tiffs.sort();
+    for (n, path) in tiffs.iter().enumerate() {
+        let (h, w) = shapes[n % shapes.len()];
+        let data: Vec<u16> = (0..3 * h * w)
+            .map(|i| ((i * 7919 + n * 104_729) % 4093) as u16)
+            .collect();
+        let img = ImageChwU16::new(3, h, w, data).unwrap();
+        write_tiff_u16_chunky(path, &img).unwrap();
+    }
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let cfg = config(dir.path(), "fixed", "");
+    train(&cfg, &TrainOptions::default()).unwrap();
+    let ck = trainer::layout::RunLayout::new(&cfg)
+        .model(&cfg, &[0, 1, 2])
+        .latest_checkpoint();
+    let tag = tag_of_checkpoint(&ck).unwrap();
+    let t = Target::new(&cfg, 0).unwrap();
+    run_features(&t, &ck, &tag).unwrap();
+    let stage = profiles::read(&t.files.profiles(&tag)).unwrap();
+    let out = dir.path().join("mixed.parquet");
+    let images = dir.path().join("data/Training").display().to_string();
+    let s = run(&options(&ck, &images, &out)).unwrap();
+    assert_eq!((s.images, s.errors, s.merged), (24, 0, Some((24, 0))));
+    let table = profiles::read_streamed(&out).unwrap();
+    let paths = strings(&table, "Metadata_ImagePath");
+    let embedded =
+        tch::Tensor::from_slice(&table.values).reshape([table.rows as i64, table.dim as i64]);
+    assert!(stage.paths.len() >= 4, "{}", stage.paths.len());
+    let mut held_out_shapes = std::collections::HashSet::new();
+    for (r, p) in stage.paths.iter().enumerate() {
+        let n = tiffs
+            .iter()
+            .position(|t| t.display().to_string() == *p)
+            .unwrap();
+        held_out_shapes.insert(n % shapes.len());
+        let row = paths.iter().position(|q| q == p).unwrap();
+        let diff = (embedded.get(row as i64) - stage.features.get(r as i64))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(diff <= 1e-6, "{p}: {diff}");
+    }
+    assert!(
+        held_out_shapes.len() >= 2,
+        "the held-out rows cover one shape only"
+    );
+}
+
+fn tiny_screen(dir: &Path) -> PathBuf {
+    let screen = dir.join("names");
+    let one = ImageChwU16::new(3, 8, 8, vec![1u16; 192]).unwrap();
+    std::fs::create_dir_all(screen.join("P1")).unwrap();
+    write_tiff_u16_chunky(&screen.join("P1/A01_s1.tiff"), &one).unwrap();
+    screen
+}
+
+/// A metadata column named like one the table writes (`Metadata_ImagePath`, `_Checkpoint`,
+/// `_Epoch`, `_Channels`, with or without the prefix, from the CSV or a pattern field), or
+/// given twice, would write two Parquet columns of one name, which pandas refuses: it is
+/// refused before anything is embedded (the checkpoint is never opened), naming both sources
+/// and never a source that was not given.
+#[test]
+fn embed_refuses_metadata_columns_that_collide() {
+    let dir = tempfile::tempdir().unwrap();
+    let screen = tiny_screen(dir.path());
+    let missing = dir.path().join("no-such-checkpoint.safetensors");
+    let attempt = |csv_header: Option<&str>, pattern: Option<&str>| {
+        let mut opts = options(
+            &missing,
+            screen.to_str().unwrap(),
+            &dir.path().join("o.parquet"),
+        );
+        if let Some(h) = csv_header {
+            let csv = dir.path().join("meta.csv");
+            let values = vec!["x"; h.split(',').count()].join(",");
+            std::fs::write(&csv, format!("path,{h}\nP1/A01_s1.tiff,{values}\n")).unwrap();
+            opts.metadata = Some(csv);
+        }
+        opts.path_pattern = pattern.map(str::to_string);
+        match run(&opts) {
+            Ok(_) => panic!("{csv_header:?} {pattern:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    for name in ["ImagePath", "Checkpoint", "Epoch", "Channels"] {
+        for given in [name.to_string(), format!("Metadata_{name}")] {
+            let e = attempt(Some(&given), None);
+            assert!(
+                e.contains(&format!("column Metadata_{name} comes from the embedding table itself and from column \"{given}\" of "))
+                    && e.contains("meta.csv"),
+                "{e}"
+            );
+        }
+        let e = attempt(None, Some(&format!("P1/{{{name}}}_s1.tiff")));
+        assert!(
+            e.contains(&format!("column Metadata_{name} comes from the embedding table itself and from --path-pattern field {{{name}}}")),
+            "{e}"
+        );
+    }
+    let e = attempt(Some("Treatment,Metadata_Treatment"), None);
+    assert!(
+        e.contains("column Metadata_Treatment comes from column \"Treatment\" of ")
+            && e.contains("and from column \"Metadata_Treatment\" of ")
+            && !e.contains("path-pattern"),
+        "{e}"
+    );
+    let e = attempt(Some("Well"), Some("{Plate}/{Well}_s1.tiff"));
+    assert!(
+        e.contains("column Metadata_Well comes from --path-pattern field {Well} and from column \"Well\" of "),
+        "{e}"
+    );
+    // The refusals came before the checkpoint was read.
+    assert!(!e.contains("no-such-checkpoint"), "{e}");
+}
+
+/// A rerun with corrected metadata (the CSV fixed, or another pattern giving the same column
+/// names) keeps the finished parts (no image is embedded again) and writes the corrected
+/// values; the manifest records what the metadata was made from. The same folder given as
+/// a relative path is the same job, not another one.
+#[test]
+fn embed_rerun_with_other_metadata_rejoins_it_without_re_embedding() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let ck = trained_fixed(dir.path());
+    let (screen, _) = screen(dir.path());
+    std::fs::remove_file(screen.join("P0/broken.tiff")).unwrap();
+    std::fs::remove_file(screen.join("P1/W0/s0_c99.tiff")).unwrap();
+    let csv = dir.path().join("treat.csv");
+    let write_csv = |value: &str| {
+        let mut text = String::from("path,Treatment\n");
+        for p in walk(&screen) {
+            let rel = p.strip_prefix(&screen).unwrap().display().to_string();
+            text.push_str(&format!("{rel},{value}\n"));
+        }
+        std::fs::write(&csv, text).unwrap();
+    };
+    let out = dir.path().join("t.parquet");
+    let embed = |pattern: &str, images: &str| {
+        let mut opts = options(&ck, images, &out);
+        opts.metadata = Some(csv.clone());
+        opts.path_pattern = Some(pattern.to_string());
+        let s = run(&opts).unwrap();
+        (s, profiles::read_streamed(&out).unwrap())
+    };
+    let absolute = screen.display().to_string();
+    write_csv("WRONG");
+    let (first, t1) = embed("P{Plate}/W{Well}/{Site}_{Cell}.tiff", &absolute);
+    assert_eq!((first.parts_embedded, first.parts_kept), (4, 0));
+    assert!(strings(&t1, "Metadata_Treatment")
+        .iter()
+        .all(|v| v == "WRONG"));
+    assert!(strings(&t1, "Metadata_Plate")
+        .iter()
+        .all(|v| v == "0" || v == "1"));
+    let manifest =
+        std::fs::read_to_string(dir.path().join("t.parquet.parts/manifest.json")).unwrap();
+    assert!(
+        manifest.contains("csv_sha256") && manifest.contains("P{Plate}/W{Well}"),
+        "{manifest}"
+    );
+
+    write_csv("dmso");
+    // The same folder, relative to the working directory.
+    let cwd = std::env::current_dir().unwrap();
+    let up = "../".repeat(cwd.components().count() - 1);
+    let relative = format!("{up}{}", absolute.trim_start_matches('/'));
+    let (second, t2) = embed("{Plate}/{Well}/{Site}_{Cell}.tiff", &relative);
+    assert_eq!((second.parts_embedded, second.parts_kept), (0, 4));
+    assert_eq!(t2.rows, t1.rows);
+    assert!(strings(&t2, "Metadata_Treatment")
+        .iter()
+        .all(|v| v == "dmso"));
+    assert!(strings(&t2, "Metadata_Plate")
+        .iter()
+        .all(|v| v == "P0" || v == "P1"));
+    assert_eq!(t2.values, t1.values, "the features changed");
+    let manifest2 =
+        std::fs::read_to_string(dir.path().join("t.parquet.parts/manifest.json")).unwrap();
+    assert!(
+        manifest2.contains("\"{Plate}/{Well}/{Site}_{Cell}.tiff\"") && manifest2 != manifest,
+        "{manifest2}"
+    );
+}
+
+/// `trainer embed --device cuda` without a GPU names `--device`, not a config key it was
+/// never given.
+#[test]
+fn embed_on_cuda_without_a_gpu_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let screen = tiny_screen(dir.path());
+    let o = trainer_cmd(&[
+        "embed",
+        "--checkpoint",
+        "x.safetensors",
+        "--images",
+        screen.to_str().unwrap(),
+        "--out",
+        dir.path().join("o.parquet").to_str().unwrap(),
+        "--device",
+        "cuda",
+    ])
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(text.contains("--device is cuda but"), "{text}");
+    assert!(!text.contains("train.device"), "{text}");
+}
