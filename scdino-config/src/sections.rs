@@ -54,7 +54,16 @@ pub struct DataSection {
     pub label_folder_depth: usize,
     /// `meta.train_datasetsplit_fraction`: DINO trains on this fraction; analyses use the rest.
     pub train_fraction: f64,
-    /// `meta.images_are_RGB`.
+    /// New. How the held-out images are drawn: `scdino` = scDINO's split (one seeded shuffle
+    /// of all images, classes ignored: a small dataset can leave a class out of the held-out
+    /// images, and kNN then scores nothing for it); `stratified` = the same number of held-out
+    /// images, shared among the classes in proportion to their sizes (largest remainders
+    /// first, at least one per class where the total allows), each class's images shuffled
+    /// with `run.seed`.
+    pub split: HeldOutSplit,
+    /// `meta.images_are_RGB`: scDINO's switch for 8-bit RGB images (PNG/JPEG read as 3
+    /// channels). Kept so an imported scDINO config says what it asked for; only `false` is
+    /// accepted (multi-channel TIFFs), and `true` is refused naming the key.
     pub images_are_rgb: bool,
     /// `meta.channel_dict`: the name of channel i at position i.
     pub channel_names: Vec<String>,
@@ -100,6 +109,14 @@ pub enum DataFormat {
     Auto,
     Folder,
     Shards,
+}
+
+/// `data.split`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeldOutSplit {
+    Scdino,
+    Stratified,
 }
 
 /// `data.order`.
@@ -225,6 +242,7 @@ impl Default for DataSection {
             format: DataFormat::Auto,
             order: SampleOrder::Exact,
             shuffle_buffer: 1000,
+            split: HeldOutSplit::Scdino,
             s3: S3Section::default(),
             cache: CacheSection::default(),
             on_corrupt: OnCorrupt::Fail,
@@ -501,7 +519,7 @@ pub struct TrainSection {
     /// replay it, so a step costs one graph launch instead of thousands of kernel launches.
     /// Off by default until measured on a GPU. Where a step cannot be captured (a CPU device,
     /// several ranks, fp16 loss scaling, iBOT, KoLeo, Sinkhorn-Knopp centring, `model.channels:
-    /// tokens`) the run trains as without it and says why in one warning line.
+    /// bag` or `tokens`) the run trains as without it and says why in one warning line.
     pub cuda_graphs: bool,
     /// How `lr` follows the global batch B (all ranks): `linear` = lr·B/256 (scDINO, Goyal et
     /// al.), `sqrt` = lr·sqrt(B/256) (often better for Adam at large B). Reported at start.

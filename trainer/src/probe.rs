@@ -55,8 +55,7 @@ pub fn forward_probe(
     })?;
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
-    let split =
-        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    let split = data::configured_split(index, &cfg.data, cfg.run.seed as u32)?;
     let wanted = images.unwrap_or(cfg.train.batch_size_per_gpu);
     let opts = PreprocessOptions {
         selected_channels: Some(channels.clone()),

@@ -136,8 +136,7 @@ pub fn write_attention_maps(
         .collect();
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
-    let split =
-        data::train_heldout_split(index.len(), cfg.data.train_fraction, cfg.run.seed as u32)?;
+    let split = data::configured_split(index, &cfg.data, cfg.run.seed as u32)?;
     let labelled: Vec<(usize, String)> = split
         .held_out
         .iter()

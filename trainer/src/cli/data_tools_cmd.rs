@@ -57,11 +57,8 @@ impl ReadBenchArgs {
         let t_open = Instant::now();
         let source = open_source(&cfg.data)?;
         let open_seconds = t_open.elapsed().as_secs_f64();
-        let split = trainer::data::train_heldout_split(
-            source.index().len(),
-            cfg.data.train_fraction,
-            cfg.run.seed as u32,
-        )?;
+        let split =
+            trainer::data::configured_split(source.index(), &cfg.data, cfg.run.seed as u32)?;
         let threads = self.threads.unwrap_or(cfg.data.num_workers).max(1);
         for epoch in 0..self.epochs {
             let order = trainer::train::sampler::configured_epoch_order(

@@ -45,7 +45,10 @@ pub use index::{build_index, build_index_from_keys, DatasetIndex, Sample};
 pub use open::open_source;
 pub use preprocess::{MinMaxOutcome, PreprocessOptions, ScaleNotes};
 pub use source::{ImageSource, LocalSource, SharedSource};
-pub use split::{mean_std_subset, numpy_shuffled_indices, train_heldout_split, Split};
+pub use split::{
+    configured_split, mean_std_subset, numpy_shuffled_indices, stratified_split,
+    train_heldout_split, Split,
+};
 pub use synth::{generate as generate_synthetic, SynthOptions, SynthSummary};
 pub use tiff_reader::{
     decode_tiff_into, read_tiff, write_tiff_u16_chunky, Chw, ImageChw, ImageChwU16,

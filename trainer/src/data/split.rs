@@ -154,6 +154,80 @@ pub fn train_heldout_split(n: usize, train_fraction: f64, seed: u32) -> Result<S
     })
 }
 
+/// The held-out split `data.split` asks for, over `index` (what training, the features
+/// stage, evaluation, attention maps and `trainer data` all use, so they agree).
+pub fn configured_split(
+    index: &super::DatasetIndex,
+    data: &crate::config::DataSection,
+    seed: u32,
+) -> Result<Split, DataError> {
+    match data.split {
+        crate::config::HeldOutSplit::Scdino => {
+            train_heldout_split(index.len(), data.train_fraction, seed)
+        }
+        crate::config::HeldOutSplit::Stratified => {
+            let labels: Vec<&str> = index.samples.iter().map(|s| s.label.as_str()).collect();
+            stratified_split(&labels, data.train_fraction, seed)
+        }
+    }
+}
+
+/// scDINO's number of held-out images (`floor((1 - fraction) * n)`), shared among the labels
+/// in proportion to their counts: each label gets the floor of its share, the rest go one
+/// each to the labels with the largest remainders (ties: the smaller label count, then the
+/// label name), and a label with at least two images that got none takes one from the label
+/// holding the most while that one keeps two or more. Each label's images are shuffled with
+/// numpy's `shuffle` seeded by `seed` and its first ones held out. Both lists are in index
+/// order.
+pub fn stratified_split(
+    labels: &[&str],
+    train_fraction: f64,
+    seed: u32,
+) -> Result<Split, DataError> {
+    let n = labels.len();
+    let total = python_split_point(n, train_fraction, "data.train_fraction")?;
+    let mut groups: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+    for (i, l) in labels.iter().enumerate() {
+        groups.entry(l).or_default().push(i);
+    }
+    let groups: Vec<(&str, Vec<usize>)> = groups.into_iter().collect();
+    let mut quota: Vec<usize> = groups
+        .iter()
+        .map(|(_, m)| total * m.len() / n.max(1))
+        .collect();
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    // Remainder of each share, compared exactly as integers: (total·m) mod n.
+    order.sort_by_key(|&g| {
+        let m = groups[g].1.len();
+        (std::cmp::Reverse(total * m % n.max(1)), m, g)
+    });
+    // Fewer left than labels: each remainder is below one share.
+    let left = total - quota.iter().sum::<usize>();
+    for &g in order.iter().take(left) {
+        quota[g] += 1;
+    }
+    for g in 0..groups.len() {
+        if quota[g] == 0 && groups[g].1.len() >= 2 {
+            let richest = (0..groups.len())
+                .filter(|&h| quota[h] >= 2)
+                .max_by_key(|&h| (quota[h], std::cmp::Reverse(h)));
+            if let Some(h) = richest {
+                quota[h] -= 1;
+                quota[g] += 1;
+            }
+        }
+    }
+    let (mut train, mut held_out) = (vec![], vec![]);
+    for ((_, members), q) in groups.iter().zip(quota) {
+        let order = numpy_shuffled_indices(members.len(), seed);
+        held_out.extend(order[..q].iter().map(|&j| members[j]));
+        train.extend(order[q..].iter().map(|&j| members[j]));
+    }
+    train.sort_unstable();
+    held_out.sort_unstable();
+    Ok(Split { train, held_out })
+}
+
 /// The seed `mean_std_dataset.py` hard-codes (it ignores `meta.seed`).
 pub const MEAN_STD_SEED: u32 = 42;
 
@@ -173,6 +247,36 @@ pub fn mean_std_subset(n: usize, fraction_for_mean_std_calc: f64) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stratified_split_keeps_scdinos_count_and_every_class() {
+        // 303 images of 4 unequal classes at 0.95: scDINO holds out 15 (floor(0.05·303)).
+        let mut labels = vec![];
+        for (name, count) in [("a", 200), ("b", 80), ("c", 20), ("d", 3)] {
+            labels.extend(std::iter::repeat_n(name, count));
+        }
+        let s = stratified_split(&labels, 0.95, 40).unwrap();
+        assert_eq!(s.held_out.len(), 15);
+        assert_eq!(s.train.len() + s.held_out.len(), 303);
+        let count = |l: &str| s.held_out.iter().filter(|&&i| labels[i] == l).count();
+        // Shares 9.9, 3.96, 0.99, 0.15: floors 9, 3, 0, 0 and the three largest remainders
+        // (c .99, b .96, a .90) one more each; d, with 3 images, takes one from a.
+        assert_eq!(
+            (count("a"), count("b"), count("c"), count("d")),
+            (9, 4, 1, 1)
+        );
+        let mut all: Vec<usize> = s.train.iter().chain(&s.held_out).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..303).collect::<Vec<_>>());
+        assert_eq!(s, stratified_split(&labels, 0.95, 40).unwrap());
+        assert_ne!(s, stratified_split(&labels, 0.95, 41).unwrap());
+        assert_eq!(
+            train_heldout_split(303, 0.95, 40).unwrap().held_out.len(),
+            15
+        );
+        assert!(stratified_split(&[], 0.8, 1).unwrap().held_out.is_empty());
+        assert!(stratified_split(&["x"], 1.5, 1).is_err());
+    }
 
     #[test]
     fn mt19937_reference_outputs() {

@@ -296,6 +296,62 @@ impl Runner<'_> {
 /// Launched on several ranks, every rank runs this: training and features are collective
 /// (data parallel), mean/std, kNN, UMAP, attention maps and the report run on rank 0 while
 /// the others wait at the next collective stage (within `train.dist_timeout_seconds`).
+/// What the held-out split can score, said once before anything runs: the kNN stage scores
+/// the held-out images against themselves (an 80/20 split of them), so with few held-out
+/// images its k are clamped, classes go missing and the numbers of every checkpoint mean
+/// little; a user should know that before the run, not from a warning per checkpoint.
+/// Returns the message when there is one (it is also logged).
+pub fn warn_small_held_out(cfg: &Config) -> Result<Option<String>, StageError> {
+    let source = crate::data::open_source(&cfg.data)?;
+    let index = source.index();
+    let split = crate::data::configured_split(index, &cfg.data, cfg.run.seed as u32)?;
+    let held = split.held_out.len();
+    let bank = held * 4 / 5;
+    let present: std::collections::BTreeSet<&str> = split
+        .held_out
+        .iter()
+        .map(|&i| index.samples[i].label.as_str())
+        .collect();
+    let classes: std::collections::BTreeSet<&str> =
+        index.samples.iter().map(|s| s.label.as_str()).collect();
+    let max_k = cfg.downstream.knn.k.iter().copied().max().unwrap_or(0);
+    let mut problems = vec![];
+    if max_k > bank {
+        problems.push(format!(
+            "kNN's k up to {max_k} needs at least {max_k} reference images, and 80 % of them is {bank}"
+        ));
+    }
+    if present.len() < classes.len() {
+        let missing: Vec<&str> = classes.difference(&present).copied().collect();
+        problems.push(format!(
+            "{} of {} classes have no held-out image ({})",
+            missing.len(),
+            classes.len(),
+            missing.join(", ")
+        ));
+    }
+    if problems.is_empty() {
+        return Ok(None);
+    }
+    let mut advice = vec![];
+    if cfg.data.test_dir.is_none() {
+        advice.push("data.test_dir (a separate test folder, scored by the evaluate stage)");
+    }
+    if cfg.data.split == crate::config::HeldOutSplit::Scdino {
+        advice.push("data.split: stratified (every class in the held-out images)");
+    }
+    advice.push("a lower data.train_fraction");
+    let message = format!(
+        "the held-out split is too small to score: {held} of {} images (data.train_fraction {}); {}. The kNN, UMAP and held-out scores of every checkpoint will mean little; consider {}",
+        index.len(),
+        cfg.data.train_fraction,
+        problems.join("; "),
+        advice.join(", or ")
+    );
+    tracing::warn!("{message}");
+    Ok(Some(message))
+}
+
 pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutcome, StageError> {
     let combos = opts
         .combinations
@@ -307,6 +363,9 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         stop: opts.stop.as_deref(),
         lead: env.rank == 0,
     };
+    if r.lead {
+        warn_small_held_out(cfg)?;
+    }
     for &combination in &combos {
         let t = Target::new(cfg, combination)?;
         let ms_path = t.run.mean_std();

@@ -40,9 +40,7 @@ pub struct Dataset {
 impl Dataset {
     pub fn open(cfg: &Config) -> Result<Self, StageError> {
         let source = crate::data::open_source(&cfg.data)?;
-        let n = source.index().len();
-        let split =
-            crate::data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
+        let split = crate::data::configured_split(source.index(), &cfg.data, cfg.run.seed as u32)?;
         Ok(Self { source, split })
     }
 }

@@ -511,3 +511,67 @@ fn index_matches_python_imagefolder_walk() {
         assert_eq!(ours.label, theirs[2].as_str().unwrap());
     }
 }
+
+/// `data.split: stratified` on a real folder keeps scDINO's held-out count and holds out
+/// every class, where scDINO's split at the same seed need not; `trainer pipeline`'s up-front
+/// check names a held-out split too small to score (k above its kNN bank, classes missing)
+/// with what to do, and is silent where the split can be scored.
+#[test]
+fn stratified_split_and_the_small_held_out_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    generate_synthetic(&SynthOptions {
+        out: dir.path().to_path_buf(),
+        seed: 2,
+        classes: 3,
+        per_class: 8,
+        size: 16,
+        channels: 2,
+        ..SynthOptions::default()
+    })
+    .unwrap();
+    let cfg = |split: &str, fraction: f64, k: &str| {
+        trainer::config::Config::from_yaml(
+            &format!(
+                "run: {{name: s, output_dir: {out}, seed: 7}}\ndata: {{dataset_dir: {data}, channel_names: [a, b], channel_combinations: [\"01\"], train_fraction: {fraction}, split: {split}}}\nmodel: {{arch: vit_tiny, patch_size: 4}}\naugment: {{global_crop_size: 8, local_crop_size: 4}}\ndownstream: {{knn: {{k: [{k}]}}}}\n",
+                out = dir.path().join("out").display(),
+                data = dir.path().join("Training").display(),
+            ),
+            "test",
+        )
+        .unwrap()
+    };
+    let c = cfg("stratified", 0.75, "20");
+    let source = trainer::data::open_source(&c.data).unwrap();
+    let index = source.index();
+    let s = trainer::data::configured_split(index, &c.data, 7).unwrap();
+    assert_eq!(
+        s.held_out.len(),
+        train_heldout_split(24, 0.75, 7).unwrap().held_out.len()
+    );
+    let labels: std::collections::BTreeSet<&str> =
+        index.samples.iter().map(|x| x.label.as_str()).collect();
+    assert_eq!(labels.len(), 3);
+    for class in labels {
+        let n = s
+            .held_out
+            .iter()
+            .filter(|&&i| index.samples[i].label == class)
+            .count();
+        assert_eq!(n, 2, "{class}");
+    }
+    let small = trainer::pipeline::warn_small_held_out(&cfg("scdino", 0.95, "10, 20"))
+        .unwrap()
+        .expect("1 held-out image of 24 must be named");
+    assert!(
+        small.contains("1 of 24 images")
+            && small.contains("k up to 20")
+            && small.contains("2 of 3 classes have no held-out image")
+            && small.contains("data.test_dir")
+            && small.contains("data.split: stratified"),
+        "{small}"
+    );
+    assert_eq!(
+        trainer::pipeline::warn_small_held_out(&cfg("stratified", 0.5, "1, 5")).unwrap(),
+        None
+    );
+}

@@ -137,8 +137,7 @@ fn model_files(cfg: &Config, channels: &[usize]) -> Result<ModelLayout, TrainErr
 /// The dataset and the indices of its training split (never empty).
 fn training_split(cfg: &Config) -> Result<(SharedSource, Vec<usize>), TrainError> {
     let source = data::open_source(&cfg.data)?;
-    let n = source.index().len();
-    let split = data::train_heldout_split(n, cfg.data.train_fraction, cfg.run.seed as u32)?;
+    let split = data::configured_split(source.index(), &cfg.data, cfg.run.seed as u32)?;
     if split.train.is_empty() {
         return Err(TrainError::EmptySplit);
     }
