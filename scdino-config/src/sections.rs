@@ -759,6 +759,12 @@ impl Default for AugmentSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct DownstreamSection {
+    /// New. Also analyse the network as it was before its first step (tag `init`: features,
+    /// kNN, evaluation, UMAP and attention maps beside every trained checkpoint's, and in the
+    /// report), the baseline every learning claim needs. Training writes
+    /// `checkpoint_init.safetensors` when it starts from scratch with this on; a run already
+    /// trained without it has no such checkpoint (the initial weights are not kept).
+    pub score_untrained: bool,
     pub features: FeaturesSection,
     pub attention: AttentionSection,
     pub knn: KnnSection,

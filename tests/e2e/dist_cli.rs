@@ -266,7 +266,7 @@ fn fsdp_resumes_from_shards_after_a_kill_and_its_consolidated_checkpoint_feeds_f
     ok("trainer", &["features", "--config", &cfg, "--threads", "1"]);
     let csv = dir
         .path()
-        .join("out/killed/m_channel_APC_DAPI_analyses/CLS_features/epoch0_features.csv");
+        .join("out/killed/m_channel_APC_DAPI_analyses/CLS_features/step4_features.csv");
     let rows: Vec<Vec<f64>> = std::fs::read_to_string(&csv)
         .unwrap()
         .lines()
@@ -579,7 +579,9 @@ fn features_on_three_ranks_equal_one_process_without_duplicates() {
         ],
     );
     let analyses = dir.path().join("out/feat/m_channel_APC_DAPI_analyses");
-    let csv = analyses.join("CLS_features/epoch0_features.csv");
+    // A checkpoint after 2 steps of the first epoch is tagged `step2` (not `epoch0`, which
+    // is the weights after the whole first epoch).
+    let csv = analyses.join("CLS_features/step2_features.csv");
     let read = |p: &Path| std::fs::read_to_string(p).unwrap();
     let rows = |s: &str| -> Vec<Vec<f64>> {
         s.lines()

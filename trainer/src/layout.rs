@@ -127,6 +127,11 @@ impl ModelLayout {
         self.dir.join(LATEST_CHECKPOINT)
     }
 
+    /// The weights before the first step (`downstream.score_untrained`), tag `init`.
+    pub fn initial_checkpoint(&self) -> PathBuf {
+        self.dir.join("checkpoint_init.safetensors")
+    }
+
     /// The kept checkpoint after `epoch` (0-based, scDINO's `checkpoint{epoch:04}.pth` names).
     pub fn numbered_checkpoint(&self, epoch: usize) -> PathBuf {
         self.dir.join(format!("checkpoint{epoch:04}.safetensors"))

@@ -33,6 +33,9 @@ pub struct BackboneWeights {
     /// Epochs completed when it was saved (scDINO's `epoch` entry holds epoch+1, our
     /// `meta.epoch` the same count); `None` for a bare state dict.
     pub epoch: Option<usize>,
+    /// Our training checkpoints: `(batches of the running epoch done, iteration)`, which tell
+    /// a mid-epoch checkpoint and the untrained network from the end of an epoch.
+    pub progress: Option<(usize, usize)>,
     /// scDINO's training `args`, when the file has them.
     pub args: Option<TrainingArgs>,
     /// Our checkpoints only: the channels the model was trained on, and how it takes them.
@@ -196,6 +199,7 @@ impl BackboneWeights {
                 .get("epoch")
                 .and_then(|e| e.as_int())
                 .and_then(|e| usize::try_from(e).ok()),
+            progress: None,
             args: root.get("args").and_then(|a| TrainingArgs::from_value(&a)),
             trained: None,
         })
@@ -257,16 +261,15 @@ impl BackboneWeights {
             path: path.to_path_buf(),
             tensors,
             epoch: epoch_known.then_some(ck.meta.epoch),
+            progress: epoch_known.then_some((ck.meta.epoch_batch, ck.meta.iteration)),
             args: None,
             trained: TrainedChannels::from_fingerprint(&ck.meta.fingerprint),
         })
     }
 
-    /// The name part of feature files: `epoch{E}` as scDINO (E = epochs completed - 1, the
-    /// number in `checkpoint{E}.pth`), or `model_{file stem}` (scDINO's downstream-only naming)
-    /// when the file does not say which epoch it is.
+    /// The name part of feature files (see [`tag_for`]).
     pub fn tag(&self) -> String {
-        tag_for(&self.path, self.epoch)
+        tag_for(&self.path, self.epoch, self.progress)
     }
 
     /// The weight of the patch embedding, adapted to `channels` (file channel indices) as
@@ -394,12 +397,19 @@ impl PatchEmbedAdapt {
     }
 }
 
-/// `epoch{E}` for a checkpoint holding `epoch` (epochs done, so E = epoch - 1, as scDINO's
-/// `checkpoint{E}.pth`), else `model_{file stem}`.
-fn tag_for(path: &Path, epoch: Option<usize>) -> String {
-    match epoch {
-        Some(e) => format!("epoch{}", e.saturating_sub(1)),
-        None => format!(
+/// One meaning per tag: `epoch{E}` = the weights after epoch E, counted from 0 (E = epochs
+/// done - 1, scDINO's `checkpoint{E}.pth`); `init` = the network before its first step;
+/// `step{N}` = a checkpoint in the middle of an epoch (after N steps: `--max-steps`, a
+/// preempted run's latest); `model_{file stem}` when the file does not say which epoch it
+/// is (scDINO's downstream-only naming). `progress` is `(batches of the running epoch done,
+/// iteration)` where the file records it (our checkpoints).
+fn tag_for(path: &Path, epoch: Option<usize>, progress: Option<(usize, usize)>) -> String {
+    match (epoch, progress) {
+        (Some(_), Some((batch, iteration))) if batch > 0 => format!("step{iteration}"),
+        (Some(0), Some((_, 0))) => "init".to_string(),
+        (Some(0), Some((_, iteration))) => format!("step{iteration}"),
+        (Some(e), _) => format!("epoch{}", e.saturating_sub(1)),
+        (None, _) => format!(
             "model_{}",
             path.file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -434,18 +444,25 @@ pub fn checkpoint_tag(path: &Path) -> Result<String, BackboneError> {
     if crate::model::timm::is_timm_folder(path) {
         return Ok(timm_folder_tag(path));
     }
-    let epoch = match pth::sniff(path)? {
-        FileKind::Zip | FileKind::LegacyPickle => PthFile::open(path)?
-            .root()
-            .get("epoch")
-            .and_then(|e| e.as_int())
-            .and_then(|e| usize::try_from(e).ok()),
+    let (epoch, progress) = match pth::sniff(path)? {
+        FileKind::Zip | FileKind::LegacyPickle => (
+            PthFile::open(path)?
+                .root()
+                .get("epoch")
+                .and_then(|e| e.as_int())
+                .and_then(|e| usize::try_from(e).ok()),
+            None,
+        ),
         FileKind::Other => {
             let meta = checkpoint::read_meta(path)?;
-            epoch_known(&meta).then_some(meta.epoch)
+            let known = epoch_known(&meta);
+            (
+                known.then_some(meta.epoch),
+                known.then_some((meta.epoch_batch, meta.iteration)),
+            )
         }
     };
-    Ok(tag_for(path, epoch))
+    Ok(tag_for(path, epoch, progress))
 }
 
 #[cfg(test)]

@@ -186,6 +186,7 @@ pub fn for_config(
             m.tensors["patch_embed.proj.weight"].shallow_clone(),
         )]),
         epoch: None,
+        progress: None,
         args: None,
         trained: None,
     };

@@ -112,9 +112,15 @@ impl<'a> Target<'a> {
             })
             .collect();
         found.sort();
-        found
+        let init = self.files.initial_checkpoint();
+        init.exists()
+            .then(|| ("init".to_string(), init))
             .into_iter()
-            .map(|(epoch, p)| (format!("epoch{epoch}"), p))
+            .chain(
+                found
+                    .into_iter()
+                    .map(|(epoch, p)| (format!("epoch{epoch}"), p)),
+            )
             .collect()
     }
 
@@ -131,15 +137,21 @@ impl<'a> Target<'a> {
     }
 }
 
-/// Sorts `epoch{N}` tags by N (then anything else by name).
+/// Sorts tags in training order: `init` (the untrained network), `step{N}` (a checkpoint
+/// in the middle of the first epoch) by N, `epoch{N}` by N, then anything else by name.
 pub fn sort_tags(tags: &mut [String]) {
+    let number = |t: &str, prefix: &str| t.strip_prefix(prefix)?.parse::<u64>().ok();
     tags.sort_by_key(|t| {
-        (
-            t.strip_prefix("epoch")
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(u64::MAX),
-            t.clone(),
-        )
+        let rank = if t == "init" {
+            (0, 0)
+        } else if let Some(n) = number(t, "step") {
+            (1, n)
+        } else if let Some(n) = number(t, "epoch") {
+            (2, n)
+        } else {
+            (3, 0)
+        };
+        (rank, t.clone())
     });
 }
 

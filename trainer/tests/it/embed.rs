@@ -701,3 +701,61 @@ fn embed_on_cuda_without_a_gpu_names_the_flag() {
     assert!(text.contains("--device is cuda but"), "{text}");
     assert!(!text.contains("train.device"), "{text}");
 }
+
+/// One meaning per tag, and the untrained network as a first-class checkpoint: with
+/// `downstream.score_untrained` training writes `checkpoint_init.safetensors` before its
+/// first step (student = teacher, iteration 0), tagged `init`; a `--max-steps 1` checkpoint
+/// is `step1`, not `epoch0`; the checkpoint after the first epoch is `epoch0` and records one
+/// epoch done; the pipeline analyses `init` first, then the numbered ones, and its features
+/// are written under that tag.
+#[test]
+fn untrained_network_is_tagged_init_and_a_mid_epoch_checkpoint_step_n() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let yaml = config(dir.path(), "fixed", "").sections();
+    let mut sections = yaml;
+    sections.downstream.score_untrained = true;
+    let cfg = Config::from_sections(sections, "test").unwrap();
+    let files = trainer::layout::RunLayout::new(&cfg).model(&cfg, &[0, 1, 2]);
+    let partial = TrainOptions {
+        max_steps: Some(1),
+        ..TrainOptions::default()
+    };
+    train(&cfg, &partial).unwrap();
+    let init = files.initial_checkpoint();
+    assert_eq!(tag_of_checkpoint(&init).unwrap(), "init");
+    assert_eq!(
+        tag_of_checkpoint(&files.latest_checkpoint()).unwrap(),
+        "step1"
+    );
+    let ck = trainer::checkpoint::load(&init).unwrap();
+    assert_eq!((ck.meta.epoch, ck.meta.iteration), (0, 0));
+    let students: Vec<&String> = ck
+        .tensors
+        .keys()
+        .filter(|k| k.starts_with("student.backbone."))
+        .collect();
+    assert!(!students.is_empty());
+    for k in students {
+        let teacher = k.replacen("student.", "teacher.", 1);
+        let diff = (&ck.tensors[k] - &ck.tensors[&teacher])
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert_eq!(diff, 0.0, "{k}: the untrained student is the teacher");
+    }
+    train(&cfg, &TrainOptions::default()).unwrap();
+    let t = Target::new(&cfg, 0).unwrap();
+    let numbered = t.numbered_checkpoints();
+    let tags: Vec<&str> = numbered.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(tags, ["init", "epoch0"]);
+    let after = trainer::checkpoint::read_meta(&numbered[1].1).unwrap();
+    assert_eq!(after.epoch, 1);
+    assert_eq!(tag_of_checkpoint(&numbered[1].1).unwrap(), "epoch0");
+    run_features(&t, &init, "init").unwrap();
+    assert_eq!(t.feature_tags(), ["init"]);
+    run_features(&t, &numbered[1].1, "epoch0").unwrap();
+    assert_eq!(t.feature_tags(), ["init", "epoch0"]);
+}

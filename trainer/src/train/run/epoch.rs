@@ -20,6 +20,13 @@ impl TrainingRun<'_> {
     /// Runs the epochs left, each ending with a checkpoint and its `log.txt` line, until all
     /// are done or the run stops (with a checkpoint at the step it stopped after).
     pub fn run(mut self) -> Result<TrainOutcome, TrainError> {
+        if self.cfg.downstream.score_untrained
+            && self.at == Position::default()
+            && !self.checkpoints.files.initial_checkpoint().exists()
+        {
+            self.checkpoints
+                .save_initial(self.strategy.as_mut(), &self.learner)?;
+        }
         while self.at.epoch < self.cfg.train.epochs {
             if let Some(outcome) = self.epoch()? {
                 return self.finish(outcome);

@@ -242,4 +242,29 @@ impl CheckpointWriter {
         let numbered = numbered.then(|| self.files.numbered_checkpoint(at.epoch - 1));
         strategy.save(learner, &self.files, &meta, numbered)
     }
+
+    /// Writes the weights before the first step as `checkpoint_init.safetensors` (and the
+    /// latest checkpoint at iteration 0, which a resume starts from as a fresh run would).
+    pub fn save_initial(
+        &self,
+        strategy: &mut dyn ParallelStrategy,
+        learner: &Learner,
+    ) -> Result<(), TrainError> {
+        let meta = CheckpointMeta {
+            format: checkpoint::FORMAT.into(),
+            epoch: 0,
+            epoch_batch: 0,
+            iteration: 0,
+            seed: self.seed,
+            fingerprint: self.fingerprint.clone(),
+            config_yaml: self.config_yaml.clone(),
+            mean: self.mean.clone(),
+            std: self.std.clone(),
+            epoch_totals: EpochTotals::default(),
+            loss_scaler: learner.scaler.clone(),
+            dataset: Some(self.dataset.clone()),
+        };
+        let init = self.files.initial_checkpoint();
+        strategy.save(learner, &self.files, &meta, Some(init))
+    }
 }
