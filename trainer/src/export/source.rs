@@ -299,6 +299,14 @@ impl Source {
         if timm::is_timm_folder(path) {
             return Self::load_timm(path, image_size);
         }
+        // An unreadable file is left to the checkpoint reader to report.
+        if let Ok(crate::pth::FileKind::Zip | crate::pth::FileKind::LegacyPickle) =
+            crate::pth::sniff(path)
+        {
+            return Err(ExportError::PyTorchFile {
+                path: path.to_path_buf(),
+            });
+        }
         let ck = checkpoint::load(path)?;
         let invalid = |what: String| ExportError::Invalid {
             path: path.to_path_buf(),
