@@ -894,5 +894,8 @@ mod tests {
         .unwrap();
         let again = Config::from_yaml(&c.to_yaml(), "shown").unwrap();
         assert_eq!(c, again);
+        // The default position grid is not written, so a run's recorded config (in every
+        // checkpoint) is what it was before `model.img_size` existed.
+        assert!(!c.to_yaml().contains("img_size"), "{}", c.to_yaml());
     }
 }

@@ -319,7 +319,10 @@ mod tests {
         let documented = keys();
         let section_paths: Vec<String> = sections().into_iter().map(|s| s.path).collect();
         let mut serialized = Vec::new();
-        let defaults = serde_json::to_value(Sections::default()).unwrap();
+        // A key left out when unset (so recorded configs stay as they were) counts when set.
+        let mut with_all = Sections::default();
+        with_all.model.img_size = Some(crate::ModelSection::DEFAULT_IMG_SIZE);
+        let defaults = serde_json::to_value(with_all).unwrap();
         serialized_keys(&defaults, "", &section_paths, &mut serialized);
         let mut listed: Vec<String> = documented.iter().map(|k| k.key.clone()).collect();
         listed.sort();

@@ -292,6 +292,12 @@ pub struct ModelSection {
     /// position, timm's `resample_abs_pos_embed`), `timm_no_class` (timm's `no_embed_class`,
     /// DINOv2's layout: patch positions only, timm's resampling).
     pub pos_embed: PosEmbed,
+    /// The resolution whose patch grid the position embeddings are learned for (DINO's and
+    /// timm's `img_size`): (img_size / patch_size)² positions, resampled once, with
+    /// `model.pos_embed`'s method, to the grid of each input. Unset: 224 px (scDINO). With
+    /// `model.init` it is the source's (DINOv2: 518), so the run computes what the source did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub img_size: Option<usize>,
     /// Start training from pretrained weights (once, when a run starts; a resumed run
     /// continues from its own checkpoint).
     pub init: ModelInit,
@@ -421,8 +427,21 @@ impl Default for ModelSection {
             num_register_tokens: 0,
             layer_scale: None,
             pos_embed: PosEmbed::Dino,
+            img_size: None,
             init: ModelInit::default(),
         }
+    }
+}
+
+impl ModelSection {
+    /// The position grid's resolution of a model that does not say (scDINO's, DINO's).
+    pub const DEFAULT_IMG_SIZE: usize = 224;
+
+    /// `img_size`, 224 when unset. Unset is not written back (`skip_serializing_if`), so the
+    /// recorded config of a run at the default grid is byte for byte what it was before the
+    /// key existed.
+    pub fn img_size_px(&self) -> usize {
+        self.img_size.unwrap_or(Self::DEFAULT_IMG_SIZE)
     }
 }
 

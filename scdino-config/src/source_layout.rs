@@ -1,6 +1,6 @@
 //! The `model:` keys that pretrained weights (`model.init.from`) fix: the architecture, patch
-//! size, registers, LayerScale and, where the source records it, the position-embedding
-//! layout. A run config need not repeat them: a key the file does not write is taken from the
+//! size, registers, LayerScale, the resolution of the position grid and, where the source
+//! records it, the position-embedding layout. A run config need not repeat them: a key the file does not write is taken from the
 //! source, a key it writes must agree with it. Resolved here, before validation, so every stage
 //! that reads the file (training, features, export, `config show`) sees the same model.
 //!
@@ -21,6 +21,9 @@ pub struct SourceLayout {
     /// None when the source does not record how its positions are resampled (a `.pth`: DINO's
     /// and DINOv2's files hold the same tensors for either).
     pub pos_embed: Option<PosEmbed>,
+    /// The resolution of the source's position grid (grid side × patch size): the model keeps
+    /// that grid, so its positions are resampled once, from the source's grid to each input's.
+    pub img_size: usize,
 }
 
 /// Reads the layout of `model.init.from`; the error says why it cannot (it is reported under
@@ -80,7 +83,11 @@ impl SourceLayout {
         // write them, and how the source's value is set.
         type Set = fn(&mut ModelSection, &SourceLayout);
         let pos = self.pos_embed.unwrap_or(model.pos_embed);
-        let keys: [(&'static str, bool, String, String, Set); 5] = [
+        let px = |m: &ModelSection| match m.img_size {
+            Some(s) => s.to_string(),
+            None => format!("unset ({})", ModelSection::DEFAULT_IMG_SIZE),
+        };
+        let keys: [(&'static str, bool, String, String, Set); 6] = [
             (
                 "model.arch",
                 model.arch != self.arch,
@@ -116,6 +123,17 @@ impl SourceLayout {
                 model.pos_embed.name().into(),
                 pos.name().into(),
                 |m, s| m.pos_embed = s.pos_embed.unwrap_or(m.pos_embed),
+            ),
+            // Unset is the default grid, so a source at 224 px leaves the key unwritten.
+            (
+                "model.img_size",
+                model.img_size_px() != self.img_size,
+                px(model),
+                self.img_size.to_string(),
+                |m, s| {
+                    m.img_size =
+                        (s.img_size != ModelSection::DEFAULT_IMG_SIZE).then_some(s.img_size)
+                },
             ),
         ];
         for (key, differs, configured, source, set) in keys {
@@ -158,6 +176,7 @@ mod tests {
                     num_register_tokens: 4,
                     layer_scale: Some(1e-5),
                     pos_embed: self.0,
+                    img_size: 518,
                 }),
                 other => Err(format!("no such folder: {other:?}")),
             }
@@ -196,9 +215,17 @@ mod tests {
                 m.patch_size,
                 m.num_register_tokens,
                 m.layer_scale,
-                m.pos_embed
+                m.pos_embed,
+                m.img_size
             ),
-            (Arch::VitSmall, 14, 4, Some(1e-5), PosEmbed::TimmNoClass)
+            (
+                Arch::VitSmall,
+                14,
+                4,
+                Some(1e-5),
+                PosEmbed::TimmNoClass,
+                Some(518)
+            )
         );
         assert_eq!(m.out_dim, 64);
         // The resolved values are what the run writes back (its checkpoint's config).
@@ -248,6 +275,12 @@ mod tests {
                 5,
                 "is dino, but model.init.from /models/dinov2 has timm_no_class",
             ),
+            (
+                "  img_size: 224\n",
+                "model.img_size",
+                5,
+                "is 224, but model.init.from /models/dinov2 has 518",
+            ),
         ] {
             let yaml = format!("{model}  init:\n    from: /models/dinov2\n");
             match read(&yaml, &src).unwrap_err() {
@@ -284,6 +317,13 @@ mod tests {
         );
         let cfg = read("  init:\n    from: /models/dinov2\n", &src).unwrap();
         layout.check(&cfg.model).unwrap();
+        // The grid too: a model built at the default grid is not the source's.
+        let mut default_grid = cfg.model.clone();
+        default_grid.img_size = None;
+        assert_eq!(
+            layout.check(&default_grid).unwrap_err(),
+            "`model.img_size` is unset (224), but the source has 518"
+        );
         // A source that does not record its resampling (a .pth) leaves pos_embed to the file.
         let pth = Dinov2Like(None);
         let cfg = read(

@@ -11,6 +11,16 @@ impl ModelSection {
             "must be between 1 and 64 pixels (scDINO uses 8 or 16)",
         )?;
         v.check(self.out_dim > 0, "model.out_dim", "must be positive")?;
+        if let Some(px) = self.img_size {
+            v.check(
+                px >= self.patch_size && px <= 8192,
+                "model.img_size",
+                &format!(
+                    "must be between model.patch_size ({}) and 8192 pixels: the position grid has img_size / patch_size patches per side",
+                    self.patch_size
+                ),
+            )?;
+        }
         v.check(
             self.channels != ChannelMode::Bag || data.order == SampleOrder::Exact,
             "model.channels",

@@ -42,6 +42,15 @@ pub enum FeaturesError {
         found: usize,
         expected: usize,
     },
+    /// `trainer embed` with a timm folder: no run config, so the count asked for is the
+    /// model's input channels.
+    #[error("{} has {found} channels, but the timm model {} takes {expected} input channels: `trainer embed` gives it every channel of an image, in file order, so each image must have exactly {expected} (`trainer features` with a run config selects or adapts channels)", path.display(), folder.display())]
+    FolderChannelCount {
+        path: PathBuf,
+        found: usize,
+        folder: PathBuf,
+        expected: usize,
+    },
     #[error("{} was trained with model.channels: {trained}, the config says {configured}", checkpoint.display())]
     ChannelModeMismatch {
         checkpoint: PathBuf,
@@ -619,6 +628,8 @@ pub struct Preparer {
     resize: Option<usize>,
     /// A pretrained model's own input size (instead of `resize`).
     input: Option<InputSize>,
+    /// The timm folder whose input channel count `file_channels` is (None: the run config's).
+    folder: Option<PathBuf>,
     /// Per selected channel, when `downstream.features.normalize`.
     normalize: Option<(Vec<f32>, Vec<f32>)>,
 }
@@ -638,6 +649,7 @@ impl Preparer {
             },
             resize: f.resize.then_some(f.resize_length),
             input: None,
+            folder: None,
             normalize: f.normalize.then_some((mean, std)),
         }
     }
@@ -653,6 +665,7 @@ impl Preparer {
             size,
             mean,
             std,
+            folder,
         } = input;
         Self {
             opts: PreprocessOptions {
@@ -664,6 +677,7 @@ impl Preparer {
             names,
             resize: None,
             input: Some(size),
+            folder,
             normalize: Some((mean, std)),
         }
     }
@@ -671,10 +685,18 @@ impl Preparer {
     /// `raw` (read from `path`, which errors name) as a `[k, H, W]` float tensor.
     pub fn prepare(&self, raw: &ImageChw, path: &Path) -> Result<Tensor, FeaturesError> {
         if raw.channels != self.file_channels {
-            return Err(FeaturesError::ChannelCount {
-                path: path.to_path_buf(),
-                found: raw.channels,
-                expected: self.file_channels,
+            return Err(match &self.folder {
+                Some(folder) => FeaturesError::FolderChannelCount {
+                    path: path.to_path_buf(),
+                    found: raw.channels,
+                    folder: folder.clone(),
+                    expected: self.file_channels,
+                },
+                None => FeaturesError::ChannelCount {
+                    path: path.to_path_buf(),
+                    found: raw.channels,
+                    expected: self.file_channels,
+                },
             });
         }
         let (img, outcome) = preprocess(raw, &self.opts)?;

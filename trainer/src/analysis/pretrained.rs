@@ -94,6 +94,9 @@ pub struct ModelInput {
     pub size: InputSize,
     pub mean: Vec<f32>,
     pub std: Vec<f32>,
+    /// The folder, when `file_channels` is its input channel count rather than the run
+    /// config's (`trainer embed`), so an image that has not names it.
+    pub folder: Option<PathBuf>,
 }
 
 /// The folder's input size, resampling and per-input-channel mean/std.
@@ -212,6 +215,7 @@ pub fn for_config(
             size: input,
             mean,
             std,
+            folder: None,
         },
         channel_names: names,
     })
@@ -242,6 +246,7 @@ pub fn for_images(path: &Path, device: Device) -> Result<Loaded, PretrainedError
             size: input,
             mean,
             std,
+            folder: Some(path.to_path_buf()),
         },
         channel_names: names,
     })

@@ -56,7 +56,12 @@ pub fn model_card(src: &Source, format: Format, how_to_load: &str) -> String {
          each channel min-max scaled to [0, 1] per image; resized (bilinear) to the input size; \
          then `(x - mean) / std` per channel.\n"
     );
-    let _ = writeln!(s, "{}\n", src.input.explain(&cfg, src.config.as_ref()));
+    let _ = writeln!(
+        s,
+        "{}\n",
+        src.input
+            .explain(&src.model.vit_config(), src.config.as_ref())
+    );
     let _ = writeln!(s, "## How to load\n\n{how_to_load}");
     training(&mut s, src);
     scores(&mut s, src);

@@ -54,6 +54,10 @@ pub enum ExportError {
         /// ", it was imported from a .pth" when the fingerprint says so, else empty.
         imported: &'static str,
     },
+    /// A `.pth` (or any `torch.save` file) given as `--checkpoint`: safetensors would only
+    /// say its header is too large.
+    #[error("{path} is a PyTorch file (`torch.save`, e.g. a scDINO/DINO/DINOv2 .pth), not a checkpoint written by `trainer train`; export needs one of those, which records the model, its channels and their mean/std: start a run from the file (model.init: {{from: {path}, format: pth}}) and export that run's checkpoint (`trainer features --checkpoint` reads the .pth as it is)")]
+    PyTorchFile { path: PathBuf },
     #[error("cannot export {path} as {format}: {why}")]
     Unsupported {
         path: PathBuf,

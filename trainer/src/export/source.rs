@@ -7,7 +7,7 @@ use super::ExportError;
 use crate::checkpoint;
 use crate::config::{Arch, ChannelMode, CheckpointKey, Config, ModelSection, PosEmbed};
 use crate::model::channels;
-use crate::model::{timm, VisionTransformer, VitConfig};
+use crate::model::{timm, PosResample, VisionTransformer, VitConfig};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tch::{nn, Kind, Tensor};
@@ -25,6 +25,9 @@ pub struct ModelRecord {
     /// none and DINO's).
     pub layer_scale: Option<f64>,
     pub pos_embed: PosEmbed,
+    /// The resolution of the position grid (`model.img_size`; absent from the fingerprints of
+    /// runs at the default grid, and of every run before the key existed: 224).
+    pub img_size: usize,
     /// The exact network when the source is a timm folder (its sizes need not be one of
     /// our presets, and it may have LayerScale or no class position); None: the preset.
     pub layout: Option<VitConfig>,
@@ -86,6 +89,13 @@ impl ModelRecord {
                 None => PosEmbed::Dino,
                 Some(p) => serde_json::from_value(p.clone()).map_err(|_| field("pos_embed"))?,
             },
+            img_size: match v.get("img_size") {
+                None => ModelSection::DEFAULT_IMG_SIZE,
+                Some(s) => s
+                    .as_u64()
+                    .filter(|&s| s as usize >= patch_size)
+                    .ok_or_else(|| field("img_size"))? as usize,
+            },
             layout: None,
         })
     }
@@ -102,6 +112,7 @@ impl ModelRecord {
         let section = ModelSection {
             layer_scale: self.layer_scale,
             pos_embed: self.pos_embed,
+            img_size: Some(self.img_size),
             ..ModelSection::default()
         };
         crate::model::with_layout(vit, &section)
@@ -182,13 +193,21 @@ pub enum InputSizeFrom {
 
 impl InputSize {
     /// One sentence for the model card and the loading notes: where the size comes from and
-    /// what that guarantees.
-    pub fn explain(&self, cfg: &VitConfig, run: Option<&Config>) -> String {
+    /// what that guarantees, for the `trained` network.
+    pub fn explain(&self, trained: &VitConfig, run: Option<&Config>) -> String {
         let s = self.side;
-        let grid = cfg.grid();
-        let resampled = format!(
-            "its position embeddings are the trained ones resampled to {grid}×{grid} patches with DINO's bicubic `interpolate_pos_encoding`, as the pipeline does at run time"
-        );
+        let (from, to) = (trained.grid(), s as i64 / trained.patch_size);
+        let how = match trained.pos_resample {
+            PosResample::Dino => "DINO's bicubic `interpolate_pos_encoding`",
+            PosResample::Timm => "timm's antialiased bicubic `resample_abs_pos_embed`",
+        };
+        let resampled = if from == to {
+            format!("its position embeddings are the trained {from}×{from} grid as it is")
+        } else {
+            format!(
+                "its position embeddings are the trained {from}×{from} grid resampled once to {to}×{to} patches with {how}, as the pipeline does at run time"
+            )
+        };
         match self.from {
             InputSizeFrom::TimmSource => format!(
                 "The input size {s}×{s} is the resolution the source timm model was saved at."
@@ -268,9 +287,10 @@ impl InputSize {
 impl Source {
     /// Loads `network` of the checkpoint at `path` for images of `image_size` px (None: the
     /// run's features-stage size). The model trains and embeds with position embeddings kept
-    /// for 224 px and resampled (DINO's bicubic `interpolate_pos_encoding`) to each input's
-    /// grid; the export holds them already resampled for its input size, so the exported
-    /// network at that size computes exactly what the features stage computes.
+    /// at its recorded grid (224 px, or its `model.init` source's) and resampled with its
+    /// layout's method to each input's grid; the export holds them already resampled for its
+    /// input size, so the exported network at that size computes exactly what the features
+    /// stage computes (and at the grid's own size holds the trained tensor itself).
     pub fn load(
         path: &Path,
         network: CheckpointKey,
@@ -278,6 +298,14 @@ impl Source {
     ) -> Result<Self, ExportError> {
         if timm::is_timm_folder(path) {
             return Self::load_timm(path, image_size);
+        }
+        // An unreadable file is left to the checkpoint reader to report.
+        if let Ok(crate::pth::FileKind::Zip | crate::pth::FileKind::LegacyPickle) =
+            crate::pth::sniff(path)
+        {
+            return Err(ExportError::PyTorchFile {
+                path: path.to_path_buf(),
+            });
         }
         let ck = checkpoint::load(path)?;
         let invalid = |what: String| ExportError::Invalid {
@@ -421,6 +449,7 @@ impl Source {
             num_register_tokens: cfg.num_register_tokens as usize,
             layer_scale: cfg.layer_scale,
             pos_embed: PosEmbed::Dino,
+            img_size: cfg.img_size as usize,
             layout: Some(cfg),
         };
         let trained_vs = nn::VarStore::new(tch::Device::Cpu);

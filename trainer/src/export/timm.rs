@@ -202,7 +202,9 @@ token after the final norm, `[B, {d}]`: the feature this project's analyses use 
 L2-normalise it). The input size is fixed at {s}×{s}. {explain} (`dynamic_img_size=True`
 accepts other sizes, but timm resamples the position embeddings its own way, not DINO's.)
 "#,
-        explain = src.input.explain(&src.vit_config(), src.config.as_ref()),
+        explain = src
+            .input
+            .explain(&src.model.vit_config(), src.config.as_ref()),
         k = src.model.channel_names.len(),
         s = args["img_size"],
         d = config["num_features"],

@@ -180,7 +180,9 @@ module subtracts the mean and divides by the std itself). Any batch size; the im
 fixed at {s}×{s}. {explain} Any other shape or dtype is refused by the module with an error
 naming the shape it takes. `features`: `{shape}`, {meaning}.
 "#,
-        explain = src.input.explain(&cfg, src.config.as_ref()),
+        explain = src
+            .input
+            .explain(&src.model.vit_config(), src.config.as_ref()),
         k = src.model.channel_names.len(),
         s = cfg.img_size,
     )

@@ -12,7 +12,7 @@ mod vit;
 pub use channels::bag_cls;
 pub use head::{DinoHead, HeadConfig};
 pub use multicrop::{IbotForward, MultiCropNet};
-pub use pos_embed::{resample as resample_pos_embed, PosResample};
+pub use pos_embed::PosResample;
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
 
@@ -53,7 +53,7 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
 }
 
 /// `vit` with the configured LayerScale and position-embedding layout (`model.layer_scale`,
-/// `model.pos_embed`).
+/// `model.pos_embed`, `model.img_size`'s grid).
 pub fn with_layout(vit: VitConfig, m: &ModelSection) -> VitConfig {
     let (no_embed_class, pos_resample) = match m.pos_embed {
         PosEmbed::Dino => (false, PosResample::Dino),
@@ -61,6 +61,7 @@ pub fn with_layout(vit: VitConfig, m: &ModelSection) -> VitConfig {
         PosEmbed::TimmNoClass => (true, PosResample::Timm),
     };
     VitConfig {
+        img_size: m.img_size_px() as i64,
         layer_scale: m.layer_scale,
         no_embed_class,
         pos_resample,

@@ -6,8 +6,10 @@
 //! shape, every source tensor must be used, and the source's layout must be the configured
 //! one (naming the key to set), unless `strict: false`, which lists what it skipped. The patch
 //! embedding is the one tensor adapted, when the source has another channel count
-//! ([`adapt_patch_embed`]); position embeddings are resampled to the model's grid with the
-//! resampling of their layout.
+//! ([`adapt_patch_embed`]). Position embeddings load as they are: the model keeps the source's
+//! grid (`model.img_size`) and resamples them once, to each input's grid, with the source's
+//! method, so it computes what the source computed; resampling them here too would resample
+//! twice, and an export at the source's size would not give its positions back.
 use super::step::Networks;
 use crate::analysis::backbone::BackboneWeights;
 use crate::checkpoint;
@@ -76,7 +78,6 @@ pub fn apply(cfg: &Config, init: &ModelInit, nets: &Networks) -> Result<InitRepo
     };
     let path = PathBuf::from(from);
     let src = read_source(init, &path)?;
-    let student = nets.student.backbone.config();
     // A user's file got the source's layout when it was read (`init_layout`); a config built
     // in code may still differ. Under `strict: false` the tensors that do not fit are skipped.
     if let (Some(layout), true) = (&src.layout, init.strict) {
@@ -91,7 +92,7 @@ pub fn apply(cfg: &Config, init: &ModelInit, nets: &Networks) -> Result<InitRepo
             ))
         })?;
     }
-    let report = load_student(init, &src, nets, student)?;
+    let report = load_student(init, &src, nets)?;
     tch::no_grad(|| {
         let mut teacher = nets.teacher_vs.variables();
         for (name, t) in nets.student_vs.variables() {
@@ -158,12 +159,11 @@ fn read_source(init: &ModelInit, path: &Path) -> Result<SourceWeights, InitError
     }
 }
 
-/// Copies the source into the student (patch embedding adapted, positions resampled).
+/// Copies the source into the student (the patch embedding adapted).
 fn load_student(
     init: &ModelInit,
     src: &SourceWeights,
     nets: &Networks,
-    student: &VitConfig,
 ) -> Result<InitReport, InitError> {
     let file = src.file.display().to_string();
     let mut report = InitReport::default();
@@ -202,14 +202,18 @@ fn load_student(
         used.insert(short.to_string());
         let value = match short {
             "patch_embed.proj.weight" => adapt_for(t, &var.size(), init.channels),
-            "pos_embed" => resample_pos(t, student),
             _ => t.to_kind(Kind::Float),
         };
         if value.size() != var.size() {
+            let hint = if short == "pos_embed" {
+                grid_hint(t, nets.student.backbone.config())
+            } else {
+                String::new()
+            };
             refuse(
                 &mut report,
                 format!(
-                    "{file}: {short} has shape {:?}, the model's {name} needs {:?}",
+                    "{file}: {short} has shape {:?}, the model's {name} needs {:?}{hint}",
                     t.size(),
                     var.size()
                 ),
@@ -243,30 +247,18 @@ fn adapt_for(w: &Tensor, dst: &[i64], how: ChannelAdapt) -> Tensor {
     }
 }
 
-/// The source's position embeddings resampled to the student's grid, the student's layout
-/// (the same as the source's, checked for timm) deciding the class position and method.
-fn resample_pos(t: &Tensor, student: &VitConfig) -> Tensor {
-    let t = t.to_kind(Kind::Float);
-    let n = t.size()[1];
-    let (class_pos, patch_pos) = if student.no_embed_class {
-        (None, t)
-    } else {
-        (Some(t.narrow(1, 0, 1)), t.narrow(1, 1, n - 1))
-    };
-    let g = student.grid();
-    let side = (patch_pos.size()[1] as f64).sqrt() as i64;
-    if side * side != patch_pos.size()[1] {
-        // Another layout: left as it is, for the shape check to refuse.
-        return t_all(class_pos, patch_pos);
+/// Why a source's `pos_embed` may not fit: the model's grid is not the source's (a config built
+/// in code at the default `model.img_size`, or `strict: false` keeping a written one).
+fn grid_hint(t: &Tensor, model: &VitConfig) -> String {
+    let n = t.size().get(1).copied().unwrap_or(0) - i64::from(!model.no_embed_class);
+    let side = (n.max(0) as f64).sqrt() as i64;
+    if side * side != n || side == model.grid() {
+        return String::new();
     }
-    let patch_pos = crate::model::resample_pos_embed(&patch_pos, student.pos_resample, g, g);
-    t_all(class_pos, patch_pos)
-}
-
-/// The class position (if any) and the patch positions as one `pos_embed`.
-fn t_all(class_pos: Option<Tensor>, patch_pos: Tensor) -> Tensor {
-    match class_pos {
-        Some(c) => Tensor::cat(&[c, patch_pos], 1),
-        None => patch_pos,
-    }
+    format!(
+        " (the source's positions are a {side}×{side} grid, the model's {g}×{g}: `model.img_size` {img} px, the source's {src} px)",
+        g = model.grid(),
+        img = model.img_size,
+        src = side * model.patch_size
+    )
 }

@@ -1,4 +1,5 @@
-//! What a `model.init` source fixes of the run's `model:` section, read before the config is
+//! What a `model.init` source fixes of the run's `model:` section (its grid of position
+//! embeddings included: `model.img_size`), read before the config is
 //! validated ([`config::ReadLayout`]), so a run config need not repeat the source's
 //! architecture and every stage builds the same network from the same file. Cheap by
 //! design, since every command that reads the config reads it: a timm folder's `config.json`
@@ -36,6 +37,7 @@ impl config::ReadLayout for SourceReader {
                         num_register_tokens: m.num_register_tokens,
                         layer_scale: m.layer_scale,
                         pos_embed: Some(m.pos_embed),
+                        img_size: m.img_size,
                     }),
                     Err(ExportError::Unrecorded { .. }) => of_weights(path),
                     Err(e) => Err(e.to_string()),
@@ -113,5 +115,6 @@ fn of_network(vit: &VitConfig, pos_embed: Option<PosEmbed>) -> Result<SourceLayo
         num_register_tokens: vit.num_register_tokens as usize,
         layer_scale: vit.layer_scale,
         pos_embed,
+        img_size: vit.img_size as usize,
     })
 }

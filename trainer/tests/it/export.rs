@@ -306,6 +306,22 @@ fn export_refuses_bad_checkpoints_and_occupied_folders() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("junk.safetensors"), "{e}");
+    // A PyTorch file (torch.save's zip) is named as one, with what to do instead of
+    // safetensors' `HeaderTooLarge`.
+    let pth = dir.path().join("dino.pth");
+    super::util::run_python(
+        "import sys, torch\ntorch.save({'teacher': {'backbone.cls_token': torch.zeros(1, 1, 4)}}, sys.argv[1])\n",
+        &[pth.to_str().unwrap()],
+    );
+    let e = export(&request(&pth, Format::Timm, &dir.path().join("c")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("dino.pth is a PyTorch file")
+            && e.contains("format: pth")
+            && !e.contains("HeaderTooLarge"),
+        "{e}"
+    );
     // An output folder with files: refused, untouched; replaced with force.
     let out = dir.path().join("occupied");
     std::fs::create_dir(&out).unwrap();

@@ -2,15 +2,20 @@
 //! timm, `tests/py/timm_oracle.py`) and another run's checkpoint load into the student, the
 //! teacher equal to it; layouts and tensors that do not fit are refused naming the key, the
 //! tensor and the file, or listed with `strict: false`; what the source fixes of `model:` (the
-//! architecture, patch, registers, LayerScale, position layout) is taken from it where the file
-//! does not write it; a real `trainer train` starts from `model.init` once and a resumed run
-//! does not.
+//! architecture, patch, registers, LayerScale, position layout and grid) is taken from it where
+//! the file does not write it; the model keeps the source's position grid, so its positions
+//! are resampled once (from the source's grid to each input's) and a run exported at the
+//! source's size before any step gives the source's tensors bit for bit; a real `trainer train`
+//! starts from `model.init` once and a resumed run does not.
 use super::util::{max_abs_diff, run_py_file, run_python, torch_rng_lock};
 use std::path::Path;
 use std::process::Command;
 use tch::{Device, Kind, Tensor};
 use trainer::analysis::backbone::BackboneWeights;
+use trainer::checkpoint::{self, CheckpointMeta, EpochTotals};
 use trainer::config::{Arch, ChannelAdapt, CheckpointKey, Config, ConfigError, PosEmbed};
+use trainer::export::Source;
+use trainer::model::{timm, VisionTransformer};
 use trainer::train::init::{adapt_patch_embed, apply};
 use trainer::train::init_layout::config_from_yaml;
 use trainer::train::step::Networks;
@@ -76,6 +81,43 @@ fn layout(cfg: &Config) -> (Arch, usize, usize, bool, PosEmbed) {
     )
 }
 
+/// The checkpoint a run of `cfg` on the file channels `channels` writes for `nets` before its
+/// first step: both networks, the trainer's fingerprint and resolved config.
+fn save_unstepped(cfg: &Config, nets: &Networks, channels: &[usize], path: &Path) {
+    let mut tensors = Vec::new();
+    for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
+        for (name, t) in vs.variables() {
+            tensors.push((format!("{prefix}.{name}"), t));
+        }
+    }
+    let k = channels.len();
+    let meta = CheckpointMeta {
+        format: checkpoint::FORMAT.into(),
+        epoch: 0,
+        epoch_batch: 0,
+        iteration: 0,
+        seed: cfg.run.seed,
+        fingerprint: trainer::train::run::fingerprint(cfg, channels),
+        config_yaml: cfg.to_yaml(),
+        mean: vec![0.5; k],
+        std: vec![0.25; k],
+        epoch_totals: EpochTotals::default(),
+        loss_scaler: None,
+        dataset: None,
+    };
+    checkpoint::save(path, &tensors, &meta).unwrap();
+}
+
+/// The teacher backbone `trainer export` holds for `side`-px inputs of the checkpoint `path`,
+/// by our (PyTorch) names.
+fn exported(path: &Path, side: usize) -> std::collections::BTreeMap<String, Tensor> {
+    Source::load(path, CheckpointKey::Teacher, Some(side))
+        .unwrap()
+        .tensors()
+        .into_iter()
+        .collect()
+}
+
 fn assert_teacher_is_student(nets: &Networks) {
     let teacher = nets.teacher_vs.variables();
     for (name, t) in nets.student_vs.variables() {
@@ -100,6 +142,8 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
         layout(&cfg),
         (Arch::VitTiny, 16, 4, true, PosEmbed::TimmNoClass)
     );
+    // Its 2×2 grid of positions (32 px) too.
+    assert_eq!(cfg.model.img_size, Some(32));
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
     assert!(report.skipped.is_empty());
@@ -120,12 +164,44 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
                 let want = adapt_patch_embed(t, 5, ChannelAdapt::Repeat);
                 assert!(s.equal(&want), "{name} is the repeat adaptation");
             }
-            // 2×2 patches at 32 px resampled (timm's way) to 14×14 at 224 px.
-            "pos_embed" => assert_eq!(s.size(), [1, 196, 192]),
+            // The source's 2×2 grid as it is, not resampled to 224 px's 14×14.
+            "pos_embed" => {
+                assert_eq!(s.size(), [1, 4, 192]);
+                assert!(s.equal(t), "{name} loaded as it is");
+            }
             _ => assert!(s.equal(t), "{name} loaded as it is"),
         }
     }
     assert_teacher_is_student(&nets);
+    // So at every input size the student's positions are the folder's own network's (timm's
+    // resampling from its grid, tested against timm in it/timm.rs), resampled once.
+    let folder_vs = tch::nn::VarStore::new(Device::Cpu);
+    let m = timm::read(&folder).unwrap();
+    let own = VisionTransformer::new(folder_vs.root() / "backbone", m.cfg);
+    m.load_into(&folder_vs, "backbone.").unwrap();
+    for side in [32, 48, 224] {
+        let ours = nets.student.backbone.pos_embed_for(side, side);
+        let theirs = own.pos_embed_for(side, side);
+        assert!(ours.equal(&theirs), "positions at {side} px differ");
+    }
+    // Exported at the source's 32 px before any step: the source's tensors, bit for bit
+    // (the patch embedding aside, adapted to the run's 5 channels).
+    let ckpt = dir.path().join("from_timm.safetensors");
+    save_unstepped(&cfg, &nets, &[0, 1, 2, 3, 4], &ckpt);
+    let out = exported(&ckpt, 32);
+    assert_eq!(out.len(), source.len());
+    for (name, t) in &source {
+        let ours = match name.as_str() {
+            "reg_token" => "register_tokens",
+            n => n,
+        };
+        if name != "patch_embed.proj.weight" {
+            assert!(
+                out[ours].equal(t),
+                "the export's {ours} is not the source's"
+            );
+        }
+    }
 
     // A layout key the file writes otherwise: refused when the file is read, naming the key,
     // its line and both values.
@@ -193,6 +269,17 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
         err.contains("`model.arch` is vit_small, but the source has vit_tiny"),
         "{err}"
     );
+    // Its grid too: a model at the default 224 px is not the source.
+    let cfg = config(
+        &init,
+        "  layer_scale: 1.0e-5\n  pos_embed: timm_no_class\n  num_register_tokens: 4\n",
+    );
+    let nets = Networks::new(&cfg, 5, Device::Cpu);
+    let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
+    assert!(
+        err.contains("`model.img_size` is unset (224), but the source has 32"),
+        "{err}"
+    );
 }
 
 /// `trainer train` for at most `steps` steps on `config`; returns stderr.
@@ -228,15 +315,20 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
         )
     };
     let first = dir.path().join("first.yaml");
-    // Patch 8 and a register, so a run that starts from it must take both from it.
+    // Patch 8, a register and a grid of positions for 64 px (8×8, resampled to the 32- and
+    // 16-px crops), so a run that starts from it must take all three from it.
     std::fs::write(
         &first,
-        yaml("first", "  patch_size: 8\n  num_register_tokens: 1\n"),
+        yaml(
+            "first",
+            "  patch_size: 8\n  num_register_tokens: 1\n  img_size: 64\n",
+        ),
     )
     .unwrap();
     train(&first, "2");
     let source = model_dir(&Config::load(&first).unwrap(), &[2, 4]).join("checkpoint.safetensors");
     let trained = BackboneWeights::load(&source, CheckpointKey::Teacher).unwrap();
+    assert_eq!(trained.tensors["pos_embed"].size(), [1, 65, 192]);
 
     // In process: the student's backbone (and with head: true its head) is the run's teacher.
     let init = format!(
@@ -246,6 +338,7 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
     // The file writes neither: both come from the checkpoint's model record.
     let cfg = config_from_yaml(&yaml("second", &init), "second.yaml").unwrap();
     assert_eq!(layout(&cfg), (Arch::VitTiny, 8, 1, false, PosEmbed::Dino));
+    assert_eq!(cfg.model.img_size, Some(64));
     let nets = Networks::new(&cfg, 2, Device::Cpu);
     apply(&cfg, &cfg.model.init, &nets).unwrap();
     let student = nets.student_vs.variables();
@@ -262,6 +355,17 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
         }
     }
     assert_teacher_is_student(&nets);
+    // Exported at the source's 64 px before any step: the source run's teacher, bit for bit.
+    let ckpt = dir.path().join("from_run.safetensors");
+    save_unstepped(&cfg, &nets, &[2, 4], &ckpt);
+    let out = exported(&ckpt, 64);
+    assert_eq!(out.len(), trained.tensors.len());
+    for (name, t) in &trained.tensors {
+        assert!(
+            out[name].equal(t),
+            "the export's {name} is not the source's"
+        );
+    }
 
     // A model the checkpoint does not fit: a file that asks for LayerScale is refused when
     // read; a config built in code when the run starts, naming the tensor and the file; with
@@ -279,7 +383,7 @@ fn run_init_is_that_runs_backbone_and_only_starts_a_new_run() {
         ) && err.contains("has unset (no LayerScale)"),
         "{err}"
     );
-    let in_code = format!("  patch_size: 8\n  num_register_tokens: 1\n{bad}");
+    let in_code = format!("  patch_size: 8\n  num_register_tokens: 1\n  img_size: 64\n{bad}");
     let cfg = Config::from_yaml(&yaml("third", &in_code), "third.yaml").unwrap();
     let nets = Networks::new(&cfg, 2, Device::Cpu);
     let err = apply(&cfg, &cfg.model.init, &nets).unwrap_err().to_string();
@@ -412,9 +516,10 @@ fn pth_init_loads_the_backbone_with_mean_adaptation() {
 /// `interpolate_pos_encoding` copied from the dinov2 repository) as `model.init format: pth`:
 /// an original model (class position, `interpolate_offset=0.1`, chunked blocks, a training
 /// checkpoint's `teacher`) with `pos_embed: dino`, a register model (`interpolate_offset=0`,
-/// antialiased, a bare hub state dict) with `pos_embed: timm`. The positions resampled from
-/// the source's 3×3 grid to the run's 16×16 are DINOv2's, and so are the CLS features at
-/// 224 px; the other resampling gives other positions.
+/// antialiased, a bare hub state dict) with `pos_embed: timm`. The model keeps the source's
+/// 3×3 grid (42 px); its positions resampled once to 224 px's 16×16 are DINOv2's, and so are
+/// the CLS features at 224 px; the other resampling gives other positions. Exported at 42 px
+/// before any step, the run gives the file's tensors back bit for bit.
 #[test]
 fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
     let _rng = torch_rng_lock();
@@ -441,6 +546,7 @@ fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
                 .into_iter()
                 .collect();
         let cfg = config(name, registers, pos_embed);
+        assert_eq!(cfg.model.img_size, Some(42), "{name}");
         let nets = Networks::new(&cfg, 3, Device::Cpu);
         let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
         assert!(report.skipped.is_empty(), "{name}: {:?}", report.skipped);
@@ -451,12 +557,31 @@ fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
             12 * 14 + 6 + usize::from(registers > 0),
             "{name}"
         );
-        let pos = &nets.student_vs.variables()["backbone.pos_embed"];
-        let diff = max_abs_diff(pos, &want["pos"]);
+        let pos = nets.student.backbone.pos_embed_for(224, 224);
+        let diff = max_abs_diff(&pos, &want["pos"]);
         assert!(
             diff < 1e-6,
             "{name}: positions differ from DINOv2's by {diff}"
         );
+        let file = BackboneWeights::load(
+            &dir.path().join(format!("{name}.pth")),
+            CheckpointKey::Teacher,
+        )
+        .unwrap();
+        let ckpt = dir.path().join(format!("{name}_run.safetensors"));
+        save_unstepped(&cfg, &nets, &[0, 1, 2], &ckpt);
+        let out = exported(&ckpt, 42);
+        assert_eq!(
+            out.len(),
+            file.tensors.len() - 1,
+            "{name}: all but mask_token"
+        );
+        for (t, theirs) in file.tensors.iter().filter(|(t, _)| *t != "mask_token") {
+            assert!(
+                out[t].equal(theirs),
+                "{name}: the export's {t} is not the file's"
+            );
+        }
         let ours = tch::no_grad(|| nets.student.backbone.forward_t(&want["x"], false));
         let diff = max_abs_diff(&ours, &want["y"]);
         assert!(diff < 1e-5, "{name}: |ours - DINOv2| = {diff}");
@@ -468,10 +593,7 @@ fn dinov2_pth_init_gives_dinov2s_positions_and_features() {
         let cfg = config(name, registers, other);
         let nets = Networks::new(&cfg, 3, Device::Cpu);
         apply(&cfg, &cfg.model.init, &nets).unwrap();
-        let apart = max_abs_diff(
-            &nets.student_vs.variables()["backbone.pos_embed"],
-            &want["pos"],
-        );
+        let apart = max_abs_diff(&nets.student.backbone.pos_embed_for(224, 224), &want["pos"]);
         assert!(
             apart > 1e-4,
             "{name}: pos_embed: {other} resamples alike ({apart})"

@@ -177,4 +177,32 @@ fn timm_folder_of_another_channel_count_is_refused_naming_both() {
     ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
+    // `trainer embed` has no run config: an image of 5 channels for the 3-channel folder is
+    // refused naming the image, the folder and both counts, not a data.channel_names.
+    let opts = EmbedOptions {
+        checkpoint: folder.clone(),
+        images: dir.path().join("data/Training").display().to_string(),
+        out: dir.path().join("embedded.parquet"),
+        list: None,
+        metadata: None,
+        path_pattern: None,
+        channels: None,
+        on_error: OnError::Fail,
+        batch_size: Some(4),
+        device: tch::Device::Cpu,
+        bf16: false,
+        shard: None,
+        merge_only: false,
+        part_size: 5,
+        readers: 1,
+    };
+    let err = format!("{:#}", run(&opts).err().unwrap());
+    for part in [
+        ".tiff has 5 channels",
+        &format!("the timm model {} takes 3 input channels", folder.display()),
+        "each image must have exactly 3",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    assert!(!err.contains("data.channel_names"), "{err}");
 }

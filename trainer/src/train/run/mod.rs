@@ -18,7 +18,7 @@ mod setup;
 pub use super::error::TrainError;
 pub use super::preempt::EXIT_PREEMPTED;
 pub use batches::training_image_fn;
-pub use resume::schedule_change_note;
+pub use resume::{fingerprint, schedule_change_note};
 pub use run_files::{dataset_mean_std, model_dir};
 
 use super::collapse::CollapsePolicy;

@@ -54,6 +54,11 @@ pub fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     if m.pos_embed != crate::config::PosEmbed::Dino {
         fp["pos_embed"] = m.pos_embed.name().into();
     }
+    // The position grid (a model.init source's); export, embed and a later model.init read it
+    // back from here, and a record without it means the default grid.
+    if m.img_size_px() != crate::config::ModelSection::DEFAULT_IMG_SIZE {
+        fp["img_size"] = m.img_size_px().into();
+    }
     // iBOT adds the mask token and perhaps a head; its loss settings are not shapes.
     let ibot = &cfg.train.ibot;
     if ibot.enabled() {
