@@ -40,6 +40,9 @@ struct SourceWeights {
 pub struct InitReport {
     pub loaded: usize,
     pub skipped: Vec<String>,
+    /// How the patch embedding took the source's channels, when it had to adapt them
+    /// (`3 → 4 channels with model.init.channels: repeat`).
+    pub channels: Option<String>,
 }
 
 /// The patch-embedding kernel `w` (`[D, S, P, P]`) of a source with S channels for a model
@@ -102,10 +105,15 @@ pub fn apply(cfg: &Config, init: &ModelInit, nets: &Networks) -> Result<InitRepo
         }
     });
     tracing::info!(
-        "model.init: {} tensors from {} ({:?}); the teacher starts equal to the student{}",
+        "model.init: {} tensors from {} ({:?}){}; the teacher starts equal to the student{}",
         report.loaded,
         src.file.display(),
         init.format,
+        report
+            .channels
+            .as_ref()
+            .map(|c| format!("; patch embedding {c}"))
+            .unwrap_or_default(),
         if report.skipped.is_empty() {
             String::new()
         } else {
@@ -201,7 +209,11 @@ fn load_student(
         };
         used.insert(short.to_string());
         let value = match short {
-            "patch_embed.proj.weight" => adapt_for(t, &var.size(), init.channels),
+            "patch_embed.proj.weight" => {
+                let adapted = adapt_for(t, &var.size(), init.channels);
+                report.channels = channel_adaptation(t, &var.size(), init.channels);
+                adapted
+            }
             _ => t.to_kind(Kind::Float),
         };
         if value.size() != var.size() {
@@ -232,6 +244,31 @@ fn load_student(
         )?;
     }
     Ok(report)
+}
+
+/// What [`adapt_for`] does to the source's channels, in words, when it changes them.
+fn channel_adaptation(w: &Tensor, dst: &[i64], how: ChannelAdapt) -> Option<String> {
+    if w.dim() != 4 {
+        return None;
+    }
+    let from = w.size()[1];
+    let (to, per) = match dst.len() {
+        5 => (
+            1,
+            " (one kernel shared by every channel's tokens: model.channels: tokens)",
+        ),
+        _ if dst.get(1) == Some(&1) && from != 1 => {
+            (1, " (model.channels: bag takes each channel alone)")
+        }
+        _ => (dst.get(1).copied().unwrap_or(from), ""),
+    };
+    (to != from).then(|| {
+        let name = serde_json::to_value(how)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{how:?}"));
+        format!("{from} → {to} channels with model.init.channels: {name}{per}")
+    })
 }
 
 /// The source's patch kernel for a student patch embedding of shape `dst`: `[D, C, P, P]`

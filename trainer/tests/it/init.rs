@@ -147,6 +147,11 @@ fn timm_init_loads_the_source_and_refuses_what_does_not_fit() {
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
     assert!(report.skipped.is_empty());
+    // What the log line says of the channels.
+    assert_eq!(
+        report.channels.as_deref(),
+        Some("3 → 5 channels with model.init.channels: repeat")
+    );
     let source: std::collections::HashMap<String, Tensor> =
         Tensor::read_safetensors(folder.join("model.safetensors"))
             .unwrap()
@@ -465,6 +470,10 @@ fn pth_init_loads_the_backbone_with_mean_adaptation() {
     let cfg = config(&init, "");
     let nets = Networks::new(&cfg, 5, Device::Cpu);
     let report = apply(&cfg, &cfg.model.init, &nets).unwrap();
+    assert_eq!(
+        report.channels.as_deref(),
+        Some("3 → 5 channels with model.init.channels: mean")
+    );
     let source = BackboneWeights::load(&pth, CheckpointKey::Teacher).unwrap();
     assert_eq!(report.loaded, source.tensors.len());
     let student = nets.student_vs.variables();
