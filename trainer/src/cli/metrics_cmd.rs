@@ -115,7 +115,7 @@ impl MapArgs {
         let mut columns: Vec<(String, OutColumn)> = table
             .meta
             .iter()
-            .map(|(n, v)| (n.clone(), OutColumn::Text(v.clone())))
+            .map(|(n, v)| (n.clone(), OutColumn::NullableText(v.clone())))
             .collect();
         columns.push((
             "n_pos_pairs".into(),

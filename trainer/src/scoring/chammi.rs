@@ -40,7 +40,7 @@ pub fn chammi(
     table.check_finite()?;
     let dataset = table.key_column(dataset_col)?;
     let task = table.key_column(task_col)?;
-    let (truth, _) = label_codes(table.key_column(label_col)?);
+    let (truth, _) = label_codes(&table.key_column(label_col)?);
     let mut rows: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
     for r in 0..table.rows {
         rows.entry((&dataset[r], &task[r])).or_default().push(r);

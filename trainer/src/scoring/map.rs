@@ -206,18 +206,18 @@ pub fn assign_reference_index(
     value: &str,
 ) -> Result<usize, ScoringError> {
     let col = table.column(column)?;
-    let index: Vec<String> = col
+    let index: Vec<Option<String>> = col
         .iter()
         .enumerate()
         .map(|(i, v)| {
-            if v == value {
+            Some(if v.as_deref() == Some(value) {
                 i.to_string()
             } else {
                 "-1".into()
-            }
+            })
         })
         .collect();
-    let matched = index.iter().filter(|v| *v != "-1").count();
+    let matched = index.iter().filter(|v| v.as_deref() != Some("-1")).count();
     if matched == 0 {
         return Err(ScoringError::invalid(
             table,

@@ -8,6 +8,7 @@
 //! (`crate::metrics` is the run's telemetry, Prometheus and TensorBoard; this is not that.)
 pub mod batch;
 pub mod chammi;
+pub mod columns;
 pub mod keys;
 pub mod map;
 pub mod nn;

@@ -57,7 +57,11 @@ pub fn normalize(
     table.check_finite()?;
     let is_control: Vec<bool> = match &opts.controls {
         None => vec![true; table.rows],
-        Some((col, value)) => table.column(col)?.iter().map(|v| v == value).collect(),
+        Some((col, value)) => table
+            .column(col)?
+            .iter()
+            .map(|v| v.as_deref() == Some(value.as_str()))
+            .collect(),
     };
     let d = table.dim();
     let mut out = vec![0f32; table.rows * d];
@@ -100,6 +104,7 @@ pub fn normalize(
         },
         features: out,
         rows: table.rows,
+        nested: table.nested.clone(),
     })
 }
 
@@ -112,7 +117,11 @@ fn describe(table: &ProfileTable, by: &[String], row: usize) -> String {
         .map(|c| {
             format!(
                 "{c}={}",
-                table.column(c).map(|v| v[row].clone()).unwrap_or_default()
+                table
+                    .column(c)
+                    .ok()
+                    .and_then(|v| v[row].clone())
+                    .unwrap_or_default()
             )
         })
         .collect();
