@@ -21,7 +21,36 @@ pub enum MetricsCommand {
 }
 
 impl MetricsCommand {
+    /// The table the command reads.
+    fn profiles(&self) -> &Path {
+        match self {
+            MetricsCommand::Map(a) => &a.profiles,
+            MetricsCommand::Batch(a) => &a.profiles,
+            MetricsCommand::Normalize(a) => &a.profiles,
+            MetricsCommand::Chammi(a) => &a.profiles,
+        }
+    }
+
+    /// Runs the command; a panic (a bug: bad input is an error) becomes an error naming the
+    /// table, so a user learns which file triggered it and the exit is an ordinary failure.
     pub fn run(self) -> Result<()> {
+        let path = self.profiles().to_path_buf();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch())).unwrap_or_else(
+            |payload| {
+                let what = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(anyhow::anyhow!(
+                    "{}: internal error while scoring this table (please report it): {what}",
+                    path.display()
+                ))
+            },
+        )
+    }
+
+    fn dispatch(self) -> Result<()> {
         match self {
             MetricsCommand::Map(a) => a.run(),
             MetricsCommand::Batch(a) => a.run(),

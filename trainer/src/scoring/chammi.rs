@@ -37,6 +37,7 @@ pub fn chammi(
     task_col: &str,
     label_col: &str,
 ) -> Result<ChammiScore, ScoringError> {
+    table.need_rows(2, "the CHAMMI score (training and test rows)")?;
     table.check_finite()?;
     let dataset = table.key_column(dataset_col)?;
     let task = table.key_column(task_col)?;

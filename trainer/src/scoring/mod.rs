@@ -56,6 +56,13 @@ pub enum ScoringError {
         row: usize,
         column: String,
     },
+    #[error("{path}: {what} needs at least {need} rows; the table has {}", if *have == 0 { "none (it is empty)".to_string() } else { have.to_string() })]
+    TooFewRows {
+        path: PathBuf,
+        what: String,
+        need: usize,
+        have: usize,
+    },
     #[error("{path}: {what}")]
     Invalid { path: PathBuf, what: String },
 }

@@ -54,6 +54,7 @@ pub fn normalize(
     table: &ProfileTable,
     opts: &NormalizeOptions,
 ) -> Result<ProfileTable, ScoringError> {
+    table.need_rows(2, "normalize (a fit of centre and scale)")?;
     table.check_finite()?;
     let is_control: Vec<bool> = match &opts.controls {
         None => vec![true; table.rows],
@@ -71,7 +72,27 @@ pub fn normalize(
         if fit.is_empty() {
             return Err(ScoringError::invalid(
                 table,
-                format!("{group}has no control rows to fit on"),
+                format!(
+                    "{group}has no control rows to fit on ({})",
+                    opts.controls
+                        .as_ref()
+                        .map(|(c, v)| format!("{c}={v}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        if fit.len() < 2 {
+            return Err(ScoringError::invalid(
+                table,
+                format!(
+                    "{group}has {} row to fit on{}: a centre and a scale need at least two",
+                    fit.len(),
+                    if opts.controls.is_some() {
+                        " (control)"
+                    } else {
+                        ""
+                    }
+                ),
             ));
         }
         let x = |rows: &[usize]| {
@@ -110,7 +131,7 @@ pub fn normalize(
 
 fn describe(table: &ProfileTable, by: &[String], row: usize) -> String {
     if by.is_empty() {
-        return String::new();
+        return "the table ".into();
     }
     let parts: Vec<String> = by
         .iter()

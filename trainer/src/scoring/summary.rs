@@ -77,9 +77,16 @@ pub fn batch_summary(
     n_neighbors: usize,
     seed: u64,
 ) -> Result<BatchSummary, ScoringError> {
+    table.need_rows(2, "the batch scores")?;
     table.check_finite()?;
     let b = table.key_column(batch_col)?;
     let l = table.key_column(label_col)?;
+    table.need_two_values(batch_col, &b, "the batch scores (batches compared)")?;
+    table.need_two_values(
+        label_col,
+        &l,
+        "the batch scores (labels recognised across batches)",
+    )?;
     let shuffled = batch::shuffled(&b, seed);
     let per_label = batch::silhouette_batch(table, &b, &l);
     let logo: LogoScores = batch::logo_f1(table, &l, &b)?;

@@ -151,6 +151,40 @@ impl ProfileTable {
             .collect()
     }
 
+    /// Refuses a table of fewer than `need` rows for `what` (a score, a fit).
+    pub fn need_rows(&self, need: usize, what: &str) -> Result<(), ScoringError> {
+        if self.rows < need {
+            return Err(ScoringError::TooFewRows {
+                path: self.path.clone(),
+                what: what.to_string(),
+                need,
+                have: self.rows,
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a key column with fewer than two distinct values where `what` compares its
+    /// groups, naming the column and its one value.
+    pub fn need_two_values(
+        &self,
+        column: &str,
+        values: &[String],
+        what: &str,
+    ) -> Result<(), ScoringError> {
+        let first = values.first();
+        if values.iter().all(|v| Some(v) == first) {
+            return Err(ScoringError::invalid(
+                self,
+                format!(
+                    "column `{column}` has one value ({}) on every row: {what} needs at least two",
+                    first.map_or("none".into(), |v| format!("`{v}`"))
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuses NaN or infinite features, naming the first row and column that has one.
     pub fn check_finite(&self) -> Result<(), ScoringError> {
         if let Some(i) = self.features.iter().position(|v| !v.is_finite()) {

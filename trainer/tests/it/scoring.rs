@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::util::run_py_file;
+use super::util::{run_py_file, run_python};
 
 /// Runs `trainer metrics ARGS` in `dir`, returning (success, stdout, stderr).
 fn metrics(dir: &Path, args: &[&str]) -> (bool, String, String) {
@@ -27,10 +27,14 @@ fn ok(dir: &Path, args: &[&str]) -> String {
     out
 }
 
-/// The error of a run that must fail, with the words it must name.
+/// The error of a run that must fail, with the words it must name (an error, not a panic).
 fn fails_naming(dir: &Path, args: &[&str], words: &[&str]) {
     let (ok, _, err) = metrics(dir, args);
     assert!(!ok, "trainer metrics {args:?} should fail");
+    assert!(
+        !err.contains("panicked"),
+        "trainer metrics {args:?} panicked:\n{err}"
+    );
     for w in words {
         assert!(
             err.contains(w),
@@ -510,4 +514,107 @@ fn pandas_and_polars_tables_read_with_nulls_booleans_and_every_type() {
     );
     let report = run_py_file("shapes_oracle.py", &["check", d.to_str().unwrap()]);
     assert!(report.contains("Metadata_Time"), "{report}");
+}
+
+/// Every `metrics` command on an empty table, a table of one row, one group, or without the
+/// control rows it needs: an error (not a panic) naming the table and what is missing.
+#[test]
+fn degenerate_tables_are_errors_naming_the_table_and_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_python(
+        r#"
+import sys, numpy as np, pandas as pd
+from pathlib import Path
+d = Path(sys.argv[1])
+rng = np.random.default_rng(0)
+def table(n, cls, donor, cond, name):
+    df = pd.DataFrame({"Metadata_Class": cls(n), "Metadata_Donor": donor(n),
+                       "Metadata_Condition": cond(n), "Metadata_Dataset": ["WTC"] * n,
+                       "Metadata_Task": [["train", "task2"][i % 2] for i in range(n)]})
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    for j in range(3):
+        df[f"Cells_F{j}"] = x[:, j]
+    df.to_parquet(d / name)
+var = lambda p: (lambda n: [f"{p}{i % 2}" for i in range(n)])
+same = lambda v: (lambda n: [v] * n)
+table(0, var("c"), var("D"), var("C"), "empty.parquet")
+table(1, var("c"), var("D"), same("Control"), "one_row.parquet")
+table(8, same("c0"), same("D0"), same("Control"), "one_group.parquet")
+table(8, var("c"), var("D"), same("Treated"), "no_controls.parquet")
+table(8, var("c"), var("D"), lambda n: ["Control"] + ["Treated"] * (n - 1), "one_control.parquet")
+"#,
+        &[d.to_str().unwrap()],
+    );
+    let map = |t: &'static str| {
+        vec![
+            "map",
+            "--profiles",
+            t,
+            "--pos-sameby",
+            "Metadata_Class",
+            "--neg-diffby",
+            "Metadata_Class",
+            "--out",
+            "x.parquet",
+        ]
+    };
+    let batch = |t: &'static str| vec!["batch", "--profiles", t, "--n-neighbors", "2"];
+    let norm = |t: &'static str| {
+        vec![
+            "normalize",
+            "--profiles",
+            t,
+            "--method",
+            "standardize",
+            "--out",
+            "x.parquet",
+        ]
+    };
+    let chammi = |t: &'static str| vec!["chammi", "--profiles", t];
+    for t in ["empty.parquet", "one_row.parquet"] {
+        let have = if t == "empty.parquet" {
+            "none (it is empty)"
+        } else {
+            "has 1"
+        };
+        for args in [map(t), batch(t), norm(t), chammi(t)] {
+            fails_naming(d, &args, &[t, "needs at least 2 rows", have]);
+        }
+    }
+    let g = "one_group.parquet";
+    fails_naming(d, &map(g), &[g, "no negative pairs", "one group"]);
+    fails_naming(d, &batch(g), &[g, "Metadata_Donor", "one value (`D0`)"]);
+    fails_naming(d, &chammi(g), &[g, "Metadata_Dataset=HPA"]);
+    let mut one_control = norm("one_control.parquet");
+    one_control.extend(["--controls", "Metadata_Condition=Control"]);
+    fails_naming(
+        d,
+        &one_control,
+        &["one_control.parquet", "has 1 row to fit on (control)"],
+    );
+    let n = "no_controls.parquet";
+    let mut controls = norm(n);
+    controls.extend(["--controls", "Metadata_Condition=Control"]);
+    fails_naming(
+        d,
+        &controls,
+        &[n, "no control rows", "Metadata_Condition=Control"],
+    );
+    let mut reference = map(n);
+    reference.extend(["--reference", "Metadata_Condition=Control"]);
+    fails_naming(
+        d,
+        &reference,
+        &[n, "no row has `Metadata_Condition` = `Control`"],
+    );
+    // A group of one row to fit on.
+    let mut one = norm("one_group.parquet");
+    one.extend([
+        "--controls",
+        "Metadata_Condition=Control",
+        "--by",
+        "Metadata_Task",
+    ]);
+    ok(d, &one);
 }
