@@ -244,27 +244,29 @@ fn normalize_equals_pycytominer() {
         "--controls=Metadata_Condition=Control",
         "--by=Metadata_Plate",
     );
-    let cases: [(&str, &str, &[&str]); 9] = [
-        ("standardize_all", "standardize", &[]),
-        ("standardize_controls_per_plate", "standardize", &[c, by]),
-        ("robustize_controls", "robustize", &[c]),
-        ("mad_robustize_per_plate", "mad_robustize", &[by]),
-        ("spherize_zca_cor_controls", "spherize", &[c]),
-        ("spherize_zca_cor_per_plate", "spherize", &[by]),
-        ("spherize_zca", "spherize", &["--spherize-method", "ZCA"]),
+    let (pca, pca_cor) = ("--spherize-method=PCA", "--spherize-method=PCA-cor");
+    let (p, w, wp) = ("plates.parquet", "wide.parquet", "wide_plates.parquet");
+    let cases: [(&str, &str, &str, &[&str]); 13] = [
+        ("standardize_all", p, "standardize", &[]),
+        ("standardize_controls_per_plate", p, "standardize", &[c, by]),
+        ("robustize_controls", p, "robustize", &[c]),
+        ("mad_robustize_per_plate", p, "mad_robustize", &[by]),
+        ("spherize_zca_cor_controls", p, "spherize", &[c]),
+        ("spherize_zca_cor_per_plate", p, "spherize", &[by]),
+        ("spherize_zca", p, "spherize", &["--spherize-method", "ZCA"]),
+        ("spherize_pca_cor", p, "spherize", &[pca_cor]),
+        ("spherize_wide", w, "spherize", &[]),
+        ("spherize_pca", p, "spherize", &[pca]),
+        ("spherize_pca_wide", w, "spherize", &[pca]),
+        ("spherize_pca_wide_per_plate", wp, "spherize", &[pca, by]),
         (
-            "spherize_pca_cor",
+            "spherize_pca_cor_wide_per_plate",
+            wp,
             "spherize",
-            &["--spherize-method", "PCA-cor"],
+            &[pca_cor, by],
         ),
-        ("spherize_wide", "spherize", &[]),
     ];
-    for (name, method, extra) in cases {
-        let table = if name == "spherize_wide" {
-            "wide.parquet"
-        } else {
-            "plates.parquet"
-        };
+    for (name, table, method, extra) in cases {
         let out = format!("{name}.parquet");
         let mut args = vec![
             "normalize",
@@ -276,11 +278,33 @@ fn normalize_equals_pycytominer() {
             &out,
         ];
         args.extend_from_slice(extra);
-        ok(d, &args);
+        let (success, _, err) = metrics(d, &args);
+        assert!(success, "trainer metrics {args:?} failed:\n{err}");
+        // Spherize fitted on no more rows than features says so, with the numbers.
+        let warning = match name {
+            "spherize_wide" | "spherize_pca_wide" => {
+                Some("spherize is fitted on 9 rows for 14 features: centred, they span at most 8 directions, and the other 6")
+            }
+            "spherize_pca_wide_per_plate" | "spherize_pca_cor_wide_per_plate" => {
+                Some("Metadata_Plate=P1: spherize is fitted on 11 rows for 20 features")
+            }
+            _ => None,
+        };
+        match warning {
+            Some(w) => assert!(err.contains(w), "{name}: no warning {w:?} in:\n{err}"),
+            None => assert!(!err.contains("spherize is fitted"), "{name}:\n{err}"),
+        }
     }
     let report = run_py_file("normalize_oracle.py", &["check", d.to_str().unwrap()]);
-    assert!(report.contains("spherize_wide"), "{report}");
-    let p = "plates.parquet";
+    // Every PCA output equals pycytominer's up to sign, and the sign convention holds.
+    for name in [
+        "spherize_pca_wide_per_plate",
+        "spherize_pca_cor_wide_per_plate",
+        "spherize_pca_convention",
+        "spherize_pca_cor_convention",
+    ] {
+        assert!(report.contains(name), "{report}");
+    }
     fails_naming(
         d,
         &[
