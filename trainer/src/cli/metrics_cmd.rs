@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 use trainer::scoring::map::{self, MapOptions, PairRules};
+use trainer::scoring::nn::Metric;
 use trainer::scoring::normalize::{self, Method, NormalizeOptions, SpherizeMethod};
 use trainer::scoring::table::{split_columns, write_profiles, write_table, OutColumn};
 use trainer::scoring::{chammi, summary, ProfileTable};
@@ -284,6 +285,15 @@ pub struct ChammiArgs {
     task: String,
     #[arg(long, default_value = "Metadata_Class")]
     label: String,
+    /// HPA task 3's leave-one-out groups (CHAMMI's `cell_type`).
+    #[arg(long, default_value = "Metadata_cell_type")]
+    hpa_group: String,
+    /// CP task 4's leave-one-out groups (CHAMMI's `Plate`).
+    #[arg(long, default_value = "Metadata_Plate")]
+    cp_group: String,
+    /// The 1-NN distance (CHAMMI's `knn_metric`).
+    #[arg(long, value_enum, default_value = "cosine")]
+    metric: Metric,
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
@@ -291,7 +301,17 @@ pub struct ChammiArgs {
 impl ChammiArgs {
     fn run(self) -> Result<()> {
         let table = ProfileTable::read(&self.profiles)?;
-        let s = chammi::chammi(&table, &self.dataset, &self.task, &self.label)?;
+        let s = chammi::chammi(
+            &table,
+            &chammi::ChammiOptions {
+                dataset: self.dataset,
+                task: self.task,
+                label: self.label,
+                hpa_group: self.hpa_group,
+                cp_group: self.cp_group,
+                metric: self.metric,
+            },
+        )?;
         emit_json(&s, self.json.as_deref())
     }
 }

@@ -179,7 +179,7 @@ fn map_equals_copairs_on_ties_single_members_and_controls() {
 }
 
 #[test]
-fn batch_and_chammi_equal_scib_and_scikit_learn() {
+fn batch_equals_scib_and_scikit_learn() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     run_py_file("batch_oracle.py", &["gen", d.to_str().unwrap()]);
@@ -197,21 +197,8 @@ fn batch_and_chammi_equal_scib_and_scikit_learn() {
             "batch_k5.json",
         ],
     );
-    ok(
-        d,
-        &[
-            "chammi",
-            "--profiles",
-            "chammi.parquet",
-            "--json",
-            "chammi.json",
-        ],
-    );
     let report = run_py_file("batch_oracle.py", &["check", d.to_str().unwrap()]);
-    assert!(
-        report.contains("silhouette_batch") && report.contains("chammi_final"),
-        "{report}"
-    );
+    assert!(report.contains("silhouette_batch"), "{report}");
     // The table has a donor shift: the scores see it next to the shuffled-donor control.
     let s: serde_json::Value = serde_json::from_str(&out).unwrap();
     let f = |k: &str| s[k].as_f64().unwrap();
@@ -232,6 +219,73 @@ fn batch_and_chammi_equal_scib_and_scikit_learn() {
         d,
         &["chammi", "--profiles", b],
         &["batch.parquet", "Metadata_Dataset"],
+    );
+}
+
+/// `metrics chammi` equals CHAMMI's evaluation (tests/py/chammi_oracle.py re-implements
+/// MorphEm's `evaluate` with scikit-learn) with novel classes in the leave-one-out tasks
+/// (HPA task 3 by cell type, CP task 4 by plate), with both 1-NN metrics; a perfectly
+/// separable table scores 1.0 on every task.
+#[test]
+fn chammi_equals_chammi_evaluation_with_leave_one_out_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_py_file("chammi_oracle.py", &["gen", d.to_str().unwrap()]);
+    for metric in ["cosine", "l2"] {
+        let json = format!("chammi_{metric}.json");
+        ok(
+            d,
+            &[
+                "chammi",
+                "--profiles",
+                "chammi.parquet",
+                "--metric",
+                metric,
+                "--json",
+                &json,
+            ],
+        );
+    }
+    let report = run_py_file("chammi_oracle.py", &["check", d.to_str().unwrap()]);
+    assert!(report.contains("cosine_CP_task4"), "{report}");
+    let out = ok(d, &["chammi", "--profiles", "separable.parquet"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["final_score"].as_f64(), Some(1.0), "{out}");
+    for (ds, tasks) in v["tasks"].as_object().unwrap() {
+        for (t, f) in tasks.as_object().unwrap() {
+            assert_eq!(f.as_f64(), Some(1.0), "{ds} {t}: {out}");
+        }
+    }
+    assert_eq!(
+        v["leave_one_out_groups"]["CP/task4"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3,
+        "{out}"
+    );
+    // The leave-one-out groups are read on the task's rows only: a null there is refused.
+    let row = run_python(
+        r#"
+import sys, pandas as pd
+from pathlib import Path
+d = Path(sys.argv[1])
+df = pd.read_parquet(d / "chammi.parquet")
+i = df.index[(df.Metadata_Dataset == "CP") & (df.Metadata_Task == "task4")][5]
+df.loc[i, "Metadata_Plate"] = None
+df.to_parquet(d / "null_plate.parquet")
+print(i)
+"#,
+        &[d.to_str().unwrap()],
+    );
+    fails_naming(
+        d,
+        &["chammi", "--profiles", "null_plate.parquet"],
+        &[
+            "null_plate.parquet",
+            "Metadata_Plate",
+            &format!("row {}", row.trim()),
+        ],
     );
 }
 
