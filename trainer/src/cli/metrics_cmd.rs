@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 use trainer::scoring::map::{self, MapOptions, PairRules};
+use trainer::scoring::nn::Metric;
 use trainer::scoring::normalize::{self, Method, NormalizeOptions, SpherizeMethod};
 use trainer::scoring::table::{split_columns, write_profiles, write_table, OutColumn};
 use trainer::scoring::{chammi, summary, ProfileTable};
@@ -21,7 +22,36 @@ pub enum MetricsCommand {
 }
 
 impl MetricsCommand {
+    /// The table the command reads.
+    fn profiles(&self) -> &Path {
+        match self {
+            MetricsCommand::Map(a) => &a.profiles,
+            MetricsCommand::Batch(a) => &a.profiles,
+            MetricsCommand::Normalize(a) => &a.profiles,
+            MetricsCommand::Chammi(a) => &a.profiles,
+        }
+    }
+
+    /// Runs the command; a panic (a bug: bad input is an error) becomes an error naming the
+    /// table, so a user learns which file triggered it and the exit is an ordinary failure.
     pub fn run(self) -> Result<()> {
+        let path = self.profiles().to_path_buf();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatch())).unwrap_or_else(
+            |payload| {
+                let what = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(anyhow::anyhow!(
+                    "{}: internal error while scoring this table (please report it): {what}",
+                    path.display()
+                ))
+            },
+        )
+    }
+
+    fn dispatch(self) -> Result<()> {
         match self {
             MetricsCommand::Map(a) => a.run(),
             MetricsCommand::Batch(a) => a.run(),
@@ -115,7 +145,7 @@ impl MapArgs {
         let mut columns: Vec<(String, OutColumn)> = table
             .meta
             .iter()
-            .map(|(n, v)| (n.clone(), OutColumn::Text(v.clone())))
+            .map(|(n, v)| (n.clone(), OutColumn::NullableText(v.clone())))
             .collect();
         columns.push((
             "n_pos_pairs".into(),
@@ -255,6 +285,15 @@ pub struct ChammiArgs {
     task: String,
     #[arg(long, default_value = "Metadata_Class")]
     label: String,
+    /// HPA task 3's leave-one-out groups (CHAMMI's `cell_type`).
+    #[arg(long, default_value = "Metadata_cell_type")]
+    hpa_group: String,
+    /// CP task 4's leave-one-out groups (CHAMMI's `Plate`).
+    #[arg(long, default_value = "Metadata_Plate")]
+    cp_group: String,
+    /// The 1-NN distance (CHAMMI's `knn_metric`).
+    #[arg(long, value_enum, default_value = "cosine")]
+    metric: Metric,
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
@@ -262,7 +301,17 @@ pub struct ChammiArgs {
 impl ChammiArgs {
     fn run(self) -> Result<()> {
         let table = ProfileTable::read(&self.profiles)?;
-        let s = chammi::chammi(&table, &self.dataset, &self.task, &self.label)?;
+        let s = chammi::chammi(
+            &table,
+            &chammi::ChammiOptions {
+                dataset: self.dataset,
+                task: self.task,
+                label: self.label,
+                hpa_group: self.hpa_group,
+                cp_group: self.cp_group,
+                metric: self.metric,
+            },
+        )?;
         emit_json(&s, self.json.as_deref())
     }
 }

@@ -146,6 +146,7 @@ pub fn average_precision(
     table: &ProfileTable,
     rules: &PairRules,
 ) -> Result<Vec<ApRow>, ScoringError> {
+    table.need_rows(2, "average precision (a profile and its partners)")?;
     table.check_finite()?;
     let pos = Rule::new(table, &rules.pos_sameby, &rules.pos_diffby, "pos")?;
     let neg = Rule::new(table, &rules.neg_sameby, &rules.neg_diffby, "neg")?;
@@ -190,10 +191,22 @@ pub fn average_precision(
     if out.iter().all(|a| a.n_total_pairs == a.n_pos_pairs) {
         return Err(ScoringError::invalid(
             table,
-            "no negative pairs: no two rows match the neg_sameby/neg_diffby rule",
+            format!(
+                "no negative pairs: no two rows match the neg_sameby/neg_diffby rule (neg_sameby: {}; neg_diffby: {}); are all rows in one group?",
+                list(&rules.neg_sameby),
+                list(&rules.neg_diffby)
+            ),
         ));
     }
     Ok(out)
+}
+
+fn list(cols: &[String]) -> String {
+    if cols.is_empty() {
+        "none".into()
+    } else {
+        cols.join(", ")
+    }
 }
 
 /// copairs' `assign_reference_index`: a column `Metadata_Reference_Index` holding the row
@@ -206,18 +219,18 @@ pub fn assign_reference_index(
     value: &str,
 ) -> Result<usize, ScoringError> {
     let col = table.column(column)?;
-    let index: Vec<String> = col
+    let index: Vec<Option<String>> = col
         .iter()
         .enumerate()
         .map(|(i, v)| {
-            if v == value {
+            Some(if v.as_deref() == Some(value) {
                 i.to_string()
             } else {
                 "-1".into()
-            }
+            })
         })
         .collect();
-    let matched = index.iter().filter(|v| *v != "-1").count();
+    let matched = index.iter().filter(|v| v.as_deref() != Some("-1")).count();
     if matched == 0 {
         return Err(ScoringError::invalid(
             table,

@@ -8,6 +8,7 @@
 //! (`crate::metrics` is the run's telemetry, Prometheus and TensorBoard; this is not that.)
 pub mod batch;
 pub mod chammi;
+pub mod columns;
 pub mod keys;
 pub mod map;
 pub mod nn;
@@ -54,6 +55,13 @@ pub enum ScoringError {
         path: PathBuf,
         row: usize,
         column: String,
+    },
+    #[error("{path}: {what} needs at least {need} rows; the table has {}", if *have == 0 { "none (it is empty)".to_string() } else { have.to_string() })]
+    TooFewRows {
+        path: PathBuf,
+        what: String,
+        need: usize,
+        have: usize,
     },
     #[error("{path}: {what}")]
     Invalid { path: PathBuf, what: String },

@@ -58,6 +58,52 @@ pub fn nearest_cosine(query: &Tensor, reference: &Tensor, same: bool) -> Vec<usi
     out
 }
 
+/// The distance of a 1-NN classifier: CHAMMI's `knn_metric`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
+pub enum Metric {
+    /// Rows scaled to unit length, largest inner product (CHAMMI's `cosine`).
+    Cosine,
+    /// Smallest Euclidean distance (CHAMMI's `l2`, FAISS `IndexFlatL2`).
+    L2,
+}
+
+/// For each row of `query`, its nearest row of `reference` under `metric` (first on ties).
+pub fn nearest(query: &Tensor, reference: &Tensor, metric: Metric) -> Vec<usize> {
+    match metric {
+        Metric::Cosine => nearest_cosine(query, reference, false),
+        Metric::L2 => {
+            let n = query.size()[0];
+            let r2 = reference
+                .square()
+                .sum_dim_intlist(Some(&[1i64][..]), false, Kind::Double);
+            let mut out = Vec::with_capacity(n as usize);
+            let mut start = 0;
+            while start < n {
+                let len = CHUNK.min(n - start);
+                // |q - r|² without the |q|² every candidate of q shares.
+                let d = &r2.unsqueeze(0)
+                    - query
+                        .narrow(0, start, len)
+                        .matmul(&reference.transpose(0, 1))
+                        * 2.0;
+                let best = d.argmin(1, false);
+                out.extend(
+                    Vec::<i64>::try_from(&best)
+                        .expect("indices")
+                        .into_iter()
+                        .map(|i| i as usize),
+                );
+                start += len;
+            }
+            out
+        }
+    }
+}
+
 /// Squared-free Euclidean distances `[n, n]` between the rows of `x` (float64), row-major.
 pub fn euclidean(x: &Tensor) -> Vec<f64> {
     let d = Tensor::cdist(x, x, 2.0, Some(2)).clamp_min(0.0);
@@ -87,6 +133,30 @@ pub fn macro_f1(truth: &[usize], pred: &[usize]) -> f64 {
         / present.len() as f64
 }
 
+/// CHAMMI's task score: scikit-learn's `f1_score(truth, pred, labels=np.unique(truth),
+/// average="macro")`, the mean F1 over the labels present in `truth` (a prediction of a
+/// label absent from `truth` still costs its row, but that label is not averaged).
+pub fn macro_f1_present(truth: &[usize], pred: &[usize]) -> f64 {
+    let k = truth.iter().chain(pred).max().map_or(0, |m| m + 1);
+    let (mut tp, mut t, mut p) = (vec![0usize; k], vec![0usize; k], vec![0usize; k]);
+    for (&a, &b) in truth.iter().zip(pred) {
+        t[a] += 1;
+        p[b] += 1;
+        if a == b {
+            tp[a] += 1;
+        }
+    }
+    let present: Vec<usize> = (0..k).filter(|&c| t[c] > 0).collect();
+    if present.is_empty() {
+        return f64::NAN;
+    }
+    present
+        .iter()
+        .map(|&c| 2.0 * tp[c] as f64 / (t[c] + p[c]) as f64)
+        .sum::<f64>()
+        / present.len() as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +166,10 @@ mod tests {
         // Label 2 only predicted: F1 0 and it counts.
         let f = macro_f1(&[0, 0, 1, 1], &[0, 0, 1, 2]);
         let want = (1.0 + 2.0 / 3.0 + 0.0) / 3.0;
+        assert!((f - want).abs() < 1e-12, "{f}");
+        // Over the labels of the truth only: label 2 is not averaged.
+        let f = macro_f1_present(&[0, 0, 1, 1], &[0, 0, 1, 2]);
+        let want = (1.0 + 2.0 / 3.0) / 2.0;
         assert!((f - want).abs() < 1e-12, "{f}");
     }
 }

@@ -54,10 +54,15 @@ pub fn normalize(
     table: &ProfileTable,
     opts: &NormalizeOptions,
 ) -> Result<ProfileTable, ScoringError> {
+    table.need_rows(2, "normalize (a fit of centre and scale)")?;
     table.check_finite()?;
     let is_control: Vec<bool> = match &opts.controls {
         None => vec![true; table.rows],
-        Some((col, value)) => table.column(col)?.iter().map(|v| v == value).collect(),
+        Some((col, value)) => table
+            .column(col)?
+            .iter()
+            .map(|v| v.as_deref() == Some(value.as_str()))
+            .collect(),
     };
     let d = table.dim();
     let mut out = vec![0f32; table.rows * d];
@@ -67,7 +72,27 @@ pub fn normalize(
         if fit.is_empty() {
             return Err(ScoringError::invalid(
                 table,
-                format!("{group}has no control rows to fit on"),
+                format!(
+                    "{group}has no control rows to fit on ({})",
+                    opts.controls
+                        .as_ref()
+                        .map(|(c, v)| format!("{c}={v}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        if fit.len() < 2 {
+            return Err(ScoringError::invalid(
+                table,
+                format!(
+                    "{group}has {} row to fit on{}: a centre and a scale need at least two",
+                    fit.len(),
+                    if opts.controls.is_some() {
+                        " (control)"
+                    } else {
+                        ""
+                    }
+                ),
             ));
         }
         let x = |rows: &[usize]| {
@@ -77,6 +102,17 @@ pub fn normalize(
             }
             Tensor::from_slice(&v).reshape([rows.len() as i64, d as i64])
         };
+        if opts.method == Method::Spherize && fit.len() <= d {
+            tracing::warn!(
+                "{}: {group}spherize is fitted on {} rows for {d} features: centred, they span \
+                 at most {} directions, and the other {} are scaled by the last singular value \
+                 (fit on more rows, or select features first)",
+                table.path.display(),
+                fit.len(),
+                fit.len() - 1,
+                d + 1 - fit.len()
+            );
+        }
         let fitted = Fitted::fit(&x(&fit), opts)
             .map_err(|what| ScoringError::invalid(table, format!("{group}{what}")))?;
         let y = fitted.apply(&x(&rows)).to_kind(Kind::Float);
@@ -100,19 +136,24 @@ pub fn normalize(
         },
         features: out,
         rows: table.rows,
+        nested: table.nested.clone(),
     })
 }
 
 fn describe(table: &ProfileTable, by: &[String], row: usize) -> String {
     if by.is_empty() {
-        return String::new();
+        return "the table ".into();
     }
     let parts: Vec<String> = by
         .iter()
         .map(|c| {
             format!(
                 "{c}={}",
-                table.column(c).map(|v| v[row].clone()).unwrap_or_default()
+                table
+                    .column(c)
+                    .ok()
+                    .and_then(|v| v[row].clone())
+                    .unwrap_or_default()
             )
         })
         .collect();
@@ -220,13 +261,25 @@ fn quantile(x: &Tensor, q: f64) -> Tensor {
     x.quantile_scalar(q, Some(0), false, "linear")
 }
 
+/// The rows of `vt` (the principal directions) with scikit-learn's `svd_flip` sign
+/// convention (`u_based_decision=False`): each row's largest-magnitude entry positive (the
+/// first such entry on ties). An SVD determines a direction only up to its sign, and
+/// pycytominer leaves it to the SVD routine, so PCA outputs would otherwise change sign
+/// between machines and libraries; ZCA (`W Vᵀ`) does not depend on it.
+fn svd_flip(vt: &Tensor) -> Tensor {
+    let top = vt.abs().argmax(1, true);
+    let sign = vt.gather(1, &top, false).sign();
+    let sign = sign.where_self(&sign.ne(0.0), &sign.ones_like());
+    vt * sign
+}
+
 /// pycytominer's `Spherize.fit` weights from the centred (and scaled) `z`.
 fn sphere(z: &Tensor, n: i64, opts: &NormalizeOptions) -> Result<Tensor, String> {
     let d = z.size()[1];
     // `torch.svd(some=False)` is `linalg_svd(full_matrices=True)` with V for Vh; tch's
     // linalg_svd always passes a `driver`, which CPU tensors refuse.
     let (_, s, v) = z.svd(n > d, true);
-    let vt = v.transpose(0, 1);
+    let vt = svd_flip(&v.transpose(0, 1));
     let s_vals = Vec::<f64>::try_from(&s).expect("singular values");
     let tol = s_vals.iter().cloned().fold(0.0, f64::max) * n.max(d) as f64 * f64::EPSILON;
     let r = s_vals.iter().filter(|&&v| v > tol).count() as i64;
@@ -253,4 +306,17 @@ fn sphere(z: &Tensor, n: i64, opts: &NormalizeOptions) -> Result<Tensor, String>
         SpherizeMethod::Pca | SpherizeMethod::PcaCor => w,
     }
     .to_device(Device::Cpu))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn svd_flip_makes_each_rows_largest_entry_positive() {
+        let vt =
+            Tensor::from_slice(&[0.6f64, -0.8, 0.0, 0.8, 0.6, 0.0, 0.0, 0.0, -1.0]).reshape([3, 3]);
+        let got = Vec::<f64>::try_from(svd_flip(&vt).flatten(0, -1)).unwrap();
+        assert_eq!(got, [-0.6, 0.8, 0.0, 0.8, 0.6, 0.0, 0.0, 0.0, 1.0]);
+    }
 }

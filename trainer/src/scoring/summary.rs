@@ -77,22 +77,29 @@ pub fn batch_summary(
     n_neighbors: usize,
     seed: u64,
 ) -> Result<BatchSummary, ScoringError> {
+    table.need_rows(2, "the batch scores")?;
     table.check_finite()?;
     let b = table.key_column(batch_col)?;
     let l = table.key_column(label_col)?;
-    let shuffled = batch::shuffled(b, seed);
-    let per_label = batch::silhouette_batch(table, b, l);
-    let logo: LogoScores = batch::logo_f1(table, l, b)?;
-    let logo_shuffled = batch::logo_f1(table, l, &shuffled)?;
+    table.need_two_values(batch_col, &b, "the batch scores (batches compared)")?;
+    table.need_two_values(
+        label_col,
+        &l,
+        "the batch scores (labels recognised across batches)",
+    )?;
+    let shuffled = batch::shuffled(&b, seed);
+    let per_label = batch::silhouette_batch(table, &b, &l);
+    let logo: LogoScores = batch::logo_f1(table, &l, &b)?;
+    let logo_shuffled = batch::logo_f1(table, &l, &shuffled)?;
     Ok(BatchSummary {
         batch: batch_col.into(),
         label: label_col.into(),
         silhouette_batch: finite(batch::mean_score(&per_label)),
         silhouette_batch_shuffled: finite(batch::mean_score(&batch::silhouette_batch(
-            table, &shuffled, l,
+            table, &shuffled, &l,
         ))),
         silhouette_per_label: per_label,
-        graph_connectivity: batch::graph_connectivity(table, l, n_neighbors)?,
+        graph_connectivity: batch::graph_connectivity(table, &l, n_neighbors)?,
         n_neighbors,
         f1_in_distribution: logo.in_distribution,
         f1_leave_one_batch_out: logo.leave_one_group_out,
@@ -126,12 +133,13 @@ pub struct PipelineRequest {
 /// scores of `table`, on the rows that have a batch value.
 pub fn pipeline_scores(table: &ProfileTable, req: &PipelineRequest) -> PipelineScores {
     let mut out = PipelineScores::default();
-    let batch_rows: Option<Vec<usize>> = table
-        .column(&req.batch)
-        .ok()
-        .map(|b| (0..table.rows).filter(|&r| !b[r].is_empty()).collect());
+    let batch_rows: Option<Vec<usize>> = table.column(&req.batch).ok().map(|b| {
+        (0..table.rows)
+            .filter(|&r| b[r].as_deref().is_some_and(|v| !v.is_empty()))
+            .collect()
+    });
     let batches = |t: &ProfileTable| -> usize {
-        let mut v: Vec<&String> = t
+        let mut v: Vec<&Option<String>> = t
             .column(&req.batch)
             .map(|c| c.iter().collect())
             .unwrap_or_default();

@@ -1,11 +1,11 @@
 //! Any profile table, read for scoring, and the result tables written back.
 //!
-//! "Anyone's table" is decided by name and type: every `Metadata_*` column is metadata (text,
-//! integers and floats read as text, nulls as the empty string, which the scores refuse where
-//! they use the column), every other float or double column is a feature, and any other
-//! non-float column (a CellProfiler `Image_*` path, say) is kept as metadata too. So a table
-//! from this pipeline (`DINO_CLS_*`), a CellProfiler/pycytominer profile or a JUMP profile
-//! all read without options.
+//! "Anyone's table" is decided by name and type ([`super::columns`]): every float, double or
+//! half-float column not named `Metadata_*` is a feature, every other column is metadata, read
+//! as text whatever its type (strings, booleans, integers, floats, dates, ...), nulls kept as
+//! nulls; the scores refuse a null only in a column they pair or group rows by. So a table
+//! from this pipeline (`DINO_CLS_*`), a CellProfiler/pycytominer profile or a JUMP profile,
+//! written by pandas, polars or pyarrow, all read without options.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,60 +16,48 @@ use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::Type;
 
+use super::columns::read_table;
 use super::ScoringError;
-use crate::analysis::profiles::{self, Column};
+use crate::analysis::profiles;
 
 /// Rows per row group of the written tables.
 const ROW_GROUP_ROWS: usize = 65_536;
 
-/// A profile table: metadata columns as text and a row-major float32 feature block.
+/// A profile table: metadata columns as text (nulls `None`) and a row-major float32 feature
+/// block.
 #[derive(Debug, Clone)]
 pub struct ProfileTable {
     /// Where it was read from (named in every error about it).
     pub path: PathBuf,
-    pub meta: Vec<(String, Vec<String>)>,
+    pub meta: Vec<(String, Vec<Option<String>>)>,
     pub feature_names: Vec<String>,
     /// Row-major `[rows, dim]`.
     pub features: Vec<f32>,
     pub rows: usize,
+    /// Nested (list/struct) columns of the file, which are not read.
+    pub nested: Vec<String>,
 }
 
 impl ProfileTable {
     /// Reads the table at `path` (see the module doc for which columns are features).
     pub fn read(path: &Path) -> Result<Self, ScoringError> {
-        let (rows, columns, checksum) = profiles::read_columns(path)?;
-        let mut meta = vec![];
-        let mut feature_names = vec![];
-        let mut blocks = vec![];
-        for (name, column) in columns {
-            match column {
-                Column::Floats(v) if !name.starts_with("Metadata_") => {
-                    feature_names.push(name);
-                    blocks.push(v);
-                }
-                Column::Floats(v) => meta.push((name, v.iter().map(|x| x.to_string()).collect())),
-                Column::Strings(v) => meta.push((name, v)),
-                Column::Ints(v) => meta.push((
-                    name,
-                    v.iter()
-                        .map(|x| x.map(|x| x.to_string()).unwrap_or_default())
-                        .collect(),
-                )),
-            }
-        }
-        if feature_names.is_empty() {
+        let raw = read_table(path)?;
+        if raw.features.is_empty() {
             return Err(ScoringError::NoFeatures {
                 path: path.to_path_buf(),
             });
         }
-        let dim = feature_names.len();
+        let rows = raw.rows;
+        let dim = raw.features.len();
         let mut features = vec![0f32; rows * dim];
-        for (j, col) in blocks.iter().enumerate() {
-            for (r, v) in col.iter().enumerate() {
-                features[r * dim + j] = *v;
+        let mut feature_names = Vec::with_capacity(dim);
+        for (j, (name, col)) in raw.features.into_iter().enumerate() {
+            for (r, v) in col.into_iter().enumerate() {
+                features[r * dim + j] = v;
             }
+            feature_names.push(name);
         }
-        if let Some(sum) = checksum {
+        if let Some(sum) = raw.checksum {
             if sum != profiles::feature_checksum(&features) {
                 return Err(profiles::ProfilesError::Checksum {
                     path: path.to_path_buf(),
@@ -79,10 +67,11 @@ impl ProfileTable {
         }
         Ok(Self {
             path: path.to_path_buf(),
-            meta,
+            meta: raw.meta,
             feature_names,
             features,
             rows,
+            nested: raw.nested,
         })
     }
 
@@ -102,6 +91,7 @@ impl ProfileTable {
             feature_names: self.feature_names.clone(),
             features,
             rows: rows.len(),
+            nested: self.nested.clone(),
         }
     }
 
@@ -115,37 +105,84 @@ impl ProfileTable {
         &self.features[r * d..(r + 1) * d]
     }
 
-    /// The metadata column `name`; an error naming the file and the column (and the columns
-    /// it has) where there is none.
-    pub fn column(&self, name: &str) -> Result<&[String], ScoringError> {
-        self.meta
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
-            .ok_or_else(|| ScoringError::MissingColumn {
-                path: self.path.clone(),
-                column: name.to_string(),
-                have: self
-                    .meta
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+    /// The metadata column `name` (`None` = null); an error naming the file and the column
+    /// (and the columns it has) where there is none.
+    pub fn column(&self, name: &str) -> Result<&[Option<String>], ScoringError> {
+        if let Some((_, v)) = self.meta.iter().find(|(n, _)| n == name) {
+            return Ok(v);
+        }
+        if self.nested.iter().any(|n| n == name) {
+            return Err(ScoringError::invalid(
+                self,
+                format!("column `{name}` is a nested (list/struct/map) column, which is not read; flatten it to a plain column"),
+            ));
+        }
+        if self.feature_names.iter().any(|n| n == name) {
+            return Err(ScoringError::invalid(
+                self,
+                format!("column `{name}` is a float column not named `Metadata_*`, so it is read as a feature; name it `Metadata_{name}` to use it as metadata"),
+            ));
+        }
+        Err(ScoringError::MissingColumn {
+            path: self.path.clone(),
+            column: name.to_string(),
+            have: self
+                .meta
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
     }
 
     /// The column `name` where it must have a value on every row (a pairing or grouping
-    /// key): empty values (nulls) are an error naming file, column and the first such row.
-    pub fn key_column(&self, name: &str) -> Result<&[String], ScoringError> {
+    /// key): a null is an error naming file, column and the first such row.
+    pub fn key_column(&self, name: &str) -> Result<Vec<String>, ScoringError> {
         let col = self.column(name)?;
-        if let Some(row) = col.iter().position(String::is_empty) {
-            return Err(ScoringError::NullKey {
+        col.iter()
+            .enumerate()
+            .map(|(row, v)| {
+                v.clone().ok_or_else(|| ScoringError::NullKey {
+                    path: self.path.clone(),
+                    column: name.to_string(),
+                    row,
+                })
+            })
+            .collect()
+    }
+
+    /// Refuses a table of fewer than `need` rows for `what` (a score, a fit).
+    pub fn need_rows(&self, need: usize, what: &str) -> Result<(), ScoringError> {
+        if self.rows < need {
+            return Err(ScoringError::TooFewRows {
                 path: self.path.clone(),
-                column: name.to_string(),
-                row,
+                what: what.to_string(),
+                need,
+                have: self.rows,
             });
         }
-        Ok(col)
+        Ok(())
+    }
+
+    /// Refuses a key column with fewer than two distinct values where `what` compares its
+    /// groups, naming the column and its one value.
+    pub fn need_two_values(
+        &self,
+        column: &str,
+        values: &[String],
+        what: &str,
+    ) -> Result<(), ScoringError> {
+        let first = values.first();
+        if values.iter().all(|v| Some(v) == first) {
+            return Err(ScoringError::invalid(
+                self,
+                format!(
+                    "column `{column}` has one value ({}) on every row: {what} needs at least two",
+                    first.map_or("none".into(), |v| format!("`{v}`"))
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Refuses NaN or infinite features, naming the first row and column that has one.
@@ -165,6 +202,8 @@ impl ProfileTable {
 #[derive(Debug, Clone)]
 pub enum OutColumn {
     Text(Vec<String>),
+    /// Text with nulls (`None`), written as an optional column.
+    NullableText(Vec<Option<String>>),
     Int(Vec<i64>),
     Double(Vec<f64>),
     Float(Vec<f32>),
@@ -175,6 +214,7 @@ impl OutColumn {
     fn len(&self) -> usize {
         match self {
             OutColumn::Text(v) => v.len(),
+            OutColumn::NullableText(v) => v.len(),
             OutColumn::Int(v) => v.len(),
             OutColumn::Double(v) => v.len(),
             OutColumn::Float(v) => v.len(),
@@ -184,7 +224,9 @@ impl OutColumn {
 
     fn field(&self, name: &str) -> parquet::errors::Result<Arc<Type>> {
         let (physical, logical) = match self {
-            OutColumn::Text(_) => (PhysicalType::BYTE_ARRAY, Some(LogicalType::String)),
+            OutColumn::Text(_) | OutColumn::NullableText(_) => {
+                (PhysicalType::BYTE_ARRAY, Some(LogicalType::String))
+            }
             OutColumn::Int(_) => (PhysicalType::INT64, None),
             OutColumn::Double(_) => (PhysicalType::DOUBLE, None),
             OutColumn::Float(_) => (PhysicalType::FLOAT, None),
@@ -192,7 +234,10 @@ impl OutColumn {
         };
         Ok(Arc::new(
             Type::primitive_type_builder(name, physical)
-                .with_repetition(Repetition::REQUIRED)
+                .with_repetition(match self {
+                    OutColumn::NullableText(_) => Repetition::OPTIONAL,
+                    _ => Repetition::REQUIRED,
+                })
                 .with_logical_type(logical)
                 .build()?,
         ))
@@ -247,6 +292,14 @@ fn encode(
                         v[range.clone()].iter().map(|s| s.as_str().into()).collect();
                     col.typed::<ByteArrayType>().write_batch(&v, None, None)?;
                 }
+                OutColumn::NullableText(v) => {
+                    let v = &v[range.clone()];
+                    let defs: Vec<i16> = v.iter().map(|s| i16::from(s.is_some())).collect();
+                    let values: Vec<ByteArray> =
+                        v.iter().flatten().map(|s| s.as_str().into()).collect();
+                    col.typed::<ByteArrayType>()
+                        .write_batch(&values, Some(&defs), None)?;
+                }
                 OutColumn::Int(v) => {
                     col.typed::<Int64Type>()
                         .write_batch(&v[range.clone()], None, None)?;
@@ -273,11 +326,11 @@ fn encode(
     Ok(out)
 }
 
-/// Writes a profile table: `meta` as text columns, then `feature_names` as float32 columns
+/// Writes a profile table: `meta` as text columns (nulls kept), then `feature_names` as float32 columns
 /// from the row-major `features`, with their checksum.
 pub fn write_profiles(
     path: &Path,
-    meta: &[(String, Vec<String>)],
+    meta: &[(String, Vec<Option<String>>)],
     feature_names: &[String],
     features: &[f32],
 ) -> Result<(), ScoringError> {
@@ -285,7 +338,7 @@ pub fn write_profiles(
     let rows = features.len().checked_div(dim).unwrap_or(0);
     let mut columns: Vec<(String, OutColumn)> = meta
         .iter()
-        .map(|(n, v)| (n.clone(), OutColumn::Text(v.clone())))
+        .map(|(n, v)| (n.clone(), OutColumn::NullableText(v.clone())))
         .collect();
     for (j, name) in feature_names.iter().enumerate() {
         let col = (0..rows).map(|r| features[r * dim + j]).collect();

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::util::run_py_file;
+use super::util::{run_py_file, run_python};
 
 /// Runs `trainer metrics ARGS` in `dir`, returning (success, stdout, stderr).
 fn metrics(dir: &Path, args: &[&str]) -> (bool, String, String) {
@@ -27,10 +27,14 @@ fn ok(dir: &Path, args: &[&str]) -> String {
     out
 }
 
-/// The error of a run that must fail, with the words it must name.
+/// The error of a run that must fail, with the words it must name (an error, not a panic).
 fn fails_naming(dir: &Path, args: &[&str], words: &[&str]) {
     let (ok, _, err) = metrics(dir, args);
     assert!(!ok, "trainer metrics {args:?} should fail");
+    assert!(
+        !err.contains("panicked"),
+        "trainer metrics {args:?} panicked:\n{err}"
+    );
     for w in words {
         assert!(
             err.contains(w),
@@ -175,7 +179,7 @@ fn map_equals_copairs_on_ties_single_members_and_controls() {
 }
 
 #[test]
-fn batch_and_chammi_equal_scib_and_scikit_learn() {
+fn batch_equals_scib_and_scikit_learn() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     run_py_file("batch_oracle.py", &["gen", d.to_str().unwrap()]);
@@ -193,21 +197,8 @@ fn batch_and_chammi_equal_scib_and_scikit_learn() {
             "batch_k5.json",
         ],
     );
-    ok(
-        d,
-        &[
-            "chammi",
-            "--profiles",
-            "chammi.parquet",
-            "--json",
-            "chammi.json",
-        ],
-    );
     let report = run_py_file("batch_oracle.py", &["check", d.to_str().unwrap()]);
-    assert!(
-        report.contains("silhouette_batch") && report.contains("chammi_final"),
-        "{report}"
-    );
+    assert!(report.contains("silhouette_batch"), "{report}");
     // The table has a donor shift: the scores see it next to the shuffled-donor control.
     let s: serde_json::Value = serde_json::from_str(&out).unwrap();
     let f = |k: &str| s[k].as_f64().unwrap();
@@ -231,6 +222,73 @@ fn batch_and_chammi_equal_scib_and_scikit_learn() {
     );
 }
 
+/// `metrics chammi` equals CHAMMI's evaluation (tests/py/chammi_oracle.py re-implements
+/// MorphEm's `evaluate` with scikit-learn) with novel classes in the leave-one-out tasks
+/// (HPA task 3 by cell type, CP task 4 by plate), with both 1-NN metrics; a perfectly
+/// separable table scores 1.0 on every task.
+#[test]
+fn chammi_equals_chammi_evaluation_with_leave_one_out_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_py_file("chammi_oracle.py", &["gen", d.to_str().unwrap()]);
+    for metric in ["cosine", "l2"] {
+        let json = format!("chammi_{metric}.json");
+        ok(
+            d,
+            &[
+                "chammi",
+                "--profiles",
+                "chammi.parquet",
+                "--metric",
+                metric,
+                "--json",
+                &json,
+            ],
+        );
+    }
+    let report = run_py_file("chammi_oracle.py", &["check", d.to_str().unwrap()]);
+    assert!(report.contains("cosine_CP_task4"), "{report}");
+    let out = ok(d, &["chammi", "--profiles", "separable.parquet"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["final_score"].as_f64(), Some(1.0), "{out}");
+    for (ds, tasks) in v["tasks"].as_object().unwrap() {
+        for (t, f) in tasks.as_object().unwrap() {
+            assert_eq!(f.as_f64(), Some(1.0), "{ds} {t}: {out}");
+        }
+    }
+    assert_eq!(
+        v["leave_one_out_groups"]["CP/task4"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3,
+        "{out}"
+    );
+    // The leave-one-out groups are read on the task's rows only: a null there is refused.
+    let row = run_python(
+        r#"
+import sys, pandas as pd
+from pathlib import Path
+d = Path(sys.argv[1])
+df = pd.read_parquet(d / "chammi.parquet")
+i = df.index[(df.Metadata_Dataset == "CP") & (df.Metadata_Task == "task4")][5]
+df.loc[i, "Metadata_Plate"] = None
+df.to_parquet(d / "null_plate.parquet")
+print(i)
+"#,
+        &[d.to_str().unwrap()],
+    );
+    fails_naming(
+        d,
+        &["chammi", "--profiles", "null_plate.parquet"],
+        &[
+            "null_plate.parquet",
+            "Metadata_Plate",
+            &format!("row {}", row.trim()),
+        ],
+    );
+}
+
 #[test]
 fn normalize_equals_pycytominer() {
     let dir = tempfile::tempdir().unwrap();
@@ -240,27 +298,29 @@ fn normalize_equals_pycytominer() {
         "--controls=Metadata_Condition=Control",
         "--by=Metadata_Plate",
     );
-    let cases: [(&str, &str, &[&str]); 9] = [
-        ("standardize_all", "standardize", &[]),
-        ("standardize_controls_per_plate", "standardize", &[c, by]),
-        ("robustize_controls", "robustize", &[c]),
-        ("mad_robustize_per_plate", "mad_robustize", &[by]),
-        ("spherize_zca_cor_controls", "spherize", &[c]),
-        ("spherize_zca_cor_per_plate", "spherize", &[by]),
-        ("spherize_zca", "spherize", &["--spherize-method", "ZCA"]),
+    let (pca, pca_cor) = ("--spherize-method=PCA", "--spherize-method=PCA-cor");
+    let (p, w, wp) = ("plates.parquet", "wide.parquet", "wide_plates.parquet");
+    let cases: [(&str, &str, &str, &[&str]); 13] = [
+        ("standardize_all", p, "standardize", &[]),
+        ("standardize_controls_per_plate", p, "standardize", &[c, by]),
+        ("robustize_controls", p, "robustize", &[c]),
+        ("mad_robustize_per_plate", p, "mad_robustize", &[by]),
+        ("spherize_zca_cor_controls", p, "spherize", &[c]),
+        ("spherize_zca_cor_per_plate", p, "spherize", &[by]),
+        ("spherize_zca", p, "spherize", &["--spherize-method", "ZCA"]),
+        ("spherize_pca_cor", p, "spherize", &[pca_cor]),
+        ("spherize_wide", w, "spherize", &[]),
+        ("spherize_pca", p, "spherize", &[pca]),
+        ("spherize_pca_wide", w, "spherize", &[pca]),
+        ("spherize_pca_wide_per_plate", wp, "spherize", &[pca, by]),
         (
-            "spherize_pca_cor",
+            "spherize_pca_cor_wide_per_plate",
+            wp,
             "spherize",
-            &["--spherize-method", "PCA-cor"],
+            &[pca_cor, by],
         ),
-        ("spherize_wide", "spherize", &[]),
     ];
-    for (name, method, extra) in cases {
-        let table = if name == "spherize_wide" {
-            "wide.parquet"
-        } else {
-            "plates.parquet"
-        };
+    for (name, table, method, extra) in cases {
         let out = format!("{name}.parquet");
         let mut args = vec![
             "normalize",
@@ -272,11 +332,33 @@ fn normalize_equals_pycytominer() {
             &out,
         ];
         args.extend_from_slice(extra);
-        ok(d, &args);
+        let (success, _, err) = metrics(d, &args);
+        assert!(success, "trainer metrics {args:?} failed:\n{err}");
+        // Spherize fitted on no more rows than features says so, with the numbers.
+        let warning = match name {
+            "spherize_wide" | "spherize_pca_wide" => {
+                Some("spherize is fitted on 9 rows for 14 features: centred, they span at most 8 directions, and the other 6")
+            }
+            "spherize_pca_wide_per_plate" | "spherize_pca_cor_wide_per_plate" => {
+                Some("Metadata_Plate=P1: spherize is fitted on 11 rows for 20 features")
+            }
+            _ => None,
+        };
+        match warning {
+            Some(w) => assert!(err.contains(w), "{name}: no warning {w:?} in:\n{err}"),
+            None => assert!(!err.contains("spherize is fitted"), "{name}:\n{err}"),
+        }
     }
     let report = run_py_file("normalize_oracle.py", &["check", d.to_str().unwrap()]);
-    assert!(report.contains("spherize_wide"), "{report}");
-    let p = "plates.parquet";
+    // Every PCA output equals pycytominer's up to sign, and the sign convention holds.
+    for name in [
+        "spherize_pca_wide_per_plate",
+        "spherize_pca_cor_wide_per_plate",
+        "spherize_pca_convention",
+        "spherize_pca_cor_convention",
+    ] {
+        assert!(report.contains(name), "{report}");
+    }
     fails_naming(
         d,
         &[
@@ -433,4 +515,184 @@ fn synth_donor_effect_shows_in_untrained_features_against_the_shuffled_control()
         f("silhouette_batch") < f("silhouette_batch_shuffled") - 0.08,
         "{out}"
     );
+}
+
+/// Tables as pandas, polars and pyarrow write them read whole (tests/py/shapes_oracle.py):
+/// a float metadata column with NaN (nulls in the file), booleans, nullable integers,
+/// categoricals, enums, dates and timestamps, unsigned 64-bit integers, a null in a
+/// non-`Metadata_` string column and a nested column. A null is refused only in a column the
+/// command pairs or groups by, naming it and the row; a NaN feature names column and row.
+#[test]
+fn pandas_and_polars_tables_read_with_nulls_booleans_and_every_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_py_file("shapes_oracle.py", &["gen", d.to_str().unwrap()]);
+    let map = |table: &str, out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "map",
+            "--profiles",
+            table,
+            "--pos-sameby",
+            "Metadata_Class",
+            "--neg-diffby",
+            "Metadata_Class",
+            "--null-size",
+            "200",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let args = map("pandas.parquet", "pandas_ap.parquet", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let full: serde_json::Value = serde_json::from_str(&ok(d, &args)).unwrap();
+    let args = map("plain.parquet", "plain_ap.parquet", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let plain: serde_json::Value = serde_json::from_str(&ok(d, &args)).unwrap();
+    // The unused columns change nothing.
+    assert_eq!(full["mean_map"], plain["mean_map"], "{full} vs {plain}");
+    // Booleans and categoricals group rows.
+    ok(
+        d,
+        &[
+            "batch",
+            "--profiles",
+            "pandas.parquet",
+            "--batch",
+            "Metadata_Flag",
+            "--label",
+            "Metadata_Cat",
+            "--n-neighbors",
+            "5",
+        ],
+    );
+    // A null where the command pairs by the column names it and its row.
+    for (col, row) in [("Metadata_Conc", "row 0"), ("Image_FileName", "row 9")] {
+        let args = map("pandas.parquet", "x.parquet", &["--pos-diffby", col]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_naming(d, &args, &["pandas.parquet", col, row]);
+    }
+    let args = map("nan_feature.parquet", "x.parquet", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails_naming(d, &args, &["nan_feature.parquet", "Cells_F2", "row 7"]);
+    ok(
+        d,
+        &[
+            "normalize",
+            "--profiles",
+            "polars.parquet",
+            "--method",
+            "standardize",
+            "--controls",
+            "Metadata_Control=true",
+            "--out",
+            "polars_norm.parquet",
+        ],
+    );
+    let report = run_py_file("shapes_oracle.py", &["check", d.to_str().unwrap()]);
+    assert!(report.contains("Metadata_Time"), "{report}");
+}
+
+/// Every `metrics` command on an empty table, a table of one row, one group, or without the
+/// control rows it needs: an error (not a panic) naming the table and what is missing.
+#[test]
+fn degenerate_tables_are_errors_naming_the_table_and_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_python(
+        r#"
+import sys, numpy as np, pandas as pd
+from pathlib import Path
+d = Path(sys.argv[1])
+rng = np.random.default_rng(0)
+def table(n, cls, donor, cond, name):
+    df = pd.DataFrame({"Metadata_Class": cls(n), "Metadata_Donor": donor(n),
+                       "Metadata_Condition": cond(n), "Metadata_Dataset": ["WTC"] * n,
+                       "Metadata_Task": [["train", "task2"][i % 2] for i in range(n)]})
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    for j in range(3):
+        df[f"Cells_F{j}"] = x[:, j]
+    df.to_parquet(d / name)
+var = lambda p: (lambda n: [f"{p}{i % 2}" for i in range(n)])
+same = lambda v: (lambda n: [v] * n)
+table(0, var("c"), var("D"), var("C"), "empty.parquet")
+table(1, var("c"), var("D"), same("Control"), "one_row.parquet")
+table(8, same("c0"), same("D0"), same("Control"), "one_group.parquet")
+table(8, var("c"), var("D"), same("Treated"), "no_controls.parquet")
+table(8, var("c"), var("D"), lambda n: ["Control"] + ["Treated"] * (n - 1), "one_control.parquet")
+"#,
+        &[d.to_str().unwrap()],
+    );
+    let map = |t: &'static str| {
+        vec![
+            "map",
+            "--profiles",
+            t,
+            "--pos-sameby",
+            "Metadata_Class",
+            "--neg-diffby",
+            "Metadata_Class",
+            "--out",
+            "x.parquet",
+        ]
+    };
+    let batch = |t: &'static str| vec!["batch", "--profiles", t, "--n-neighbors", "2"];
+    let norm = |t: &'static str| {
+        vec![
+            "normalize",
+            "--profiles",
+            t,
+            "--method",
+            "standardize",
+            "--out",
+            "x.parquet",
+        ]
+    };
+    let chammi = |t: &'static str| vec!["chammi", "--profiles", t];
+    for t in ["empty.parquet", "one_row.parquet"] {
+        let have = if t == "empty.parquet" {
+            "none (it is empty)"
+        } else {
+            "has 1"
+        };
+        for args in [map(t), batch(t), norm(t), chammi(t)] {
+            fails_naming(d, &args, &[t, "needs at least 2 rows", have]);
+        }
+    }
+    let g = "one_group.parquet";
+    fails_naming(d, &map(g), &[g, "no negative pairs", "one group"]);
+    fails_naming(d, &batch(g), &[g, "Metadata_Donor", "one value (`D0`)"]);
+    fails_naming(d, &chammi(g), &[g, "Metadata_Dataset=HPA"]);
+    let mut one_control = norm("one_control.parquet");
+    one_control.extend(["--controls", "Metadata_Condition=Control"]);
+    fails_naming(
+        d,
+        &one_control,
+        &["one_control.parquet", "has 1 row to fit on (control)"],
+    );
+    let n = "no_controls.parquet";
+    let mut controls = norm(n);
+    controls.extend(["--controls", "Metadata_Condition=Control"]);
+    fails_naming(
+        d,
+        &controls,
+        &[n, "no control rows", "Metadata_Condition=Control"],
+    );
+    let mut reference = map(n);
+    reference.extend(["--reference", "Metadata_Condition=Control"]);
+    fails_naming(
+        d,
+        &reference,
+        &[n, "no row has `Metadata_Condition` = `Control`"],
+    );
+    // A group of one row to fit on.
+    let mut one = norm("one_group.parquet");
+    one.extend([
+        "--controls",
+        "Metadata_Condition=Control",
+        "--by",
+        "Metadata_Task",
+    ]);
+    ok(d, &one);
 }

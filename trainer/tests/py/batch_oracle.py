@@ -1,4 +1,4 @@
-"""Oracle of `trainer metrics batch` and `trainer metrics chammi`.
+"""Oracle of `trainer metrics batch` (`trainer metrics chammi`: chammi_oracle.py).
 
 scib 1.1.7's own `silhouette_batch` and `graph_connectivity` (their module files, loaded
 without `scib/__init__`, which imports scanpy: scib is installed without its requirements
@@ -6,11 +6,11 @@ because anndata/scanpy want pandas < 3), on a minimal AnnData stand-in holding w
 functions read (obs, obsm, obsp, uns, subsetting). graph_connectivity calls `pd.value_counts`,
 which pandas 3 removed; it is given back as `Series.value_counts`. The kNN graph is scanpy's
 `pp.neighbors` pattern with exact neighbours (scikit-learn brute force, n_neighbors counting
-the row itself, made symmetric); the leave-one-group-out and CHAMMI 1-NN are scikit-learn's
+the row itself, made symmetric); the leave-one-group-out 1-NN is scikit-learn's
 `KNeighborsClassifier(1, metric="cosine")` and `f1_score(average="macro")`.
 
-`gen DIR` writes batch.parquet and chammi.parquet; `check DIR` compares batch_k5.json, batch_k15.json
-(`--n-neighbors` 5 and 15) and chammi.json (written by the trainer) to 1e-6.
+`gen DIR` writes batch.parquet; `check DIR` compares batch_k5.json and batch_k15.json
+(`--n-neighbors` 5 and 15, written by the trainer) to 1e-6.
 """
 import importlib
 import importlib.util
@@ -44,22 +44,6 @@ def gen(d):
     for j in range(8):
         df[f"DINO_CLS_{j}"] = feats[:, j]
     df.to_parquet(d / "batch.parquet")
-
-    rows, feats = [], []
-    for ds, tasks in [("WTC", ["task1", "task2"]), ("HPA", ["task1", "task2", "task3"]),
-                      ("CP", ["task1", "task2", "task3", "task4"])]:
-        cent = rng.normal(size=(4, 6)) * 2
-        for t in ["train"] + tasks:
-            shift = rng.normal(size=6) * (0.0 if t in ("train", "task1") else 1.0)
-            for i in range(24):
-                k = i % 4
-                rows.append({"Metadata_Dataset": ds, "Metadata_Task": t, "Metadata_Class": f"{ds}{k}"})
-                feats.append(cent[k] + shift + rng.normal(size=6))
-    df = pd.DataFrame(rows)
-    feats = np.array(feats, dtype=np.float32)
-    for j in range(6):
-        df[f"emb{j}"] = feats[:, j]
-    df.to_parquet(d / "chammi.parquet")
 
 
 def load_scib(module):
@@ -136,21 +120,6 @@ def check(d):
     loo = np.where(idx[:, 0] == np.arange(len(x)), idx[:, 1], idx[:, 0])
     errs["in_distribution"] = abs(f1_score(y, y[loo], average="macro") - got["f1_in_distribution"])
 
-    df = pd.read_parquet(d / "chammi.parquet")
-    x = df[[c for c in df.columns if not c.startswith("Metadata_")]].to_numpy().astype(np.float64)
-    got = json.loads((d / "chammi.json").read_text())
-    scores = {}
-    for (ds, t), part in df.groupby(["Metadata_Dataset", "Metadata_Task"]):
-        if t == "train":
-            continue
-        tr = (df["Metadata_Dataset"] == ds) & (df["Metadata_Task"] == "train")
-        _, f = one_nn_f1(x[tr.to_numpy()], df["Metadata_Class"][tr], x[part.index], part["Metadata_Class"])
-        scores[(ds, t)] = f
-        errs[f"chammi_{ds}_{t}"] = abs(f - got["tasks"][ds][t])
-    wtc = scores[("WTC", "task2")]
-    hpa = np.mean([scores[("HPA", t)] for t in ["task2", "task3"]])
-    cp = np.mean([scores[("CP", t)] for t in ["task2", "task3", "task4"]])
-    errs["chammi_final"] = abs((wtc + hpa + cp) / 3 - got["final_score"])
     bad = {k: v for k, v in errs.items() if not v <= 1e-6}
     assert not bad, bad
     print(json.dumps({"max_err": max(errs.values()), "checked": sorted(errs)}))

@@ -1,10 +1,18 @@
 """Oracle of `trainer metrics normalize`: pycytominer 1.7.1's `normalize`.
 
 `gen DIR` writes plates.parquet (two plates, controls and treated rows, float32 features
-with a constant-free spread) and wide.parquet (fewer rows than features, where spherize pads
-the singular values); `check DIR` runs pycytominer on the same values (upcast to float64: on
-float32 input numpy's SVD would itself run in float32) for every case in cases.json, once per
-plate group where the case has `by`, and compares the trainer's output tables to 1e-5.
+with a constant-free spread), wide.parquet (fewer rows than features, where spherize pads
+the singular values) and wide_plates.parquet (two plates, each with fewer rows than
+features); `check DIR` runs pycytominer on the same values (upcast to float64: on float32
+input numpy's SVD would itself run in float32) for every case in cases.json, once per plate
+group where the case has `by`, and compares the trainer's output tables to 1e-5.
+
+PCA outputs are compared up to each component's sign: pycytominer leaves the sign to its SVD
+routine, the trainer fixes scikit-learn's `svd_flip` convention (each component's
+largest-magnitude loading positive). The convention itself is checked where the loadings
+can be recovered from the output (more fit rows than features, fitted on every row): the
+loadings are the least-squares solution W of Z W = output, Z the centred (PCA) or
+standardised (PCA-cor) features.
 """
 import json
 import sys
@@ -24,6 +32,10 @@ CASES = {
     "spherize_zca": ("plates", "spherize", False, False, "ZCA"),
     "spherize_pca_cor": ("plates", "spherize", False, False, "PCA-cor"),
     "spherize_wide": ("wide", "spherize", False, False, "ZCA-cor"),
+    "spherize_pca": ("plates", "spherize", False, False, "PCA"),
+    "spherize_pca_wide": ("wide", "spherize", False, False, "PCA"),
+    "spherize_pca_wide_per_plate": ("wide_plates", "spherize", False, True, "PCA"),
+    "spherize_pca_cor_wide_per_plate": ("wide_plates", "spherize", False, True, "PCA-cor"),
 }
 
 
@@ -48,6 +60,12 @@ def gen(d):
     for j in range(14):
         wide[f"DINO_CLS_{j}"] = w[:, j]
     wide.to_parquet(d / "wide.parquet")
+    wp = pd.DataFrame({"Metadata_Plate": ["P0"] * 12 + ["P1"] * 11})
+    w = rng.normal(size=(23, 20)) @ rng.normal(size=(20, 20))
+    w[12:] += 1.5
+    for j in range(20):
+        wp[f"DINO_CLS_{j}"] = w[:, j].astype(np.float32)
+    wp.to_parquet(d / "wide_plates.parquet")
     (d / "cases.json").write_text(json.dumps(CASES))
 
 
@@ -71,7 +89,25 @@ def check(d):
         cols = [c for c in want.columns if c not in meta]
         assert list(got.columns) == meta + cols, (name, list(got.columns), cols)
         assert (got[meta].to_numpy() == want[meta].to_numpy()).all(), name
-        errs[name] = float(np.max(np.abs(got[cols].to_numpy(np.float64) - want[cols].to_numpy(np.float64))))
+        g, w = got[cols].to_numpy(np.float64).copy(), want[cols].to_numpy(np.float64).copy()
+        if sph in ("PCA", "PCA-cor"):
+            # Equal up to each component's sign (per plate where fitted per plate).
+            groups = [df["Metadata_Plate"] == p for p in df["Metadata_Plate"].unique()] if by \
+                else [np.ones(len(df), bool)]
+            for m in groups:
+                m = np.asarray(m)
+                signs = np.where(np.sum(g[m] * w[m], axis=0) < 0, -1.0, 1.0)
+                w[m] = w[m] * signs
+            if not by and len(df) > len(feats) and not controls:
+                x = df[feats].to_numpy(np.float64)
+                z = x - x.mean(0)
+                if sph == "PCA-cor":
+                    z = z / x.std(0)
+                loadings = np.linalg.lstsq(z, g, rcond=None)[0]
+                top = loadings[np.argmax(np.abs(loadings), axis=0), np.arange(loadings.shape[1])]
+                assert (top > 0).all(), (name, "svd_flip convention", top)
+                errs[name + "_convention"] = 0.0
+        errs[name] = float(np.max(np.abs(g - w)))
     bad = {k: v for k, v in errs.items() if not v <= 1e-5}
     assert not bad, bad
     print(json.dumps(errs))
