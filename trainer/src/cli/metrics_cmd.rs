@@ -7,7 +7,7 @@ use trainer::scoring::map::{self, MapOptions, PairRules};
 use trainer::scoring::nn::Metric;
 use trainer::scoring::normalize::{self, Method, NormalizeOptions, SpherizeMethod};
 use trainer::scoring::table::{split_columns, write_profiles, write_table, OutColumn};
-use trainer::scoring::{chammi, summary, ProfileTable};
+use trainer::scoring::{chammi, consensus, summary, ProfileTable};
 
 #[derive(Debug, Subcommand)]
 pub enum MetricsCommand {
@@ -19,6 +19,8 @@ pub enum MetricsCommand {
     Normalize(NormalizeArgs),
     /// The CHAMMI benchmark score.
     Chammi(ChammiArgs),
+    /// pycytominer's consensus: one profile per replicate group (median or mean).
+    Consensus(ConsensusArgs),
 }
 
 impl MetricsCommand {
@@ -29,6 +31,7 @@ impl MetricsCommand {
             MetricsCommand::Batch(a) => &a.profiles,
             MetricsCommand::Normalize(a) => &a.profiles,
             MetricsCommand::Chammi(a) => &a.profiles,
+            MetricsCommand::Consensus(a) => &a.profiles,
         }
     }
 
@@ -57,6 +60,7 @@ impl MetricsCommand {
             MetricsCommand::Batch(a) => a.run(),
             MetricsCommand::Normalize(a) => a.run(),
             MetricsCommand::Chammi(a) => a.run(),
+            MetricsCommand::Consensus(a) => a.run(),
         }
     }
 }
@@ -313,5 +317,42 @@ impl ChammiArgs {
             },
         )?;
         emit_json(&s, self.json.as_deref())
+    }
+}
+
+/// `trainer metrics consensus`.
+#[derive(Debug, Args)]
+pub struct ConsensusArgs {
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    /// The columns whose rows are replicates of one profile (comma-separated).
+    #[arg(
+        long,
+        value_name = "COLS",
+        default_value = "Metadata_Plate,Metadata_Well"
+    )]
+    replicate_columns: String,
+    #[arg(long, value_enum, default_value = "median")]
+    operation: consensus::Operation,
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+impl ConsensusArgs {
+    fn run(self) -> Result<()> {
+        let table = ProfileTable::read(&self.profiles)?;
+        let out = consensus::consensus(
+            &table,
+            &split_columns(&self.replicate_columns),
+            self.operation,
+        )?;
+        write_profiles(&self.out, &out.meta, &out.feature_names, &out.features)?;
+        tracing::info!(
+            "{} consensus profiles of {} rows: {}",
+            out.rows,
+            table.rows,
+            self.out.display()
+        );
+        Ok(())
     }
 }
