@@ -1,7 +1,8 @@
 //! Scoring embeddings the way the image-based profiling field does, on any profile table:
 //! copairs' average precision and mean average precision ([`map`]), scib's batch silhouette
 //! and graph connectivity and CHAMMI's leave-one-group-out 1-NN ([`batch`]), pycytominer's
-//! normalisations ([`normalize`]) and consensus profiles ([`consensus`]), and the CHAMMI
+//! normalisations, feature selection and consensus profiles ([`normalize`], [`select`],
+//! [`consensus`]), and the CHAMMI
 //! benchmark score ([`chammi`]). Each follows its
 //! Python library's definition line by line (the tests compare against the library pinned in
 //! the venv), so a number from here means what the paper using that library means by it.
@@ -15,6 +16,7 @@ pub mod keys;
 pub mod map;
 pub mod nn;
 pub mod normalize;
+pub mod select;
 pub mod summary;
 pub mod table;
 

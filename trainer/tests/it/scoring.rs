@@ -759,3 +759,45 @@ fn consensus_equals_pycytominer() {
         ],
     );
 }
+
+/// `metrics select` keeps the columns pycytominer's `feature_select` keeps, in the same
+/// order, for each operation alone, all of them in sequence and a sequence where a later
+/// operation sees only what the earlier kept (tests/py/select_oracle.py: near-constant,
+/// dominant-value and two-valued features, correlated pairs, NaN columns, ties, a blocklist).
+#[test]
+fn select_equals_pycytominer_feature_select() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_py_file("select_oracle.py", &["gen", d.to_str().unwrap()]);
+    let cases: [(&str, &str); 7] = [
+        ("default", "variance_threshold"),
+        ("frequency", "frequency_threshold"),
+        ("correlation", "correlation_threshold"),
+        ("na", "drop_na_columns"),
+        ("blocklist", "blocklist"),
+        (
+            "all",
+            "variance_threshold,frequency_threshold,correlation_threshold,drop_na_columns,blocklist",
+        ),
+        ("corr_then_na", "correlation_threshold,drop_na_columns"),
+    ];
+    for (name, ops) in cases {
+        let out = format!("select_{name}.parquet");
+        ok(
+            d,
+            &[
+                "select",
+                "--profiles",
+                "features.parquet",
+                "--operations",
+                ops,
+                "--blocklist",
+                "blocklist.csv",
+                "--out",
+                &out,
+            ],
+        );
+    }
+    let report = run_py_file("select_oracle.py", &["check", d.to_str().unwrap()]);
+    assert!(report.contains("corr_then_na"), "{report}");
+}
