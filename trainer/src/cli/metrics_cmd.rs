@@ -7,7 +7,7 @@ use trainer::scoring::map::{self, MapOptions, PairRules};
 use trainer::scoring::nn::Metric;
 use trainer::scoring::normalize::{self, Method, NormalizeOptions, SpherizeMethod};
 use trainer::scoring::table::{split_columns, write_profiles, write_table, OutColumn};
-use trainer::scoring::{chammi, summary, ProfileTable};
+use trainer::scoring::{chammi, consensus, select, summary, ProfileTable};
 
 #[derive(Debug, Subcommand)]
 pub enum MetricsCommand {
@@ -19,6 +19,10 @@ pub enum MetricsCommand {
     Normalize(NormalizeArgs),
     /// The CHAMMI benchmark score.
     Chammi(ChammiArgs),
+    /// pycytominer's consensus: one profile per replicate group (median or mean).
+    Consensus(ConsensusArgs),
+    /// pycytominer's feature_select: the table without the features it excludes.
+    Select(SelectArgs),
 }
 
 impl MetricsCommand {
@@ -29,6 +33,8 @@ impl MetricsCommand {
             MetricsCommand::Batch(a) => &a.profiles,
             MetricsCommand::Normalize(a) => &a.profiles,
             MetricsCommand::Chammi(a) => &a.profiles,
+            MetricsCommand::Consensus(a) => &a.profiles,
+            MetricsCommand::Select(a) => &a.profiles,
         }
     }
 
@@ -57,6 +63,8 @@ impl MetricsCommand {
             MetricsCommand::Batch(a) => a.run(),
             MetricsCommand::Normalize(a) => a.run(),
             MetricsCommand::Chammi(a) => a.run(),
+            MetricsCommand::Consensus(a) => a.run(),
+            MetricsCommand::Select(a) => a.run(),
         }
     }
 }
@@ -313,5 +321,120 @@ impl ChammiArgs {
             },
         )?;
         emit_json(&s, self.json.as_deref())
+    }
+}
+
+/// `trainer metrics consensus`.
+#[derive(Debug, Args)]
+pub struct ConsensusArgs {
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    /// The columns whose rows are replicates of one profile (comma-separated).
+    #[arg(
+        long,
+        value_name = "COLS",
+        default_value = "Metadata_Plate,Metadata_Well"
+    )]
+    replicate_columns: String,
+    #[arg(long, value_enum, default_value = "median")]
+    operation: consensus::Operation,
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+impl ConsensusArgs {
+    fn run(self) -> Result<()> {
+        let table = ProfileTable::read(&self.profiles)?;
+        let out = consensus::consensus(
+            &table,
+            &split_columns(&self.replicate_columns),
+            self.operation,
+        )?;
+        write_profiles(&self.out, &out.meta, &out.feature_names, &out.features)?;
+        tracing::info!(
+            "{} consensus profiles of {} rows: {}",
+            out.rows,
+            table.rows,
+            self.out.display()
+        );
+        Ok(())
+    }
+}
+
+/// `trainer metrics select`.
+#[derive(Debug, Args)]
+pub struct SelectArgs {
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    /// Operations in order, comma-separated (pycytominer's `operation`).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "variance_threshold"
+    )]
+    operations: Vec<select::Operation>,
+    #[arg(long, default_value_t = 1e-6)]
+    min_variance: f64,
+    #[arg(long, default_value_t = 0.05)]
+    freq_cut: f64,
+    #[arg(long, default_value_t = 0.01)]
+    unique_cut: f64,
+    #[arg(long, default_value_t = 0.9)]
+    corr_threshold: f64,
+    #[arg(long, default_value_t = 0.05)]
+    na_cutoff: f64,
+    /// CSV with a `blocklist` column of feature names (the `blocklist` operation).
+    #[arg(long, value_name = "FILE")]
+    blocklist: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+impl SelectArgs {
+    fn run(self) -> Result<()> {
+        let table = ProfileTable::read(&self.profiles)?;
+        let blocklist = match &self.blocklist {
+            Some(p) => select::read_blocklist(p)?,
+            None if self.operations.contains(&select::Operation::Blocklist) => {
+                anyhow::bail!("the blocklist operation needs --blocklist FILE")
+            }
+            None => vec![],
+        };
+        let kept = select::select(
+            &table,
+            &select::SelectOptions {
+                operations: self.operations,
+                min_variance: self.min_variance,
+                freq_cut: self.freq_cut,
+                unique_cut: self.unique_cut,
+                corr_threshold: self.corr_threshold,
+                na_cutoff: self.na_cutoff,
+                blocklist,
+            },
+        )?;
+        let idx: Vec<usize> = kept
+            .iter()
+            .map(|k| {
+                table
+                    .feature_names
+                    .iter()
+                    .position(|n| n == k)
+                    .expect("kept is a feature")
+            })
+            .collect();
+        let mut features = Vec::with_capacity(table.rows * idx.len());
+        for r in 0..table.rows {
+            let row = table.row(r);
+            features.extend(idx.iter().map(|&j| row[j]));
+        }
+        write_profiles(&self.out, &table.meta, &kept, &features)?;
+        tracing::info!(
+            "kept {} of {} features: {}",
+            kept.len(),
+            table.dim(),
+            self.out.display()
+        );
+        Ok(())
     }
 }

@@ -1,7 +1,9 @@
 //! Scoring embeddings the way the image-based profiling field does, on any profile table:
 //! copairs' average precision and mean average precision ([`map`]), scib's batch silhouette
 //! and graph connectivity and CHAMMI's leave-one-group-out 1-NN ([`batch`]), pycytominer's
-//! normalisations ([`normalize`]) and the CHAMMI benchmark score ([`chammi`]). Each follows its
+//! normalisations, feature selection and consensus profiles ([`normalize`], [`select`],
+//! [`consensus`]), and the CHAMMI
+//! benchmark score ([`chammi`]). Each follows its
 //! Python library's definition line by line (the tests compare against the library pinned in
 //! the venv), so a number from here means what the paper using that library means by it.
 //!
@@ -9,10 +11,12 @@
 pub mod batch;
 pub mod chammi;
 pub mod columns;
+pub mod consensus;
 pub mod keys;
 pub mod map;
 pub mod nn;
 pub mod normalize;
+pub mod select;
 pub mod summary;
 pub mod table;
 
@@ -56,7 +60,7 @@ pub enum ScoringError {
         row: usize,
         column: String,
     },
-    #[error("{path}: {what} needs at least {need} rows; the table has {}", if *have == 0 { "none (it is empty)".to_string() } else { have.to_string() })]
+    #[error("{path}: {what} needs at least {need} row{}; the table has {}", if *need == 1 { "" } else { "s" }, if *have == 0 { "none (it is empty)".to_string() } else { have.to_string() })]
     TooFewRows {
         path: PathBuf,
         what: String,

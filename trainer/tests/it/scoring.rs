@@ -696,3 +696,108 @@ table(8, var("c"), var("D"), lambda n: ["Control"] + ["Treated"] * (n - 1), "one
     ]);
     ok(d, &one);
 }
+
+/// `metrics consensus` equals pycytominer's `consensus` (median and mean) on replicate
+/// groups of 1 to 5 rows with ties, NaN features (some rows, and every row of a group), a
+/// null key, and an extra metadata column (dropped, as pycytominer drops it); an empty table
+/// and an absent replicate column are errors naming the table.
+#[test]
+fn consensus_equals_pycytominer() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_py_file("consensus_oracle.py", &["gen", d.to_str().unwrap()]);
+    for op in ["median", "mean"] {
+        let out = format!("consensus_{op}.parquet");
+        ok(
+            d,
+            &[
+                "consensus",
+                "--profiles",
+                "replicates.parquet",
+                "--operation",
+                op,
+                "--out",
+                &out,
+            ],
+        );
+    }
+    let report = run_py_file("consensus_oracle.py", &["check", d.to_str().unwrap()]);
+    assert!(
+        report.contains("median") && report.contains("mean"),
+        "{report}"
+    );
+    fails_naming(
+        d,
+        &[
+            "consensus",
+            "--profiles",
+            "replicates.parquet",
+            "--replicate-columns",
+            "Metadata_Compound",
+            "--out",
+            "x.parquet",
+        ],
+        &["replicates.parquet", "Metadata_Compound"],
+    );
+    run_python(
+        "import sys, pandas as pd; pd.read_parquet(sys.argv[1] + '/replicates.parquet').iloc[:0].to_parquet(sys.argv[1] + '/none.parquet')",
+        &[d.to_str().unwrap()],
+    );
+    fails_naming(
+        d,
+        &[
+            "consensus",
+            "--profiles",
+            "none.parquet",
+            "--out",
+            "x.parquet",
+        ],
+        &[
+            "none.parquet",
+            "consensus needs at least 1 row;",
+            "it is empty",
+        ],
+    );
+}
+
+/// `metrics select` keeps the columns pycytominer's `feature_select` keeps, in the same
+/// order, for each operation alone, all of them in sequence and a sequence where a later
+/// operation sees only what the earlier kept (tests/py/select_oracle.py: near-constant,
+/// dominant-value and two-valued features, correlated pairs, NaN columns, ties, a blocklist).
+#[test]
+fn select_equals_pycytominer_feature_select() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    run_py_file("select_oracle.py", &["gen", d.to_str().unwrap()]);
+    let cases: [(&str, &str); 7] = [
+        ("default", "variance_threshold"),
+        ("frequency", "frequency_threshold"),
+        ("correlation", "correlation_threshold"),
+        ("na", "drop_na_columns"),
+        ("blocklist", "blocklist"),
+        (
+            "all",
+            "variance_threshold,frequency_threshold,correlation_threshold,drop_na_columns,blocklist",
+        ),
+        ("corr_then_na", "correlation_threshold,drop_na_columns"),
+    ];
+    for (name, ops) in cases {
+        let out = format!("select_{name}.parquet");
+        ok(
+            d,
+            &[
+                "select",
+                "--profiles",
+                "features.parquet",
+                "--operations",
+                ops,
+                "--blocklist",
+                "blocklist.csv",
+                "--out",
+                &out,
+            ],
+        );
+    }
+    let report = run_py_file("select_oracle.py", &["check", d.to_str().unwrap()]);
+    assert!(report.contains("corr_then_na"), "{report}");
+}
