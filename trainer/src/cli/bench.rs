@@ -285,7 +285,7 @@ pub struct StepBench {
     /// step's channel subset by hierarchical sampling, as training does; `bag` runs each
     /// image's channels as single-channel items (batch × channels items per crop), so imgs/s
     /// counts images for every mode.
-    #[arg(long, value_parser = config_values(&[ChannelMode::Fixed, ChannelMode::Bag, ChannelMode::Tokens]), default_value = "fixed")]
+    #[arg(long, value_parser = config_values(trainer::model::channels::all_modes()), default_value = "fixed")]
     channel_mode: ChannelMode,
     /// Where the step runs (`--loader none`; the crops are made there). `cuda` needs a
     /// trainer built with `--features nccl` and takes GPU 0.

@@ -29,10 +29,6 @@ impl ChannelModeKind for Bag {
         VitConfig::new(arch, patch_size, 1)
     }
 
-    fn any_subset(&self) -> bool {
-        true
-    }
-
     fn channel_items(&self) -> bool {
         true
     }

@@ -31,10 +31,6 @@ impl ChannelModeKind for Fixed {
         VitConfig::new(arch, patch_size, k)
     }
 
-    fn any_subset(&self) -> bool {
-        false
-    }
-
     fn features(&self, vit: &VisionTransformer, x: &Tensor, input: &CombinationInput) -> Tensor {
         vit.forward_t(&model_channels(x, input, 1), false)
     }

@@ -32,7 +32,10 @@ pub trait ChannelModeKind: Send + Sync {
     /// One model for every combination: a run trains it on every channel and it takes any
     /// subset of them as it is (no patch-embedding adaptation); its checkpoint must say how
     /// it takes channels.
-    fn any_subset(&self) -> bool;
+    fn any_subset(&self) -> bool {
+        // One fact, held by the config value (its validation needs it too).
+        self.mode().is_adaptive()
+    }
 
     /// The model tells channels apart (an embedding per channel): a combination's channels
     /// are looked up by name among those it was trained on.

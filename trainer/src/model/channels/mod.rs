@@ -16,6 +16,13 @@ use crate::config::ChannelMode;
 /// Every mode, one per value of [`ChannelMode`].
 const KINDS: &[&dyn ChannelModeKind] = &[&fixed::Fixed, &bag::Bag, &tokens::Tokens];
 
+/// Every mode's config value, in registry order (what a command offers as choices).
+pub fn all_modes() -> &'static [ChannelMode] {
+    static MODES: std::sync::LazyLock<Vec<ChannelMode>> =
+        std::sync::LazyLock::new(|| KINDS.iter().map(|k| k.mode()).collect());
+    &MODES
+}
+
 /// The mode `mode` names.
 pub fn for_mode(mode: ChannelMode) -> &'static dyn ChannelModeKind {
     *KINDS
@@ -50,14 +57,17 @@ mod tests {
     /// Every config value has its kind, and what it records reads back as it.
     #[test]
     fn every_mode_is_registered_and_its_record_reads_back() {
-        for mode in [ChannelMode::Fixed, ChannelMode::Bag, ChannelMode::Tokens] {
+        // Every value the config accepts (serde's variants), each with its kind.
+        for name in ["fixed", "bag", "tokens"] {
+            let mode: ChannelMode = serde_json::from_value(name.into()).unwrap();
+            assert!(all_modes().contains(&mode), "{name} is not registered");
             let kind = for_mode(mode);
             assert_eq!(kind.mode(), mode);
             let mut fp = serde_json::json!({});
             write_record(&mut fp, mode);
             assert_eq!(read_record(fp.get(RECORD_KEY)).unwrap(), mode);
-            assert_eq!(kind.any_subset(), mode.is_adaptive());
         }
         assert_eq!(KINDS.len(), 3, "one kind per mode");
+        assert_eq!(all_modes().len(), KINDS.len());
     }
 }

@@ -18,10 +18,6 @@ impl ChannelModeKind for Tokens {
         VitConfig::new(arch, patch_size, k).with_channel_tokens()
     }
 
-    fn any_subset(&self) -> bool {
-        true
-    }
-
     fn knows_channels(&self) -> bool {
         true
     }
