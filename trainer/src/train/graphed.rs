@@ -27,9 +27,10 @@ use super::loss::{DinoTerm, TeacherTargets};
 use super::optim::ema_pairs;
 use super::step::{Learner, NonFiniteLoss, StepError, StepOutput, StepParams};
 use super::term::StepContext;
-use crate::config::{Centering, ChannelMode, Config, Precision};
+use crate::config::{Config, Precision};
 use crate::cuda_graph::{self, CudaGraph, GraphError};
 use crate::dist::Single;
+use crate::model::channels::for_mode;
 use crate::train::foreach::{self, AdamwDeviceValues, AdamwGroup};
 use tch::{Device, Kind, Tensor};
 
@@ -57,16 +58,12 @@ pub fn unsupported_step(cfg: &Config, world: usize) -> Option<&'static str> {
          loss and stop agreement run outside the captured stream"
     } else if t.precision == Precision::Fp16 {
         "fp16 loss scaling decides on the host, after each backward, whether to skip the update"
-    } else if t.ibot.enabled() {
-        "iBOT draws each step's masks on the host"
-    } else if t.koleo_weight > 0.0 {
-        "KoLeo is not part of the captured step yet"
-    } else if t.centering != Centering::Ema {
-        "Sinkhorn-Knopp centring is not part of the captured step yet"
-    } else if cfg.model.channels != ChannelMode::Fixed {
-        "model.channels bag/tokens: the channel subset or item count changes per step"
     } else {
-        return None;
+        // Each loss term and the channel mode answer for themselves (the term list is built
+        // on the CPU only to be asked: a term's state is small).
+        let terms = crate::train::terms::LossTerms::from_config(cfg, Device::Cpu);
+        let first = terms.iter().find_map(|term| term.uncapturable());
+        return first.or_else(|| for_mode(cfg.model.channels).uncapturable());
     })
 }
 

@@ -290,6 +290,9 @@ impl IbotObjective {
 }
 
 impl LossTerm for IbotObjective {
+    fn uncapturable(&self) -> Option<&'static str> {
+        Some("iBOT draws each step's masks on the host")
+    }
     fn info(&self) -> &'static TermInfo {
         &Self::INFO
     }

@@ -35,6 +35,9 @@ impl KoLeoTerm {
 }
 
 impl LossTerm for KoLeoTerm {
+    fn uncapturable(&self) -> Option<&'static str> {
+        Some("KoLeo is not part of the captured step yet")
+    }
     fn info(&self) -> &'static TermInfo {
         &Self::INFO
     }

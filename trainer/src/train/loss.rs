@@ -202,6 +202,10 @@ impl DinoTerm {
 }
 
 impl LossTerm for DinoTerm {
+    fn uncapturable(&self) -> Option<&'static str> {
+        (self.centering == Centering::SinkhornKnopp)
+            .then_some("Sinkhorn-Knopp centring is not part of the captured step yet")
+    }
     fn info(&self) -> &'static TermInfo {
         &Self::INFO
     }

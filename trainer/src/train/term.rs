@@ -73,6 +73,11 @@ pub trait LossTerm: Any + Send {
     fn autocast(&self) -> bool {
         true
     }
+    /// Why a step with this term cannot be captured as a CUDA graph (`train.cuda_graphs`),
+    /// or None when it can: the one warning line of such a run gives the first reason.
+    fn uncapturable(&self) -> Option<&'static str> {
+        None
+    }
     /// Patch masks the forwards should apply to the global crops (`[2·B, tokens]`, bool);
     /// at most one term asks for them.
     fn masks(&self, _request: &MaskRequest) -> Option<Tensor> {

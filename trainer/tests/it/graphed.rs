@@ -210,6 +210,23 @@ fn unsupported_names_why_a_step_is_not_captured() {
         let got = trainer::train::graphed::unsupported_step(&cfg, 1);
         assert!(got.is_some_and(|r| r.contains(why)), "{extra}: {got:?}");
     }
+    let mut sections = plain.sections();
+    sections.augment.global_crop_size = 96;
+    sections.train.ibot.weight = 1.0;
+    let cfg = Config::from_sections(sections, "test").unwrap();
+    let got = trainer::train::graphed::unsupported_step(&cfg, 1);
+    assert!(got.is_some_and(|r| r.contains("iBOT")), "{got:?}");
+    // The channel mode answers for itself (each term and mode is asked, none is named here).
+    for (mode, why) in [
+        ("bag", "model.channels: bag"),
+        ("tokens", "model.channels: tokens"),
+    ] {
+        let mut sections = plain.sections();
+        sections.model.channels = serde_json::from_value(mode.into()).unwrap();
+        let cfg = Config::from_sections(sections, "test").unwrap();
+        let got = trainer::train::graphed::unsupported_step(&cfg, 1);
+        assert!(got.is_some_and(|r| r.contains(why)), "{mode}: {got:?}");
+    }
     let got = trainer::train::graphed::unsupported_step(&plain, 2);
     assert!(got.is_some_and(|r| r.contains("several ranks")), "{got:?}");
     assert_eq!(trainer::train::graphed::unsupported_step(&plain, 1), None);

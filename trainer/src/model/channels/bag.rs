@@ -20,6 +20,10 @@ pub fn bag_cls(vit: &VisionTransformer, x: &Tensor) -> Tensor {
 }
 
 impl ChannelModeKind for Bag {
+    fn uncapturable(&self) -> Option<&'static str> {
+        Some("model.channels: bag: the number of single-channel items changes per step")
+    }
+
     fn mode(&self) -> ChannelMode {
         ChannelMode::Bag
     }

@@ -32,6 +32,11 @@ pub trait ChannelModeKind: Send + Sync {
     /// One model for every combination: a run trains it on every channel and it takes any
     /// subset of them as it is (no patch-embedding adaptation); its checkpoint must say how
     /// it takes channels.
+    /// Why a training step of this mode cannot be captured as a CUDA graph, or None.
+    fn uncapturable(&self) -> Option<&'static str> {
+        None
+    }
+
     fn any_subset(&self) -> bool {
         // One fact, held by the config value (its validation needs it too).
         self.mode().is_adaptive()

@@ -10,6 +10,10 @@ use tch::Tensor;
 pub struct Tokens;
 
 impl ChannelModeKind for Tokens {
+    fn uncapturable(&self) -> Option<&'static str> {
+        Some("model.channels: tokens: the channel subset (and so the token count) changes per step")
+    }
+
     fn mode(&self) -> ChannelMode {
         ChannelMode::Tokens
     }
