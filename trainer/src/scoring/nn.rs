@@ -31,11 +31,7 @@ pub fn unit(x: &Tensor) -> Tensor {
 /// own neighbour (leave-one-out).
 pub fn nearest_cosine(query: &Tensor, reference: &Tensor, same: bool) -> Vec<usize> {
     let (q, r) = (unit(query), unit(reference));
-    let n = q.size()[0];
-    let mut out = Vec::with_capacity(n as usize);
-    let mut start = 0;
-    while start < n {
-        let len = CHUNK.min(n - start);
+    by_chunks(q.size()[0], |start, len| {
         let mut sim = q.narrow(0, start, len).matmul(&r.transpose(0, 1));
         if same {
             let idx = Tensor::arange_start(start, start + len, (Kind::Int64, Device::Cpu));
@@ -46,10 +42,21 @@ pub fn nearest_cosine(query: &Tensor, reference: &Tensor, same: bool) -> Vec<usi
                 false,
             );
         }
-        let best = sim.argmax(1, false);
+        sim.argmax(1, false)
+    })
+}
+
+/// The indices `best(start, len)` gives for each chunk of `n` query rows, in order: a
+/// query's similarities to every reference row are held one chunk at a time.
+fn by_chunks(n: i64, mut best: impl FnMut(i64, i64) -> Tensor) -> Vec<usize> {
+    let mut out = Vec::with_capacity(n as usize);
+    let mut start = 0;
+    while start < n {
+        let len = CHUNK.min(n - start);
+        let b = best(start, len);
         out.extend(
-            Vec::<i64>::try_from(&best)
-                .expect("indices")
+            Vec::<i64>::try_from(&b)
+                .expect("int64 indices")
                 .into_iter()
                 .map(|i| i as usize),
         );
@@ -76,30 +83,18 @@ pub fn nearest(query: &Tensor, reference: &Tensor, metric: Metric) -> Vec<usize>
     match metric {
         Metric::Cosine => nearest_cosine(query, reference, false),
         Metric::L2 => {
-            let n = query.size()[0];
             let r2 = reference
                 .square()
                 .sum_dim_intlist(Some(&[1i64][..]), false, Kind::Double);
-            let mut out = Vec::with_capacity(n as usize);
-            let mut start = 0;
-            while start < n {
-                let len = CHUNK.min(n - start);
+            by_chunks(query.size()[0], |start, len| {
                 // |q - r|² without the |q|² every candidate of q shares.
                 let d = &r2.unsqueeze(0)
                     - query
                         .narrow(0, start, len)
                         .matmul(&reference.transpose(0, 1))
                         * 2.0;
-                let best = d.argmin(1, false);
-                out.extend(
-                    Vec::<i64>::try_from(&best)
-                        .expect("indices")
-                        .into_iter()
-                        .map(|i| i as usize),
-                );
-                start += len;
-            }
-            out
+                d.argmin(1, false)
+            })
         }
     }
 }
