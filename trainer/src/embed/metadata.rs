@@ -306,7 +306,7 @@ impl Metadata {
             Ok(())
         };
         if let Some(p) = &self.pattern {
-            for (field, column) in Self::fields(p).zip(p.columns()) {
+            for (field, column) in PathPattern::names(&p.pieces).zip(p.columns()) {
                 add(column, format!("--path-pattern field {{{field}}}"))?;
             }
         }
@@ -323,10 +323,6 @@ impl Metadata {
             .into_iter()
             .map(|(c, _)| c)
             .collect())
-    }
-
-    fn fields(p: &PathPattern) -> impl Iterator<Item = &str> {
-        PathPattern::names(&p.pieces)
     }
 
     /// What the metadata is made of, for the job manifest: the pattern's text and the CSV's

@@ -240,13 +240,16 @@ fn rejoin_metadata(
     };
     let failed: std::collections::HashSet<&str> =
         e.errors.iter().map(|(p, _)| p.as_str()).collect();
-    let rels: Vec<&str> = (e.first..e.first + e.images)
-        .map(|i| list.entries.get(i).map(|x| x.rel.as_str()))
-        .collect::<Option<Vec<_>>>()
+    // Its rows: each image of its range with its path as this run spells `--images` (the
+    // image list is the parts' own: the manifest holds its SHA-256), less its errors.
+    let (rels, paths): (Vec<&str>, Vec<String>) = list
+        .entries
+        .get(e.first..e.first + e.images)
         .ok_or_else(|| invalid("its images are beyond the image list".into()))?
-        .into_iter()
-        .filter(|rel| !failed.contains(list.root.full_path(rel).as_str()))
-        .collect();
+        .iter()
+        .map(|x| (x.rel.as_str(), list.root.full_path(&x.rel)))
+        .filter(|(_, path)| !failed.contains(path.as_str()))
+        .unzip();
     let find = |name: &str| part.columns.iter().position(|c| c.name() == name);
     if rels.len() != part.rows {
         return Err(invalid(format!(
@@ -255,9 +258,6 @@ fn rejoin_metadata(
             rels.len()
         )));
     }
-    // The image list is the same as the parts' (the manifest's SHA-256 of it), so row `j`
-    // is `rels[j]`; its path is written as this run spells `--images`.
-    let paths: Vec<String> = rels.iter().map(|rel| list.root.full_path(rel)).collect();
     let mut values: Vec<Vec<String>> = vec![Vec::with_capacity(rels.len()); columns.len()];
     for rel in &rels {
         for (c, v) in metadata.values(rel).into_iter().enumerate() {
@@ -373,15 +373,7 @@ impl Context<'_> {
             });
             for prepared in rx.iter().take(n) {
                 for (i, reason) in prepared.failed {
-                    let path = self
-                        .reader
-                        .list
-                        .root
-                        .full_path(&self.reader.list.entries[i].rel);
-                    if self.opts.on_error == OnError::Fail {
-                        return Err(EmbedError::Image { path, reason });
-                    }
-                    errors.push((path, reason));
+                    self.failed(i, reason, &mut errors)?;
                 }
                 if prepared.inputs.is_empty() {
                     continue;
@@ -400,19 +392,11 @@ impl Context<'_> {
                                     values.extend(features_of(&f));
                                     rows.push(i);
                                 }
-                                Err(reason) => {
-                                    let path = self
-                                        .reader
-                                        .list
-                                        .root
-                                        .full_path(&self.reader.list.entries[i].rel);
-                                    let reason =
-                                        format!("part {k}: the backbone failed on it: {reason}");
-                                    if self.opts.on_error == OnError::Fail {
-                                        return Err(EmbedError::Image { path, reason });
-                                    }
-                                    errors.push((path, reason));
-                                }
+                                Err(reason) => self.failed(
+                                    i,
+                                    format!("part {k}: the backbone failed on it: {reason}"),
+                                    &mut errors,
+                                )?,
                             }
                         }
                     }
@@ -433,6 +417,26 @@ impl Context<'_> {
         };
         parts.commit(k, &table, entry.clone())?;
         Ok(entry)
+    }
+
+    /// Image `i` could not be embedded: the job stops with `reason` (`--on-error fail`) or
+    /// the image goes to the errors table.
+    fn failed(
+        &self,
+        i: usize,
+        reason: String,
+        errors: &mut Vec<(String, String)>,
+    ) -> Result<(), EmbedError> {
+        let path = self
+            .reader
+            .list
+            .root
+            .full_path(&self.reader.list.entries[i].rel);
+        if self.opts.on_error == OnError::Fail {
+            return Err(EmbedError::Image { path, reason });
+        }
+        errors.push((path, reason));
+        Ok(())
     }
 
     /// The part's table: `Metadata_ImagePath`, the metadata columns, `Metadata_Checkpoint`,
