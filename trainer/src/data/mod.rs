@@ -32,6 +32,7 @@ pub mod open;
 pub mod preload;
 pub mod preprocess;
 pub mod quality;
+pub mod screen;
 pub mod shards;
 pub mod source;
 pub mod split;
