@@ -238,8 +238,10 @@ fn collect(
 
 fn sections() -> Vec<Section> {
     let schema = parse(&SCHEMA_SOURCES);
-    let defaults =
-        serde_json::to_value(Sections::default()).expect("the default sections serialize");
+    // An optional section's keys are documented with the defaults they take when it is set.
+    let mut with_sections = Sections::default();
+    with_sections.data.screen = Some(crate::ScreenSection::default());
+    let defaults = serde_json::to_value(with_sections).expect("the default sections serialize");
     let mut out = Vec::new();
     collect(&schema, "Sections", "", "", &defaults, &mut out);
     out.retain(|s| !s.path.is_empty());
@@ -322,6 +324,7 @@ mod tests {
         // A key left out when unset (so recorded configs stay as they were) counts when set.
         let mut with_all = Sections::default();
         with_all.model.img_size = Some(crate::ModelSection::DEFAULT_IMG_SIZE);
+        with_all.data.screen = Some(crate::ScreenSection::default());
         let defaults = serde_json::to_value(with_all).unwrap();
         serialized_keys(&defaults, "", &section_paths, &mut serialized);
         let mut listed: Vec<String> = documented.iter().map(|k| k.key.clone()).collect();

@@ -100,6 +100,87 @@ pub struct DataSection {
     /// kNN bank and probe training set and this folder as queries; when null it uses the
     /// training split and the held-out split.
     pub test_dir: Option<DatasetLocation>,
+    /// New. A screen as it is stored (fields of view + a segmentation) instead of one TIFF
+    /// per cell: `dataset_dir` is then the screen's LoadData table or OME-Zarr plate,
+    /// `channel_names` the channels read from it (by name, in this order), and every cell is
+    /// cut from its site around its centre. Null = `dataset_dir` holds per-cell images. The
+    /// keys below are documented with the defaults they take when the section is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub screen: Option<ScreenSection>,
+}
+
+/// `data.screen`: how cells are found in a screen's fields of view and cut from them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScreenSection {
+    /// What `data.dataset_dir` is: `load_data` = CellProfiler's LoadData table (CSV, optionally
+    /// `.gz`: one row per site, `FileName_<Ch>`/`PathName_<Ch>` or `URL_<Ch>` per channel);
+    /// `ome_zarr` = an OME-Zarr HCS plate (NGFF 0.4 or 0.5).
+    pub layout: ScreenLayout,
+    /// An object table (CellProfiler's `Nuclei.csv`, one row per cell, path or URL) giving each
+    /// cell's centre; null = cells are the objects of each site's label image (`labels`).
+    pub objects: Option<String>,
+    /// The object table's centre columns `[X, Y]`; null = `Nuclei_Location_Center_X/Y`, or
+    /// `Location_Center_X/Y` where the table has those.
+    pub center_columns: Option<Vec<String>>,
+    /// The label images: a LoadData column name (`ObjectsFileName_<name>`, `FileName_<name>`
+    /// or `URL_<name>`), or a plate's `labels/<name>`. Needed without `objects` and for
+    /// `mask_objects`.
+    pub labels: Option<String>,
+    /// Side of the square box cut around each centre, in site pixels (then treated as any
+    /// image: `center_crop`, min–max, the crop sizes of training).
+    pub box_size: usize,
+    /// A cell whose box reaches outside its site: `skip` (left out, counted in the log) or
+    /// `pad` (kept, zeros outside the site, as DeepProfiler).
+    pub border: ScreenBorder,
+    /// Zero every pixel that is not the cell's own object in the label image (DeepProfiler's
+    /// `mask_objects`).
+    pub mask_objects: bool,
+    /// Divide each channel by the illumination function the LoadData table names for it
+    /// (`FileName_Illum<Ch>`, a `.npy`), as CellProfiler's CorrectIlluminationApply.
+    pub illumination: bool,
+    /// The metadata column whose value is a cell's class for kNN, probe and evaluate (e.g.
+    /// `Metadata_Treatment`); null = one class.
+    pub label_column: Option<String>,
+    /// A metadata column whose groups are never split: the held-out images are whole groups
+    /// (e.g. `Metadata_Well`: no well has cells on both sides); null = split cells.
+    pub split_by: Option<String>,
+    /// Decoded sites each process keeps for the cells that follow.
+    pub site_cache: usize,
+}
+
+impl Default for ScreenSection {
+    fn default() -> Self {
+        Self {
+            layout: ScreenLayout::LoadData,
+            objects: None,
+            center_columns: None,
+            labels: None,
+            box_size: 96,
+            border: ScreenBorder::Skip,
+            mask_objects: false,
+            illumination: true,
+            label_column: None,
+            split_by: None,
+            site_cache: 8,
+        }
+    }
+}
+
+/// `data.screen.layout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScreenLayout {
+    LoadData,
+    OmeZarr,
+}
+
+/// `data.screen.border`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScreenBorder {
+    Skip,
+    Pad,
 }
 
 /// `data.format`.
@@ -247,6 +328,7 @@ impl Default for DataSection {
             cache: CacheSection::default(),
             on_corrupt: OnCorrupt::Fail,
             test_dir: None,
+            screen: None,
         }
     }
 }

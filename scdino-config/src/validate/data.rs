@@ -13,7 +13,48 @@ impl DataSection {
             "RGB images are not supported yet; multi-channel TIFFs only",
         )?;
         self.validate_channel_names(v)?;
+        self.validate_screen(v)?;
         self.channel_sets(v)
+    }
+
+    fn validate_screen(&self, v: &Validator) -> Result<(), Invalid> {
+        let Some(screen) = &self.screen else {
+            return Ok(());
+        };
+        v.check(
+            screen.box_size >= 1,
+            "data.screen.box_size",
+            "must be at least 1 (the side of the box cut around each cell, in pixels)",
+        )?;
+        v.check(
+            screen.objects.is_some() || screen.labels.is_some(),
+            "data.screen",
+            "names no cells: set `objects` (an object table with each cell's centre) or \
+             `labels` (a label image per site)",
+        )?;
+        v.check(
+            !screen.mask_objects || screen.labels.is_some(),
+            "data.screen.mask_objects",
+            "needs `data.screen.labels` (the label images that say which pixels are the cell's)",
+        )?;
+        if let Some(c) = &screen.center_columns {
+            v.check(
+                c.len() == 2,
+                "data.screen.center_columns",
+                &format!("has {} names but needs two: [X, Y]", c.len()),
+            )?;
+        }
+        v.check(
+            screen.site_cache >= 1,
+            "data.screen.site_cache",
+            "must be at least 1 (decoded sites kept per process)",
+        )?;
+        v.check(
+            self.format == DataFormat::Auto,
+            "data.format",
+            "must be auto with data.screen (a screen is read as its layout says; \
+             `trainer data pack` packs its cells into shards, read with data.screen unset)",
+        )
     }
 
     fn validate_sampling(&self, v: &Validator) -> Result<(), Invalid> {

@@ -26,6 +26,23 @@ pub struct SynthArgs {
     /// Test donors (`Test/DonorNN/Control/<class>/`).
     #[arg(long, default_value_t = 2)]
     donors: usize,
+    /// `cells`: one TIFF per cell in class folders; `fov`: a screen as CellProfiler stores
+    /// one (a 16-bit TIFF per site and channel, a LoadData table, an object table `Nuclei.csv`
+    /// and a label image per site), made of the `cells` set it writes under `OUT/cells`.
+    #[arg(long, value_enum, default_value_t = SynthLayout::Cells)]
+    layout: SynthLayout,
+    /// `--layout fov`: plates (each with one well per class).
+    #[arg(long, default_value_t = 2)]
+    plates: usize,
+    /// `--layout fov`: cells per site.
+    #[arg(long, default_value_t = 9)]
+    per_site: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SynthLayout {
+    Cells,
+    Fov,
 }
 
 impl SynthArgs {
@@ -39,6 +56,28 @@ impl SynthArgs {
             channels: self.channels,
             donors: self.donors,
         };
+        if self.layout == SynthLayout::Fov {
+            use trainer::data::screen::synth::{generate_screen, ScreenSynthOptions};
+            let s = generate_screen(&ScreenSynthOptions {
+                cells: opts.clone(),
+                plates: self.plates,
+                per_site: self.per_site,
+            })
+            .with_context(|| format!("writing a synthetic screen to {}", opts.out.display()))?;
+            println!(
+                "wrote a screen of {} cells in {} sites: {} (LoadData), {} (objects); channels: {}; \
+                 cells are {}×{} px (data.screen.box_size: {} cuts them back out)",
+                s.cells,
+                s.sites,
+                s.load_data.display(),
+                s.objects.display(),
+                s.channel_names.join(", "),
+                s.cell_size,
+                s.cell_size,
+                s.cell_size
+            );
+            return Ok(());
+        }
         let s = generate_synthetic(&opts)
             .with_context(|| format!("writing synthetic data to {}", opts.out.display()))?;
         println!(

@@ -68,6 +68,12 @@ pub enum DataError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A screen (LoadData table, object table, plate) that is wrong; the inner error (a
+    /// `ScreenError`, boxed so this module does not depend on the screen's) names the file,
+    /// row or key.
+    #[error(transparent)]
+    Screen(Box<dyn std::error::Error + Send + Sync>),
+
     /// A packed shard or one of its members is missing, truncated or fails its checksum.
     /// Names the shard file and, when one member is at fault, its key (the member name
     /// without extension) and the sample's original path.

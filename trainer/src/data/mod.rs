@@ -23,6 +23,7 @@
 
 pub mod cache;
 pub mod chw;
+pub mod csv;
 pub mod error;
 pub mod index;
 pub mod local_cache;

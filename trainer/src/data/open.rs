@@ -19,6 +19,9 @@ use std::sync::Arc;
 pub fn open_source(data: &crate::config::DataSection) -> Result<SharedSource, DataError> {
     use super::shards::{is_packed_dir, CachedShardStore, LocalShardStore, ShardSource};
     use crate::config::{DataFormat, DatasetLocation};
+    if let Some(screen) = &data.screen {
+        return Ok(Arc::new(super::screen::open::open_screen(data, screen)?));
+    }
     let dataset_dir = match &data.dataset_dir {
         DatasetLocation::Local(dir) => dir,
         DatasetLocation::Remote(url) => return open_remote(url, data),

@@ -223,6 +223,40 @@ pub fn encode_tiff_u16_chunky(image: &ImageChwU16) -> Result<Vec<u8>, DataError>
     Ok(cursor.into_inner())
 }
 
+/// Encode an `f32` image losslessly: as [`encode_tiff_u16_chunky`] when every value is a
+/// whole number from 0 to 65535 (a crop of a 16-bit screen), else as one chunky IFD of 32-bit
+/// floats (a crop divided by its illumination function). Both decode to the same values.
+pub fn encode_tiff_f32(image: &ImageChw) -> Result<Vec<u8>, DataError> {
+    if image
+        .data
+        .iter()
+        .all(|v| (0.0..=65535.0).contains(v) && v.fract() == 0.0)
+    {
+        let u16s = image.data.iter().map(|&v| v as u16).collect();
+        return encode_tiff_u16_chunky(&Chw::new(image.channels, image.height, image.width, u16s)?);
+    }
+    let bad = |e: tiff::TiffError| DataError::InvalidArgument(format!("TIFF encoding failed: {e}"));
+    let too_big = || DataError::InvalidArgument("image side exceeds u32".into());
+    let (w, h) = (
+        u32::try_from(image.width).map_err(|_| too_big())?,
+        u32::try_from(image.height).map_err(|_| too_big())?,
+    );
+    let hwc = image.to_hwc();
+    let mut cursor = Cursor::new(Vec::with_capacity(hwc.len() * 4 + 512));
+    {
+        let mut encoder = TiffEncoder::new(&mut cursor).map_err(bad)?;
+        let mut img = encoder
+            .new_image::<colortype::Gray32Float>(w, h)
+            .map_err(bad)?;
+        if image.channels > 1 {
+            img.extra_samples(&vec![ExtraSamples::Unspecified; image.channels - 1])
+                .map_err(bad)?;
+        }
+        img.write_data(&hwc).map_err(bad)?;
+    }
+    Ok(cursor.into_inner())
+}
+
 /// Write `image` with [`encode_tiff_u16_chunky`] atomically: the bytes go to a
 /// hidden temporary file in the same directory that is then renamed over
 /// `path`, so a crash never leaves a truncated `.tiff` that the indexer would

@@ -1,8 +1,8 @@
 //! Which images `trainer embed` reads: every TIFF below a folder or an `s3://`, `gs://` or `az://` prefix, in any
 //! layout, or the paths a CSV lists; always in one sorted order, so every rank, every shard
 //! of an array job and every rerun agree on which image is number `i`.
-use super::csv::{Csv, CsvError};
 use crate::config::{DatasetLocation, StoreUrl};
+use crate::data::csv::{Csv, CsvError};
 use crate::data::index::TIFF_EXTENSIONS;
 use crate::data::object_store::Remote;
 use crate::data::{decode_tiff_into, DataError, ImageChw};

@@ -4,8 +4,8 @@
 //! a CSV row without an image) is counted and shown by example, never dropped: the image keeps
 //! its row with those columns null. A key listed twice in the CSV cannot be joined and is an
 //! error.
-use super::csv::{Csv, CsvError};
 use super::images::normalise_rel;
+use crate::data::csv::{Csv, CsvError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

@@ -6,7 +6,6 @@
 //!   what does not line up; [`model`]: the backbone and preprocessing from the checkpoint
 //!   alone; [`parts`]: resumable parts, their manifest and the merge; [`run`]: the job, split
 //!   over ranks (`trainer launch`, `srun`) and Slurm array shards.
-pub mod csv;
 pub mod images;
 pub mod metadata;
 pub mod model;

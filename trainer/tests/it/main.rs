@@ -19,6 +19,7 @@ mod profiles;
 mod pth;
 mod s3;
 mod scoring;
+mod screen;
 mod shards;
 mod timm;
 mod train;

@@ -13,14 +13,15 @@ pub enum Border {
 }
 
 /// The `box_size`×`box_size` box centred on (`x`, `y`) (CellProfiler's `Location_Center_X/Y`:
-/// X is the column, Y the row, 0-based). The centre pixel is the one the centre falls in
-/// (`floor`), and the box has `box_size / 2` pixels before it: for an even box the centre
-/// pixel is the first of the two middle ones, as `numpy` slicing `[c - b//2 : c - b//2 + b]`.
+/// X is the column, Y the row, 0-based). The centre pixel is the nearest one (halves round
+/// up), and the box has `box_size / 2` pixels before it, as `numpy` slicing
+/// `[c - b//2 : c - b//2 + b]`: the centre of mass of an object that fills a box (for an even
+/// box, `x0 + (b-1)/2`) gives back that box.
 pub fn box_around(x: f64, y: f64, box_size: usize) -> Region {
     let half = (box_size / 2) as i64;
     Region {
-        y0: y.floor() as i64 - half,
-        x0: x.floor() as i64 - half,
+        y0: (y + 0.5).floor() as i64 - half,
+        x0: (x + 0.5).floor() as i64 - half,
         height: box_size,
         width: box_size,
     }
@@ -83,7 +84,10 @@ mod tests {
     #[test]
     fn a_box_inside_is_a_plain_slice() {
         let img = ramp(2, 6, 7);
-        let r = box_around(3.7, 2.2, 3);
+        // An object filling rows/columns 2..6 has its centre of mass at 3.5.
+        let r = box_around(3.5, 3.5, 4);
+        assert_eq!((r.y0, r.x0), (2, 2));
+        let r = box_around(3.4, 2.2, 3);
         assert_eq!((r.y0, r.x0), (1, 2));
         assert!(inside(r, 6, 7));
         let out = cut(&img, r);

@@ -71,3 +71,12 @@ impl ScreenError {
         }
     }
 }
+
+impl From<ScreenError> for DataError {
+    fn from(e: ScreenError) -> Self {
+        match e {
+            ScreenError::Data(d) => d,
+            other => Self::Screen(Box::new(other)),
+        }
+    }
+}

@@ -14,6 +14,14 @@
 
 pub mod crop;
 pub mod error;
+pub mod files;
+pub mod labels;
+pub mod loaddata;
+pub mod npy;
+pub mod objects;
+pub mod open;
+pub mod source;
+pub mod synth;
 
 pub use error::ScreenError;
 
@@ -87,6 +95,19 @@ pub trait FieldLayout: Send + Sync {
     /// `labels/`); `None` when the layout has none (labels then come from elsewhere).
     fn read_labels(&self, _site: usize) -> Result<Option<Labels>, ScreenError> {
         Ok(None)
+    }
+
+    /// Height and width of site `site`. Layouts whose metadata says it answer without reading
+    /// pixels; the default reads the site.
+    fn site_shape(&self, site: usize) -> Result<(usize, usize), ScreenError> {
+        let s = self.read_site(site)?;
+        Ok((s.height, s.width))
+    }
+
+    /// True for layouts stored in chunks, where [`Self::read_region`] reads less than the
+    /// site: cells are then read region by region instead of from whole cached sites.
+    fn reads_regions(&self) -> bool {
+        false
     }
 
     /// One line for logs: what is read and from where.

@@ -1,4 +1,5 @@
-//! The CSV files `trainer embed` reads (`--list`, `--metadata`): RFC 4180 (a header row,
+//! The CSV files the trainer reads (`trainer embed`'s `--list` and `--metadata`, a screen's
+//! LoadData and object tables): RFC 4180 (a header row,
 //! comma-separated fields, `"…"` quoting with `""` for a quote, LF or CRLF line ends). Small
 //! enough to carry here rather than a dependency; every error names the file and line.
 use std::path::{Path, PathBuf};

@@ -1,0 +1,72 @@
+//! The registry of screen layouts: the one place that knows every kind, turning
+//! `data.screen` into a [`ScreenSource`].
+use super::crop::Border;
+use super::files::Files;
+use super::loaddata::{LoadData, LoadDataOptions};
+use super::objects::{self, ObjectTable};
+use super::source::{CropOptions, ScreenSource};
+use super::{FieldLayout, ScreenError};
+use crate::config::{DataSection, ScreenBorder, ScreenLayout, ScreenSection};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Opens the screen `data` names (`data.screen` must be set), lists its cells and logs what
+/// was left out.
+pub fn open_screen(
+    data: &DataSection,
+    screen: &ScreenSection,
+) -> Result<ScreenSource, ScreenError> {
+    let address = data.dataset_dir.to_string();
+    let files = Arc::new(Files::new(&data.s3));
+    let (layout, image_numbers): (Arc<dyn FieldLayout>, Vec<u64>) = match screen.layout {
+        ScreenLayout::LoadData => {
+            let opts = LoadDataOptions {
+                channels: data.channel_names.clone(),
+                labels: screen.labels.clone(),
+                illumination: screen.illumination,
+            };
+            let table = LoadData::open(&address, &opts, files.clone())?;
+            let numbers = table.image_numbers().to_vec();
+            (Arc::new(table), numbers)
+        }
+        ScreenLayout::OmeZarr => {
+            return Err(ScreenError::table(
+                &address,
+                "data.screen.layout: ome_zarr is not available in this build",
+            ))
+        }
+    };
+    let cells = match &screen.objects {
+        Some(objects) => {
+            let table = ObjectTable {
+                address: objects.clone(),
+                center: screen
+                    .center_columns
+                    .as_ref()
+                    .map(|c| (c[0].clone(), c[1].clone())),
+            };
+            objects::from_table(&table, &files, layout.sites(), &image_numbers)?
+        }
+        None => objects::from_labels(&*layout)?,
+    };
+    let opts = CropOptions {
+        box_size: screen.box_size,
+        border: match screen.border {
+            ScreenBorder::Skip => Border::Skip,
+            ScreenBorder::Pad => Border::Pad,
+        },
+        mask_objects: screen.mask_objects,
+        label_column: screen.label_column.clone(),
+        site_cache: screen.site_cache,
+    };
+    let source = ScreenSource::new(layout, cells, opts, &PathBuf::from(&address))?;
+    if source.skipped().at_border > 0 {
+        tracing::warn!(
+            "{address}: {} cells left out because their {}-px box reaches outside the site \
+             (data.screen.border: pad keeps them, zero-padded)",
+            source.skipped().at_border,
+            screen.box_size
+        );
+    }
+    Ok(source)
+}

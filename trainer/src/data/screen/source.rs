@@ -1,0 +1,328 @@
+//! A screen served as single cells: every consumer (mean/std, training, `data pack`,
+//! features, embed) reads it as an [`ImageSource`] like any folder of per-cell TIFFs.
+//!
+//! Cells are listed site by site, so a pass in index order (mean/std, packing, features,
+//! embed) reads each site once: the decoded sites last used are kept (`site_cache` of them),
+//! and threads asking for the same site wait for one read instead of reading it again.
+//! Chunked layouts (OME-Zarr) are instead read region by region, only the chunks a cell's
+//! box touches.
+use super::crop::{box_around, inside, Border};
+use super::objects::Cell;
+use super::{FieldLayout, Labels, ScreenError, CENTER_X, CENTER_Y, OBJECT_NUMBER};
+use crate::data::chw::ImageChw;
+use crate::data::index::{DatasetIndex, Sample};
+use crate::data::{DataError, ImageSource};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// How cells are cut from their sites.
+#[derive(Debug, Clone)]
+pub struct CropOptions {
+    /// Side of the square box around each centre, in site pixels.
+    pub box_size: usize,
+    pub border: Border,
+    /// Zero the pixels of other objects (and background) using the site's label image.
+    pub mask_objects: bool,
+    /// The metadata column whose value is each cell's class (kNN, probe, evaluate); `None`
+    /// puts every cell in one class, `cells`.
+    pub label_column: Option<String>,
+    /// Decoded sites kept for the cells that follow.
+    pub site_cache: usize,
+}
+
+/// What opening a screen left out, for the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Cells whose box reaches outside their site (`border: skip`).
+    pub at_border: usize,
+}
+
+struct SiteData {
+    pixels: ImageChw,
+    labels: Option<Labels>,
+}
+
+type Slot = Arc<OnceLock<Option<Arc<SiteData>>>>;
+
+/// The cells of a screen, in site order.
+pub struct ScreenSource {
+    layout: Arc<dyn FieldLayout>,
+    cells: Vec<Cell>,
+    index: DatasetIndex,
+    opts: CropOptions,
+    skipped: Skipped,
+    cache: Mutex<VecDeque<(usize, Slot)>>,
+}
+
+impl ScreenSource {
+    /// Serves `cells` of `layout`; `root` names the screen (its table or plate) in the index.
+    pub fn new(
+        layout: Arc<dyn FieldLayout>,
+        cells: Vec<Cell>,
+        opts: CropOptions,
+        root: &Path,
+    ) -> Result<Self, ScreenError> {
+        if opts.box_size == 0 {
+            return Err(ScreenError::table(
+                root,
+                "the crop box size must be at least 1",
+            ));
+        }
+        let mut kept = Vec::with_capacity(cells.len());
+        let mut skipped = Skipped::default();
+        let mut shapes: Vec<Option<(usize, usize)>> = vec![None; layout.sites().len()];
+        for cell in cells {
+            let region = box_around(cell.x, cell.y, opts.box_size);
+            if opts.border == Border::Skip {
+                let shape = match shapes[cell.site] {
+                    Some(s) => s,
+                    None => *shapes[cell.site].insert(layout.site_shape(cell.site)?),
+                };
+                if !inside(region, shape.0, shape.1) {
+                    skipped.at_border += 1;
+                    continue;
+                }
+            }
+            kept.push(cell);
+        }
+        let index = index_of(&*layout, &kept, opts.label_column.as_deref(), root)?;
+        Ok(Self {
+            layout,
+            cells: kept,
+            index,
+            opts,
+            skipped,
+            cache: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    pub fn cells(&self) -> &[Cell] {
+        &self.cells
+    }
+
+    pub fn skipped(&self) -> &Skipped {
+        &self.skipped
+    }
+
+    pub fn layout(&self) -> &dyn FieldLayout {
+        &*self.layout
+    }
+
+    /// Cell `i`'s metadata: its site's `Metadata_*` columns, then its object number and
+    /// centre.
+    pub fn metadata(&self, i: usize) -> Vec<(String, String)> {
+        let cell = &self.cells[i];
+        let mut m = self.layout.sites()[cell.site].metadata.clone();
+        m.push((OBJECT_NUMBER.into(), cell.object.to_string()));
+        m.push((CENTER_X.into(), cell.x.to_string()));
+        m.push((CENTER_Y.into(), cell.y.to_string()));
+        m
+    }
+
+    /// Cell `i`, cut from its site.
+    pub fn read_cell(&self, i: usize) -> Result<ImageChw, ScreenError> {
+        let cell = self.cells[i];
+        let region = box_around(cell.x, cell.y, self.opts.box_size);
+        if self.layout.reads_regions() && !self.opts.mask_objects {
+            return self.layout.read_region(cell.site, region);
+        }
+        let site = self.site(cell.site)?;
+        let mut crop = super::crop::cut(&site.pixels, region);
+        if let Some(labels) = &site.labels {
+            let labels_crop = super::crop::cut(labels, region);
+            let id = object_label(&cell, labels);
+            super::labels::mask(&mut crop, &labels_crop, id);
+        }
+        Ok(crop)
+    }
+
+    /// Site `site` decoded, from the cache or read once however many threads ask.
+    fn site(&self, site: usize) -> Result<Arc<SiteData>, ScreenError> {
+        let slot = {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            match cache.iter().position(|(s, _)| *s == site) {
+                Some(at) => {
+                    let entry = cache.remove(at).expect("position is in range");
+                    let slot = entry.1.clone();
+                    cache.push_back(entry);
+                    slot
+                }
+                None => {
+                    let slot: Slot = Default::default();
+                    cache.push_back((site, slot.clone()));
+                    while cache.len() > self.opts.site_cache.max(1) {
+                        cache.pop_front();
+                    }
+                    slot
+                }
+            }
+        };
+        let mut error = None;
+        let data = slot.get_or_init(|| match self.read_site(site) {
+            Ok(d) => Some(Arc::new(d)),
+            Err(e) => {
+                error = Some(e);
+                None
+            }
+        });
+        match (data, error) {
+            (Some(d), _) => Ok(d.clone()),
+            (None, Some(e)) => {
+                self.forget(site);
+                Err(e)
+            }
+            // Another thread's read failed: read it here, to get the error of our own.
+            (None, None) => self.read_site(site).map(Arc::new),
+        }
+    }
+
+    fn forget(&self, site: usize) {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(s, _)| *s != site);
+    }
+
+    fn read_site(&self, site: usize) -> Result<SiteData, ScreenError> {
+        let pixels = self.layout.read_site(site)?;
+        let labels = if self.opts.mask_objects {
+            let name = &self.layout.sites()[site].name;
+            let labels = self
+                .layout
+                .read_labels(site)?
+                .ok_or_else(|| ScreenError::Site {
+                    site: name.clone(),
+                    reason: "mask_objects needs a label image for every site".into(),
+                })?;
+            if (labels.height, labels.width) != (pixels.height, pixels.width) {
+                return Err(ScreenError::Site {
+                    site: name.clone(),
+                    reason: format!(
+                        "the label image is {}×{} but the site is {}×{}",
+                        labels.height, labels.width, pixels.height, pixels.width
+                    ),
+                });
+            }
+            Some(labels)
+        } else {
+            None
+        };
+        Ok(SiteData { pixels, labels })
+    }
+}
+
+/// The label of `cell`'s object in its site's label image: the label at its centre pixel
+/// (for cells listed from that image, the centre of mass of a convex object lies on it), or,
+/// when that is background, its object number.
+fn object_label(cell: &Cell, labels: &Labels) -> u32 {
+    let (x, y) = ((cell.x + 0.5).floor(), (cell.y + 0.5).floor());
+    let at = (y >= 0.0 && x >= 0.0 && (y as usize) < labels.height && (x as usize) < labels.width)
+        .then(|| labels.data[y as usize * labels.width + x as usize]);
+    match at {
+        Some(l) if l != 0 => l,
+        _ => u32::try_from(cell.object).unwrap_or(u32::MAX),
+    }
+}
+
+/// The `ImageFolder`-like index of the cells: `{site}/{object}` as each cell's path, its
+/// `label_column` value as its class.
+fn index_of(
+    layout: &dyn FieldLayout,
+    cells: &[Cell],
+    label_column: Option<&str>,
+    root: &Path,
+) -> Result<DatasetIndex, ScreenError> {
+    let sites = layout.sites();
+    let mut labels = Vec::with_capacity(cells.len());
+    for cell in cells {
+        let site = &sites[cell.site];
+        let label = match label_column {
+            None => "cells".to_string(),
+            Some(col) => match site.get(col) {
+                Some(v) if !v.trim().is_empty() => v.to_string(),
+                Some(_) => {
+                    return Err(ScreenError::Site {
+                        site: site.name.clone(),
+                        reason: format!("{col} is empty: every cell needs a class"),
+                    })
+                }
+                None => {
+                    return Err(ScreenError::Site {
+                        site: site.name.clone(),
+                        reason: format!(
+                            "no metadata column {col} (it has {})",
+                            site.metadata
+                                .iter()
+                                .map(|(k, _)| k.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    })
+                }
+            },
+        };
+        labels.push(label);
+    }
+    let mut index = DatasetIndex {
+        root: root.to_path_buf(),
+        classes: vec![],
+        samples: vec![],
+        skipped_other_images: vec![],
+    };
+    index.samples = cells
+        .iter()
+        .zip(labels)
+        .map(|(c, label)| Sample {
+            path: PathBuf::from(format!("{}/{}", sites[c.site].name, c.object)),
+            class_index: 0,
+            label,
+        })
+        .collect();
+    index.classes = index.label_names();
+    for s in &mut index.samples {
+        s.class_index = index
+            .classes
+            .iter()
+            .position(|c| *c == s.label)
+            .unwrap_or(0);
+    }
+    Ok(index)
+}
+
+impl ImageSource for ScreenSource {
+    fn index(&self) -> &DatasetIndex {
+        &self.index
+    }
+
+    /// A screen's cells are cut from sites, not stored as files: there are no bytes to hand
+    /// out (`data pack` writes each cell as a TIFF of its own through [`Self::read_cell`]).
+    fn read_bytes(&self, i: usize) -> Result<Vec<u8>, DataError> {
+        let img = self.read_cell(i)?;
+        crate::data::tiff_reader::encode_tiff_f32(&img)
+    }
+
+    fn read_into(
+        &self,
+        i: usize,
+        _bytes: &mut Vec<u8>,
+        out: &mut ImageChw,
+    ) -> Result<(), DataError> {
+        *out = self.read_cell(i)?;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        let border = if self.skipped.at_border > 0 {
+            format!(", {} at the border left out", self.skipped.at_border)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} cells ({}×{} px boxes{border}) in {} classes: {}",
+            self.cells.len(),
+            self.opts.box_size,
+            self.opts.box_size,
+            self.index.classes.len(),
+            self.layout.describe()
+        )
+    }
+}

@@ -1,0 +1,299 @@
+//! Screens as they are stored (issue: fields of view + segmentation): cells cut from sites
+//! equal the per-cell images they were made of, and equal NumPy's slices of fields of view
+//! written by tifffile with tables written by pandas; bad input names its file and row.
+use crate::util::run_python;
+use std::path::Path;
+use trainer::config::{DataSection, DatasetLocation, ScreenBorder, ScreenSection};
+use trainer::data::screen::open::open_screen;
+use trainer::data::screen::synth::{generate_screen, ScreenSynthOptions};
+use trainer::data::{read_tiff, ImageSource, SynthOptions};
+
+fn screen_data(table: &Path, channels: &[&str], screen: ScreenSection) -> DataSection {
+    DataSection {
+        dataset_dir: DatasetLocation::Local(table.to_path_buf()),
+        channel_names: channels.iter().map(|s| s.to_string()).collect(),
+        screen: Some(screen.clone()),
+        ..DataSection::default()
+    }
+}
+
+fn synth(dir: &Path) -> trainer::data::screen::synth::ScreenSynthSummary {
+    generate_screen(&ScreenSynthOptions {
+        cells: SynthOptions {
+            out: dir.to_path_buf(),
+            seed: 5,
+            classes: 3,
+            per_class: 7,
+            size: 20,
+            channels: 3,
+            donors: 1,
+        },
+        plates: 2,
+        per_site: 3,
+    })
+    .unwrap()
+}
+
+/// Every cell cut from the synthetic screen is, to the last bit, the per-cell TIFF it was
+/// pasted from, whether the cells come from the object table or the label images, masked or
+/// not; each carries its site's metadata and its class from `Metadata_Treatment`.
+#[test]
+fn cells_cut_from_fields_of_view_are_the_per_cell_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synth(dir.path());
+    assert_eq!(s.cells, 21);
+    let names: Vec<&str> = s.channel_names.iter().map(String::as_str).collect();
+    let expected: Vec<(String, String)> = std::fs::read_to_string(&s.cells_csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (
+                format!("{}/{}/{}/{}", f[0], f[1], f[2], f[3]),
+                f[4].to_string(),
+            )
+        })
+        .collect();
+    let base = ScreenSection {
+        box_size: s.cell_size,
+        label_column: Some("Metadata_Treatment".into()),
+        ..ScreenSection::default()
+    };
+    let variants = [
+        ScreenSection {
+            objects: Some(s.objects.display().to_string()),
+            ..base.clone()
+        },
+        ScreenSection {
+            labels: Some("Nuclei".into()),
+            ..base.clone()
+        },
+        ScreenSection {
+            objects: Some(s.objects.display().to_string()),
+            labels: Some("Nuclei".into()),
+            mask_objects: true,
+            site_cache: 1,
+            ..base.clone()
+        },
+    ];
+    for screen in variants {
+        let src = open_screen(&screen_data(&s.load_data, &names, screen.clone()), &screen).unwrap();
+        assert_eq!(src.index().len(), 21, "{screen:?}");
+        assert_eq!(src.index().classes, ["B", "CD4T", "CD8T"]);
+        for (i, sample) in src.index().samples.iter().enumerate() {
+            let key = sample.path.to_string_lossy().to_string();
+            let (_, path) = expected
+                .iter()
+                .find(|(k, _)| *k == key)
+                .unwrap_or_else(|| panic!("{key}"));
+            let want = read_tiff(Path::new(path)).unwrap();
+            let got = src.read(i).unwrap();
+            assert_eq!((got.channels, got.height, got.width), (3, 20, 20));
+            assert!(
+                got.data == want.data,
+                "{key} differs from {path} ({screen:?})"
+            );
+            let class = Path::new(path).parent().unwrap().file_name().unwrap();
+            assert_eq!(sample.label, class.to_string_lossy());
+            let meta = src.metadata(i);
+            let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(
+                keys,
+                [
+                    "Metadata_Plate",
+                    "Metadata_Well",
+                    "Metadata_Site",
+                    "Metadata_Treatment",
+                    "Metadata_ObjectNumber",
+                    "Metadata_Center_X",
+                    "Metadata_Center_Y"
+                ]
+            );
+        }
+    }
+}
+
+/// Fields of view written by tifffile, a LoadData table and an object table written by
+/// pandas (CellProfiler's `Orig` channel names, `URL_` and `FileName_`/`PathName_` columns,
+/// an illumination function per channel): each cell equals NumPy's slice of the site around
+/// its centre, divided by the illumination function; a cell at the border is left out
+/// (`skip`, counted) or zero-padded exactly as `np.pad` (`pad`).
+#[test]
+fn cells_equal_numpy_slices_of_fields_written_by_python() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import sys, json, numpy as np, pandas as pd, tifffile, os
+d = sys.argv[1]; rng = np.random.default_rng(7)
+os.makedirs(f"{d}/img", exist_ok=True); os.makedirs(f"{d}/illum", exist_ok=True)
+H, W, B = 41, 37, 8
+rows, objs, crops = [], [], {}
+illum = {ch: (0.5 + rng.random((H, W))).astype(np.float64) for ch in ["DNA", "Mito"]}
+for ch, f in illum.items(): np.save(f"{d}/illum/P1_Illum{ch}.npy", f)
+for n, (well, site) in enumerate([("A01", "1"), ("B02", "2")], start=1):
+    planes = {ch: rng.integers(0, 65535, (H, W), dtype=np.uint16) for ch in ["DNA", "Mito"]}
+    for ch, p in planes.items(): tifffile.imwrite(f"{d}/img/{well}_{site}_{ch}.tif", p)
+    rows.append({"ImageNumber": n, "Metadata_Plate": "P1", "Metadata_Well": well, "Metadata_Site": site,
+                 "Metadata_Dose": 0.5 * n, "Metadata_Ctrl": n == 1,
+                 "URL_OrigDNA": f"{d}/img/{well}_{site}_DNA.tif",
+                 "FileName_OrigMito": f"{well}_{site}_Mito.tif", "PathName_OrigMito": "img",
+                 "FileName_IllumDNA": "P1_IllumDNA.npy", "PathName_IllumDNA": f"{d}/illum",
+                 "FileName_IllumMito": "P1_IllumMito.npy", "PathName_IllumMito": "illum"})
+    centres = [(10.2, 12.7), (20.5, 30.49), (2.0, 3.0), (35.9, 39.6)]
+    stack = np.stack([planes["DNA"] / illum["DNA"], planes["Mito"] / illum["Mito"]]).astype(np.float32)
+    padded = np.pad(stack, ((0, 0), (B, B), (B, B)))
+    for o, (x, y) in enumerate(centres, start=1):
+        cx, cy = int(np.floor(x + 0.5)), int(np.floor(y + 0.5))
+        y0, x0 = cy - B // 2, cx - B // 2
+        crops[f"P1/{well}/{site}/{o}"] = padded[:, y0 + B:y0 + 2 * B, x0 + B:x0 + 2 * B].ravel().tolist()
+        objs.append({"ImageNumber": n, "ObjectNumber": o, "Nuclei_Location_Center_X": x, "Nuclei_Location_Center_Y": y})
+pd.DataFrame(rows).to_csv(f"{d}/load_data.csv", index=False)
+pd.DataFrame(objs).to_csv(f"{d}/Nuclei.csv", index=False)
+json.dump(crops, open(f"{d}/crops.json", "w"))
+"#;
+    run_python(script, &[dir.path().to_str().unwrap()]);
+    let crops: std::collections::BTreeMap<String, Vec<f32>> =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("crops.json")).unwrap())
+            .unwrap();
+    let table = dir.path().join("load_data.csv");
+    for border in [ScreenBorder::Skip, ScreenBorder::Pad] {
+        let screen = ScreenSection {
+            objects: Some(dir.path().join("Nuclei.csv").display().to_string()),
+            box_size: 8,
+            border,
+            ..ScreenSection::default()
+        };
+        let src = open_screen(
+            &screen_data(&table, &["DNA", "Mito"], screen.clone()),
+            &screen,
+        )
+        .unwrap();
+        let inside = ["1", "2"];
+        let n = if border == ScreenBorder::Skip { 4 } else { 8 };
+        assert_eq!(src.index().len(), n, "{border:?}");
+        assert_eq!(src.skipped().at_border, 8 - n);
+        for (i, sample) in src.index().samples.iter().enumerate() {
+            let key = sample.path.to_string_lossy().to_string();
+            if border == ScreenBorder::Skip {
+                assert!(
+                    inside.iter().any(|o| key.ends_with(&format!("/{o}"))),
+                    "{key} is at the border"
+                );
+            }
+            let got = src.read(i).unwrap();
+            let want = &crops[&key];
+            let worst = got
+                .data
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+                .fold(0f32, f32::max);
+            assert!(worst <= 1e-6, "{key}: relative difference {worst}");
+        }
+        let m = src.metadata(0);
+        assert!(m.contains(&("Metadata_Dose".into(), "0.5".into())), "{m:?}");
+        assert!(
+            m.contains(&("Metadata_Ctrl".into(), "True".into())),
+            "{m:?}"
+        );
+    }
+}
+
+/// Bad input names its file and row: a row naming a missing file, a channel the table lacks,
+/// a centre that is no number, an object of no site, a label image of another size.
+#[test]
+fn bad_screens_name_the_file_and_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synth(dir.path());
+    let names: Vec<&str> = s.channel_names.iter().map(String::as_str).collect();
+    let objects = s.objects.display().to_string();
+    let open = |table: &Path, channels: &[&str], screen: ScreenSection| {
+        open_screen(&screen_data(table, channels, screen.clone()), &screen)
+    };
+    let with_objects = ScreenSection {
+        objects: Some(objects.clone()),
+        box_size: 20,
+        ..ScreenSection::default()
+    };
+    // A channel the table does not have.
+    let e = open(&s.load_data, &["DAPI", "Actin"], with_objects.clone())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("load_data.csv") && e.contains("\"Actin\"") && e.contains("DAPI"),
+        "{e}"
+    );
+    // A row naming a file that is not there: opening works, reading that site names it.
+    let text = std::fs::read_to_string(&s.load_data).unwrap();
+    let broken = dir.path().join("broken.csv");
+    std::fs::write(
+        &broken,
+        text.replacen("r01c01f01-ch2.tiff", "missing-ch2.tiff", 1),
+    )
+    .unwrap();
+    let src = open(&broken, &names, with_objects.clone()).unwrap();
+    let e = src.read(0).unwrap_err().to_string();
+    assert!(e.contains("missing-ch2.tiff"), "{e}");
+    assert!(
+        src.read(src.index().len() - 1).is_ok(),
+        "other sites still read"
+    );
+    // An object table with a centre that is not a number, and one naming no site.
+    let obj = std::fs::read_to_string(&s.objects).unwrap();
+    let mut lines: Vec<String> = obj.lines().map(String::from).collect();
+    lines[3] = lines[3].rsplit_once(',').unwrap().0.to_string() + ",NaN";
+    let bad = dir.path().join("bad_objects.csv");
+    std::fs::write(&bad, lines.join("\n")).unwrap();
+    let e = open(
+        &s.load_data,
+        &names,
+        ScreenSection {
+            objects: Some(bad.display().to_string()),
+            ..with_objects.clone()
+        },
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("bad_objects.csv: row 3") && e.contains("Nuclei_Location_Center_Y"),
+        "{e}"
+    );
+    let orphan = dir.path().join("orphan.csv");
+    std::fs::write(
+        &orphan,
+        "ImageNumber,ObjectNumber,Location_Center_X,Location_Center_Y\n1,1,5,5\n99,1,5,5\n",
+    )
+    .unwrap();
+    let e = open(
+        &s.load_data,
+        &names,
+        ScreenSection {
+            objects: Some(orphan.display().to_string()),
+            ..with_objects.clone()
+        },
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("orphan.csv: row 2") && e.contains("ImageNumber 99"),
+        "{e}"
+    );
+    // A label image of another size than its site, with mask_objects.
+    let label = dir.path().join("labels/P1/r01c01f01-nuclei.tiff");
+    let small = trainer::data::Chw::new(1, 10, 10, vec![1u16; 100]).unwrap();
+    trainer::data::write_tiff_u16_chunky(&label, &small).unwrap();
+    let masked = ScreenSection {
+        labels: Some("Nuclei".into()),
+        mask_objects: true,
+        ..with_objects
+    };
+    let src = open(&s.load_data, &names, masked).unwrap();
+    let e = src.read(0).unwrap_err().to_string();
+    assert!(
+        e.contains("P1/A01/1") && e.contains("label image is 10×10"),
+        "{e}"
+    );
+}
