@@ -471,3 +471,104 @@ fn pipeline_on_two_ranks_runs_collective_stages_on_both_and_the_rest_once() {
         csv
     );
 }
+
+/// A screen as CellProfiler stores it (fields of view per channel, a LoadData table, an
+/// object table), written by `trainer synth --layout fov`, goes through the whole pipeline
+/// without a conversion script: mean/std, training and every analysis read its cells, the
+/// held-out cells are whole wells, and `trainer data pack` packs the same cells.
+#[test]
+fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("screen");
+    ok(
+        "trainer",
+        &[
+            "synth",
+            "--layout",
+            "fov",
+            "--out",
+            data.to_str().unwrap(),
+            "--classes",
+            "3",
+            "--per-class",
+            "24",
+            "--plates",
+            "2",
+            "--per-site",
+            "4",
+        ],
+    );
+    let cfg = dir.path().join("screen.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "run:\n  name: scr\n  output_dir: {out}\n\
+             data:\n  dataset_dir: {table}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  \
+             channel_combinations: [\"02\"]\n  num_workers: 2\n  train_fraction: 0.7\n  \
+             screen:\n    objects: {objects}\n    box_size: 50\n    \
+             label_column: Metadata_Treatment\n    split_by: Metadata_Well\n\
+             model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\n\
+             augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\n\
+             train:\n  epochs: 1\n  warmup_epochs: 0\n  batch_size_per_gpu: 16\n  \
+             precision: fp32\n  num_gpus: 1\n\
+             downstream:\n  features:\n    resize_length: 32\n  attention:\n    image_size: 32\n  \
+             knn:\n    k: [3]\n  umap:\n    n_neighbors: 5\n    epochs: 20\n",
+            out = dir.path().join("out").display(),
+            table = data.join("load_data.csv").display(),
+            objects = data.join("Nuclei.csv").display(),
+        ),
+    )
+    .unwrap();
+    let log = pipeline(cfg.to_str().unwrap());
+    assert!(
+        log.contains("72 cells (50×50 px boxes) in 3 classes"),
+        "{log}"
+    );
+    let analyses = dir.path().join("out/scr/m_channel_APC_DAPI_analyses");
+    assert!(analyses.join("report.html").exists());
+    // The held-out cells (the features stage's rows) are whole wells: no well of theirs
+    // has a cell among the training ones.
+    let paths = std::fs::read_to_string(analyses.join("image_paths.csv")).unwrap();
+    // `{table}/{plate}/{well}/{site}/{object}` → `{plate}/{well}`.
+    let well = |p: &str| {
+        let parts: Vec<&str> = p.rsplit('/').collect();
+        format!("{}/{}", parts[3], parts[2])
+    };
+    let held: std::collections::BTreeSet<String> = paths.lines().map(well).collect();
+    assert!(
+        !held.is_empty() && held.len() < 6,
+        "held-out wells {held:?}"
+    );
+    let sizes: Vec<usize> = held
+        .iter()
+        .map(|w| {
+            paths
+                .lines()
+                .filter(|l| l.contains(&format!("/{w}/")))
+                .count()
+        })
+        .collect();
+    assert!(
+        sizes.iter().all(|&n| n == 12),
+        "every held-out well whole: {held:?} {sizes:?}"
+    );
+    // Packing reads the same cells.
+    let packed = dir.path().join("packed");
+    let out = Command::new(bin("trainer"))
+        .args([
+            "data",
+            "pack",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            packed.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("packed 72 images"),
+        "{}",
+        text(&out.stdout)
+    );
+}

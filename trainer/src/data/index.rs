@@ -64,6 +64,9 @@ pub struct DatasetIndex {
     /// Files torchvision would have indexed too (`.png`, `.jpg`, ...) but we
     /// skipped. Non-empty means sample positions differ from scDINO's.
     pub skipped_other_images: Vec<PathBuf>,
+    /// Each sample's group that a held-out split must not cut (a screen's
+    /// `data.screen.split_by` value: its well, plate...); `None` for folders of images.
+    pub groups: Option<Vec<String>>,
 }
 
 impl DatasetIndex {
@@ -283,6 +286,7 @@ fn assemble(
             .collect(),
         samples,
         skipped_other_images,
+        groups: None,
     })
 }
 

@@ -161,6 +161,15 @@ pub fn configured_split(
     data: &crate::config::DataSection,
     seed: u32,
 ) -> Result<Split, DataError> {
+    if let Some(column) = data.screen.as_ref().and_then(|s| s.split_by.as_deref()) {
+        let groups = index.groups.as_ref().ok_or_else(|| {
+            DataError::InvalidArgument(format!(
+                "data.screen.split_by: {column}: the dataset {} carries no groups",
+                index.root.display()
+            ))
+        })?;
+        return group_split(groups, data.train_fraction, seed);
+    }
     match data.split {
         crate::config::HeldOutSplit::Scdino => {
             train_heldout_split(index.len(), data.train_fraction, seed)
@@ -170,6 +179,34 @@ pub fn configured_split(
             stratified_split(&labels, data.train_fraction, seed)
         }
     }
+}
+
+/// A held-out split that keeps every group whole (a screen's wells or plates: cells of one
+/// well are never on both sides). The distinct groups, sorted, are shuffled with numpy's
+/// `shuffle` seeded by `seed`, and held out in that order until they hold at least scDINO's
+/// number of held-out images (`floor((1 - fraction) * n)`); at least one group is kept for
+/// training. Both lists are in index order.
+pub fn group_split(groups: &[String], train_fraction: f64, seed: u32) -> Result<Split, DataError> {
+    let n = groups.len();
+    let target = python_split_point(n, train_fraction, "data.train_fraction")?;
+    let mut sizes: std::collections::HashMap<&str, usize> = Default::default();
+    for g in groups {
+        *sizes.entry(g.as_str()).or_default() += 1;
+    }
+    let mut names: Vec<&str> = sizes.keys().copied().collect();
+    names.sort_unstable();
+    Mt19937::new(seed).shuffle(&mut names);
+    let mut held: std::collections::HashSet<&str> = Default::default();
+    let mut count = 0;
+    for name in names.iter().take(names.len().saturating_sub(1)) {
+        if count >= target {
+            break;
+        }
+        held.insert(name);
+        count += sizes[name];
+    }
+    let (held_out, train) = (0..n).partition(|&i| held.contains(groups[i].as_str()));
+    Ok(Split { train, held_out })
 }
 
 /// scDINO's number of held-out images (`floor((1 - fraction) * n)`), shared among the labels
@@ -246,6 +283,25 @@ pub fn mean_std_subset(n: usize, fraction_for_mean_std_calc: f64) -> Result<Vec<
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_group_split_keeps_groups_whole() {
+        let groups: Vec<String> = (0..100).map(|i| format!("W{}", i % 7)).collect();
+        let s = super::group_split(&groups, 0.8, 40).unwrap();
+        assert_eq!(s.train.len() + s.held_out.len(), 100);
+        assert!(s.held_out.len() >= 20, "{}", s.held_out.len());
+        for &h in &s.held_out {
+            assert!(
+                s.train.iter().all(|&t| groups[t] != groups[h]),
+                "{} on both sides",
+                groups[h]
+            );
+        }
+        assert_eq!(s, super::group_split(&groups, 0.8, 40).unwrap(), "seeded");
+        // One group: nothing can be held out without emptying training.
+        let one = vec!["W".to_string(); 5];
+        assert_eq!(super::group_split(&one, 0.5, 1).unwrap().held_out.len(), 0);
+    }
+
     use super::*;
 
     #[test]

@@ -82,7 +82,12 @@ fn cells_cut_from_fields_of_view_are_the_per_cell_images() {
         assert_eq!(src.index().len(), 21, "{screen:?}");
         assert_eq!(src.index().classes, ["B", "CD4T", "CD8T"]);
         for (i, sample) in src.index().samples.iter().enumerate() {
-            let key = sample.path.to_string_lossy().to_string();
+            let key = sample
+                .path
+                .strip_prefix(&s.load_data)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
             let (_, path) = expected
                 .iter()
                 .find(|(k, _)| *k == key)
@@ -173,7 +178,12 @@ json.dump(crops, open(f"{d}/crops.json", "w"))
         assert_eq!(src.index().len(), n, "{border:?}");
         assert_eq!(src.skipped().at_border, 8 - n);
         for (i, sample) in src.index().samples.iter().enumerate() {
-            let key = sample.path.to_string_lossy().to_string();
+            let key = sample
+                .path
+                .strip_prefix(&table)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
             if border == ScreenBorder::Skip {
                 assert!(
                     inside.iter().any(|o| key.ends_with(&format!("/{o}"))),

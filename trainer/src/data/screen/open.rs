@@ -58,6 +58,7 @@ pub fn open_screen(
         mask_objects: screen.mask_objects,
         label_column: screen.label_column.clone(),
         site_cache: screen.site_cache,
+        split_by: screen.split_by.clone(),
     };
     let source = ScreenSource::new(layout, cells, opts, &PathBuf::from(&address))?;
     if source.skipped().at_border > 0 {

@@ -13,7 +13,7 @@ use crate::data::chw::ImageChw;
 use crate::data::index::{DatasetIndex, Sample};
 use crate::data::{DataError, ImageSource};
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// How cells are cut from their sites.
@@ -29,6 +29,8 @@ pub struct CropOptions {
     pub label_column: Option<String>,
     /// Decoded sites kept for the cells that follow.
     pub site_cache: usize,
+    /// The metadata column whose groups a held-out split keeps whole.
+    pub split_by: Option<String>,
 }
 
 /// What opening a screen left out, for the log.
@@ -86,7 +88,13 @@ impl ScreenSource {
             }
             kept.push(cell);
         }
-        let index = index_of(&*layout, &kept, opts.label_column.as_deref(), root)?;
+        let index = index_of(
+            &*layout,
+            &kept,
+            opts.label_column.as_deref(),
+            opts.split_by.as_deref(),
+            root,
+        )?;
         Ok(Self {
             layout,
             cells: kept,
@@ -223,12 +231,15 @@ fn object_label(cell: &Cell, labels: &Labels) -> u32 {
     }
 }
 
-/// The `ImageFolder`-like index of the cells: `{site}/{object}` as each cell's path, its
-/// `label_column` value as its class.
+/// The `ImageFolder`-like index of the cells: `{table or plate}/{site}/{object}` as each
+/// cell's path (so an error or a feature row names the screen and the cell, and the cell's
+/// path relative to the screen is `{plate}/{well}/{site}/{object}`), its `label_column` value
+/// as its class.
 fn index_of(
     layout: &dyn FieldLayout,
     cells: &[Cell],
     label_column: Option<&str>,
+    split_by: Option<&str>,
     root: &Path,
 ) -> Result<DatasetIndex, ScreenError> {
     let sites = layout.sites();
@@ -267,17 +278,35 @@ fn index_of(
         classes: vec![],
         samples: vec![],
         skipped_other_images: vec![],
+        groups: None,
     };
     index.samples = cells
         .iter()
         .zip(labels)
         .map(|(c, label)| Sample {
-            path: PathBuf::from(format!("{}/{}", sites[c.site].name, c.object)),
+            path: root.join(format!("{}/{}", sites[c.site].name, c.object)),
             class_index: 0,
             label,
         })
         .collect();
     index.classes = index.label_names();
+    if let Some(col) = split_by {
+        let groups = cells
+            .iter()
+            .map(|c| {
+                let site = &sites[c.site];
+                site.get(col)
+                    .map(str::to_string)
+                    .ok_or_else(|| ScreenError::Site {
+                        site: site.name.clone(),
+                        reason: format!(
+                            "no metadata column {col} to split by (data.screen.split_by)"
+                        ),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        index.groups = Some(groups);
+    }
     for s in &mut index.samples {
         s.class_index = index
             .classes

@@ -2,7 +2,8 @@
 //! synthetic set so that every cell cut from it can be compared with the image it came from.
 //!
 //! The per-cell set (`cells/Training/<class>/…`) is written first; its images are then pasted
-//! into fields of view on a zero background, one class per well, on a grid with a gap of at
+//! into fields of view on a zero background, one class per well (row = plate, column =
+//! class), on a grid with a gap of at
 //! least one cell between boxes. Written beside them:
 //!
 //! * `images/<plate>/r<row>c<col>f<site>-ch<k>.tiff`: one 16-bit TIFF per site and channel;
@@ -93,7 +94,8 @@ pub fn generate_screen(opts: &ScreenSynthOptions) -> Result<ScreenSynthSummary, 
                 .skip(plate)
                 .step_by(opts.plates)
                 .collect();
-            let (row, col) = (class_index / 12 + 1, class_index % 12 + 1);
+            // Row = plate, column = class: each class has a well of its own on every plate.
+            let (row, col) = (plate % 16 + 1, class_index % 24 + 1);
             let well = format!("{}{:02}", (b'A' + (row - 1) as u8) as char, col);
             for (site, site_cells) in mine.chunks(opts.per_site).enumerate() {
                 image_number += 1;

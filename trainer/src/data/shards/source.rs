@@ -103,6 +103,7 @@ impl ShardSource {
                     .iter()
                     .map(PathBuf::from)
                     .collect(),
+                groups: None,
             },
             bytes: file.shards.iter().map(|s| s.bytes).sum(),
             shard_files: file.shards.into_iter().map(|s| s.file).collect(),
