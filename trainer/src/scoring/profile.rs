@@ -298,7 +298,16 @@ fn task(
     out_dir: &Path,
 ) -> Result<TaskSummary, ScoringError> {
     let map_by = vec![recipe.perturbation.clone()];
-    let (ap, rows, summary) = summary::map_summary(table, rules, &map_by, opts)?;
+    let (ap, rows, summary) =
+        summary::map_summary(table, rules, &map_by, opts).map_err(|e| match e {
+            ScoringError::Invalid { path, what } => ScoringError::Invalid {
+                path,
+                what: format!(
+                    "map.{name} ({title}): {what} (change its pairing columns in the recipe, or set map.{name}.enabled: false)"
+                ),
+            },
+            other => other,
+        })?;
     let ap_file = format!("{name}_ap.parquet");
     let map_file = format!("{name}_map.parquet");
     map::write_ap_table(&out_dir.join(&ap_file), table, &ap)?;

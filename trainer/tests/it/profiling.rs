@@ -180,4 +180,14 @@ fn profile_equals_pycytominer_and_copairs_step_by_step() {
             "Metadata_control_type=vehicle",
         ],
     );
+    // One plate: no replicate on another plate, so replicate retrieval has no positive pair.
+    super::util::run_python(
+        "import sys, pandas as pd; d = pd.read_parquet(sys.argv[1] + '/cells.parquet'); d[d.Metadata_Plate == 'P1'].to_parquet(sys.argv[1] + '/p1.parquet')",
+        &[d.to_str().unwrap()],
+    );
+    fails_naming(
+        d,
+        &["profile", "--profiles", "p1.parquet", "--out-dir", "p1"],
+        &["map.replicate", "no positive pairs", "enabled: false"],
+    );
 }
