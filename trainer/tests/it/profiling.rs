@@ -42,7 +42,8 @@ fn fails_naming(dir: &Path, args: &[&str], words: &[&str]) {
 }
 
 /// `metrics aggregate` equals pycytominer's `aggregate` (median exactly, mean to 1e-12) on a
-/// pandas table and a polars table split in row groups of 7 rows: NaN features (as NaN and as
+/// pandas table, a polars table split in row groups of 7 rows and a 150,000-row pandas table
+/// in one row group (read in chunks): NaN features (as NaN and as
 /// nulls, on some rows and on every row of a group), ties, null strata values (groups of
 /// their own, sorted last), integer plates (sorted numerically), single-cell groups, a
 /// one-row table and named features (an integer one); an empty table, a missing stratum, a
@@ -52,7 +53,7 @@ fn aggregate_equals_pycytominer() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     run_py_file("aggregate_oracle.py", &["gen", d.to_str().unwrap()]);
-    for table in ["cells_pandas", "cells_polars", "one_row"] {
+    for table in ["cells_pandas", "cells_polars", "cells_big", "one_row"] {
         for op in ["median", "mean"] {
             let (input, out) = (format!("{table}.parquet"), format!("{table}_{op}.parquet"));
             ok(

@@ -11,6 +11,8 @@
 * cells_polars.parquet (polars, row groups of 7 rows, so groups span row groups): integer
   plates 10, 2, 1 and a null (pandas sorts them numerically: 1, 2, 10, null), NaN written as
   NaN and missing values written as nulls;
+* cells_big.parquet (pandas): 150,000 cells in one row group, more than the trainer reads
+  at a time (65,536 rows), 60 wells, 2 features with NaN;
 * one_row.parquet (one cell) and empty.parquet (no rows).
 
 `check DIR` runs pycytominer's `aggregate(strata=[Metadata_Plate, Metadata_Well],
@@ -85,6 +87,15 @@ def gen(d):
         cols[f"Cells_P{j}"] = pl.Series(v, dtype=pl.Float32)
     pl.DataFrame(cols).write_parquet(d / "cells_polars.parquet", row_group_size=7)
 
+    m = 150_000
+    big = pd.DataFrame({"Metadata_Plate": [f"P{i % 3}" for i in range(m)],
+                        "Metadata_Well": [f"W{i % 20:02d}" for i in rng.permutation(m)],
+                        "Metadata_ObjectNumber": np.arange(m)})
+    z = rng.normal(size=(m, 2)).astype(np.float32)
+    z[rng.random((m, 2)) < 0.01] = np.nan
+    big["Cells_B0"], big["Cells_B1"] = z[:, 0], z[:, 1]
+    big.to_parquet(d / "cells_big.parquet", row_group_size=m)
+
     df.iloc[:1].to_parquet(d / "one_row.parquet")
     df.iloc[:0].to_parquet(d / "empty.parquet")
 
@@ -118,7 +129,7 @@ def check(d):
     from pycytominer import aggregate
 
     report = {}
-    for table in ["cells_pandas", "cells_polars", "one_row"]:
+    for table in ["cells_pandas", "cells_polars", "cells_big", "one_row"]:
         df = pd.read_parquet(d / f"{table}.parquet")
         feats = [c for c in df.columns
                  if not c.startswith("Metadata_") and pd.api.types.is_float_dtype(df[c])]
