@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use trainer::scoring::map::{self, MapOptions, PairRules};
 use trainer::scoring::nn::Metric;
 use trainer::scoring::normalize::{self, Method, NormalizeOptions, SpherizeMethod};
-use trainer::scoring::table::{split_columns, write_profiles, write_table, OutColumn};
-use trainer::scoring::{chammi, consensus, select, summary, ProfileTable};
+use trainer::scoring::recipe::Recipe;
+use trainer::scoring::table::{split_columns, write_profiles};
+use trainer::scoring::{aggregate, chammi, consensus, profile, select, summary, ProfileTable};
 
 #[derive(Debug, Subcommand)]
 pub enum MetricsCommand {
@@ -23,6 +24,10 @@ pub enum MetricsCommand {
     Consensus(ConsensusArgs),
     /// pycytominer's feature_select: the table without the features it excludes.
     Select(SelectArgs),
+    /// pycytominer's aggregate: single cells to one profile per well (streamed).
+    Aggregate(AggregateArgs),
+    /// The profiling recipe in one run: aggregate, normalize, select, (spherize), mAP.
+    Profile(ProfileArgs),
 }
 
 impl MetricsCommand {
@@ -35,6 +40,8 @@ impl MetricsCommand {
             MetricsCommand::Chammi(a) => &a.profiles,
             MetricsCommand::Consensus(a) => &a.profiles,
             MetricsCommand::Select(a) => &a.profiles,
+            MetricsCommand::Aggregate(a) => &a.profiles,
+            MetricsCommand::Profile(a) => &a.profiles,
         }
     }
 
@@ -65,6 +72,8 @@ impl MetricsCommand {
             MetricsCommand::Chammi(a) => a.run(),
             MetricsCommand::Consensus(a) => a.run(),
             MetricsCommand::Select(a) => a.run(),
+            MetricsCommand::Aggregate(a) => a.run(),
+            MetricsCommand::Profile(a) => a.run(),
         }
     }
 }
@@ -150,46 +159,9 @@ impl MapArgs {
             seed: self.seed,
         };
         let (ap, rows, summary) = summary::map_summary(&table, &rules, &map_by, opts)?;
-        let mut columns: Vec<(String, OutColumn)> = table
-            .meta
-            .iter()
-            .map(|(n, v)| (n.clone(), OutColumn::NullableText(v.clone())))
-            .collect();
-        columns.push((
-            "n_pos_pairs".into(),
-            OutColumn::Int(ap.iter().map(|a| a.n_pos_pairs.into()).collect()),
-        ));
-        columns.push((
-            "n_total_pairs".into(),
-            OutColumn::Int(ap.iter().map(|a| a.n_total_pairs.into()).collect()),
-        ));
-        columns.push((
-            "average_precision".into(),
-            OutColumn::Double(ap.iter().map(|a| a.average_precision).collect()),
-        ));
-        write_table(&self.out, &columns, None)?;
+        map::write_ap_table(&self.out, &table, &ap)?;
         if let Some(path) = &self.map_out {
-            let mut columns: Vec<(String, OutColumn)> = map_by
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    (
-                        n.clone(),
-                        OutColumn::Text(rows.iter().map(|r| r.key[i].clone()).collect()),
-                    )
-                })
-                .collect();
-            let f = |g: fn(&map::MapRow) -> f64| OutColumn::Double(rows.iter().map(g).collect());
-            let b = |g: fn(&map::MapRow) -> bool| OutColumn::Bool(rows.iter().map(g).collect());
-            columns.push((
-                "mean_average_precision".into(),
-                f(|r| r.mean_average_precision),
-            ));
-            columns.push(("p_value".into(), f(|r| r.p_value)));
-            columns.push(("corrected_p_value".into(), f(|r| r.corrected_p_value)));
-            columns.push(("below_p".into(), b(|r| r.below_p)));
-            columns.push(("below_corrected_p".into(), b(|r| r.below_corrected_p)));
-            write_table(path, &columns, None)?;
+            map::write_map_table(path, &map_by, &rows)?;
         }
         emit_json(&summary, self.json.as_deref())
     }
@@ -413,28 +385,101 @@ impl SelectArgs {
                 blocklist,
             },
         )?;
-        let idx: Vec<usize> = kept
-            .iter()
-            .map(|k| {
-                table
-                    .feature_names
-                    .iter()
-                    .position(|n| n == k)
-                    .expect("kept is a feature")
-            })
-            .collect();
-        let mut features = Vec::with_capacity(table.rows * idx.len());
-        for r in 0..table.rows {
-            let row = table.row(r);
-            features.extend(idx.iter().map(|&j| row[j]));
-        }
-        write_profiles(&self.out, &table.meta, &kept, &features)?;
+        let out = select::keep_features(&table, &kept);
+        write_profiles(&self.out, &out.meta, &out.feature_names, &out.features)?;
         tracing::info!(
             "kept {} of {} features: {}",
             kept.len(),
             table.dim(),
             self.out.display()
         );
+        Ok(())
+    }
+}
+
+/// `trainer metrics aggregate`.
+#[derive(Debug, Args)]
+pub struct AggregateArgs {
+    /// Single-cell table (Parquet); read column by column, never whole.
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    /// Group-by columns (pycytominer's `strata`).
+    #[arg(
+        long,
+        value_name = "COLS",
+        default_value = "Metadata_Plate,Metadata_Well"
+    )]
+    strata: String,
+    #[arg(long, value_enum, default_value = "median")]
+    operation: consensus::Operation,
+    /// Feature columns (comma-separated); default: every float column not named `Metadata_*`.
+    #[arg(long, value_name = "COLS")]
+    features: Option<String>,
+    /// Metadata columns constant within each group, carried into the output (a plate map's
+    /// perturbation and control columns).
+    #[arg(long, value_name = "COLS")]
+    keep: Option<String>,
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+impl AggregateArgs {
+    fn run(self) -> Result<()> {
+        let agg = aggregate::aggregate(
+            &self.profiles,
+            &aggregate::AggregateOptions {
+                strata: split_columns(&self.strata),
+                keep: cols(&self.keep),
+                features: self.features.as_deref().map(split_columns),
+                operation: self.operation,
+            },
+        )?;
+        agg.write(&self.out)?;
+        tracing::info!(
+            "{} profiles of {} rows: {}",
+            agg.groups(),
+            agg.cells,
+            self.out.display()
+        );
+        Ok(())
+    }
+}
+
+/// `trainer metrics profile`.
+#[derive(Debug, Args)]
+pub struct ProfileArgs {
+    /// Single-cell table (Parquet) with plate, well, perturbation and control columns.
+    #[arg(long, value_name = "FILE")]
+    profiles: PathBuf,
+    /// The recipe (YAML, docs/scoring.md); default: the JUMP recipe.
+    #[arg(long, value_name = "FILE")]
+    recipe: Option<PathBuf>,
+    /// Folder for the intermediate tables, AP/mAP tables, summary.json, figures, index.html.
+    #[arg(long, value_name = "DIR")]
+    out_dir: PathBuf,
+}
+
+impl ProfileArgs {
+    fn run(self) -> Result<()> {
+        let recipe = match &self.recipe {
+            Some(p) => Recipe::read(p)?,
+            None => Recipe::default(),
+        };
+        let s = profile::profile(
+            &self.profiles,
+            &recipe,
+            self.recipe.as_deref(),
+            &self.out_dir,
+        )?;
+        for (name, t) in [("replicate", &s.replicate), ("activity", &s.activity)] {
+            if let Some(t) = t {
+                println!(
+                    "{name}: mean mAP {:.4}, fraction retrieved {:.4} of {} groups",
+                    t.map.mean_map, t.map.fraction_retrieved, t.map.groups
+                );
+            }
+        }
+        println!("{}", self.out_dir.join(&s.html).display());
         Ok(())
     }
 }

@@ -128,7 +128,7 @@ where
 
 /// Renders with `draw` into a fresh white `width`×`height` RGB8 canvas (`path` names the
 /// figure in errors).
-fn render<F>(path: &Path, width: u32, height: u32, draw: F) -> Result<Vec<u8>, PlotError>
+pub(crate) fn render<F>(path: &Path, width: u32, height: u32, draw: F) -> Result<Vec<u8>, PlotError>
 where
     F: FnOnce(
         &plotters::drawing::DrawingArea<

@@ -84,19 +84,7 @@ pub fn read_table(path: &Path) -> Result<RawTable, ScoringError> {
                 .features
                 .push((name, v.into_iter().map(|x| x as f32).collect())),
             Leaf::Floats32(v) if !name.starts_with("Metadata_") => out.features.push((name, v)),
-            Leaf::Numbers(v) => out.meta.push((
-                name,
-                v.into_iter()
-                    .map(|x| (!x.is_nan()).then(|| format!("{x:?}")))
-                    .collect(),
-            )),
-            Leaf::Floats32(v) => out.meta.push((
-                name,
-                v.into_iter()
-                    .map(|x| (!x.is_nan()).then(|| format!("{x:?}")))
-                    .collect(),
-            )),
-            Leaf::Text(v) => out.meta.push((name, v)),
+            other => out.meta.push((name, other.into_text())),
         }
     }
     if !out.nested.is_empty() {
@@ -109,8 +97,8 @@ pub fn read_table(path: &Path) -> Result<RawTable, ScoringError> {
     Ok(out)
 }
 
-/// One flat column's values.
-enum Leaf {
+/// One flat column's values (all of them, or one chunk of a row group).
+pub(super) enum Leaf {
     /// float32 (features stay float32 bit for bit); nulls NaN.
     Floats32(Vec<f32>),
     /// double and half floats; nulls NaN.
@@ -126,6 +114,60 @@ impl Leaf {
             Leaf::Numbers(v) => v.len(),
             Leaf::Text(v) => v.len(),
         }
+    }
+
+    /// Appends `more` (a later chunk of the same column, so the same variant).
+    fn extend(&mut self, more: Leaf) {
+        match (self, more) {
+            (Leaf::Floats32(a), Leaf::Floats32(b)) => a.extend(b),
+            (Leaf::Numbers(a), Leaf::Numbers(b)) => a.extend(b),
+            (Leaf::Text(a), Leaf::Text(b)) => a.extend(b),
+            _ => unreachable!("chunks of one column have one variant"),
+        }
+    }
+
+    /// Values of a numeric column as text (the form [`read_table`] gives metadata: shortest
+    /// round-trip floats, NaN as null).
+    pub(super) fn into_text(self) -> Vec<Option<String>> {
+        match self {
+            Leaf::Floats32(v) => v
+                .into_iter()
+                .map(|x| (!x.is_nan()).then(|| format!("{x:?}")))
+                .collect(),
+            Leaf::Numbers(v) => v
+                .into_iter()
+                .map(|x| (!x.is_nan()).then(|| format!("{x:?}")))
+                .collect(),
+            Leaf::Text(v) => v,
+        }
+    }
+}
+
+/// What pandas' `astype(float)` makes of a column: a number per row or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Numeric {
+    /// float, double, half float: read as numbers, nulls NaN.
+    Float,
+    /// Plain integers, read as text and parsed (nulls NaN).
+    Integer,
+    /// Booleans (`true` = 1).
+    Bool,
+    /// Text, dates, decimals, ...: not a number.
+    No,
+}
+
+/// How `col`'s values become numbers (see [`Numeric`]).
+pub(super) fn numeric(col: &ColumnDescriptor) -> Numeric {
+    match Kind::of(
+        col.physical_type(),
+        col.logical_type_ref(),
+        col.converted_type(),
+        col,
+    ) {
+        Kind::Float32 | Kind::Float64 | Kind::Float16 => Numeric::Float,
+        Kind::Signed | Kind::Unsigned(_) => Numeric::Integer,
+        Kind::Bool => Numeric::Bool,
+        _ => Numeric::No,
     }
 }
 
@@ -156,6 +198,35 @@ fn read_leaf(
     i: usize,
     col: &ColumnDescriptor,
 ) -> parquet::errors::Result<Leaf> {
+    let mut out: Option<Leaf> = None;
+    for g in 0..reader.metadata().num_row_groups() {
+        let n = reader.metadata().row_group(g).num_rows().max(0) as usize;
+        read_leaf_chunks(reader, g, i, col, n.max(1), |chunk| {
+            match &mut out {
+                Some(o) => o.extend(chunk),
+                None => out = Some(chunk),
+            }
+            Ok(())
+        })?;
+    }
+    Ok(out.unwrap_or_else(|| match numeric(col) {
+        Numeric::Float if col.physical_type() == PhysicalType::FLOAT => Leaf::Floats32(vec![]),
+        Numeric::Float => Leaf::Numbers(vec![]),
+        _ => Leaf::Text(vec![]),
+    }))
+}
+
+/// Reads leaf column `i` of row group `g` in chunks of at most `chunk` rows, in row order,
+/// handing each to `f`: a caller streaming a table holds one chunk of one column at a time,
+/// whatever size the writer gave its row groups (pyarrow writes up to a million rows in one).
+pub(super) fn read_leaf_chunks(
+    reader: &SerializedFileReader<std::fs::File>,
+    g: usize,
+    i: usize,
+    col: &ColumnDescriptor,
+    chunk: usize,
+    mut f: impl FnMut(Leaf) -> parquet::errors::Result<()>,
+) -> parquet::errors::Result<()> {
     let max_def = col.max_def_level();
     let kind = Kind::of(
         col.physical_type(),
@@ -163,84 +234,98 @@ fn read_leaf(
         col.converted_type(),
         col,
     );
-    let mut out = match kind {
-        Kind::Float32 => Leaf::Floats32(vec![]),
-        Kind::Float64 | Kind::Float16 => Leaf::Numbers(vec![]),
-        _ => Leaf::Text(vec![]),
-    };
-    let meta = reader.metadata();
-    for g in 0..meta.num_row_groups() {
-        let n = meta.row_group(g).num_rows().max(0) as usize;
-        let group = reader.get_row_group(g)?;
-        let mut defs: Vec<i16> = Vec::with_capacity(n);
-        macro_rules! read_all {
-            ($r:expr, $t:ty) => {{
-                let mut v: Vec<$t> = Vec::with_capacity(n);
-                let mut got = 0;
-                while got < n {
-                    let (records, _, _) =
-                        $r.read_records(n - got, (max_def > 0).then_some(&mut defs), None, &mut v)?;
-                    if records == 0 {
-                        break;
-                    }
-                    got += records;
+    let n = reader.metadata().row_group(g).num_rows().max(0) as usize;
+    let group = reader.get_row_group(g)?;
+    let mut defs: Vec<i16> = Vec::new();
+    macro_rules! chunks {
+        ($r:expr, $t:ty, |$v:ident| $leaf:expr) => {{
+            let mut got = 0;
+            while got < n {
+                let want = chunk.min(n - got);
+                defs.clear();
+                let mut $v: Vec<$t> = Vec::with_capacity(want);
+                let (records, _, _) =
+                    $r.read_records(want, (max_def > 0).then_some(&mut defs), None, &mut $v)?;
+                if records == 0 {
+                    break;
                 }
-                v
-            }};
+                got += records;
+                f($leaf)?;
+            }
+        }};
+    }
+    match group.get_column_reader(i)? {
+        ColumnReader::FloatColumnReader(mut r) => chunks!(r, f32, |v| Leaf::Floats32(spread(
+            &defs,
+            max_def,
+            v,
+            |x| x,
+            f32::NAN
+        ))),
+        ColumnReader::DoubleColumnReader(mut r) => chunks!(r, f64, |v| Leaf::Numbers(spread(
+            &defs,
+            max_def,
+            v,
+            |x| x,
+            f64::NAN
+        ))),
+        ColumnReader::FixedLenByteArrayColumnReader(mut r) if matches!(kind, Kind::Float16) => {
+            chunks!(r, FixedLenByteArray, |v| Leaf::Numbers(spread(
+                &defs,
+                max_def,
+                v,
+                |b| half(b.data()),
+                f64::NAN
+            )))
         }
-        match (group.get_column_reader(i)?, &mut out) {
-            (ColumnReader::FloatColumnReader(mut r), Leaf::Floats32(out)) => {
-                let v = read_all!(r, f32);
-                out.extend(spread(&defs, max_def, v, |x| x, f32::NAN));
-            }
-            (ColumnReader::DoubleColumnReader(mut r), Leaf::Numbers(out)) => {
-                let v = read_all!(r, f64);
-                out.extend(spread(&defs, max_def, v, |x| x, f64::NAN));
-            }
-            (ColumnReader::FixedLenByteArrayColumnReader(mut r), Leaf::Numbers(out)) => {
-                let v = read_all!(r, FixedLenByteArray);
-                out.extend(spread(&defs, max_def, v, |b| half(b.data()), f64::NAN));
-            }
-            (ColumnReader::BoolColumnReader(mut r), Leaf::Text(out)) => {
-                let v = read_all!(r, bool);
-                out.extend(spread(&defs, max_def, v, |b| Some(b.to_string()), None));
-            }
-            (ColumnReader::Int32ColumnReader(mut r), Leaf::Text(out)) => {
-                let v = read_all!(r, i32);
-                out.extend(spread(&defs, max_def, v, |x| kind.int(x.into()), None));
-            }
-            (ColumnReader::Int64ColumnReader(mut r), Leaf::Text(out)) => {
-                let v = read_all!(r, i64);
-                out.extend(spread(&defs, max_def, v, |x| kind.int(x), None));
-            }
-            (ColumnReader::Int96ColumnReader(mut r), Leaf::Text(out)) => {
-                let v = read_all!(r, Int96);
-                out.extend(spread(
-                    &defs,
-                    max_def,
-                    v,
-                    |x: Int96| Some(timestamp(x.to_nanos(), 1_000_000_000, false)),
-                    None,
-                ));
-            }
-            (ColumnReader::ByteArrayColumnReader(mut r), Leaf::Text(out)) => {
-                let v = read_all!(r, ByteArray);
-                out.extend(spread(&defs, max_def, v, |b| kind.bytes(b.data()), None));
-            }
-            (ColumnReader::FixedLenByteArrayColumnReader(mut r), Leaf::Text(out)) => {
-                let v = read_all!(r, FixedLenByteArray);
-                out.extend(spread(&defs, max_def, v, |b| kind.bytes(b.data()), None));
-            }
-            _ => {
-                return Err(parquet::errors::ParquetError::General(format!(
-                    "column `{}`: unexpected reader for {:?}",
-                    col.name(),
-                    col.physical_type()
-                )))
-            }
+        ColumnReader::BoolColumnReader(mut r) => chunks!(r, bool, |v| Leaf::Text(spread(
+            &defs,
+            max_def,
+            v,
+            |b| Some(b.to_string()),
+            None
+        ))),
+        ColumnReader::Int32ColumnReader(mut r) => chunks!(r, i32, |v| Leaf::Text(spread(
+            &defs,
+            max_def,
+            v,
+            |x| kind.int(x.into()),
+            None
+        ))),
+        ColumnReader::Int64ColumnReader(mut r) => chunks!(r, i64, |v| Leaf::Text(spread(
+            &defs,
+            max_def,
+            v,
+            |x| kind.int(x),
+            None
+        ))),
+        ColumnReader::Int96ColumnReader(mut r) => chunks!(r, Int96, |v| Leaf::Text(spread(
+            &defs,
+            max_def,
+            v,
+            |x: Int96| Some(timestamp(x.to_nanos(), 1_000_000_000, false)),
+            None
+        ))),
+        ColumnReader::ByteArrayColumnReader(mut r) => {
+            chunks!(r, ByteArray, |v| Leaf::Text(spread(
+                &defs,
+                max_def,
+                v,
+                |b| kind.bytes(b.data()),
+                None
+            )))
+        }
+        ColumnReader::FixedLenByteArrayColumnReader(mut r) => {
+            chunks!(r, FixedLenByteArray, |v| Leaf::Text(spread(
+                &defs,
+                max_def,
+                v,
+                |b| kind.bytes(b.data()),
+                None
+            )))
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// How a column's stored values become numbers or text.

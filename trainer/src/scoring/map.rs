@@ -14,8 +14,10 @@
 //! this crate's generator, not numpy's PCG64, so p-values agree with copairs within their
 //! Monte-Carlo error, not bit for bit.
 use std::collections::HashMap;
+use std::path::Path;
 
 use super::keys::{groups, Codes};
+use super::table::{write_table, OutColumn};
 use super::{ProfileTable, ScoringError};
 
 /// Which rows pair (copairs' `pos_sameby`, `pos_diffby`, `neg_sameby`, `neg_diffby`).
@@ -328,6 +330,59 @@ pub fn mean_average_precision(
         row.below_corrected_p = q < opts.threshold;
     }
     Ok(rows)
+}
+
+/// Writes the AP table: `table`'s metadata, then `n_pos_pairs`, `n_total_pairs` and
+/// `average_precision` per row (copairs' `average_precision` frame), atomically.
+pub fn write_ap_table(path: &Path, table: &ProfileTable, ap: &[ApRow]) -> Result<(), ScoringError> {
+    let mut columns: Vec<(String, OutColumn)> = table
+        .meta
+        .iter()
+        .map(|(n, v)| (n.clone(), OutColumn::NullableText(v.clone())))
+        .collect();
+    columns.push((
+        "n_pos_pairs".into(),
+        OutColumn::Int(ap.iter().map(|a| a.n_pos_pairs.into()).collect()),
+    ));
+    columns.push((
+        "n_total_pairs".into(),
+        OutColumn::Int(ap.iter().map(|a| a.n_total_pairs.into()).collect()),
+    ));
+    columns.push((
+        "average_precision".into(),
+        OutColumn::Double(ap.iter().map(|a| a.average_precision).collect()),
+    ));
+    write_table(path, &columns, None)
+}
+
+/// Writes the mAP table: the `map_by` columns, then copairs' `mean_average_precision`,
+/// `p_value`, `corrected_p_value`, `below_p`, `below_corrected_p`, atomically.
+pub fn write_map_table(
+    path: &Path,
+    map_by: &[String],
+    rows: &[MapRow],
+) -> Result<(), ScoringError> {
+    let mut columns: Vec<(String, OutColumn)> = map_by
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                n.clone(),
+                OutColumn::Text(rows.iter().map(|r| r.key[i].clone()).collect()),
+            )
+        })
+        .collect();
+    let f = |g: fn(&MapRow) -> f64| OutColumn::Double(rows.iter().map(g).collect());
+    let b = |g: fn(&MapRow) -> bool| OutColumn::Bool(rows.iter().map(g).collect());
+    columns.push((
+        "mean_average_precision".into(),
+        f(|r| r.mean_average_precision),
+    ));
+    columns.push(("p_value".into(), f(|r| r.p_value)));
+    columns.push(("corrected_p_value".into(), f(|r| r.corrected_p_value)));
+    columns.push(("below_p".into(), b(|r| r.below_p)));
+    columns.push(("below_corrected_p".into(), b(|r| r.below_corrected_p)));
+    write_table(path, &columns, None)
 }
 
 /// Benjamini–Hochberg adjusted p-values (statsmodels' `multipletests(method="fdr_bh")`).

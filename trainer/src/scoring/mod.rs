@@ -1,13 +1,14 @@
 //! Scoring embeddings the way the image-based profiling field does, on any profile table:
 //! copairs' average precision and mean average precision ([`map`]), scib's batch silhouette
 //! and graph connectivity and CHAMMI's leave-one-group-out 1-NN ([`batch`]), pycytominer's
-//! normalisations, feature selection and consensus profiles ([`normalize`], [`select`],
-//! [`consensus`]), and the CHAMMI
+//! single-cell aggregation, normalisations, feature selection and consensus profiles
+//! ([`aggregate`], [`normalize`], [`select`], [`consensus`]), and the CHAMMI
 //! benchmark score ([`chammi`]). Each follows its
 //! Python library's definition line by line (the tests compare against the library pinned in
 //! the venv), so a number from here means what the paper using that library means by it.
 //!
 //! (`crate::metrics` is the run's telemetry, Prometheus and TensorBoard; this is not that.)
+pub mod aggregate;
 pub mod batch;
 pub mod chammi;
 pub mod columns;
@@ -16,6 +17,9 @@ pub mod keys;
 pub mod map;
 pub mod nn;
 pub mod normalize;
+pub mod plots;
+pub mod profile;
+pub mod recipe;
 pub mod select;
 pub mod summary;
 pub mod table;
@@ -69,6 +73,8 @@ pub enum ScoringError {
     },
     #[error("{path}: {what}")]
     Invalid { path: PathBuf, what: String },
+    #[error(transparent)]
+    Plot(#[from] crate::plot::PlotError),
 }
 
 impl ScoringError {

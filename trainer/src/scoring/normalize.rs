@@ -24,15 +24,21 @@ pub enum Method {
 }
 
 /// pycytominer's `spherize_method`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum SpherizeMethod {
     #[value(name = "ZCA-cor")]
+    #[serde(rename = "ZCA-cor")]
     ZcaCor,
     #[value(name = "ZCA")]
+    #[serde(rename = "ZCA")]
     Zca,
     #[value(name = "PCA-cor")]
+    #[serde(rename = "PCA-cor")]
     PcaCor,
     #[value(name = "PCA")]
+    #[serde(rename = "PCA")]
     Pca,
 }
 

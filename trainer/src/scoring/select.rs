@@ -25,7 +25,10 @@ use std::path::Path;
 use super::{ProfileTable, ScoringError};
 
 /// One operation of `feature_select`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum Operation {
     VarianceThreshold,
@@ -67,6 +70,28 @@ pub fn read_blocklist(path: &Path) -> Result<Vec<String>, ScoringError> {
         .filter_map(|l| l.split(',').nth(col).map(|v| v.trim().to_string()))
         .filter(|v| !v.is_empty())
         .collect())
+}
+
+/// `table` with only the features named in `kept` (in `kept`'s order), metadata unchanged:
+/// what `feature_select` returns.
+pub fn keep_features(table: &ProfileTable, kept: &[String]) -> ProfileTable {
+    let idx: Vec<usize> = kept
+        .iter()
+        .filter_map(|k| table.feature_names.iter().position(|n| n == k))
+        .collect();
+    let mut features = Vec::with_capacity(table.rows * idx.len());
+    for r in 0..table.rows {
+        let row = table.row(r);
+        features.extend(idx.iter().map(|&j| row[j]));
+    }
+    ProfileTable {
+        feature_names: idx
+            .iter()
+            .map(|&j| table.feature_names[j].clone())
+            .collect(),
+        features,
+        ..table.clone()
+    }
 }
 
 /// The names of the features `feature_select` keeps, in table order.

@@ -16,6 +16,7 @@ mod metrics;
 mod model;
 mod pretrained;
 mod profiles;
+mod profiling;
 mod pth;
 mod s3;
 mod scoring;
