@@ -14,6 +14,7 @@
 
 pub mod crop;
 pub mod error;
+pub mod ome_zarr;
 
 pub use error::ScreenError;
 
