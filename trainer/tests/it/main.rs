@@ -14,6 +14,7 @@ mod init;
 mod knn;
 mod metrics;
 mod model;
+mod ome_zarr;
 mod pretrained;
 mod profiles;
 mod profiling;

@@ -297,9 +297,9 @@ impl Drop for Server {
 }
 
 #[derive(Debug, Clone)]
-struct Logged {
-    method: String,
-    target: String,
+pub(super) struct Logged {
+    pub(super) method: String,
+    pub(super) target: String,
     /// 0: the upstream was unreachable and the client's connection was dropped.
     status: u16,
 }
@@ -318,13 +318,13 @@ struct ProxyState {
 }
 
 /// A logging HTTP/1.1 proxy in front of the server (one upstream connection per request).
-struct Proxy {
-    port: u16,
+pub(super) struct Proxy {
+    pub(super) port: u16,
     st: Arc<ProxyState>,
 }
 
 impl Proxy {
-    fn start(upstream: u16, rewrite_host: bool) -> Proxy {
+    pub(super) fn start(upstream: u16, rewrite_host: bool) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let st = Arc::new(ProxyState {
@@ -345,7 +345,7 @@ impl Proxy {
         Proxy { port, st }
     }
 
-    fn log(&self) -> Vec<Logged> {
+    pub(super) fn log(&self) -> Vec<Logged> {
         self.st.log.lock().unwrap().clone()
     }
 
@@ -360,7 +360,7 @@ impl Proxy {
         m
     }
 
-    fn clear(&self) {
+    pub(super) fn clear(&self) {
         self.st.log.lock().unwrap().clear();
     }
 }

@@ -19,6 +19,7 @@ pub mod labels;
 pub mod loaddata;
 pub mod npy;
 pub mod objects;
+pub mod ome_zarr;
 pub mod open;
 pub mod source;
 pub mod synth;

@@ -30,10 +30,16 @@ pub fn open_screen(
             (Arc::new(table), numbers)
         }
         ScreenLayout::OmeZarr => {
-            return Err(ScreenError::table(
-                &address,
-                "data.screen.layout: ome_zarr is not available in this build",
-            ))
+            let plate = super::ome_zarr::OmeZarrPlate::open(
+                &data.dataset_dir,
+                &data.s3,
+                &data.channel_names,
+                screen.labels.as_deref(),
+            )?;
+            // Object tables join an OME-Zarr plate's sites by plate/well/site; the site order
+            // stands in for CellProfiler's ImageNumber.
+            let numbers = (1..=plate.sites().len() as u64).collect();
+            (Arc::new(plate), numbers)
         }
     };
     let cells = match &screen.objects {
