@@ -552,6 +552,50 @@ fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
         sizes.iter().all(|&n| n == 12),
         "every held-out well whole: {held:?} {sizes:?}"
     );
+    // `trainer embed --screen` embeds every cell, each row with its plate/well/site/object
+    // metadata, and the held-out cells' rows equal the features stage's (read by pandas).
+    let ckpt = dir
+        .path()
+        .join("out/scr/scDINO_ViTs/m_channel_APC_DAPI/checkpoint.safetensors");
+    let table = dir.path().join("cells.parquet");
+    let out = Command::new(bin("trainer"))
+        .args([
+            "embed",
+            "--screen",
+            cfg.to_str().unwrap(),
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+        ])
+        .args(["--out", table.to_str().unwrap(), "--part-size", "20"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let script = r#"
+import sys, glob, numpy as np, pandas as pd
+emb = pd.read_parquet(sys.argv[1]); feats = pd.read_parquet(glob.glob(sys.argv[2] + "/CLS_features/epoch*_profiles.parquet")[0])
+assert len(emb) == 72, len(emb)
+for c in ["Metadata_Plate", "Metadata_Well", "Metadata_Site", "Metadata_Treatment", "Metadata_ObjectNumber", "Metadata_Center_X"]:
+    assert c in emb.columns, (c, list(emb.columns))
+fe = [c for c in emb.columns if not c.startswith("Metadata_")]
+ff = [c for c in feats.columns if not c.startswith("Metadata_")]
+assert len(fe) == len(ff), (len(fe), len(ff))
+path = [c for c in feats.columns if "Path" in c][0]
+e = emb.set_index("Metadata_ImagePath").loc[feats[path]]
+d = np.abs(e[fe].to_numpy() - feats[ff].to_numpy()).max()
+assert d < 1e-5, d
+print(len(feats), d)
+"#;
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let out = Command::new(py)
+        .args([
+            "-c",
+            script,
+            table.to_str().unwrap(),
+            analyses.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
     // Packing reads the same cells.
     let packed = dir.path().join("packed");
     let out = Command::new(bin("trainer"))

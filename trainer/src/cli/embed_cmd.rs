@@ -18,8 +18,13 @@ pub struct EmbedArgs {
     #[arg(long, value_name = "CKPT")]
     checkpoint: PathBuf,
     /// The images: a folder or s3://, gs:// or az:// bucket/prefix; every .tif/.tiff below it, recursively.
-    #[arg(long, value_name = "DIR|URL")]
-    images: String,
+    #[arg(long, value_name = "DIR|URL", required_unless_present = "screen")]
+    images: Option<String>,
+    /// A screen instead of --images: a config whose `data` section names it (`dataset_dir` =
+    /// the LoadData table or OME-Zarr plate, `channel_names`, `data.screen`); every cell is
+    /// embedded with its site's Metadata_* columns, its object number and centre.
+    #[arg(long, value_name = "CONFIG.yaml", conflicts_with_all = ["images", "list"])]
+    screen: Option<PathBuf>,
     /// The profile table to write (parts and manifest in OUT.parts/, errors in OUT's
     /// `.errors.parquet`).
     #[arg(long, value_name = "OUT.parquet")]
@@ -71,7 +76,8 @@ impl EmbedArgs {
         let device = device(self.device.as_deref())?;
         let opts = EmbedOptions {
             checkpoint: self.checkpoint,
-            images: self.images,
+            images: self.images.unwrap_or_default(),
+            screen: self.screen,
             out: self.out.clone(),
             list: self.list,
             metadata: self.metadata,

@@ -5,9 +5,12 @@ use crate::config::{DatasetLocation, StoreUrl};
 use crate::data::csv::{Csv, CsvError};
 use crate::data::index::TIFF_EXTENSIONS;
 use crate::data::object_store::Remote;
+use crate::data::screen::source::ScreenSource;
+use crate::data::ImageSource;
 use crate::data::{decode_tiff_into, DataError, ImageChw};
 use ::object_store::path::Path as ObjPath;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImagesError {
@@ -21,6 +24,8 @@ pub enum ImagesError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Screen(String),
     #[error("no .tif/.tiff images below {0}")]
     NoImages(String),
     #[error("{}: {count} paths are listed more than once (e.g. {}); each image must be listed once", path.display(), examples.join(", "))]
@@ -40,14 +45,28 @@ pub enum ImagesError {
 /// Where the images live.
 pub enum Root {
     Local(PathBuf),
-    Remote { url: StoreUrl, remote: Box<Remote> },
+    Remote {
+        url: StoreUrl,
+        remote: Box<Remote>,
+    },
+    /// A screen's cells, cut from its sites; `table` is its LoadData table or plate as the
+    /// config names it.
+    Screen {
+        table: String,
+        source: Arc<ScreenSource>,
+        /// `data.screen` and the channels read, as JSON: part of what the job manifest
+        /// records, so a rerun with another box size or segmentation is another job.
+        settings: String,
+    },
 }
 
 /// One image: its path relative to the root ('/'-separated, the key metadata is joined on)
-/// and, for a listed object, the store's own path and size.
+/// and, for a listed object, the store's own path and size; for a screen's cell, its index
+/// in the screen.
 pub struct Entry {
     pub rel: String,
     location: Option<(ObjPath, u64)>,
+    cell: Option<usize>,
 }
 
 /// The images of one job, sorted by relative path.
@@ -80,11 +99,44 @@ impl Root {
         }
     }
 
+    /// The screen the `data` section of `config` names (see `data.screen`).
+    pub fn screen(config: &Path) -> Result<Self, ImagesError> {
+        let cfg = crate::train::init_layout::load_config(config)
+            .map_err(|e| ImagesError::Screen(format!("{}: {e}", config.display())))?;
+        let screen = cfg.data.screen.as_ref().ok_or_else(|| {
+            ImagesError::Screen(format!(
+                "{}: data.screen is not set (it names how cells are cut from the screen's sites)",
+                config.display()
+            ))
+        })?;
+        let source = crate::data::screen::open::open_screen(&cfg.data, screen)
+            .map_err(|e| ImagesError::Data(e.into()))?;
+        let settings = serde_json::json!({
+            "screen": screen,
+            "channels": cfg.data.channel_names,
+        })
+        .to_string();
+        Ok(Self::Screen {
+            table: cfg.data.dataset_dir.to_string(),
+            source: Arc::new(source),
+            settings,
+        })
+    }
+
+    /// The screen whose cells these are, for their metadata.
+    pub fn screen_source(&self) -> Option<Arc<ScreenSource>> {
+        match self {
+            Self::Screen { source, .. } => Some(source.clone()),
+            _ => None,
+        }
+    }
+
     /// Where `rel` lives, as written into `Metadata_ImagePath` and messages.
     pub fn full_path(&self, rel: &str) -> String {
         match self {
             Self::Local(dir) => dir.join(rel).display().to_string(),
             Self::Remote { url, .. } => url.url_of(rel),
+            Self::Screen { table, .. } => format!("{table}/{rel}"),
         }
     }
 
@@ -97,6 +149,14 @@ impl Root {
                 .display()
                 .to_string(),
             Self::Remote { url, .. } => url.root(),
+            Self::Screen {
+                table, settings, ..
+            } => {
+                let table = std::fs::canonicalize(table)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| table.clone());
+                format!("{table} {settings}")
+            }
         }
     }
 }
@@ -120,8 +180,29 @@ impl ImageList {
                     .map(|l| Entry {
                         rel: l.rel,
                         location: Some((l.location, l.size)),
+                        cell: None,
                     })
                     .collect(),
+                // `{plate}/{well}/{site}/{object}`: sorted, a site's cells stay together.
+                Root::Screen { source, .. } => {
+                    let root = &source.index().root;
+                    source
+                        .index()
+                        .samples
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| Entry {
+                            rel: s
+                                .path
+                                .strip_prefix(root)
+                                .unwrap_or(&s.path)
+                                .to_string_lossy()
+                                .into_owned(),
+                            location: None,
+                            cell: Some(i),
+                        })
+                        .collect()
+                }
             },
         };
         entries.sort_by(|a, b| a.rel.cmp(&b.rel));
@@ -143,6 +224,9 @@ impl ImageList {
     pub fn read(&self, i: usize, bytes: &mut Vec<u8>) -> Result<ImageChw, DataError> {
         let e = &self.entries[i];
         let shown = PathBuf::from(self.root.full_path(&e.rel));
+        if let (Root::Screen { source, .. }, Some(cell)) = (&self.root, e.cell) {
+            return Ok(source.read_cell(cell)?);
+        }
         match &self.root {
             Root::Local(dir) => {
                 use std::io::Read;
@@ -150,6 +234,12 @@ impl ImageList {
                 std::fs::File::open(dir.join(&e.rel))
                     .and_then(|mut f| f.read_to_end(bytes))
                     .map_err(|err| DataError::io(&shown, "reading", err))?;
+            }
+            Root::Screen { .. } => {
+                return Err(DataError::InvalidArgument(format!(
+                    "{}: not a cell of the screen",
+                    shown.display()
+                )))
             }
             Root::Remote { url, remote } => {
                 *bytes = match &e.location {
@@ -200,6 +290,7 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<(), ImagesErro
             out.push(Entry {
                 rel,
                 location: None,
+                cell: None,
             });
         }
     }
@@ -229,6 +320,7 @@ fn listed(csv: &Path) -> Result<Vec<Entry>, ImagesError> {
         out.push(Entry {
             rel,
             location: None,
+            cell: None,
         });
     }
     if !dups.is_empty() {

@@ -278,10 +278,47 @@ impl Report {
     }
 }
 
-/// The metadata of every image, from the pattern and/or the CSV.
+/// The metadata of every image, from the pattern and/or the CSV, and for a screen's cells
+/// their site's `Metadata_*` columns, object number and centre.
 pub struct Metadata {
     pub pattern: Option<PathPattern>,
     pub csv: Option<MetadataCsv>,
+    pub screen: Option<ScreenMetadata>,
+}
+
+/// The cells of a screen by their path relative to it (`{plate}/{well}/{site}/{object}`).
+pub struct ScreenMetadata {
+    source: std::sync::Arc<crate::data::screen::source::ScreenSource>,
+    by_rel: std::collections::HashMap<String, usize>,
+    columns: Vec<String>,
+}
+
+impl ScreenMetadata {
+    pub fn new(source: std::sync::Arc<crate::data::screen::source::ScreenSource>) -> Self {
+        use crate::data::ImageSource;
+        let root = source.index().root.clone();
+        let by_rel = source
+            .index()
+            .samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let rel = s.path.strip_prefix(&root).unwrap_or(&s.path);
+                (rel.to_string_lossy().into_owned(), i)
+            })
+            .collect();
+        // Every site of a layout has the same columns (a table's header, a plate's keys).
+        let columns = if source.cells().is_empty() {
+            vec![]
+        } else {
+            source.metadata(0).into_iter().map(|(k, _)| k).collect()
+        };
+        Self {
+            source,
+            by_rel,
+            columns,
+        }
+    }
 }
 
 impl Metadata {
@@ -318,6 +355,15 @@ impl Metadata {
                 )?;
             }
         }
+        if let Some(screen) = &self.screen {
+            use crate::data::ImageSource;
+            for column in &screen.columns {
+                add(
+                    column.clone(),
+                    format!("the screen {}", screen.source.index().root.display()),
+                )?;
+            }
+        }
         Ok(named
             .split_off(WRITTEN.len())
             .into_iter()
@@ -345,6 +391,12 @@ impl Metadata {
             match csv.rows.get(rel) {
                 Some(v) => out.extend(v.iter().cloned()),
                 None => out.extend(std::iter::repeat_n(String::new(), csv.columns.len())),
+            }
+        }
+        if let Some(screen) = &self.screen {
+            match screen.by_rel.get(rel) {
+                Some(&i) => out.extend(screen.source.metadata(i).into_iter().map(|(_, v)| v)),
+                None => out.extend(std::iter::repeat_n(String::new(), screen.columns.len())),
             }
         }
         out

@@ -57,6 +57,8 @@ pub enum OnError {
 pub struct EmbedOptions {
     pub checkpoint: PathBuf,
     pub images: String,
+    /// A config whose `data.screen` names a screen to embed instead of `images`.
+    pub screen: Option<PathBuf>,
     pub out: PathBuf,
     pub list: Option<PathBuf>,
     pub metadata: Option<PathBuf>,
@@ -115,8 +117,16 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
             )
         })
         .transpose()?;
-    let list = ImageList::open(Root::open(&opts.images)?, opts.list.as_deref())?;
+    let root = match &opts.screen {
+        Some(config) => Root::screen(config)?,
+        None => Root::open(&opts.images)?,
+    };
+    let list = ImageList::open(root, opts.list.as_deref())?;
     let metadata = Metadata {
+        screen: list
+            .root
+            .screen_source()
+            .map(super::metadata::ScreenMetadata::new),
         pattern: opts
             .path_pattern
             .as_deref()

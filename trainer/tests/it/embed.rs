@@ -43,6 +43,7 @@ fn options(ckpt: &Path, images: &str, out: &Path) -> EmbedOptions {
     EmbedOptions {
         checkpoint: ckpt.to_path_buf(),
         images: images.to_string(),
+        screen: None,
         out: out.to_path_buf(),
         list: None,
         metadata: None,

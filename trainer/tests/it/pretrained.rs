@@ -111,6 +111,7 @@ fn embed_gives_the_stage_rows(dir: &Path, folder: &Path, stage: &profiles::Profi
     let opts = EmbedOptions {
         checkpoint: folder.to_path_buf(),
         images: dir.join("data/Training").display().to_string(),
+        screen: None,
         out: out.clone(),
         list: None,
         metadata: None,
@@ -182,6 +183,7 @@ fn timm_folder_of_another_channel_count_is_refused_naming_both() {
     let opts = EmbedOptions {
         checkpoint: folder.clone(),
         images: dir.path().join("data/Training").display().to_string(),
+        screen: None,
         out: dir.path().join("embedded.parquet"),
         list: None,
         metadata: None,
