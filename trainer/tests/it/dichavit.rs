@@ -237,3 +237,45 @@ fn diverse_sampling_is_seeded() {
     }
     assert!(py_dir().join("dichavit_reference.py").exists());
 }
+
+/// A run's learner as `model.dichavit` asks: off, nothing changes (no proxies, the DINO term
+/// alone, hierarchical sampling); on, the proxies exist in student and teacher, both terms
+/// are in the loss, and each step's channels are the diverse draw over the student's channel
+/// embeddings.
+#[test]
+fn a_run_gets_the_pieces_its_config_asks_for() {
+    use trainer::config::Config;
+    use trainer::train::channels::{hierarchical_sample, step_channels};
+    use trainer::train::step::Learner;
+    let base = "data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  arch: vit_tiny\n  patch_size: 4\n  out_dim: 64\n  channels: tokens\n";
+    let on = "  dichavit:\n    channel_loss_weight: 0.1\n    token_loss_weight: 1\n    sampling: diverse\n";
+    let proxies = "backbone.patch_embed.channel_emb_proxies";
+    let _rng = torch_rng_lock();
+    for dichavit in [false, true] {
+        let on = if dichavit { on } else { "" };
+        let text = format!("{base}{on}train:\n  precision: fp32\n");
+        let cfg = Config::from_yaml(&text, "t").unwrap();
+        let learner = Learner::from_config(&cfg, 3, tch::Device::Cpu).unwrap();
+        let nets = &learner.nets;
+        assert_eq!(nets.student_vs.variables().contains_key(proxies), dichavit);
+        assert_eq!(nets.teacher_vs.variables().contains_key(proxies), dichavit);
+        let names: Vec<&str> = learner.terms.iter().map(|t| t.info().name).collect();
+        let expected = if dichavit {
+            vec!["dino", "channel_diversity", "token_diversity"]
+        } else {
+            vec!["dino"]
+        };
+        assert_eq!(names, expected);
+        let backbone = &nets.student.backbone;
+        let cosines =
+            channel_cosines(&backbone.channel_patch_embed().unwrap().channel_embeddings());
+        for it in 0..20 {
+            let expected = if dichavit {
+                diverse_sample(cfg.run.seed, it, &cosines, 0.1)
+            } else {
+                hierarchical_sample(cfg.run.seed, it, 3)
+            };
+            assert_eq!(step_channels(&cfg, it, 3, backbone), Some(expected));
+        }
+    }
+}
