@@ -242,6 +242,8 @@ impl Learner {
         };
         let channels = subset.as_deref();
         let masks = self.masks(crops, p, strategy.collective().rank());
+        // DiChaViT's terms read the student's channel patch embedding and the step's channels
+        // (every channel when the step draws no subset).
         let every: Vec<i64> = match subset {
             Some(_) => Vec::new(),
             None => (0..crops[0].size()[1]).collect(),
