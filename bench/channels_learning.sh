@@ -4,6 +4,9 @@
 # seed in SEEDS, on one of two datasets (DATASET):
 #   digits  scikit-learn's digits written with 4 channels (digit, two blurred copies, edges),
 #           16 px, patch 4 (the default)
+#   interaction  scripts/interaction.py's 3 channels (a, b, c: a disk and a dot each), 6
+#           classes defined by which channel's dot lies in which other channel's disk, so no
+#           single channel decides the class; 1200 training and 300 test images, 16 px, patch 4
 #   pbmc    `trainer synth`'s PBMC-like cells, 5 channels (APC, BF, DAPI, GREEN, PE: the
 #           class is spread over the marker stains, the cell size and the nucleus shape),
 #           8 classes of 96 training images, 32 px, patch 8 (the same 4×4 patch grid)
@@ -20,10 +23,14 @@
 #               the same with configs/small-data.yaml (the digits recipe + DINOv2's four
 #               stabilisers: KoLeo, Sinkhorn-Knopp centring, iBOT, 4 registers; not run unless
 #               named in RUNS)
+#   tokens_dichavit
+#               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
+#               and token diversification losses and diverse channel sampling; not run unless
+#               named in RUNS)
 # Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
 # Prints one Markdown table per approach: mean and spread over the seeds.
 # usage: [SEEDS="0 1 2"] [RUNS="untrained tokens bag fixed fixed_zeros"] [TRAINER=bin] [DATA=dir]
-#        [DATASET=digits|pbmc] bench/channels_learning.sh OUT [EPOCHS] [THREADS]
+#        [DATASET=digits|interaction|pbmc] bench/channels_learning.sh OUT [EPOCHS] [THREADS]
 #   RUNS: the approaches to run, in this order (fixed_zeros needs fixed of the same seed).
 #   TRAINER: a trainer binary to use as it is (no setup, no build: e.g. a GPU machine with the
 #   binary of scripts/device-binary.sh); DATA: the dataset written beforehand
@@ -45,13 +52,19 @@ case $DATASET in
     COMBOS='["0", "1", "2", "3", "0123", "02"]'
     ALL=4 # the index of "0123"
     ;;
+  interaction)
+    [[ -d $DATA/Training ]] || "$PY" "$ROOT/scripts/interaction.py" --out "$DATA" --size 16 >/dev/null
+    NAMES="a, b, c" SIZE=16 PATCH=4
+    COMBOS='["0", "1", "2", "012", "01"]'
+    ALL=3
+    ;;
   pbmc)
     [[ -d $DATA/Training ]] || "$TRAINER" synth --out "$DATA" --size 32 --per-class 96 --channels 5 >/dev/null
     NAMES="APC, BF, DAPI, GREEN, PE" SIZE=32 PATCH=8
     COMBOS='["0", "1", "2", "3", "4", "01234", "12"]'
     ALL=5
     ;;
-  *) echo "DATASET is digits or pbmc, not $DATASET" >&2; exit 2 ;;
+  *) echo "DATASET is digits, interaction or pbmc, not $DATASET" >&2; exit 2 ;;
 esac
 NCOMBOS=$(tr -cd , <<<"$COMBOS" | wc -c)
 NCOMBOS=$((NCOMBOS + 1))
@@ -65,11 +78,15 @@ config() {
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
+    # configs/dichavit.yaml says channels: tokens itself.
+    tokens_dichavit) mode="" base=dichavit ;;
   esac
+  local channels=""
+  [[ -z $mode ]] || channels="\\n  channels: $mode"  # sed's newline
   sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
     -e "s|dataset_dir: digits/data/Training|dataset_dir: $DATA/Training|" \
     -e "s|test_dir: digits/data/Test|test_dir: $DATA/Test|" \
-    -e "s|name: digits$|name: $run|" -e "s|name: small-data$|name: $run|" \
+    -e "s|name: digits$|name: $run|" -e "s|name: small-data$|name: $run|" -e "s|name: dichavit$|name: $run|" \
     -e "s|  seed: 0|  seed: $seed|" \
     -e "s|channel_names: \[digit, blurred, edges\]|channel_names: [$NAMES]|" \
     -e "s|global_crop_size: 16|global_crop_size: $SIZE|" -e "s|resize_length: 16|resize_length: $SIZE|" \
@@ -77,7 +94,7 @@ config() {
     -e "s|channel_combinations: \[\"012\"\]|channel_combinations: $COMBOS|" \
     -e "s|  epochs: 30|  epochs: $EPOCHS|" -e "s|  checkpoint_every: 3|  checkpoint_every: $EPOCHS|" \
     -e "s|  lr: 0.002|  lr: $lr|" \
-    -e "s|  use_bn_in_head: true|  use_bn_in_head: true\n  channels: $mode|" \
+    -e "s|  use_bn_in_head: true|  use_bn_in_head: true$channels|" \
     "$ROOT/configs/$base.yaml" |
     if [[ $run == untrained ]]; then
       sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
@@ -139,7 +156,8 @@ import glob, json, os, re, statistics, sys
 out, seeds = sys.argv[1], sys.argv[2].split()
 names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
-runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small"]
+runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
+        "tokens_dichavit"]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:

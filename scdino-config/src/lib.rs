@@ -6,6 +6,7 @@
 //! (re-exported as `trainer::config`) and the launcher, which validates a config before it
 //! bakes it into an image.
 mod compat;
+mod dichavit;
 mod locate;
 mod location;
 mod parse;
@@ -17,6 +18,7 @@ mod stage;
 mod validate;
 
 pub use compat::{IgnoredKey, IGNORED_KEYS};
+pub use dichavit::{ChannelSampling, DiChaViTSection};
 pub use locate::KeyLines;
 pub use location::{DatasetLocation, LocationError, Scheme, StoreUrl};
 pub use parse::{parse_yaml, Unparsed};

@@ -12,8 +12,13 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// The files that declare the schema: the sections, and `lib.rs` for the enums kept there.
-const SCHEMA_SOURCES: [&str; 2] = [include_str!("sections.rs"), include_str!("lib.rs")];
+/// The files that declare the schema: the sections, `lib.rs` for the enums kept there, and
+/// `dichavit.rs` (`model.dichavit`).
+const SCHEMA_SOURCES: [&str; 3] = [
+    include_str!("sections.rs"),
+    include_str!("lib.rs"),
+    include_str!("dichavit.rs"),
+];
 
 /// How to regenerate the page after changing the schema (written into its header).
 const REGENERATE: &str = "SCDINO_BLESS=1 cargo test -p scdino-config config_reference";

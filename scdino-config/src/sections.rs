@@ -383,6 +383,8 @@ pub struct ModelSection {
     /// Start training from pretrained weights (once, when a run starts; a resumed run
     /// continues from its own checkpoint).
     pub init: ModelInit,
+    /// DiChaViT's diversification losses and channel sampling (`model.channels: tokens` only).
+    pub dichavit: crate::DiChaViTSection,
 }
 
 /// `model.pos_embed`.
@@ -511,6 +513,7 @@ impl Default for ModelSection {
             pos_embed: PosEmbed::Dino,
             img_size: None,
             init: ModelInit::default(),
+            dichavit: crate::DiChaViTSection::default(),
         }
     }
 }

@@ -42,6 +42,7 @@ impl ModelSection {
         if let Some(ls) = self.layer_scale {
             v.positive(ls, "model.layer_scale")?;
         }
+        self.dichavit.validate(v, self.channels)?;
         let init = &self.init;
         if let Some(from) = &init.from {
             v.check(

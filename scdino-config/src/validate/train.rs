@@ -17,6 +17,12 @@ impl TrainSection {
             "train.peak_tflops",
             "must be a positive number of TFLOP/s (or left out)",
         )?;
+        v.check(
+            model.dichavit.sampling != crate::ChannelSampling::Diverse
+                || self.strategy != crate::Strategy::Fsdp,
+            "model.dichavit.sampling",
+            "diverse reads the student's channel embeddings before each step, which train.strategy: fsdp keeps sharded there; use ddp",
+        )?;
         self.ibot.validate(v, model, aug, self.batch_size_per_gpu)
     }
 

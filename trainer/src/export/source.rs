@@ -7,7 +7,7 @@ use super::ExportError;
 use crate::checkpoint;
 use crate::config::{Arch, ChannelMode, CheckpointKey, Config, ModelSection, PosEmbed};
 use crate::model::channels;
-use crate::model::{timm, PosResample, VisionTransformer, VitConfig};
+use crate::model::{timm, PosResample, VisionTransformer, VitConfig, TRAINING_ONLY};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use tch::{nn, Kind, Tensor};
@@ -340,7 +340,7 @@ impl Source {
             .tensors
             .keys()
             .filter_map(|n| n.strip_prefix(&prefix))
-            .filter(|n| *n != "mask_token")
+            .filter(|n| !TRAINING_ONLY.contains(n))
             .collect();
         if stored.is_empty() {
             return Err(invalid(format!(

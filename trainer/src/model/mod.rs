@@ -14,7 +14,7 @@ pub use head::{DinoHead, HeadConfig};
 pub use multicrop::{IbotForward, MultiCropNet};
 pub use pos_embed::PosResample;
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
-pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig};
+pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig, TRAINING_ONLY};
 
 use crate::config::{Config, ModelSection, PosEmbed};
 use std::collections::BTreeSet;
@@ -42,6 +42,10 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
     vit = with_layout(vit.with_registers(m.num_register_tokens), m);
     if cfg.train.ibot.enabled() {
         vit = vit.with_mask_token();
+    }
+    // DiChaViT's channel loss classifies the channel embeddings to proxies of their own.
+    if vit.channel_tokens && m.dichavit.channel_loss_weight > 0.0 {
+        vit = vit.with_channel_proxies();
     }
     if student {
         vit = vit.with_drop_path(m.drop_path_rate);

@@ -8,7 +8,7 @@
 //! `model_args.num_heads` or the standard width table. Any `model_args` key that changes the
 //! network in a way our ViT does not compute (another norm, activation, pooling of the
 //! features, no class token...) is refused rather than loaded into a different network.
-use super::{PosResample, VitConfig};
+use super::{PosResample, VitConfig, TRAINING_ONLY};
 use crate::config::Arch;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -328,6 +328,7 @@ pub fn layout(
         channel_tokens: false,
         num_register_tokens: registers,
         mask_token: false,
+        channel_proxies: false,
         // The initial value only matters for training from scratch; timm's DINOv2 uses 1e-5.
         layer_scale: shapes.contains_key("blocks.0.ls1.gamma").then(|| {
             args.get("init_values")
@@ -379,8 +380,9 @@ fn check_args(
 impl TimmModel {
     /// Copies the weights into `vs`, whose variables `prefix` + our name (e.g. `backbone.`)
     /// must be exactly this model's, with the same shapes: a missing or unexpected tensor
-    /// is an error naming it and the file. Our `mask_token` (iBOT's, which timm's ViT does
-    /// not have) keeps its initial value.
+    /// is an error naming it and the file. Our training-only tensors ([`TRAINING_ONLY`]: iBOT's
+    /// mask token, DiChaViT's proxies), which timm's ViT does not have, keep their initial
+    /// values.
     pub fn load_into(&self, vs: &nn::VarStore, prefix: &str) -> Result<(), TimmError> {
         let path = self.dir.join("model.safetensors");
         let invalid = |what: String| TimmError::Invalid {
@@ -391,7 +393,7 @@ impl TimmModel {
             .variables()
             .into_iter()
             .filter_map(|(n, t)| n.strip_prefix(prefix).map(|s| (s.to_string(), t)))
-            .filter(|(n, _)| n != "mask_token")
+            .filter(|(n, _)| !TRAINING_ONLY.contains(&n.as_str()))
             .collect();
         let ours: BTreeSet<&String> = vars.keys().collect();
         let theirs: BTreeSet<&String> = self.tensors.keys().collect();

@@ -33,6 +33,9 @@ pub struct VitConfig {
     /// DINOv2's `mask_token` (iBOT): the embedding a masked patch is replaced by. Only models
     /// trained with iBOT have the parameter, so scDINO's stays as it was.
     pub mask_token: bool,
+    /// DiChaViT's learnable proxy per channel (`patch_embed.channel_emb_proxies`, `[C, D]`),
+    /// only in models trained with its channel diversification loss (channel tokens only).
+    pub channel_proxies: bool,
     /// LayerScale (CaiT; DINOv2's `ls1.gamma`, `ls2.gamma`): each residual branch scaled per
     /// channel by a learned vector initialised to this value. None: no LayerScale (DINO).
     pub layer_scale: Option<f64>,
@@ -63,6 +66,7 @@ impl VitConfig {
             channel_tokens: false,
             num_register_tokens: 0,
             mask_token: false,
+            channel_proxies: false,
             layer_scale: None,
             no_embed_class: false,
             pos_resample: PosResample::Dino,
@@ -82,6 +86,11 @@ impl VitConfig {
 
     pub fn with_registers(mut self, n: usize) -> Self {
         self.num_register_tokens = n as i64;
+        self
+    }
+
+    pub fn with_channel_proxies(mut self) -> Self {
+        self.channel_proxies = true;
         self
     }
 
@@ -162,6 +171,12 @@ impl PatchEmbed {
     }
 }
 
+/// Backbone tensors that only training reads: iBOT's `mask_token` (it replaces masked
+/// patches) and DiChaViT's `patch_embed.channel_emb_proxies` (its channel loss's targets). A
+/// checkpoint may hold them; no inference network (ours or timm's) has them, and a source
+/// for `model.init` need not.
+pub const TRAINING_ONLY: [&str; 2] = ["mask_token", "patch_embed.channel_emb_proxies"];
+
 /// ChannelViT's `PatchEmbedPerChannel`: one projection of single-channel patches shared by
 /// every channel, plus a learned offset per channel (`channel_embed`). Both keep ChannelViT's
 /// shapes (`proj` is its `Conv3d` with kernel `(1, P, P)`, weight `[D, 1, 1, P, P]`;
@@ -172,6 +187,9 @@ pub struct ChannelPatchEmbed {
     weight: Tensor,
     bias: Tensor,
     channel_embed: Tensor,
+    /// DiChaViT's `channel_emb_proxies` `[C, D]`: what the channel diversification loss
+    /// classifies each channel embedding to (training only: inference never reads them).
+    channel_emb_proxies: Option<Tensor>,
     patch_size: i64,
     name: String,
 }
@@ -208,10 +226,22 @@ impl ChannelPatchEmbed {
                         .reshape([1, cfg.embed_dim, cfg.in_chans, 1, 1]),
                 )
         });
+        // DiChaViT: torch.randn(in_chans, embed_dim) / 8.
+        let channel_emb_proxies = cfg.channel_proxies.then(|| {
+            p.var(
+                "channel_emb_proxies",
+                &[cfg.in_chans, cfg.embed_dim],
+                nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: 0.125,
+                },
+            )
+        });
         Self {
             weight,
             bias,
             channel_embed,
+            channel_emb_proxies,
             patch_size: cfg.patch_size,
             name,
         }
@@ -219,14 +249,28 @@ impl ChannelPatchEmbed {
 
     /// The projection runs before the channel embedding is added.
     fn param_names(&self) -> Vec<String> {
-        names(&self.name, &["proj.weight", "proj.bias", "channel_embed"])
+        let mut leaves = vec!["proj.weight", "proj.bias", "channel_embed"];
+        if self.channel_emb_proxies.is_some() {
+            leaves.push("channel_emb_proxies");
+        }
+        names(&self.name, &leaves)
     }
 
-    /// `x`: `[B, k, H, W]` holding the model's channels `channels` (k indices, in the order of
-    /// x's channels) → `[B, k·(H/P)·(W/P), D]`, channel-major (all patches of the first channel,
-    /// then the next), as ChannelViT orders them.
-    /// `channels`: the model's channel of each input channel; None: all of them, in order.
-    fn forward(&self, x: &Tensor, channels: Option<&Tensor>) -> Tensor {
+    /// Every channel's embedding, `[C, D]` (row c: channel c's; the parameter itself, so a
+    /// loss on it reaches `channel_embed`).
+    pub fn channel_embeddings(&self) -> Tensor {
+        let d = self.weight.size()[0];
+        self.channel_embed.reshape([d, -1]).transpose(0, 1)
+    }
+
+    /// DiChaViT's proxies `[C, D]`, when the model was built with them.
+    pub fn proxies(&self) -> Option<&Tensor> {
+        self.channel_emb_proxies.as_ref()
+    }
+
+    /// The shared projection alone, before any channel embedding: `x` `[B, k, H, W]` →
+    /// `[B, k, (H/P)·(W/P), D]` (DiChaViT's token diversification loss reads these).
+    pub fn project(&self, x: &Tensor) -> Tensor {
         let k = x.size()[1];
         let p = [self.patch_size, self.patch_size];
         let d = self.weight.size()[0];
@@ -237,8 +281,19 @@ impl ChannelPatchEmbed {
             x.flatten(0, 1)
                 .unsqueeze(1)
                 .conv2d(&weight, Some(&self.bias), p, [0, 0], [1, 1], 1);
-        // [B·k, D, h', w'] → [B, k, n, D], plus channel c's embedding on each of its tokens.
-        let tokens = y.flatten(2, 3).unflatten(0, [-1, k]).transpose(2, 3);
+        // [B·k, D, h', w'] → [B, k, n, D].
+        y.flatten(2, 3).unflatten(0, [-1, k]).transpose(2, 3)
+    }
+
+    /// `x`: `[B, k, H, W]` holding the model's channels `channels` (k indices, in the order of
+    /// x's channels) → `[B, k·(H/P)·(W/P), D]`, channel-major (all patches of the first channel,
+    /// then the next), as ChannelViT orders them.
+    /// `channels`: the model's channel of each input channel; None: all of them, in order.
+    fn forward(&self, x: &Tensor, channels: Option<&Tensor>) -> Tensor {
+        let k = x.size()[1];
+        let d = self.weight.size()[0];
+        // [B, k, n, D], plus channel c's embedding on each of its tokens.
+        let tokens = self.project(x);
         let embed = self.channel_embed.reshape([d, -1]);
         let embed = match channels {
             Some(index) => embed.index_select(1, index),
@@ -545,6 +600,14 @@ impl VisionTransformer {
             cfg,
             hooks: HookSlot::default(),
             name: module_name(&p),
+        }
+    }
+
+    /// ChannelViT's patch embedding (channel tokens only).
+    pub fn channel_patch_embed(&self) -> Option<&ChannelPatchEmbed> {
+        match &self.patch_embed {
+            Tokenizer::PerChannel(e) => Some(e),
+            Tokenizer::Image(_) => None,
         }
     }
 

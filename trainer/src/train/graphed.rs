@@ -355,6 +355,8 @@ fn static_step(
         teacher_temp: temp,
         batch: crops[0].size()[0],
         masks: None,
+        // Channel tokens cannot be captured (`ChannelModeKind::uncapturable`).
+        tokens: None,
     };
     let teacher = learner.teacher_forward(crops, None, None);
     let one_rank = "a world of one has no failing collective";

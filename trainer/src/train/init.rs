@@ -14,7 +14,7 @@ use super::step::Networks;
 use crate::analysis::backbone::BackboneWeights;
 use crate::checkpoint;
 use crate::config::{ChannelAdapt, CheckpointKey, Config, InitFormat, ModelInit};
-use crate::model::{timm, VitConfig};
+use crate::model::{timm, VitConfig, TRAINING_ONLY};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
@@ -198,7 +198,7 @@ fn load_student(
         let Some(t) = pool.get(short) else {
             // Tensors a source cannot have: iBOT's mask token, ChannelViT's channel embedding
             // (a fixed-channel source), both kept at their init.
-            if matches!(short, "mask_token" | "patch_embed.channel_embed") {
+            if short == "patch_embed.channel_embed" || TRAINING_ONLY.contains(&short) {
                 continue;
             }
             refuse(
@@ -237,7 +237,7 @@ fn load_student(
     }
     // iBOT's mask token only ever replaces masked patches in training.
     let left = src.backbone.keys().chain(src.head.keys());
-    for name in left.filter(|n| !used.contains(*n) && *n != "mask_token") {
+    for name in left.filter(|n| !used.contains(*n) && !TRAINING_ONLY.contains(&n.as_str())) {
         refuse(
             &mut report,
             format!("{file}: tensor {name} has no place in the model"),

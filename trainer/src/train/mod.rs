@@ -4,6 +4,7 @@ pub mod ahead;
 pub mod bag;
 pub mod channels;
 pub mod collapse;
+pub mod dichavit;
 pub mod error;
 pub mod flops;
 pub mod foreach;

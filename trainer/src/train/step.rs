@@ -5,7 +5,7 @@
 use super::loss::TeacherTargets;
 use super::optim::AdamW;
 use super::terms::{
-    LossTerms, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermValues,
+    LossTerms, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermValues, TokenStep,
 };
 use crate::config::{Config, Precision};
 use crate::dist::group::DistError;
@@ -242,11 +242,28 @@ impl Learner {
         };
         let channels = subset.as_deref();
         let masks = self.masks(crops, p, strategy.collective().rank());
+        // DiChaViT's terms read the student's channel patch embedding and the step's channels
+        // (every channel when the step draws no subset).
+        let every: Vec<i64> = match subset {
+            Some(_) => Vec::new(),
+            None => (0..crops[0].size()[1]).collect(),
+        };
+        let tokens = self
+            .nets
+            .student
+            .backbone
+            .channel_patch_embed()
+            .map(|embed| TokenStep {
+                embed,
+                global: &crops[..2],
+                channels: channels.unwrap_or(&every),
+            });
         let ctx = StepContext {
             epoch: p.epoch,
             teacher_temp: self.terms.teacher_temp(p.epoch),
             batch: crops[0].size()[0],
             masks: masks.as_ref(),
+            tokens,
         };
         strategy.before_teacher()?;
         let teacher = self.teacher_forward(crops, channels, ctx.masks);

@@ -4,6 +4,7 @@
 //! this file imports none of them.
 use crate::dist::group::DistError;
 use crate::dist::Collective;
+use crate::model::ChannelPatchEmbed;
 use std::any::Any;
 use tch::{Device, Tensor};
 
@@ -46,6 +47,21 @@ pub struct StepContext<'a> {
     pub batch: i64,
     /// The masks the forwards applied (`[2·B, tokens]`), when a term asked for them.
     pub masks: Option<&'a Tensor>,
+    /// Channel tokens (`model.channels: tokens`): what the student embedded, for DiChaViT's
+    /// terms; None for other models.
+    pub tokens: Option<TokenStep<'a>>,
+}
+
+/// A `tokens` step as DiChaViT's terms see it: the student's patch embedding (the parameters
+/// their gradients reach), the step's global crops and the model's index of each of their
+/// channels.
+#[derive(Clone, Copy)]
+pub struct TokenStep<'a> {
+    pub embed: &'a ChannelPatchEmbed,
+    /// The two global crops, `[B, k, H, W]` each, holding the step's channels only.
+    pub global: &'a [Tensor],
+    /// The model's channel of each of the crops' k channels, ascending.
+    pub channels: &'a [i64],
 }
 
 /// What a term that masks patches needs to draw this rank's masks.

@@ -4,6 +4,7 @@ mod augment;
 mod channels;
 mod config;
 mod data;
+mod dichavit;
 mod dist;
 mod embed;
 mod evaluate;

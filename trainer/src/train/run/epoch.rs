@@ -6,7 +6,7 @@ use super::batches::PreparedBatch;
 use super::resume::Position;
 use super::{TrainError, TrainOutcome, TrainingRun};
 use crate::checkpoint::EpochTotals;
-use crate::model::channels::for_mode;
+use crate::train::channels::step_channels;
 use crate::train::collapse::TeacherSnapshot;
 use crate::train::loss::DinoTerm;
 use crate::train::step::{ChannelSubset, StepOutput, StepParams};
@@ -121,9 +121,13 @@ impl TrainingRun<'_> {
             freeze_last_layer: epoch < cfg.train.freeze_last_layer,
             clip_grad: cfg.train.clip_grad,
             rng_seed: step_seed(cfg.run.seed, iteration),
-            channels: for_mode(cfg.model.channels)
-                .step_channels(cfg.run.seed, iteration, self.channels.len())
-                .map(|c| ChannelSubset::from_indices(&c)),
+            channels: step_channels(
+                cfg,
+                iteration,
+                self.channels.len(),
+                &self.learner.nets.student.backbone,
+            )
+            .map(|c| ChannelSubset::from_indices(&c)),
         }
     }
 

@@ -125,6 +125,8 @@ impl ProgressLine<'_> {
             dino_loss = terms.get("dino"),
             koleo_loss = terms.get("koleo"),
             ibot_loss = terms.get("ibot"),
+            channel_diversity_loss = terms.get("channel_diversity"),
+            token_diversity_loss = terms.get("token_diversity"),
             lr = r.lr,
             weight_decay = r.weight_decay,
             images_per_second = imgs_per_s,

@@ -1,0 +1,113 @@
+"""Write a synthetic scDINO dataset whose class is an interaction between channels.
+
+    .venv/bin/python scripts/interaction.py --out DIR [--size 16] [--per-class 200]
+        [--test-per-class 50] [--seed 0]
+
+Three channels (a, b, c). Each channel holds one disk (its "region", half intensity) and one
+small bright dot (its "signal"), each placed at random. In every image exactly one channel's
+dot lies inside exactly one other channel's region; the class says which: `a_in_b`, `a_in_c`,
+`b_in_a`, `b_in_c`, `c_in_a`, `c_in_b` (6 classes, chance 16.7 %). Every other dot lies
+outside every other channel's region (it lies in a phantom region, placed as a real one, so
+that every dot is placed the same way), and no dot lies in its own channel's region.
+
+Why no single channel decides the class: one channel alone shows a disk and a dot outside it,
+placed the same way in every class (the disk uniformly, the dot somewhere outside it); whether
+that dot is inside another channel's disk, and whose, is only visible with that other channel.
+A model that embeds each channel on its own (`model.channels: bag`) cannot see it: its
+features of a combination are its channels' features side by side, each blind to where the
+other channels' disks are, so a nearest-neighbour vote on them stays near chance (up to the
+little that border effects leak). A model whose tokens of different channels attend to each
+other (`tokens`) can learn it. A pair of channels shows two of the six classes (its own two
+relations) apart from the other four: at most 50 % top-1 there.
+
+Layout as `scripts/digits.py` and `trainer synth` (one uncompressed (H, W, 3) uint16 TIFF per
+image, MinIsBlack):
+
+    DIR/Training/<class>/<class>-<NNNNN>.tiff
+    DIR/Test/Donor01/Control/<class>/<class>-<NNNNN>-Test-Ctrl-E01-D01.tiff
+"""
+import argparse
+import itertools
+import os
+
+import numpy as np
+import tifffile
+
+NAMES = ["a", "b", "c"]
+MAXVAL = 64000
+
+
+def inside(p, centre, r):
+    return np.hypot(p[0] - centre[0], p[1] - centre[1]) < r
+
+
+def draw(rng, size, source, target):
+    """One image (size, size, 3) float of class source→target, by rejection."""
+    r = size / 4.0
+    margin = r * 0.9
+    while True:
+        centres = rng.uniform(margin, size - margin, size=(3, 2))
+        dots = []
+        for c in range(3):
+            # The source's dot lies in the target's region; every other dot in a phantom
+            # region placed as a real one, so that each dot alone is placed the same way.
+            home = centres[target] if c == source else rng.uniform(margin, size - margin, 2)
+            avoid = [o for o in range(3) if o != c and not (c == source and o == target)]
+            for _ in range(200):
+                p = home + rng.uniform(-r, r, size=2)
+                if (
+                    inside(p, home, r - 1.5)
+                    and 1.0 <= p.min() and p.max() <= size - 1.0
+                    and not inside(p, centres[c], r + 1.0)
+                    and not any(inside(p, centres[o], r + 1.0) for o in avoid)
+                ):
+                    break
+            else:
+                break
+            dots.append(p)
+        if len(dots) == 3:
+            break
+    yy, xx = np.mgrid[0:size, 0:size] + 0.5
+    img = np.zeros((size, size, 3))
+    for c in range(3):
+        img[..., c] = 0.5 * (np.hypot(yy - centres[c][0], xx - centres[c][1]) < r)
+        # A 2×2-pixel dot around its point.
+        y0, x0 = int(np.clip(np.floor(dots[c][0] - 0.5), 0, size - 2)), int(
+            np.clip(np.floor(dots[c][1] - 0.5), 0, size - 2)
+        )
+        img[y0 : y0 + 2, x0 : x0 + 2, c] = 1.0
+    return img
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="dataset root to create (Training/, Test/)")
+    p.add_argument("--size", type=int, default=16, help="image side in pixels (default 16)")
+    p.add_argument("--per-class", type=int, default=200, help="training images per class")
+    p.add_argument("--test-per-class", type=int, default=50, help="test images per class")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    rng = np.random.default_rng(a.seed)
+    classes = list(itertools.permutations(range(3), 2))
+    n = 0
+    for split, per in (("Training", a.per_class), ("Test", a.test_per_class)):
+        for s, t in classes:
+            cls = f"{NAMES[s]}_in_{NAMES[t]}"
+            for _ in range(per):
+                img = np.rint(draw(rng, a.size, s, t) * MAXVAL).astype(np.uint16)
+                if split == "Training":
+                    d, name = os.path.join(a.out, "Training", cls), f"{cls}-{n:05d}.tiff"
+                else:
+                    d = os.path.join(a.out, "Test", "Donor01", "Control", cls)
+                    name = f"{cls}-{n:05d}-Test-Ctrl-E01-D01.tiff"
+                os.makedirs(d, exist_ok=True)
+                tifffile.imwrite(os.path.join(d, name), img, photometric="minisblack",
+                                 planarconfig="contig", rowsperstrip=a.size, metadata=None,
+                                 software=False)
+                n += 1
+    print(f"wrote {a.per_class * 6} training and {a.test_per_class * 6} test images to {a.out} "
+          f"(6 classes, {a.size}×{a.size}, 3 channels uint16)")
+
+
+if __name__ == "__main__":
+    main()
