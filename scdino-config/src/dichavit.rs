@@ -67,39 +67,6 @@ pub enum ChannelSampling {
     Diverse,
 }
 
-impl DiChaViTSection {
-    /// Its keys act on channel tokens: with another `model.channels` any value other than
-    /// the default is refused, so a run never silently ignores a loss it asked for.
-    pub(crate) fn validate(
-        &self,
-        v: &crate::Validator,
-        mode: crate::ChannelMode,
-    ) -> Result<(), crate::Invalid> {
-        v.check(
-            mode == crate::ChannelMode::Tokens || *self == Self::default(),
-            "model.dichavit",
-            &format!(
-                "DiChaViT's losses and channel sampling act on ChannelViT's channel embeddings and per-channel tokens: they need model.channels: tokens (this run has {}); remove the model.dichavit block",
-                mode.name()
-            ),
-        )?;
-        v.non_negative(
-            self.channel_loss_weight,
-            "model.dichavit.channel_loss_weight",
-        )?;
-        v.positive(
-            self.channel_loss_temperature,
-            "model.dichavit.channel_loss_temperature",
-        )?;
-        v.non_negative(self.token_loss_weight, "model.dichavit.token_loss_weight")?;
-        v.non_negative(self.gamma_s, "model.dichavit.gamma_s")?;
-        v.non_negative(self.gamma_d, "model.dichavit.gamma_d")?;
-        v.positive(
-            self.sampling_temperature,
-            "model.dichavit.sampling_temperature",
-        )
-    }
-}
 
 #[cfg(test)]
 mod tests {
