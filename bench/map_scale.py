@@ -18,7 +18,9 @@ Sections (all when none is named):
              at least 20 bytes each: 80 GB), which the 23 GB host cannot hold.
 
 Each run is its own process under /usr/bin/time -v (wall time, peak RSS) at nice 10; the
-script checks that ours and copairs agree (pair counts exactly, AP to 1e-6) before printing.
+script checks that ours and copairs agree (pair counts exactly; AP to 1e-9 on all but at most
+1 row in 1,000, whose near-tied pairs copairs' float32 sums may order the other way; 1e-2 on
+those; observed: 2 and 10 rows of 90,000) before printing.
 """
 import re
 import subprocess
@@ -139,9 +141,12 @@ def copairs(work, name, rules):
         assert (a[c].to_numpy() == b[c].to_numpy()).all(), c
     x, y = a["average_precision"].to_numpy(), b["average_precision"].to_numpy()
     assert (np.isnan(x) == np.isnan(y)).all()
-    err = float(np.nanmax(np.abs(x - y)))
-    assert err <= 1e-6, err
-    return t, err
+    diff = np.abs(x - y)
+    err, off = float(np.nanmax(diff)), int((diff > 1e-9).sum())
+    # copairs sums each cosine in float32 (numpy), ours in float64: a positive and a negative
+    # within a float32 rounding of each other may swap, moving that row's AP by ~1/rank^2.
+    assert err <= 1e-2 and off <= len(x) // 1_000, (err, off)
+    return t, f"{err:.1e} on {off} rows"
 
 
 def main(trainer, work, sections):
@@ -159,7 +164,7 @@ def main(trainer, work, sections):
         (t2, m2), err = copairs(work, name, rules)
         rows.append((f"{name} 90,000 x {D}", "trainer metrics map (AP + mAP)", t1, m1))
         rows.append((f"{name} 90,000 x {D}", "copairs average_precision (AP)", t2, m2))
-        rows.append((f"{name} ratio copairs / ours (max AP diff {err:.1e})", "", t2 / t1, m2 / m1))
+        rows.append((f"{name} ratio copairs / ours (max AP diff {err})", "", t2 / t1, m2 / m1))
     if "threads" in sections:
         for pin, label in [("0", "1 thread (taskset -c 0)"), (None, "2 threads")]:
             t, m = ours(trainer, work, "replicate", REPLICATE, pin, tag="_pin")
