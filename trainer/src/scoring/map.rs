@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::keys::{groups, Codes};
+use super::rank;
 use super::table::{write_table, OutColumn};
 use super::{ProfileTable, ScoringError};
 
@@ -112,15 +113,9 @@ fn unit_rows(table: &ProfileTable) -> Result<Vec<f32>, ScoringError> {
     Ok(out)
 }
 
-fn cosine(unit: &[f32], d: usize, a: usize, b: usize) -> f32 {
-    let (x, y) = (&unit[a * d..(a + 1) * d], &unit[b * d..(b + 1) * d]);
-    x.iter()
-        .zip(y)
-        .map(|(&p, &q)| f64::from(p) * f64::from(q))
-        .sum::<f64>() as f32
-}
-
-/// AP of one rank list: `(1 - similarity, positive)` pairs, positives listed first.
+/// AP of one rank list: `(1 - similarity, positive)` pairs, positives listed first. The
+/// definition the engine ([`super::rank`]) is checked against.
+#[cfg(test)]
 fn ap_of(mut ranked: Vec<(f32, bool)>) -> ApRow {
     // Stable: on equal keys the positives, listed first, stay first (as in copairs).
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -142,8 +137,53 @@ fn ap_of(mut ranked: Vec<(f32, bool)>) -> ApRow {
     }
 }
 
+/// Rule columns past which counting partners by inclusion–exclusion (2^columns hash maps)
+/// costs more than listing them.
+const MAX_EXCLUSION_COLUMNS: usize = 6;
+
+/// Each row's number of partners under `rule`, without listing them: rows of the group
+/// differing in every `diffby` column, by inclusion–exclusion over the columns (the group's
+/// rows minus those equal in one column, plus those equal in two, ...), so a row's count
+/// costs 2^columns hash look-ups, not the group's size (every control has every treated
+/// well as a negative partner).
+fn partner_counts(rule: &Rule, n: usize) -> Vec<u32> {
+    let cols = rule.diff.codes.len();
+    if cols == 0 {
+        return (0..n)
+            .map(|r| rule.groups[rule.group_of[r]].len() as u32 - 1)
+            .collect();
+    }
+    if cols > MAX_EXCLUSION_COLUMNS {
+        return (0..n).map(|r| rule.partners(r).count() as u32).collect();
+    }
+    let mut total = vec![0i64; n];
+    for mask in 0..1u32 << cols {
+        let picked: Vec<&Vec<u32>> = (0..cols)
+            .filter(|c| mask >> c & 1 == 1)
+            .map(|c| &rule.diff.codes[c])
+            .collect();
+        let key = |r: usize| -> Vec<u32> {
+            std::iter::once(rule.group_of[r] as u32)
+                .chain(picked.iter().map(|c| c[r]))
+                .collect()
+        };
+        let mut count: HashMap<Vec<u32>, i64> = HashMap::new();
+        for r in 0..n {
+            *count.entry(key(r)).or_default() += 1;
+        }
+        let sign = if mask.count_ones() % 2 == 0 { 1 } else { -1 };
+        for (r, t) in total.iter_mut().enumerate() {
+            *t += sign * count[&key(r)];
+        }
+    }
+    total.into_iter().map(|t| t as u32).collect()
+}
+
 /// copairs' `average_precision(meta, feats, pos_sameby, pos_diffby, neg_sameby, neg_diffby,
-/// distance="cosine")`, one [`ApRow`] per table row (rows in no pair: NaN, 0, 0).
+/// distance="cosine")`, one [`ApRow`] per table row (rows in no pair: NaN, 0, 0). The counts
+/// come first (so a table without positive or negative pairs fails before any similarity is
+/// computed), then [`super::rank`] ranks without materialising the pairs, on every core this
+/// process may use (`taskset` limits it).
 pub fn average_precision(
     table: &ProfileTable,
     rules: &PairRules,
@@ -152,45 +192,16 @@ pub fn average_precision(
     table.check_finite()?;
     let pos = Rule::new(table, &rules.pos_sameby, &rules.pos_diffby, "pos")?;
     let neg = Rule::new(table, &rules.neg_sameby, &rules.neg_diffby, "neg")?;
-    let unit = unit_rows(table)?;
-    let d = table.dim();
     let n = table.rows;
-    let one = |r: usize| {
-        let sim = |j| 1f32 - cosine(&unit, d, r, j);
-        let ranked: Vec<(f32, bool)> = pos
-            .partners(r)
-            .map(|j| (sim(j), true))
-            .chain(neg.partners(r).map(|j| (sim(j), false)))
-            .collect();
-        ap_of(ranked)
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let chunk = n.div_ceil(threads).max(1);
-    let mut out = vec![
-        ApRow {
-            n_pos_pairs: 0,
-            n_total_pairs: 0,
-            average_precision: f64::NAN
-        };
-        n
-    ];
-    std::thread::scope(|s| {
-        for (c, part) in out.chunks_mut(chunk).enumerate() {
-            let one = &one;
-            s.spawn(move || {
-                for (i, slot) in part.iter_mut().enumerate() {
-                    *slot = one(c * chunk + i);
-                }
-            });
-        }
-    });
-    if !out.iter().any(|a| a.n_pos_pairs > 0) {
+    let n_pos = partner_counts(&pos, n);
+    let n_neg = partner_counts(&neg, n);
+    if n_pos.iter().all(|&k| k == 0) {
         return Err(ScoringError::invalid(
             table,
             "no positive pairs: no two rows are equal in every pos_sameby column and different in every pos_diffby column",
         ));
     }
-    if out.iter().all(|a| a.n_total_pairs == a.n_pos_pairs) {
+    if n_neg.iter().all(|&k| k == 0) {
         return Err(ScoringError::invalid(
             table,
             format!(
@@ -200,7 +211,25 @@ pub fn average_precision(
             ),
         ));
     }
-    Ok(out)
+    let unit = unit_rows(table)?;
+    let mut ap = vec![f64::NAN; n];
+    let inputs = rank::Inputs {
+        unit: &unit,
+        d: table.dim(),
+        neg_groups: &neg.groups,
+        neg_diff: &neg.diff,
+        n_pos: &n_pos,
+        n_neg: &n_neg,
+        threads: std::thread::available_parallelism().map_or(1, |t| t.get()),
+    };
+    rank::fill_ap(&inputs, &|r| pos.partners(r).collect(), &mut ap);
+    Ok((0..n)
+        .map(|r| ApRow {
+            n_pos_pairs: n_pos[r],
+            n_total_pairs: n_pos[r] + n_neg[r],
+            average_precision: ap[r],
+        })
+        .collect())
 }
 
 fn list(cols: &[String]) -> String {
@@ -483,6 +512,120 @@ mod tests {
         assert_eq!((ap.n_pos_pairs, ap.n_total_pairs), (2, 4));
         assert!((ap.average_precision - (1.0 + 2.0 / 4.0) / 2.0).abs() < 1e-12);
         assert!(ap_of(vec![(0.1, false)]).average_precision.is_nan());
+    }
+
+    /// A 700-row table (three tiles) with plates, compounds, controls and duplicated rows
+    /// (exact ties across positives and negatives), 6 features on a coarse grid so that
+    /// distinct rows tie too.
+    fn tiled_table() -> ProfileTable {
+        let (n, d) = (700usize, 6usize);
+        let mut rng = SplitMix64(11);
+        let mut features: Vec<f32> = (0..n * d)
+            .map(|_| rng.below(5) as f32 - 2.0 + 0.5)
+            .collect();
+        for r in (0..n).step_by(7) {
+            let src = (r * 13 + 5) % n;
+            let copy = features[src * d..(src + 1) * d].to_vec();
+            features[r * d..(r + 1) * d].copy_from_slice(&copy);
+        }
+        let col = |f: &dyn Fn(usize) -> String| (0..n).map(|r| Some(f(r))).collect::<Vec<_>>();
+        let meta = vec![
+            (
+                "Metadata_Plate".to_string(),
+                col(&|r| format!("P{}", r % 3)),
+            ),
+            (
+                "Metadata_Compound".to_string(),
+                col(&|r| {
+                    if r % 10 == 0 {
+                        "DMSO".into()
+                    } else {
+                        format!("c{}", r / 4 % 90)
+                    }
+                }),
+            ),
+            (
+                "Metadata_Condition".to_string(),
+                col(&|r| {
+                    if r % 10 == 0 {
+                        "Control".into()
+                    } else {
+                        "Treated".into()
+                    }
+                }),
+            ),
+        ];
+        ProfileTable {
+            path: "tiled.parquet".into(),
+            meta,
+            feature_names: (0..d).map(|j| format!("f{j}")).collect(),
+            features,
+            rows: n,
+            nested: vec![],
+        }
+    }
+
+    /// The engine's AP equals the sorted rank list's (the definition) on every row, bit for
+    /// bit, for replicate retrieval within plates, across all rows, and against controls.
+    #[test]
+    fn engine_equals_sorted_rank_lists_across_tiles_and_ties() {
+        let mut table = tiled_table();
+        assign_reference_index(&mut table, "Metadata_Condition", "Control").unwrap();
+        let v = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let refcols = v(&["Metadata_Compound", "Metadata_Reference_Index"]);
+        let cases = [
+            PairRules {
+                pos_sameby: v(&["Metadata_Compound"]),
+                pos_diffby: v(&["Metadata_Plate"]),
+                neg_sameby: v(&["Metadata_Plate"]),
+                neg_diffby: v(&["Metadata_Compound"]),
+            },
+            PairRules {
+                pos_sameby: v(&["Metadata_Compound"]),
+                pos_diffby: vec![],
+                neg_sameby: vec![],
+                neg_diffby: v(&["Metadata_Compound"]),
+            },
+            PairRules {
+                pos_sameby: refcols.clone(),
+                pos_diffby: vec![],
+                neg_sameby: vec![],
+                neg_diffby: refcols,
+            },
+        ];
+        let unit = unit_rows(&table).unwrap();
+        let d = table.dim();
+        for rules in cases {
+            let got = average_precision(&table, &rules).unwrap();
+            let pos = Rule::new(&table, &rules.pos_sameby, &rules.pos_diffby, "pos").unwrap();
+            let neg = Rule::new(&table, &rules.neg_sameby, &rules.neg_diffby, "neg").unwrap();
+            let mut ties = 0;
+            for (r, g) in got.iter().enumerate() {
+                let k = |j| rank::key(&unit, d, r, j);
+                let ranked: Vec<(f32, bool)> = pos
+                    .partners(r)
+                    .map(|j| (k(j), true))
+                    .chain(neg.partners(r).map(|j| (k(j), false)))
+                    .collect();
+                let mut keys: Vec<f32> = ranked.iter().map(|p| p.0).collect();
+                keys.sort_by(f32::total_cmp);
+                ties += keys.windows(2).filter(|w| w[0] == w[1]).count();
+                let want = ap_of(ranked);
+                assert_eq!(
+                    (g.n_pos_pairs, g.n_total_pairs),
+                    (want.n_pos_pairs, want.n_total_pairs),
+                    "row {r} {rules:?}"
+                );
+                assert!(
+                    g.average_precision.to_bits() == want.average_precision.to_bits()
+                        || (g.average_precision.is_nan() && want.average_precision.is_nan()),
+                    "row {r}: {} vs {} {rules:?}",
+                    g.average_precision,
+                    want.average_precision
+                );
+            }
+            assert!(ties > 1000, "the table has ties to break: {ties}");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod nn;
 pub mod normalize;
 pub mod plots;
 pub mod profile;
+mod rank;
 pub mod recipe;
 pub mod select;
 pub mod summary;

@@ -91,6 +91,19 @@ fn map_equals_copairs_on_ties_single_members_and_controls() {
             "Metadata_Class",
         ],
     );
+    // Plates of 350 rows: several tiles of the engine, pairs across tiles counted once.
+    case(
+        "tiles",
+        "tiles.parquet",
+        &[
+            "--pos-sameby",
+            "Metadata_Compound",
+            "--neg-sameby",
+            "Metadata_Plate",
+            "--neg-diffby",
+            "Metadata_Compound",
+        ],
+    );
     let refcols = "Metadata_Compound,Metadata_Reference_Index";
     case(
         "activity",
@@ -111,6 +124,7 @@ fn map_equals_copairs_on_ties_single_members_and_controls() {
         "replicate",
         "across_donors",
         "within_donor_negs",
+        "tiles",
         "activity",
     ] {
         assert!(report.contains(&format!("\"{name}\"")), "{report}");

@@ -55,6 +55,21 @@ def activity_table(rng):
     return rows, np.array(feats)
 
 
+def tiles_table(rng):
+    """700 rows on 2 plates: each plate's 350 rows span two of the engine's 256-row tiles;
+    compounds in 4 replicates over both plates, every 9th row a copy of another (ties
+    between positives and negatives)."""
+    rows, feats = [], []
+    centers = rng.normal(size=(175, 24))
+    for r in range(700):
+        c = r // 4
+        rows.append({"Metadata_Compound": f"c{c}", "Metadata_Plate": f"P{r % 2}"})
+        feats.append(centers[c] * 0.7 + rng.normal(size=24))
+    for r in range(0, 700, 9):
+        feats[r] = feats[(r * 31 + 3) % 700].copy()
+    return rows, np.array(feats)
+
+
 def write(path, rows, feats, prefix="f"):
     df = pd.DataFrame(rows)
     for j in range(feats.shape[1]):
@@ -67,6 +82,7 @@ CASES = {
     "replicate": ("replicate", ["Metadata_Class"], [], [], ["Metadata_Class"], None),
     "across_donors": ("replicate", ["Metadata_Class"], ["Metadata_Donor"], [], ["Metadata_Class"], None),
     "within_donor_negs": ("replicate", ["Metadata_Class"], [], ["Metadata_Donor"], ["Metadata_Class"], None),
+    "tiles": ("tiles", ["Metadata_Compound"], [], ["Metadata_Plate"], ["Metadata_Compound"], None),
     "activity": ("activity", ["Metadata_Compound", "Metadata_Reference_Index"], [], [],
                  ["Metadata_Compound", "Metadata_Reference_Index"], "Metadata_Condition == 'Control'"),
 }
@@ -75,6 +91,7 @@ CASES = {
 def gen(d):
     rng = np.random.default_rng(3)
     write(d / "replicate.parquet", *replicate_table(rng))
+    write(d / "tiles.parquet", *tiles_table(rng))
     write(d / "activity.parquet", *activity_table(rng), prefix="Cells_AreaShape_")
     json.dump({k: {"table": v[0], "pos_sameby": v[1], "pos_diffby": v[2], "neg_sameby": v[3],
                    "neg_diffby": v[4], "reference": v[5], "null_size": NULL_SIZE}
