@@ -67,7 +67,6 @@ pub enum ChannelSampling {
     Diverse,
 }
 
-
 #[cfg(test)]
 mod tests {
     use crate::{ChannelSampling, Config, ConfigError};
