@@ -115,35 +115,22 @@ struct Column {
     desc: std::sync::Arc<ColumnDescriptor>,
 }
 
-/// Aggregates the Parquet table at `path` (see the module doc).
-pub fn aggregate(path: &Path, opts: &AggregateOptions) -> Result<Aggregated, ScoringError> {
-    let pq = |source| ScoringError::Parquet {
-        path: path.to_path_buf(),
-        source,
-    };
+/// The strata, kept and feature columns `opts` names (or, for features, infers).
+struct Chosen<'a> {
+    strata: Vec<&'a Column>,
+    keep: Vec<&'a Column>,
+    features: Vec<&'a Column>,
+}
+
+fn choose<'a>(
+    flat: &'a [Column],
+    opts: &AggregateOptions,
+    path: &Path,
+) -> Result<Chosen<'a>, ScoringError> {
     let invalid = |what: String| ScoringError::Invalid {
         path: path.to_path_buf(),
         what,
     };
-    let file = File::open(path).map_err(|source| ScoringError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = SerializedFileReader::new(file).map_err(pq)?;
-    let meta = reader.metadata();
-    let rows = meta.file_metadata().num_rows().max(0) as usize;
-    let schema = meta.file_metadata().schema_descr();
-    let flat: Vec<Column> = schema
-        .columns()
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.max_rep_level() == 0 && c.path().parts().len() == 1)
-        .map(|(leaf, c)| Column {
-            name: c.name().to_string(),
-            leaf,
-            desc: c.clone(),
-        })
-        .collect();
     let is_float = |c: &Column| numeric(&c.desc) == Numeric::Float;
     let find = |name: &str| -> Result<&Column, ScoringError> {
         flat.iter()
@@ -212,19 +199,29 @@ pub fn aggregate(path: &Path, opts: &AggregateOptions) -> Result<Aggregated, Sco
             path: path.to_path_buf(),
         });
     }
-    if rows == 0 {
-        return Err(ScoringError::TooFewRows {
-            path: path.to_path_buf(),
-            what: "aggregate".into(),
-            need: 1,
-            have: 0,
-        });
-    }
+    Ok(Chosen {
+        strata,
+        keep,
+        features,
+    })
+}
 
-    // Pass 1: each row's group (strata codes), the keep columns checked constant per group.
+/// Each row's group, numbered in output order (pandas' sorted strata), with the groups'
+/// sizes and strata values.
+struct Grouped {
+    group_of: Vec<u32>,
+    counts: Vec<i64>,
+    meta: Vec<(String, Vec<Option<String>>)>,
+}
+
+fn group_rows(
+    reader: &SerializedFileReader<File>,
+    strata: &[&Column],
+    rows: usize,
+) -> Result<Grouped, parquet::errors::ParquetError> {
     let codes = strata
         .iter()
-        .map(|c| Dictionary::read(&reader, c, rows).map_err(pq))
+        .map(|c| Dictionary::read(reader, c, rows))
         .collect::<Result<Vec<_>, _>>()?;
     let mut index: HashMap<Vec<u32>, u32> = HashMap::new();
     let mut keys: Vec<Vec<u32>> = vec![];
@@ -264,7 +261,7 @@ pub fn aggregate(path: &Path, opts: &AggregateOptions) -> Result<Aggregated, Sco
         *g = rank[*g as usize];
         counts[*g as usize] += 1;
     }
-    let mut out_meta: Vec<(String, Vec<Option<String>>)> = strata
+    let meta = strata
         .iter()
         .zip(&codes)
         .enumerate()
@@ -276,36 +273,106 @@ pub fn aggregate(path: &Path, opts: &AggregateOptions) -> Result<Aggregated, Sco
             (col.name.clone(), values)
         })
         .collect();
-    drop(codes);
-    for col in &keep {
-        let d = Dictionary::read(&reader, col, rows).map_err(pq)?;
-        let mut first: Vec<Option<u32>> = vec![None; groups];
-        for (r, (&g, &code)) in group_of.iter().zip(&d.codes).enumerate() {
-            match first[g as usize] {
-                None => first[g as usize] = Some(code),
-                Some(c) if c != code => {
-                    let k = g as usize;
-                    let group: Vec<String> = out_meta[..strata.len()]
-                        .iter()
-                        .map(|(n, v)| format!("{n}={}", v[k].as_deref().unwrap_or("null")))
-                        .collect();
-                    return Err(invalid(format!(
+    Ok(Grouped {
+        group_of,
+        counts,
+        meta,
+    })
+}
+
+/// The one value of kept column `col` in each group; a second value in a group is an error
+/// naming the group and the row.
+fn kept_values(
+    reader: &SerializedFileReader<File>,
+    col: &Column,
+    grouped: &Grouped,
+    path: &Path,
+) -> Result<Vec<Option<String>>, ScoringError> {
+    let rows = grouped.group_of.len();
+    let d = Dictionary::read(reader, col, rows).map_err(|source| ScoringError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut first: Vec<Option<u32>> = vec![None; grouped.counts.len()];
+    for (r, (&g, &code)) in grouped.group_of.iter().zip(&d.codes).enumerate() {
+        match first[g as usize] {
+            None => first[g as usize] = Some(code),
+            Some(c) if c != code => {
+                let k = g as usize;
+                let group: Vec<String> = grouped
+                    .meta
+                    .iter()
+                    .map(|(n, v)| format!("{n}={}", v[k].as_deref().unwrap_or("null")))
+                    .collect();
+                return Err(ScoringError::Invalid {
+                    path: path.to_path_buf(),
+                    what: format!(
                         "`{}` is not constant within the group {} (row {r} has {}, an earlier row {}): only columns with one value per group can be kept",
                         col.name,
                         group.join(","),
                         d.show(code),
                         d.show(c)
-                    )));
-                }
-                Some(_) => {}
+                    ),
+                });
             }
+            Some(_) => {}
         }
-        let values = first
-            .iter()
-            .map(|c| d.values[c.expect("every group has a row") as usize].clone())
-            .collect();
-        out_meta.push((col.name.clone(), values));
     }
+    Ok(first
+        .iter()
+        .map(|c| d.values[c.expect("every group has a row") as usize].clone())
+        .collect())
+}
+
+/// Aggregates the Parquet table at `path` (see the module doc).
+pub fn aggregate(path: &Path, opts: &AggregateOptions) -> Result<Aggregated, ScoringError> {
+    let pq = |source| ScoringError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(|source| ScoringError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let meta = reader.metadata();
+    let rows = meta.file_metadata().num_rows().max(0) as usize;
+    let schema = meta.file_metadata().schema_descr();
+    let flat: Vec<Column> = schema
+        .columns()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.max_rep_level() == 0 && c.path().parts().len() == 1)
+        .map(|(leaf, c)| Column {
+            name: c.name().to_string(),
+            leaf,
+            desc: c.clone(),
+        })
+        .collect();
+    let Chosen {
+        strata,
+        keep,
+        features,
+    } = choose(&flat, opts, path)?;
+    if rows == 0 {
+        return Err(ScoringError::TooFewRows {
+            path: path.to_path_buf(),
+            what: "aggregate".into(),
+            need: 1,
+            have: 0,
+        });
+    }
+
+    // Pass 1: each row's group (strata codes), the keep columns checked constant per group.
+    let grouped = group_rows(&reader, &strata, rows).map_err(pq)?;
+    let mut out_meta = grouped.meta.clone();
+    for col in &keep {
+        out_meta.push((col.name.clone(), kept_values(&reader, col, &grouped, path)?));
+    }
+    let Grouped {
+        group_of, counts, ..
+    } = grouped;
+    let groups = counts.len();
 
     // Each row's slot: groups in output order, rows in table order within a group.
     let mut start = vec![0usize; groups + 1];

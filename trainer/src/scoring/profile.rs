@@ -116,29 +116,11 @@ pub fn profile(
     write(&path, &table)?;
     steps.push(step("normalize", &path, &table));
 
-    let s = &recipe.feature_select;
-    let blocklist = match &s.blocklist {
-        Some(p) => select::read_blocklist(&recipe_dir.join(p))?,
-        None if s.operations.contains(&select::Operation::Blocklist) => return Err(bad_recipe(
-            "feature_select: the blocklist operation needs feature_select.blocklist (a CSV file)"
-                .into(),
-        )),
-        None => vec![],
-    };
-    let kept = select::select(
-        &table,
-        &select::SelectOptions {
-            operations: s.operations.clone(),
-            min_variance: s.min_variance,
-            freq_cut: s.freq_cut,
-            unique_cut: s.unique_cut,
-            corr_threshold: s.corr_threshold,
-            na_cutoff: s.na_cutoff,
-            blocklist,
-        },
-    )?;
     let path = file("feature_selected.parquet");
-    table = renamed(select::keep_features(&table, &kept), &path);
+    table = renamed(
+        select::keep_features(&table, &selected(&table, recipe, recipe_dir, &bad_recipe)?),
+        &path,
+    );
     if table.dim() == 0 {
         return Err(ScoringError::invalid(
             &table,
@@ -171,76 +153,13 @@ pub fn profile(
         steps.push(step("spherize", &path, &table));
     }
 
-    let opts = MapOptions {
-        null_size: recipe.map.null_size,
-        threshold: recipe.map.threshold,
-        seed: recipe.map.seed,
-    };
     let plate = recipe.plate.as_str();
-    let replicate = if recipe.map.replicate.enabled {
-        Some(task(
-            "replicate",
-            "Replicate retrieval across plates",
-            &table,
-            &recipe.replicate_rules(),
-            recipe,
-            opts,
-            out_dir,
-        )?)
-    } else {
-        None
-    };
-    let activity = if recipe.map.activity.enabled {
-        let mut t = table.clone();
-        let (c, v) = recipe.negcon_selection().map_err(&bad_recipe)?;
-        map::assign_reference_index(&mut t, &c, &v)?;
-        Some(task(
-            "activity",
-            "Phenotypic activity against negative controls",
-            &t,
-            &recipe.activity_rules(),
-            recipe,
-            opts,
-            out_dir,
-        )?)
-    } else {
-        None
-    };
+    let (replicate, activity) = map_tasks(&table, recipe, out_dir, &bad_recipe)?;
     let tasks: Vec<(&str, &TaskSummary)> = [("replicate", &replicate), ("activity", &activity)]
         .into_iter()
         .filter_map(|(n, t)| t.as_ref().map(|t| (n, t)))
         .collect();
-    let plate_figure = if tasks.is_empty() {
-        None
-    } else {
-        let mut plates: Vec<String> = tasks
-            .iter()
-            .flat_map(|(_, t)| t.map_per_plate.iter().map(|(p, _)| p.clone()))
-            .collect();
-        plates.sort();
-        plates.dedup();
-        let mut points = vec![];
-        for (k, (_, t)) in tasks.iter().enumerate() {
-            for (p, m) in &t.map_per_plate {
-                let x = plates.binary_search(p).unwrap_or(0) as f64;
-                points.push((x, *m, k));
-            }
-        }
-        let name = "map_per_plate.png";
-        plots::scatter(
-            &file(name),
-            &Chart {
-                title: "Mean AP per plate",
-                x_label: plate,
-                y_label: "mean average precision",
-                points: &points,
-                classes: &tasks.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>(),
-                x_names: Some(&plates),
-                y_line: None,
-            },
-        )?;
-        Some(name.to_string())
-    };
+    let plate_figure = plate_figure(&tasks, plate, out_dir)?;
     let summary = ProfileSummary {
         cells: cells.to_path_buf(),
         cells_rows: agg.cells,
@@ -256,6 +175,119 @@ pub fn profile(
     write_file(&file("index.html"), html(&summary).as_bytes())?;
     tracing::info!("profiled {}: {}", cells.display(), out_dir.display());
     Ok(summary)
+}
+
+/// The recipe's mAP tasks on the final table: replicate retrieval and phenotypic activity
+/// against the negative controls, each when enabled.
+fn map_tasks(
+    table: &ProfileTable,
+    recipe: &Recipe,
+    out_dir: &Path,
+    bad_recipe: &dyn Fn(String) -> ScoringError,
+) -> Result<(Option<TaskSummary>, Option<TaskSummary>), ScoringError> {
+    let opts = MapOptions {
+        null_size: recipe.map.null_size,
+        threshold: recipe.map.threshold,
+        seed: recipe.map.seed,
+    };
+    let replicate = if recipe.map.replicate.enabled {
+        Some(task(
+            "replicate",
+            "Replicate retrieval across plates",
+            table,
+            &recipe.replicate_rules(),
+            recipe,
+            opts,
+            out_dir,
+        )?)
+    } else {
+        None
+    };
+    let activity = if recipe.map.activity.enabled {
+        let mut t = table.clone();
+        let (c, v) = recipe.negcon_selection().map_err(bad_recipe)?;
+        map::assign_reference_index(&mut t, &c, &v)?;
+        Some(task(
+            "activity",
+            "Phenotypic activity against negative controls",
+            &t,
+            &recipe.activity_rules(),
+            recipe,
+            opts,
+            out_dir,
+        )?)
+    } else {
+        None
+    };
+    Ok((replicate, activity))
+}
+
+/// The features `recipe.feature_select` keeps of `table`.
+fn selected(
+    table: &ProfileTable,
+    recipe: &Recipe,
+    recipe_dir: &Path,
+    bad_recipe: &dyn Fn(String) -> ScoringError,
+) -> Result<Vec<String>, ScoringError> {
+    let s = &recipe.feature_select;
+    let blocklist = match &s.blocklist {
+        Some(p) => select::read_blocklist(&recipe_dir.join(p))?,
+        None if s.operations.contains(&select::Operation::Blocklist) => return Err(bad_recipe(
+            "feature_select: the blocklist operation needs feature_select.blocklist (a CSV file)"
+                .into(),
+        )),
+        None => vec![],
+    };
+    select::select(
+        table,
+        &select::SelectOptions {
+            operations: s.operations.clone(),
+            min_variance: s.min_variance,
+            freq_cut: s.freq_cut,
+            unique_cut: s.unique_cut,
+            corr_threshold: s.corr_threshold,
+            na_cutoff: s.na_cutoff,
+            blocklist,
+        },
+    )
+}
+
+/// `map_per_plate.png`: each task's mean AP per plate; `None` when no task ran.
+fn plate_figure(
+    tasks: &[(&str, &TaskSummary)],
+    plate: &str,
+    out_dir: &Path,
+) -> Result<Option<String>, ScoringError> {
+    if tasks.is_empty() {
+        return Ok(None);
+    }
+    let mut plates: Vec<String> = tasks
+        .iter()
+        .flat_map(|(_, t)| t.map_per_plate.iter().map(|(p, _)| p.clone()))
+        .collect();
+    plates.sort();
+    plates.dedup();
+    let mut points = vec![];
+    for (k, (_, t)) in tasks.iter().enumerate() {
+        for (p, m) in &t.map_per_plate {
+            let x = plates.binary_search(p).unwrap_or(0) as f64;
+            points.push((x, *m, k));
+        }
+    }
+    let name = "map_per_plate.png";
+    plots::scatter(
+        &out_dir.join(name),
+        &Chart {
+            title: "Mean AP per plate",
+            x_label: plate,
+            y_label: "mean average precision",
+            points: &points,
+            classes: &tasks.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>(),
+            x_names: Some(&plates),
+            y_line: None,
+        },
+    )?;
+    Ok(Some(name.to_string()))
 }
 
 /// The table named after the file it is written to (its errors then name that file).
