@@ -54,12 +54,13 @@ pub struct DataSection {
     pub label_folder_depth: usize,
     /// `meta.train_datasetsplit_fraction`: DINO trains on this fraction; analyses use the rest.
     pub train_fraction: f64,
-    /// New. How the held-out images are drawn: `scdino` = scDINO's split (one seeded shuffle
-    /// of all images, classes ignored: a small dataset can leave a class out of the held-out
-    /// images, and kNN then scores nothing for it); `stratified` = the same number of held-out
-    /// images, shared among the classes in proportion to their sizes (largest remainders
-    /// first, at least one per class where the total allows), each class's images shuffled
-    /// with `run.seed`.
+    /// New. How the held-out images are drawn: `stratified` (the default) = scDINO's number
+    /// of held-out images, shared among the classes in proportion to their sizes (largest
+    /// remainders first, at least one per class where the total allows), each class's images
+    /// shuffled with `run.seed`, so every class is scored; `scdino` = scDINO's own split (one
+    /// seeded shuffle of all images, classes ignored: a small dataset can leave a class out of
+    /// the held-out images, and kNN then scores nothing for it), which `trainer config
+    /// import-scdino` writes so an imported run holds out the images scDINO held out.
     pub split: HeldOutSplit,
     /// `meta.images_are_RGB`: scDINO's switch for 8-bit RGB images (PNG/JPEG read as 3
     /// channels). Kept so an imported scDINO config says what it asked for; only `false` is
@@ -323,7 +324,7 @@ impl Default for DataSection {
             format: DataFormat::Auto,
             order: SampleOrder::Exact,
             shuffle_buffer: 1000,
-            split: HeldOutSplit::Scdino,
+            split: HeldOutSplit::Stratified,
             s3: S3Section::default(),
             cache: CacheSection::default(),
             on_corrupt: OnCorrupt::Fail,

@@ -18,6 +18,7 @@ pub mod layout;
 pub mod logging;
 pub mod metrics;
 pub mod model;
+pub mod parquet_columns;
 pub mod pipeline;
 pub mod plot;
 pub mod precision;

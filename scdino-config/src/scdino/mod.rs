@@ -103,6 +103,12 @@ fn meta(imp: &mut Importer, root: &mut Map<String, Value>, s: &mut Sections) {
         "meta.train_datasetsplit_fraction",
         &mut s.data.train_fraction,
     );
+    // scDINO ignored classes when it split; an imported run holds out what scDINO held out.
+    s.data.split = HeldOutSplit::Scdino;
+    imp.notes.push(
+        "data.split: scdino (scDINO's split, classes ignored); `stratified`, our default, holds out every class in proportion"
+            .into(),
+    );
     if !imp.u64(&mut meta, "meta.seed", &mut s.run.seed) {
         s.run.seed = 42;
         imp.absent("meta.seed", "42");

@@ -26,10 +26,10 @@ use std::path::{Path, PathBuf};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescriptor;
 
-use super::columns::{numeric, read_leaf_chunks, Leaf, Numeric};
 use super::consensus::Operation;
 use super::table::{write_table, OutColumn};
 use super::{ProfileTable, ScoringError};
+use crate::parquet_columns::{numeric, read_leaf_chunks, Leaf, Numeric};
 
 /// Rows read at a time from one column: bounds the transient buffers whatever row-group
 /// size the writer chose.

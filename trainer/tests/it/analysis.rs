@@ -263,7 +263,7 @@ for cls in ("a", "b"):
     let all = Config::from_yaml(
         &yaml.replace(
             "  mean_std_fraction: 1.0\n",
-            "  mean_std_fraction: 1.0\n  train_fraction: 0.05\n",
+            "  mean_std_fraction: 1.0\n  train_fraction: 0.05\n  split: scdino\n",
         ),
         "test",
     )

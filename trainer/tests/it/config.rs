@@ -38,8 +38,14 @@ fn scdino_full_pipeline_imports_to_the_same_meaning() {
     // The misspelled keys are mapped, and the user is told scDINO ignored them.
     assert!(imp.notes.iter().any(|n| n.contains("warump_epochs")));
     assert!(imp.notes.iter().any(|n| n.contains("techer_temp")));
+    // An imported run holds out what scDINO held out, and is told so.
+    assert_eq!(c.data.split, trainer::config::HeldOutSplit::Scdino);
+    assert!(imp
+        .notes
+        .iter()
+        .any(|n| n.starts_with("data.split: scdino")));
     // Our defaults are scDINO's yaml values: importing changes nothing else.
-    let defaults = Config::from_yaml("", "defaults").unwrap();
+    let defaults = Config::from_yaml("data: {split: scdino}\n", "defaults").unwrap();
     assert_eq!(c.sections(), defaults.sections());
 }
 

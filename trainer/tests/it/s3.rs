@@ -574,6 +574,14 @@ fn config(out: &Path, dataset_dir: &str, data_extra: &str, epochs: usize) -> Con
     .unwrap()
 }
 
+/// The split training uses on the 16-image tree at `tree` (the config's default `data.split`,
+/// seed 3), so a test's expected reads follow whatever split the trainer draws.
+fn training_split(tree: &Path) -> data::Split {
+    let local = LocalSource::open(tree, 0).unwrap();
+    let cfg = config(tree, tree.to_str().unwrap(), "", 1);
+    data::configured_split(local.index(), &cfg.data, 3).unwrap()
+}
+
 fn run(cfg: &Config) {
     let outcome = train(
         cfg,
@@ -756,7 +764,7 @@ fn training_matches_local_and_later_epochs_read_the_cache(backend: Backend) {
         if epochs == 1 {
             // Epoch 0 fetched every image it needed (13 training images + the mean/std
             // subset), each exactly once, and cached it.
-            let split = data::train_heldout_split(16, 0.8, 3).unwrap();
+            let split = training_split(&local_dir);
             assert!(gets.len() >= split.train.len(), "{gets:?}");
             assert!(gets.values().all(|&n| n == 1), "{gets:?}");
             let cached = walk_tifs(&cached_tree);
@@ -884,7 +892,7 @@ fn s3_server_killed_and_restarted_mid_epoch() {
         "nothing was read after the restart"
     );
     // Every training image delivered exactly once (a failed attempt delivers nothing).
-    let split = data::train_heldout_split(16, 0.8, 3).unwrap();
+    let split = training_split(&local_dir);
     let index = LocalSource::open(&local_dir, 0).unwrap();
     let expected: HashMap<String, usize> = split
         .train
@@ -1155,9 +1163,9 @@ fn s3_missing_credentials_fail_at_once_naming_their_source() {
 fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
     let _rng = torch_rng_lock();
     tch::set_num_threads(1);
-    let split = data::train_heldout_split(16, 0.8, 3).unwrap();
-    let bad = split.train[1];
-    let (s3, bad_rel) = Store::start_after(Backend::S3, |root| {
+    let (s3, (bad_rel, split)) = Store::start_after(Backend::S3, |root| {
+        let split = training_split(&root.join("Training"));
+        let bad = split.train[1];
         let local = LocalSource::open(&root.join("Training"), 0).unwrap();
         let bad_path = local.index().samples[bad].path.clone();
         let bad_rel = bad_path
@@ -1168,7 +1176,7 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
         let mut bytes = std::fs::read(&bad_path).unwrap();
         bytes.truncate(bytes.len() / 3); // a truncated upload
         std::fs::write(&bad_path, &bytes).unwrap();
-        bad_rel
+        (bad_rel, split)
     });
     let Store {
         dir,
@@ -1212,7 +1220,7 @@ fn s3_corrupt_object_fails_naming_the_key_or_is_skipped_and_counted() {
     let mut img = trainer::data::ImageChw::default();
     for &i in &split.train {
         let kept = sample(i, &mut img).unwrap();
-        assert_eq!(!kept, i == bad, "sample {i}");
+        assert_eq!(!kept, i == split.train[1], "sample {i}");
     }
     assert_eq!(counter.load(Ordering::SeqCst), 1);
     // And training with `skip` finishes.
@@ -1600,7 +1608,7 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
         trainer::data::object_store::Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3)
             .unwrap();
     // A sample training reads (as in the loose-objects corrupt test).
-    let bad = data::train_heldout_split(16, 0.8, 3).unwrap().train[1];
+    let bad = training_split(&tree).train[1];
     let s = &index.samples[bad];
     let shard = &index.shards[s.shard].file;
     let mut bytes = std::fs::read(staging.join(shard)).unwrap();

@@ -155,6 +155,21 @@ for n, (well, site) in enumerate([("A01", "1"), ("B02", "2")], start=1):
 pd.DataFrame(rows).to_csv(f"{d}/load_data.csv", index=False)
 pd.DataFrame(objs).to_csv(f"{d}/Nuclei.csv", index=False)
 json.dump(crops, open(f"{d}/crops.json", "w"))
+# The same tables as Parquet, as pandas and polars write them: the LoadData table by pandas
+# (pyarrow strings, a float dose, a bool); the object table by polars, joined by plate/well/
+# site keys stored as floats with a null centre column beside the used ones.
+pd.DataFrame(rows).to_parquet(f"{d}/load_data.parquet", index=False)
+import polars as pl
+site_of = {r["ImageNumber"]: r for r in rows}
+pl.DataFrame({
+    "Metadata_Plate": [site_of[o["ImageNumber"]]["Metadata_Plate"] for o in objs],
+    "Metadata_Well": [site_of[o["ImageNumber"]]["Metadata_Well"] for o in objs],
+    "Metadata_Site": [float(site_of[o["ImageNumber"]]["Metadata_Site"]) for o in objs],
+    "ObjectNumber": [o["ObjectNumber"] for o in objs],
+    "Nuclei_Location_Center_X": [o["Nuclei_Location_Center_X"] for o in objs],
+    "Nuclei_Location_Center_Y": [o["Nuclei_Location_Center_Y"] for o in objs],
+    "Cells_AreaShape_Area": [None] * len(objs),
+}, schema_overrides={"Cells_AreaShape_Area": pl.Float64}).write_parquet(f"{d}/Nuclei.parquet")
 "#;
     run_python(script, &[dir.path().to_str().unwrap()]);
     let crops: std::collections::BTreeMap<String, Vec<f32>> =
@@ -206,6 +221,40 @@ json.dump(crops, open(f"{d}/crops.json", "w"))
             m.contains(&("Metadata_Ctrl".into(), "True".into())),
             "{m:?}"
         );
+    }
+    // The Parquet tables give the same cells, pixels and metadata (a bool reads `true`, as
+    // everywhere a Parquet bool is read).
+    let open = |table: &str, objects: &str| {
+        let screen = ScreenSection {
+            objects: Some(dir.path().join(objects).display().to_string()),
+            box_size: 8,
+            border: ScreenBorder::Pad,
+            ..ScreenSection::default()
+        };
+        let data = screen_data(&dir.path().join(table), &["DNA", "Mito"], screen.clone());
+        open_screen(&data, &screen).unwrap()
+    };
+    let csv = open("load_data.csv", "Nuclei.csv");
+    for (table, objects) in [
+        ("load_data.parquet", "Nuclei.csv"),
+        ("load_data.csv", "Nuclei.parquet"),
+        ("load_data.parquet", "Nuclei.parquet"),
+    ] {
+        let pq = open(table, objects);
+        assert_eq!(pq.index().len(), csv.index().len(), "{table} + {objects}");
+        for i in 0..csv.index().len() {
+            assert_eq!(pq.read(i).unwrap().data, csv.read(i).unwrap().data);
+            let want: Vec<_> = csv
+                .metadata(i)
+                .into_iter()
+                .map(|(k, v)| match (table, v.as_str()) {
+                    ("load_data.parquet", "True") => (k, "true".to_string()),
+                    ("load_data.parquet", "False") => (k, "false".to_string()),
+                    _ => (k, v),
+                })
+                .collect();
+            assert_eq!(pq.metadata(i), want, "{table} + {objects}, cell {i}");
+        }
     }
 }
 

@@ -91,15 +91,13 @@ impl FileColumns {
 }
 
 impl LoadData {
-    /// Reads the table at `address` (a path or store URL, CSV, optionally `.gz`).
+    /// Reads the table at `address` (a path or store URL; CSV, optionally `.gz`, or Parquet).
     pub fn open(
         address: &str,
         opts: &LoadDataOptions,
         reader: Arc<Files>,
     ) -> Result<Self, ScreenError> {
-        let text = reader.read_text(address)?;
-        let csv = Csv::parse(&text, Path::new(address))
-            .map_err(|e| ScreenError::table(address, e.to_string()))?;
+        let csv = super::table::read_table(&reader, address)?;
         if csv.rows.is_empty() {
             return Err(ScreenError::table(
                 address,
@@ -187,7 +185,7 @@ impl LoadData {
                 })?);
             }
             let number = match number_col {
-                Some(i) => fields[i].trim().parse().map_err(|_| {
+                Some(i) => super::table::whole_number(&fields[i]).ok_or_else(|| {
                     ScreenError::row(
                         address,
                         row,

@@ -23,6 +23,7 @@ pub mod ome_zarr;
 pub mod open;
 pub mod source;
 pub mod synth;
+pub mod table;
 
 pub use error::ScreenError;
 

@@ -1,10 +1,10 @@
 //! Where the cells are: an object table's centres joined to the sites, or the centres of
 //! mass of each site's label image.
 use super::files::Files;
+use super::table::{key_text, whole_number};
 use super::{FieldLayout, ScreenError, Site, PLATE, SITE, WELL};
-use crate::data::csv::Csv;
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::Path;
 
 /// One cell: the site it is in, its object number and its centre (X = column, Y = row,
 /// 0-based pixels, as CellProfiler's `Location_Center_X/Y`).
@@ -42,9 +42,7 @@ pub fn from_table(
     image_numbers: &[u64],
 ) -> Result<Vec<Cell>, ScreenError> {
     let address = table.address.as_str();
-    let text = files.read_text(address)?;
-    let csv = Csv::parse(&text, Path::new(address))
-        .map_err(|e| ScreenError::table(address, e.to_string()))?;
+    let csv = super::table::read_table(files, address)?;
     let col = |name: &str| csv.header.iter().position(|h| h == name);
     let (cx, cy) = match &table.center {
         Some((x, y)) => (x.clone(), y.clone()),
@@ -71,10 +69,13 @@ pub fn from_table(
         .filter(|k| col(k).is_some() && sites.first().is_some_and(|s| s.get(k).is_some()))
         .collect();
     let key_cols: Vec<usize> = keys.iter().filter_map(|k| col(k)).collect();
-    let by_key: HashMap<Vec<&str>, usize> = sites
+    let by_key: HashMap<Vec<Cow<str>>, usize> = sites
         .iter()
         .enumerate()
-        .map(|(i, s)| (keys.iter().map(|k| s.get(k).unwrap_or("")).collect(), i))
+        .map(|(i, s)| {
+            let key = keys.iter().map(|k| key_text(s.get(k).unwrap_or("")));
+            (key.collect(), i)
+        })
         .collect();
     let by_number: HashMap<u64, usize> = image_numbers
         .iter()
@@ -100,10 +101,8 @@ pub fn from_table(
         let err = |reason: String| ScreenError::row(address, row, reason);
         let site = match number_col {
             Some(n) => {
-                let number: u64 = f[n]
-                    .trim()
-                    .parse()
-                    .map_err(|_| err(format!("ImageNumber {:?} is not a whole number", f[n])))?;
+                let number = whole_number(&f[n])
+                    .ok_or_else(|| err(format!("ImageNumber {:?} is not a whole number", f[n])))?;
                 *by_number.get(&number).ok_or_else(|| {
                     err(format!(
                         "ImageNumber {number} is no site of the image table"
@@ -111,7 +110,7 @@ pub fn from_table(
                 })?
             }
             None => {
-                let key: Vec<&str> = key_cols.iter().map(|&i| f[i].as_str()).collect();
+                let key: Vec<Cow<str>> = key_cols.iter().map(|&i| key_text(&f[i])).collect();
                 *by_key.get(&key).ok_or_else(|| {
                     err(format!(
                         "{} = {key:?} is no site of the image table",
@@ -131,10 +130,8 @@ pub fn from_table(
         let counter = per_site.entry(site).or_default();
         *counter += 1;
         let object = match object_col {
-            Some(o) => f[o]
-                .trim()
-                .parse()
-                .map_err(|_| err(format!("ObjectNumber {:?} is not a whole number", f[o])))?,
+            Some(o) => whole_number(&f[o])
+                .ok_or_else(|| err(format!("ObjectNumber {:?} is not a whole number", f[o])))?,
             None => *counter,
         };
         if let Some(first) = seen.insert((site, object), row) {
