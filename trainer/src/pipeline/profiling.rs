@@ -244,3 +244,78 @@ pub fn plan(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(profiling: &str) -> Config {
+        Config::from_yaml(&format!("downstream:\n  profiling:\n{profiling}"), "t.yaml").unwrap()
+    }
+
+    fn refusal(profiling: &str) -> String {
+        configured_recipe(&config(profiling))
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// An inline recipe is read as strictly as a recipe file: defaults filled in, a misspelt
+    /// key or a bad value refused naming `downstream.profiling.recipe`.
+    #[test]
+    fn an_inline_recipe_is_read_strictly() {
+        let r = configured_recipe(&config(
+            "    recipe:\n      perturbation: Metadata_Treatment\n      normalize: {by: []}\n",
+        ))
+        .unwrap();
+        assert_eq!(r.file, None);
+        assert_eq!(r.recipe.perturbation, "Metadata_Treatment");
+        assert!(r.recipe.normalize.by.is_empty());
+        assert_eq!(r.recipe.map, Recipe::default().map);
+        let e = refusal("    recipe:\n      perturbaton: Metadata_Treatment\n");
+        assert!(
+            e.contains(INLINE_RECIPE) && e.contains("unknown field `perturbaton`"),
+            "{e}"
+        );
+        let e = refusal("    recipe:\n      map: {threshold: 2.0}\n");
+        assert!(
+            e.contains(INLINE_RECIPE) && e.contains("map.threshold: 2 is not a probability"),
+            "{e}"
+        );
+        let e = refusal("    recipe:\n      normalize: {method: zscore}\n");
+        assert!(e.contains(INLINE_RECIPE) && e.contains("zscore"), "{e}");
+    }
+
+    /// A recipe path is read as `metrics profile --recipe` reads it (errors name the file); no
+    /// recipe is the default one.
+    #[test]
+    fn a_recipe_file_or_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.yaml");
+        std::fs::write(&path, "plate: Metadata_Batch\n").unwrap();
+        let r = configured_recipe(&config(&format!("    recipe: {}\n", path.display()))).unwrap();
+        assert_eq!(r.file.as_deref(), Some(path.as_path()));
+        assert_eq!(r.recipe.plate, "Metadata_Batch");
+        std::fs::write(&path, "plates: Metadata_Batch\n").unwrap();
+        let e = refusal(&format!("    recipe: {}\n", path.display()));
+        assert!(e.contains("r.yaml") && e.contains("plates"), "{e}");
+        let r = configured_recipe(&config("    enabled: false\n")).unwrap();
+        assert_eq!((r.recipe, r.file), (Recipe::default(), None));
+    }
+
+    #[test]
+    fn last_profiles_the_newest_checkpoint_and_all_every_one() {
+        let kept: Vec<(String, PathBuf)> = ["init", "epoch0", "epoch4"]
+            .iter()
+            .map(|t| (t.to_string(), PathBuf::from(format!("{t}.safetensors"))))
+            .collect();
+        let tags = |c: &Config| -> Vec<String> {
+            profiled(c, &kept).into_iter().map(|(t, _)| t).collect()
+        };
+        assert_eq!(tags(&config("    enabled: false\n")), ["epoch4"]);
+        assert_eq!(
+            tags(&config("    checkpoints: all\n")),
+            ["init", "epoch0", "epoch4"]
+        );
+        assert!(profiled(&config("    checkpoints: all\n"), &[]).is_empty());
+    }
+}
