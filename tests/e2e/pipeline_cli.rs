@@ -720,6 +720,21 @@ fn check_profiling(dir: &Path, cfg: &Path, analyses: &Path) {
         written
     );
     let text = std::fs::read_to_string(cfg).unwrap();
+    // A typo in the inline recipe is refused by `config check`, before any run.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        text.replace("      perturbation:", "      perturbaton:"),
+    )
+    .unwrap();
+    let out = super::util::run("trainer", &["config", "check", bad.to_str().unwrap()]);
+    let err = super::util::text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("downstream.profiling.recipe")
+            && err.contains("perturbaton"),
+        "{err}"
+    );
     std::fs::write(cfg, text.replace("null_size: 1000", "null_size: 500")).unwrap();
     let log = pipeline(c);
     assert!(log.contains("profiling epoch0: running"), "{log}");
