@@ -719,23 +719,23 @@ fn check_profiling(dir: &Path, cfg: &Path, analyses: &Path) {
         std::fs::metadata(&record).unwrap().modified().unwrap(),
         written
     );
-    let text = std::fs::read_to_string(cfg).unwrap();
+    let yaml = std::fs::read_to_string(cfg).unwrap();
     // A typo in the inline recipe is refused by `config check`, before any run.
     let bad = dir.join("bad.yaml");
     std::fs::write(
         &bad,
-        text.replace("      perturbation:", "      perturbaton:"),
+        yaml.replace("      perturbation:", "      perturbaton:"),
     )
     .unwrap();
     let out = super::util::run("trainer", &["config", "check", bad.to_str().unwrap()]);
-    let err = super::util::text(&out.stderr);
+    let err = text(&out.stderr);
     assert!(
         !out.status.success()
             && err.contains("downstream.profiling.recipe")
             && err.contains("perturbaton"),
         "{err}"
     );
-    std::fs::write(cfg, text.replace("null_size: 1000", "null_size: 500")).unwrap();
+    std::fs::write(cfg, yaml.replace("null_size: 1000", "null_size: 500")).unwrap();
     let log = pipeline(c);
     assert!(log.contains("profiling epoch0: running"), "{log}");
     assert!(!log.contains("embedding again"), "{log}");
@@ -745,6 +745,32 @@ fn check_profiling(dir: &Path, cfg: &Path, analyses: &Path) {
         rerun["replicate"]["map"]["mean_map"],
         summary["replicate"]["map"]["mean_map"]
     );
+    same_answer_on_two_ranks(&stage, c, &rerun);
+}
+
+/// The profiling stage on two ranks (the embedding collective, the recipe on rank 0) gives
+/// the one-rank `summary`.
+fn same_answer_on_two_ranks(stage: &Path, c: &str, summary: &serde_json::Value) {
+    std::fs::remove_dir_all(stage).unwrap();
+    let out = Command::new(bin("trainer"))
+        .args(launch(
+            "2",
+            "29723",
+            &[],
+            &["pipeline", "--config", c, "--threads", "1"],
+        ))
+        .output()
+        .unwrap();
+    let log = text(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("rank 1: pipeline finished (1 collective stages ran)"),
+        "{log}"
+    );
+    let two = read_json(&stage.join("profile/summary.json"));
+    for key in ["steps", "replicate", "activity"] {
+        assert_eq!(two[key], summary[key], "{key}: 2 ranks vs 1");
+    }
 }
 
 fn read_json(path: &Path) -> serde_json::Value {
