@@ -95,8 +95,8 @@ pub fn write_report(t: &Target, dataset: &Dataset) -> Result<PathBuf, StageError
     )?;
     h.push_str(&evaluation_section(&evaluations));
     h.push_str(&scores_section(t, &tags)?);
-    h.push_str(&profiling_section(t, &tags)?);
     h.push_str(&knn_per_class_section(t, &knn)?);
+    h.push_str(&profiling_section(t, &tags)?);
     h.push_str(&umap_section(t, &tags)?);
     h.push_str(&attention_section(t, &tags)?);
     h.push_str(&footer(t.cfg));
@@ -211,7 +211,14 @@ pub fn profiling_section(t: &Target, tags: &[String]) -> Result<String, StageErr
     }
     let mut h = String::from("<h2>Profiling a screen: replicate retrieval and activity</h2>");
     h.push_str(&look(
-        "each row is the recipe run on the screen's cells embedded with that checkpoint:          aggregated per well, normalised to the negative controls, features selected.          Replicate mAP near 1 = a perturbation's wells find each other on other plates before          any other perturbation's; activity mAP near 1 = its wells stand apart from the          negative controls; the fraction retrieved is the share of perturbations whose mAP          beats random rankings (corrected p below the threshold). In the mAP-vs-p plots the          points above the dashed line are retrieved; per plate, a plate far below the others          points at a plate effect the normalisation did not remove.",
+        "each row is the recipe run on the screen's cells embedded with that checkpoint: \
+         aggregated per well, normalised to the negative controls, features selected. \
+         Replicate mAP near 1 = a perturbation's wells find each other on other plates before \
+         any other perturbation's; activity mAP near 1 = its wells stand apart from the \
+         negative controls; the fraction retrieved is the share of perturbations whose mAP \
+         beats random rankings (corrected p below the threshold). In the mAP-vs-p plots the \
+         points above the dashed line are retrieved; per plate, a plate far below the others \
+         points at a plate effect the normalisation did not remove.",
     ));
     if profiled.is_empty() {
         h.push_str("<p>No profile yet (the <code>profiling</code> stage writes it).</p>");
