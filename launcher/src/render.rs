@@ -21,9 +21,12 @@ const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
 
 /// Stages that get one GPU when the cluster has GPUs (training gets all of them): they run
-/// the model.
+/// the model (profiling embeds a screen's cells).
 fn uses_gpu(stage: Stage) -> bool {
-    matches!(stage, Stage::Features | Stage::Attention | Stage::Evaluate)
+    matches!(
+        stage,
+        Stage::Features | Stage::Attention | Stage::Evaluate | Stage::Profiling
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -557,6 +557,36 @@ mod tests {
                 "downstream.umap.epochs",
                 "must be at least 1",
             ),
+            (
+                "downstream: {profiling: {screen: ''}}",
+                "downstream.profiling.screen",
+                "must not be empty (leave it out instead)",
+            ),
+            (
+                "downstream: {profiling: {screen: s.yaml, images: cells/}}",
+                "downstream.profiling.images",
+                "cannot be combined with downstream.profiling.screen: name one set of cells to embed",
+            ),
+            (
+                "downstream: {profiling: {path_pattern: '{Plate}/{Well}.tiff'}}",
+                "downstream.profiling.path_pattern",
+                "applies to downstream.profiling.images only (a screen's cells carry their plate, well and site)",
+            ),
+            (
+                "downstream: {profiling: {screen: s.yaml, metadata: m.csv}}",
+                "downstream.profiling.metadata",
+                "applies to downstream.profiling.images only (a screen's cells carry their plate, well and site)",
+            ),
+            (
+                "downstream: {profiling: {enabled: true}}",
+                "downstream.profiling.enabled",
+                "profiles a screen, and this run's data is not one (data.screen is not set): name one with downstream.profiling.screen (a config with data.screen) or per-cell images with downstream.profiling.images",
+            ),
+            (
+                "downstream: {profiling: {recipe: [a, b]}}",
+                "downstream.profiling.recipe",
+                "must be the path of a recipe file or the recipe as a mapping (docs/scoring.md, \"The recipe file\")",
+            ),
         ];
         for &(yaml, key, message) in cases {
             let got = invalid(&format!("\n{yaml}\n"));
@@ -566,6 +596,44 @@ mod tests {
                 "{yaml}"
             );
         }
+    }
+
+    /// `downstream.profiling.recipe` is a path or a mapping kept as written (the trainer
+    /// checks its keys), and the section's own keys are strict.
+    #[test]
+    fn profiling_takes_a_recipe_path_or_an_inline_recipe() {
+        let c = Config::from_yaml("", "t").unwrap();
+        assert!(!c.downstream.profiling.enabled);
+        assert_eq!(
+            c.downstream.profiling.checkpoints,
+            ProfiledCheckpoints::Last
+        );
+        let c = Config::from_yaml(
+            "downstream:\n  profiling:\n    enabled: true\n    images: cells/\n    path_pattern: '{Plate}/{Well}/{Cell}.tiff'\n    recipe: recipe.yaml\n    checkpoints: all\n",
+            "t",
+        )
+        .unwrap();
+        let p = &c.downstream.profiling;
+        assert_eq!(p.recipe, Some(serde_json::json!("recipe.yaml")));
+        assert_eq!(p.checkpoints, ProfiledCheckpoints::All);
+        let c = Config::from_yaml(
+            "downstream:\n  profiling:\n    enabled: true\n    screen: s.yaml\n    recipe:\n      perturbation: Metadata_Treatment\n      normalize: {by: []}\n      map: {null_size: 100}\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.downstream.profiling.recipe,
+            Some(serde_json::json!({
+                "perturbation": "Metadata_Treatment",
+                "normalize": {"by": []},
+                "map": {"null_size": 100}
+            }))
+        );
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        let e = Config::from_yaml("downstream:\n  profiling:\n    recipes: r.yaml\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("recipes") && e.contains("line 3"), "{e}");
     }
 
     #[test]

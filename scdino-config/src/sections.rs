@@ -876,6 +876,65 @@ pub struct DownstreamSection {
     pub umap: UmapSection,
     pub linear_probe: LinearProbeSection,
     pub metrics: MetricsSection,
+    pub profiling: ProfilingSection,
+}
+
+/// New (not in scDINO): the profiling field's recipe on a screen as a pipeline stage
+/// (`profiling`, after attention): the checkpoint's features of every cell of a screen
+/// (`trainer embed`, docs/embedding.md), then `trainer metrics profile` on them (aggregate per
+/// well, normalise to the negative controls, select features, replicate and activity mAP;
+/// docs/scoring.md), shown in the report. Off by default: it needs a screen whose cells carry
+/// a plate, a well, a perturbation and negative controls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProfilingSection {
+    /// Run the stage.
+    pub enabled: bool,
+    /// The screen to embed: a run config file whose `data` section names it (`data.screen`,
+    /// as `trainer embed --screen` reads it). Null, with `images` null too: this run's own
+    /// `data`, which must then be a screen.
+    pub screen: Option<String>,
+    /// Per-cell TIFFs to embed instead of a screen (a folder, or an `s3://`, `gs://` or
+    /// `az://` prefix, as `trainer embed --images`), their `Metadata_*` from `path_pattern`
+    /// and `metadata`.
+    pub images: Option<String>,
+    /// With `images`: `Metadata_*` columns parsed from each image's path, as `trainer embed
+    /// --path-pattern` (e.g. `{Plate}/{Well}/{Site}_{Cell}.tiff`).
+    pub path_pattern: Option<String>,
+    /// With `images`: a CSV joined to the images' metadata, as `trainer embed --metadata`.
+    pub metadata: Option<String>,
+    /// The recipe of `trainer metrics profile`: the path of a recipe file, or the recipe
+    /// itself as a mapping (the keys of docs/scoring.md, "The recipe file"; checked when
+    /// `trainer config check` or the stage reads it); null = the default (JUMP) recipe. A
+    /// relative path, and an inline recipe's blocklist, are relative to the directory the
+    /// trainer runs in.
+    pub recipe: Option<serde_json::Value>,
+    /// Which checkpoints are profiled (each one embeds the whole screen).
+    pub checkpoints: ProfiledCheckpoints,
+}
+
+impl Default for ProfilingSection {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            screen: None,
+            images: None,
+            path_pattern: None,
+            metadata: None,
+            recipe: None,
+            checkpoints: ProfiledCheckpoints::Last,
+        }
+    }
+}
+
+/// `downstream.profiling.checkpoints`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProfiledCheckpoints {
+    /// The newest numbered checkpoint only (the trained network's answer).
+    Last,
+    /// Every checkpoint the pipeline analyses (`init` too, with `score_untrained`).
+    All,
 }
 
 /// New (not in scDINO): the image-based profiling field's scores of each evaluated

@@ -13,6 +13,7 @@ pub enum Stage {
     Evaluate,
     Umap,
     Attention,
+    Profiling,
     Report,
 }
 
@@ -23,7 +24,7 @@ pub struct UnknownStage(pub String);
 
 impl Stage {
     /// In pipeline order.
-    pub const ALL: [Stage; 8] = [
+    pub const ALL: [Stage; 9] = [
         Stage::MeanStd,
         Stage::Train,
         Stage::Features,
@@ -31,6 +32,7 @@ impl Stage {
         Stage::Evaluate,
         Stage::Umap,
         Stage::Attention,
+        Stage::Profiling,
         Stage::Report,
     ];
 
@@ -44,6 +46,7 @@ impl Stage {
             Stage::Evaluate => "evaluate",
             Stage::Umap => "umap",
             Stage::Attention => "attention",
+            Stage::Profiling => "profiling",
             Stage::Report => "report",
         }
     }
@@ -54,16 +57,24 @@ impl Stage {
         match self {
             Stage::MeanStd => &[],
             Stage::Train => &[Stage::MeanStd],
-            Stage::Features | Stage::Attention | Stage::Evaluate => &[Stage::Train],
+            Stage::Features | Stage::Attention | Stage::Evaluate | Stage::Profiling => {
+                &[Stage::Train]
+            }
             Stage::Knn | Stage::Umap => &[Stage::Features],
-            Stage::Report => &[Stage::Knn, Stage::Evaluate, Stage::Umap, Stage::Attention],
+            Stage::Report => &[
+                Stage::Knn,
+                Stage::Evaluate,
+                Stage::Umap,
+                Stage::Attention,
+                Stage::Profiling,
+            ],
         }
     }
 }
 
 /// Every stage's name, in pipeline order (for messages and for docs that list them).
-pub const PIPELINE_STAGES: [&str; 8] = {
-    let mut names = [""; 8];
+pub const PIPELINE_STAGES: [&str; 9] = {
+    let mut names = [""; 9];
     let mut i = 0;
     while i < Stage::ALL.len() {
         names[i] = Stage::ALL[i].name();

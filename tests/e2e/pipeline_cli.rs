@@ -512,7 +512,8 @@ fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
              train:\n  epochs: 1\n  warmup_epochs: 0\n  batch_size_per_gpu: 16\n  \
              precision: fp32\n  num_gpus: 1\n\
              downstream:\n  features:\n    resize_length: 32\n  attention:\n    image_size: 32\n  \
-             knn:\n    k: [3]\n  umap:\n    n_neighbors: 5\n    epochs: 20\n",
+             knn:\n    k: [3]\n  umap:\n    n_neighbors: 5\n    epochs: 20\n\
+             {PROFILING}",
             out = dir.path().join("out").display(),
             table = data.join("load_data.csv").display(),
             objects = data.join("Nuclei.csv").display(),
@@ -615,4 +616,164 @@ print(len(feats), d)
         "{}",
         text(&out.stdout)
     );
+    check_profiling(dir.path(), &cfg, &analyses);
+}
+
+/// The synthetic screen's profiling recipe: one well per class and plate, the class is the
+/// perturbation and class B the negative control; normalised over the screen (one control
+/// well per plate has no spread of its own).
+const RECIPE: &str = "perturbation: Metadata_Treatment\n\
+                      negcon: Metadata_Treatment == B\n\
+                      normalize: {by: []}\n\
+                      map: {null_size: 1000}\n";
+
+/// `downstream.profiling` with [`RECIPE`] inline, as the screen test's config writes it.
+const PROFILING: &str = "  profiling:\n    enabled: true\n    recipe:\n      \
+                         perturbation: Metadata_Treatment\n      \
+                         negcon: Metadata_Treatment == B\n      \
+                         normalize: {by: []}\n      map: {null_size: 1000}\n";
+
+/// The profiling stage of the screen pipeline: its summary is what `trainer embed --screen`
+/// and `trainer metrics profile` give when run by hand on the same checkpoint with the same
+/// recipe, the report shows it with its figures, a rerun skips it, and a changed recipe
+/// reruns it without embedding again.
+fn check_profiling(dir: &Path, cfg: &Path, analyses: &Path) {
+    let stage = analyses.join("profiling/epoch0");
+    let summary = read_json(&stage.join("profile/summary.json"));
+    for f in [
+        "cells.parquet",
+        "profiling.json",
+        "profile/index.html",
+        "profile/aggregated.parquet",
+        "profile/replicate_map.parquet",
+        "profile/activity_map_vs_p.png",
+        "profile/map_per_plate.png",
+    ] {
+        assert!(stage.join(f).exists(), "{f}");
+    }
+    assert_eq!(summary["cells_rows"], 72, "{summary}");
+    let ckpt = dir.join("out/scr/scDINO_ViTs/m_channel_APC_DAPI/checkpoint0000.safetensors");
+    let (cells, recipe, by_hand) = (
+        dir.join("hand.parquet"),
+        dir.join("recipe.yaml"),
+        dir.join("hand"),
+    );
+    std::fs::write(&recipe, RECIPE).unwrap();
+    let (c, k, t, r, o) = (
+        cfg.to_str().unwrap(),
+        ckpt.to_str().unwrap(),
+        cells.to_str().unwrap(),
+        recipe.to_str().unwrap(),
+        by_hand.to_str().unwrap(),
+    );
+    ok(
+        "trainer",
+        &["embed", "--screen", c, "--checkpoint", k, "--out", t],
+    );
+    ok(
+        "trainer",
+        &[
+            "metrics",
+            "profile",
+            "--profiles",
+            t,
+            "--recipe",
+            r,
+            "--out-dir",
+            o,
+        ],
+    );
+    let hand = read_json(&by_hand.join("summary.json"));
+    for key in ["steps", "replicate", "activity", "recipe"] {
+        assert_eq!(summary[key], hand[key], "{key}: pipeline vs by hand");
+    }
+    let replicate = summary["replicate"]["map"]["mean_map"].as_f64().unwrap();
+    assert!(replicate > 0.0 && replicate <= 1.0, "{summary}");
+    let report = analyses.join("report.html");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(
+        html.contains("<h2>Profiling a screen"),
+        "no profiling section"
+    );
+    assert!(
+        html.contains(&format!("<td>{:.3}</td>", replicate)),
+        "the report shows replicate mAP {replicate}"
+    );
+    let imgs = check_report(&report);
+    for figure in [
+        "replicate_map_vs_p.png",
+        "activity_map_vs_p.png",
+        "map_per_plate.png",
+    ] {
+        let alt = format!("epoch0 {figure}");
+        assert!(imgs.iter().any(|(a, _, _)| *a == alt), "{alt}: {imgs:?}");
+    }
+    let record = stage.join("profiling.json");
+    let written = std::fs::metadata(&record).unwrap().modified().unwrap();
+    let log = pipeline(c);
+    assert!(
+        log.contains("profiling epoch0: up to date, skipped"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::metadata(&record).unwrap().modified().unwrap(),
+        written
+    );
+    let yaml = std::fs::read_to_string(cfg).unwrap();
+    // A typo in the inline recipe is refused by `config check`, before any run.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        yaml.replace("      perturbation:", "      perturbaton:"),
+    )
+    .unwrap();
+    let out = super::util::run("trainer", &["config", "check", bad.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("downstream.profiling.recipe")
+            && err.contains("perturbaton"),
+        "{err}"
+    );
+    std::fs::write(cfg, yaml.replace("null_size: 1000", "null_size: 500")).unwrap();
+    let log = pipeline(c);
+    assert!(log.contains("profiling epoch0: running"), "{log}");
+    assert!(!log.contains("embedding again"), "{log}");
+    let rerun = read_json(&stage.join("profile/summary.json"));
+    assert_eq!(rerun["recipe"]["map"]["null_size"], 500);
+    assert_eq!(
+        rerun["replicate"]["map"]["mean_map"],
+        summary["replicate"]["map"]["mean_map"]
+    );
+    same_answer_on_two_ranks(&stage, c, &rerun);
+}
+
+/// The profiling stage on two ranks (the embedding collective, the recipe on rank 0) gives
+/// the one-rank `summary`.
+fn same_answer_on_two_ranks(stage: &Path, c: &str, summary: &serde_json::Value) {
+    std::fs::remove_dir_all(stage).unwrap();
+    let out = Command::new(bin("trainer"))
+        .args(launch(
+            "2",
+            "29723",
+            &[],
+            &["pipeline", "--config", c, "--threads", "1"],
+        ))
+        .output()
+        .unwrap();
+    let log = text(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("rank 1: pipeline finished (1 collective stages ran)"),
+        "{log}"
+    );
+    let two = read_json(&stage.join("profile/summary.json"));
+    for key in ["steps", "replicate", "activity"] {
+        assert_eq!(two[key], summary[key], "{key}: 2 ranks vs 1");
+    }
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
 }

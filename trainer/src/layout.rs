@@ -256,6 +256,28 @@ impl ModelLayout {
         self.attention_dir(tag).join(ATTENTION_MANIFEST)
     }
 
+    /// The profiling stage's folder for checkpoint `tag` (`downstream.profiling`).
+    pub fn profiling_dir(&self, tag: &str) -> PathBuf {
+        self.analyses.join("profiling").join(tag)
+    }
+
+    /// The screen's cells embedded with `tag` (`trainer embed`'s table; its parts and errors
+    /// table beside it).
+    pub fn profiling_cells(&self, tag: &str) -> PathBuf {
+        self.profiling_dir(tag).join("cells.parquet")
+    }
+
+    /// `trainer metrics profile`'s output folder for `tag` (`summary.json`, `index.html`, ...).
+    pub fn profile_dir(&self, tag: &str) -> PathBuf {
+        self.profiling_dir(tag).join("profile")
+    }
+
+    /// Written last by the profiling stage: what was embedded and the recipe run; the stage
+    /// is done while it matches the config.
+    pub fn profiling_record(&self, tag: &str) -> PathBuf {
+        self.profiling_dir(tag).join("profiling.json")
+    }
+
     pub fn report_html(&self) -> PathBuf {
         self.analyses.join("report.html")
     }

@@ -113,6 +113,7 @@ fn shipped_example_matches_slurm_example_folder() {
             "evaluate",
             "umap",
             "attention",
+            "profiling",
             "report"
         ]
     );

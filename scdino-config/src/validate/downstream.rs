@@ -1,10 +1,10 @@
 //! `downstream:` — one check per analysis (features, attention, kNN, linear probe, UMAP,
-//! profiling metrics); the features' options depend on the model's channel mode and the
-//! data's channels.
+//! profiling metrics, the profiling stage); the features' options depend on the model's
+//! channel mode and the data's channels, the profiling stage's source on the data.
 use crate::{
     AttentionSection, BagPool, ChannelMode, DataSection, DownstreamSection, FeaturesSection,
     Invalid, KnnSection, LinearProbeSection, MetricsSection, MissingChannels, ModelSection,
-    UmapSection, Validator,
+    ProfilingSection, UmapSection, Validator,
 };
 
 impl DownstreamSection {
@@ -19,7 +19,8 @@ impl DownstreamSection {
         self.knn.validate(v)?;
         self.linear_probe.validate(v)?;
         self.umap.validate(v)?;
-        self.metrics.validate(v)
+        self.metrics.validate(v)?;
+        self.profiling.validate(v, data)
     }
 }
 
@@ -232,6 +233,62 @@ impl MetricsSection {
             self.n_neighbors >= 2,
             "downstream.metrics.n_neighbors",
             "must be at least 2",
+        )
+    }
+}
+
+impl ProfilingSection {
+    /// One thing to embed, options only where they apply, and a recipe that is a path or a
+    /// mapping (its keys are the trainer's to check: the recipe type lives with
+    /// `trainer metrics profile`).
+    fn validate(&self, v: &Validator, data: &DataSection) -> Result<(), Invalid> {
+        for (value, key) in [
+            (&self.screen, "downstream.profiling.screen"),
+            (&self.images, "downstream.profiling.images"),
+            (&self.path_pattern, "downstream.profiling.path_pattern"),
+            (&self.metadata, "downstream.profiling.metadata"),
+        ] {
+            v.check(
+                value.as_ref().is_none_or(|s| !s.trim().is_empty()),
+                key,
+                "must not be empty (leave it out instead)",
+            )?;
+        }
+        v.check(
+            self.screen.is_none() || self.images.is_none(),
+            "downstream.profiling.images",
+            "cannot be combined with downstream.profiling.screen: name one set of cells to embed",
+        )?;
+        for (set, key) in [
+            (
+                self.path_pattern.is_some(),
+                "downstream.profiling.path_pattern",
+            ),
+            (self.metadata.is_some(), "downstream.profiling.metadata"),
+        ] {
+            v.check(
+                !set || self.images.is_some(),
+                key,
+                "applies to downstream.profiling.images only (a screen's cells carry their plate, well and site)",
+            )?;
+        }
+        v.check(
+            !self.enabled
+                || self.screen.is_some()
+                || self.images.is_some()
+                || data.screen.is_some(),
+            "downstream.profiling.enabled",
+            "profiles a screen, and this run's data is not one (data.screen is not set): name one with downstream.profiling.screen (a config with data.screen) or per-cell images with downstream.profiling.images",
+        )?;
+        let recipe_ok = match &self.recipe {
+            None | Some(serde_json::Value::Object(_)) => true,
+            Some(serde_json::Value::String(path)) => !path.trim().is_empty(),
+            Some(_) => false,
+        };
+        v.check(
+            recipe_ok,
+            "downstream.profiling.recipe",
+            "must be the path of a recipe file or the recipe as a mapping (docs/scoring.md, \"The recipe file\")",
         )
     }
 }

@@ -312,6 +312,46 @@ impl AttentionArgs {
     }
 }
 
+/// `trainer profiling`: the pipeline's profiling stage on its own (`downstream.profiling`):
+/// embeds the screen with each checkpoint the section names and runs the recipe on it,
+/// skipping the checkpoints whose outputs match the config.
+#[derive(Debug, Args)]
+pub struct ProfilingArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+impl ProfilingArgs {
+    pub fn run(self) -> Result<()> {
+        use trainer::pipeline::profiling;
+        let cfg = self.model.load()?;
+        if !cfg.downstream.profiling.enabled {
+            println!("downstream.profiling.enabled is false: nothing to profile");
+            return Ok(());
+        }
+        let t = Target::new(&cfg, self.model.combination)?;
+        let recipe = profiling::configured_recipe(&cfg)?;
+        let checkpoints = t.numbered_checkpoints();
+        if checkpoints.is_empty() {
+            anyhow::bail!(
+                "{} has no numbered checkpoint to profile (train first)",
+                t.files.dir().display()
+            );
+        }
+        for p in profiling::plan(&t, &checkpoints, &recipe) {
+            let out = t.files.profile_dir(&p.tag);
+            if p.done {
+                println!("{}: up to date ({})", p.tag, out.display());
+                continue;
+            }
+            profiling::run_profiling(&t, &p.tag, &p.checkpoint, &recipe)
+                .with_context(|| format!("profiling with {}", p.checkpoint.display()))?;
+            println!("{} -> {}", p.tag, out.join("index.html").display());
+        }
+        Ok(())
+    }
+}
+
 /// `trainer report`: one self-contained HTML page of everything the stages wrote.
 #[derive(Debug, Args)]
 pub struct ReportArgs {

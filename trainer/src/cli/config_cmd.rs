@@ -31,6 +31,13 @@ impl ConfigCommand {
                     cfg.model.patch_size,
                     cfg.data.dataset_dir
                 );
+                // The profiling recipe's keys belong to `metrics profile`, not the config
+                // crate: read it here, so a typo shows before a run reaches the stage.
+                if cfg.downstream.profiling.recipe.is_some() {
+                    trainer::pipeline::profiling::configured_recipe(&cfg)
+                        .with_context(|| format!("{}: downstream.profiling.recipe", file.display()))?;
+                    println!("downstream.profiling.recipe: a valid profiling recipe");
+                }
                 match check_dataset(&cfg)
                     .with_context(|| format!("{}: data.dataset_dir", file.display()))?
                 {

@@ -77,7 +77,7 @@ impl EmbedArgs {
         let opts = EmbedOptions {
             checkpoint: self.checkpoint,
             images: self.images.unwrap_or_default(),
-            screen: self.screen,
+            screen: self.screen.map(trainer::embed::ScreenOf::File),
             out: self.out.clone(),
             list: self.list,
             metadata: self.metadata,

@@ -131,10 +131,13 @@ enum Command {
     Umap(analysis_cmd::UmapArgs),
     /// Last-block CLS attention maps of a few held-out images per class (PNG).
     Attention(analysis_cmd::AttentionArgs),
+    /// A screen's profiling recipe with the kept checkpoints (`downstream.profiling`): embed
+    /// its cells, then `metrics profile` (replicate and activity mAP).
+    Profiling(analysis_cmd::ProfilingArgs),
     /// One self-contained HTML report of a model's training and analyses.
     Report(analysis_cmd::ReportArgs),
-    /// Everything: mean-std, train, features, knn, evaluate, umap, attention, report (skips what is
-    /// up to date, resumes after interruption).
+    /// Everything: mean-std, train, features, knn, evaluate, umap, attention, profiling, report
+    /// (skips what is up to date, resumes after interruption).
     Pipeline(pipeline_cmd::PipelineArgs),
     /// DINO pretraining of one channel combination (resumes automatically).
     Train(train_cmd::TrainArgs),
@@ -174,6 +177,7 @@ impl Cli {
             Command::Evaluate(e) => e.run(),
             Command::Umap(u) => u.run(),
             Command::Attention(a) => a.run(),
+            Command::Profiling(p) => p.run(),
             Command::Report(r) => r.run(),
             Command::Pipeline(p) => p.run(),
             Command::Checkpoint(c) => c.run(),

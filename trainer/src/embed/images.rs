@@ -103,10 +103,15 @@ impl Root {
     pub fn screen(config: &Path) -> Result<Self, ImagesError> {
         let cfg = crate::train::init_layout::load_config(config)
             .map_err(|e| ImagesError::Screen(format!("{}: {e}", config.display())))?;
+        Self::screen_of(&cfg, &config.display().to_string())
+    }
+
+    /// The screen of a loaded config's `data` section (`origin` names the config in errors):
+    /// the pipeline's profiling stage embeds its own run's screen this way.
+    pub fn screen_of(cfg: &crate::config::Config, origin: &str) -> Result<Self, ImagesError> {
         let screen = cfg.data.screen.as_ref().ok_or_else(|| {
             ImagesError::Screen(format!(
-                "{}: data.screen is not set (it names how cells are cut from the screen's sites)",
-                config.display()
+                "{origin}: data.screen is not set (it names how cells are cut from the screen's sites)"
             ))
         })?;
         let source = crate::data::screen::open::open_screen(&cfg.data, screen)

@@ -12,4 +12,4 @@ pub mod model;
 pub mod parts;
 pub mod run;
 
-pub use run::{run, EmbedOptions, EmbedSummary, OnError};
+pub use run::{run, EmbedOptions, EmbedSummary, OnError, ScreenOf};

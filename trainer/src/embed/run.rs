@@ -45,6 +45,15 @@ pub enum EmbedError {
     Parquet(#[from] parquet::errors::ParquetError),
 }
 
+/// Where the config naming a screen comes from.
+#[derive(Debug, Clone)]
+pub enum ScreenOf {
+    /// A config file (`trainer embed --screen FILE`).
+    File(PathBuf),
+    /// A config already loaded (the pipeline's own run); the text names it in errors.
+    Config(crate::config::Config, String),
+}
+
 /// What to do with an image that cannot be embedded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnError {
@@ -58,7 +67,7 @@ pub struct EmbedOptions {
     pub checkpoint: PathBuf,
     pub images: String,
     /// A config whose `data.screen` names a screen to embed instead of `images`.
-    pub screen: Option<PathBuf>,
+    pub screen: Option<ScreenOf>,
     pub out: PathBuf,
     pub list: Option<PathBuf>,
     pub metadata: Option<PathBuf>,
@@ -118,7 +127,8 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
         })
         .transpose()?;
     let root = match &opts.screen {
-        Some(config) => Root::screen(config)?,
+        Some(ScreenOf::File(config)) => Root::screen(config)?,
+        Some(ScreenOf::Config(cfg, origin)) => Root::screen_of(cfg, origin)?,
         None => Root::open(&opts.images)?,
     };
     let list = ImageList::open(root, opts.list.as_deref())?;

@@ -1,5 +1,6 @@
-//! `trainer pipeline`: mean-std → train → features → knn → umap → attention → report, for
-//! every checkpoint training kept (`checkpoint_every` epochs and the last), in one process.
+//! `trainer pipeline`: mean-std → train → features → knn → evaluate → umap → attention →
+//! profiling → report, for every checkpoint training kept (`checkpoint_every` epochs and the
+//! last; profiling for the checkpoints `downstream.profiling` names), in one process.
 //!
 //! Make-like: a stage runs only if one of its outputs is missing or older than one of its
 //! inputs, so rerunning after an interruption (or after training more epochs) redoes exactly
@@ -7,6 +8,7 @@
 //! Training resumes from its own checkpoints. A stop signal ends the pipeline at the next stage
 //! or step boundary with [`crate::train::run::EXIT_PREEMPTED`] semantics.
 pub mod combinations;
+pub mod profiling;
 pub mod report;
 pub mod stages;
 
@@ -32,6 +34,11 @@ pub enum StageError {
     Scoring(#[from] crate::scoring::ScoringError),
     #[error(transparent)]
     Attention(#[from] crate::analysis::attention::AttentionError),
+    /// The profiling stage's embedding of a screen.
+    #[error(transparent)]
+    Embed(#[from] crate::embed::run::EmbedError),
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
     #[error(transparent)]
     Plot(#[from] crate::plot::PlotError),
     #[error(transparent)]
@@ -234,6 +241,39 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// The profiling stage (`downstream.profiling`) for the checkpoints it names: every rank
+    /// embeds its share of the cells, rank 0 runs the recipe. Returns the records written (the
+    /// report's inputs); nothing when the stage is off.
+    fn profile_checkpoints(
+        &mut self,
+        t: &Target,
+        checkpoints: &[(String, PathBuf)],
+    ) -> Result<Vec<PathBuf>, StageError> {
+        if !t.cfg.downstream.profiling.enabled {
+            return Ok(vec![]);
+        }
+        let recipe = profiling::configured_recipe(t.cfg).map_err(|e| StageError::Stage {
+            label: Stage::Profiling.name().to_string(),
+            source: Box::new(e.into()),
+        })?;
+        let mut records = vec![];
+        for p in profiling::plan(t, checkpoints, &recipe) {
+            self.stage_unless(
+                Stage::Profiling,
+                Ranks::All,
+                t,
+                Some(&p.tag),
+                p.done,
+                || profiling::run_profiling(t, &p.tag, &p.checkpoint, &recipe).map(|_| ()),
+            )?;
+            records.push(t.files.profiling_record(&p.tag));
+            if self.stopped() {
+                break;
+            }
+        }
+        Ok(records)
+    }
+
     fn log(&self, what: &str) {
         if self.lead {
             tracing::info!("[pipeline] {what}");
@@ -256,6 +296,22 @@ impl Runner<'_> {
         outputs: &[PathBuf],
         work: impl FnOnce() -> Result<(), StageError>,
     ) -> Result<(), StageError> {
+        // Every rank decides a collective stage from the same files: rank 0 writes them only
+        // inside collective stages, which end with all ranks together.
+        let done = up_to_date(outputs, inputs);
+        self.stage_unless(stage, ranks, t, tag, done, work)
+    }
+
+    /// Runs `work` unless `done` (decided by the caller from files every rank reads alike).
+    fn stage_unless(
+        &mut self,
+        stage: Stage,
+        ranks: Ranks,
+        t: &Target,
+        tag: Option<&str>,
+        done: bool,
+        work: impl FnOnce() -> Result<(), StageError>,
+    ) -> Result<(), StageError> {
         if ranks == Ranks::Lead && !self.lead {
             return Ok(());
         }
@@ -264,9 +320,7 @@ impl Runner<'_> {
             None => stage.name().to_string(),
         };
         let start = Instant::now();
-        // Every rank decides a collective stage from the same files: rank 0 writes them only
-        // inside collective stages, which end with all ranks together.
-        let ran = !up_to_date(outputs, inputs);
+        let ran = !done;
         if ran {
             self.log(&format!("{label}: running"));
             work().map_err(|e| StageError::Stage {
@@ -431,7 +485,12 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
                 return Ok(PipelineOutcome::Preempted(r.runs));
             }
         }
+        let profiled = r.profile_checkpoints(&t, &checkpoints)?;
+        if r.stopped() {
+            return Ok(PipelineOutcome::Preempted(r.runs));
+        }
         let mut report_inputs = vec![ms_path.clone(), t.files.log()];
+        report_inputs.extend(profiled);
         for (tag, _) in &checkpoints {
             report_inputs.push(t.files.knn_json(tag));
             report_inputs.push(t.files.evaluation_json(tag));

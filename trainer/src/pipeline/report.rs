@@ -96,6 +96,7 @@ pub fn write_report(t: &Target, dataset: &Dataset) -> Result<PathBuf, StageError
     h.push_str(&evaluation_section(&evaluations));
     h.push_str(&scores_section(t, &tags)?);
     h.push_str(&knn_per_class_section(t, &knn)?);
+    h.push_str(&profiling_section(t, &tags)?);
     h.push_str(&umap_section(t, &tags)?);
     h.push_str(&attention_section(t, &tags)?);
     h.push_str(&footer(t.cfg));
@@ -193,6 +194,88 @@ pub fn scores_section(t: &Target, tags: &[String]) -> Result<String, StageError>
     );
     if !skipped.is_empty() {
         let _ = write!(h, "<ul>{skipped}</ul>");
+    }
+    Ok(h)
+}
+
+/// The screen's answer per profiled checkpoint (`downstream.profiling`, docs/scoring.md): each
+/// tag's `profile/summary.json` as one row, then the newest one's figures; nothing when the
+/// stage is off and never ran.
+pub fn profiling_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
+    let profiled: Vec<&String> = tags
+        .iter()
+        .filter(|tag| t.files.profiling_record(tag).exists())
+        .collect();
+    if profiled.is_empty() && !t.cfg.downstream.profiling.enabled {
+        return Ok(String::new());
+    }
+    let mut h = String::from("<h2>Profiling a screen: replicate retrieval and activity</h2>");
+    h.push_str(&look(
+        "each row is the recipe run on the screen's cells embedded with that checkpoint: \
+         aggregated per well, normalised to the negative controls, features selected. \
+         Replicate mAP near 1 = a perturbation's wells find each other on other plates before \
+         any other perturbation's; activity mAP near 1 = its wells stand apart from the \
+         negative controls; the fraction retrieved is the share of perturbations whose mAP \
+         beats random rankings (corrected p below the threshold). In the mAP-vs-p plots the \
+         points above the dashed line are retrieved; per plate, a plate far below the others \
+         points at a plate effect the normalisation did not remove.",
+    ));
+    if profiled.is_empty() {
+        h.push_str("<p>No profile yet (the <code>profiling</code> stage writes it).</p>");
+        return Ok(h);
+    }
+    h.push_str(
+        "<table id=\"profiling\"><tr><th>checkpoint</th><th>cells</th><th>wells</th>\
+         <th>features kept</th><th>replicate mAP</th><th>retrieved</th><th>activity mAP</th>\
+         <th>retrieved</th></tr>",
+    );
+    let mut newest = None;
+    for tag in profiled {
+        let dir = t.files.profile_dir(tag);
+        let v: serde_json::Value = read_json(&dir.join("summary.json"))?;
+        let steps = v["steps"].as_array().cloned().unwrap_or_default();
+        let count = |i: usize, key: &str| steps.get(i).map_or("–".into(), |s| s[key].to_string());
+        let task = |name: &str| {
+            let m = &v[name]["map"];
+            format!(
+                "<td>{}</td><td>{}</td>",
+                num(&m["mean_map"]),
+                num(&m["fraction_retrieved"])
+            )
+        };
+        let _ = write!(
+            h,
+            "<tr><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td>{}{}</tr>",
+            esc(&format!("profiling/{tag}/profile/index.html")),
+            esc(tag),
+            v["cells_rows"],
+            count(0, "rows"),
+            count(steps.len().saturating_sub(1), "features"),
+            task("replicate"),
+            task("activity")
+        );
+        newest = Some((tag, dir, v));
+    }
+    h.push_str("</table>");
+    if let Some((tag, dir, v)) = newest {
+        let _ = write!(
+            h,
+            "<p>{}: the figures of <code>{}</code>.</p>",
+            esc(tag),
+            esc(&dir.display().to_string())
+        );
+        let figures = [
+            &v["replicate"]["figure"],
+            &v["activity"]["figure"],
+            &v["plate_figure"],
+        ];
+        for name in figures.iter().filter_map(|f| f.as_str()) {
+            h.push_str(&img_tag(
+                &dir.join(name),
+                &format!("{tag} {name}"),
+                Some(560),
+            )?);
+        }
     }
     Ok(h)
 }
