@@ -13,7 +13,7 @@ use trainer::augment::{MultiCropAugment, MultiCropConfig};
 use trainer::config::{Arch, AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
 use trainer::data::mean_std;
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
-use trainer::model::channels::for_mode;
+use trainer::model::channels::{for_mode, ChannelModeKind};
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
 use trainer::train::graphed::{self, GraphedStep};
 use trainer::train::input::TrainInput;
@@ -368,12 +368,6 @@ impl StepBench {
             bail!("--channel-mode bag|tokens is measured with --loader none");
         }
         let device = self.device()?;
-        // Waits for the step's queued GPU work (the teacher EMA), so its time holds all of it.
-        let sync = || {
-            if let Device::Cuda(i) = device {
-                tch::Cuda::synchronize(i as i64);
-            }
-        };
         tch::set_num_threads(self.threads);
         let cfg = self.config()?;
         let ncrops = 2 + self.local_crops;
@@ -394,80 +388,114 @@ impl StepBench {
                 .map(|c| ChannelSubset::from_indices(&c)),
         };
         let mut group = SingleProcess::default();
-        let mut graphed = self.graphed(&cfg, device)?;
-        let mut losses = Vec::new();
-        let total = self.warmup + self.iters;
-        // Per timed step: (wall seconds, data-wait seconds, images).
-        let mut timed: Vec<(f64, f64, usize)> = Vec::with_capacity(self.iters);
-        let mut last_loss = f64::NAN;
+        let graphed = self.graphed(&cfg, device)?;
+        let mut run = StepRun {
+            learner: &mut learner,
+            params: &params,
+            group: &mut group,
+            timed: Vec::with_capacity(self.iters),
+            losses: Vec::new(),
+            last_loss: f64::NAN,
+        };
         match self.loader {
-            LoaderMode::None => {
-                let (b, c) = if mode.channel_items() {
-                    ((self.batch * self.channels) as i64, 1)
-                } else {
-                    (self.batch as i64, self.channels as i64)
-                };
-                let opts = (Kind::Float, device);
-                let crops: Vec<Tensor> = (0..ncrops)
-                    .map(|k| {
-                        let s = if k < 2 {
-                            self.global_size
-                        } else {
-                            self.local_size
-                        } as i64;
-                        Tensor::randn([b, c, s, s], opts)
-                    })
-                    .collect();
-                for it in 0..total {
-                    let t = Instant::now();
-                    let out = match &mut graphed {
-                        Some(g) => g.step(&mut learner, &crops, params(it), it)?,
-                        None => learner.step(&crops, params(it), it, &mut group)?,
-                    };
-                    sync();
-                    losses.push(out.loss);
-                    let secs = t.elapsed().as_secs_f64();
-                    last_loss = out.loss;
-                    if it >= self.warmup {
-                        timed.push((secs, 0.0, self.batch));
-                    }
-                }
+            LoaderMode::None => self.synthetic_steps(&mut run, graphed, ncrops, device, mode)?,
+            LoaderMode::Real => self.real_steps(&mut run, &cfg)?,
+        }
+        self.report(&run);
+        Ok(())
+    }
+
+    /// Steps on random crops made once (`--loader none`), graphed when asked.
+    fn synthetic_steps(
+        &self,
+        run: &mut StepRun<'_>,
+        mut graphed: Option<GraphedStep>,
+        ncrops: usize,
+        device: Device,
+        mode: &dyn ChannelModeKind,
+    ) -> Result<()> {
+        // Waits for the step's queued GPU work (the teacher EMA), so its time holds all of it.
+        let sync = || {
+            if let Device::Cuda(i) = device {
+                tch::Cuda::synchronize(i as i64);
             }
-            LoaderMode::Real => {
-                let Some(dir) = &self.data else {
-                    bail!("--loader real needs --data DIR (e.g. the Training/ folder of `trainer synth`)");
-                };
-                let pool = BufferPool::new(2 * self.workers.max(1) + 2);
-                let mut loader = self.real_loader(&cfg, dir, total, pool.clone())?;
-                for it in 0..total {
-                    let t = Instant::now();
-                    let b = loader
-                        .next()
-                        .context("the loader ran out of batches")?
-                        .map_err(anyhow::Error::msg)?;
-                    if b.indices.is_empty() {
-                        bail!("batch {} has no usable image", b.batch_no);
-                    }
-                    let out = learner.step(&b.crops, params(it), it, &mut group)?;
-                    let secs = t.elapsed().as_secs_f64();
-                    last_loss = out.loss;
-                    if it >= self.warmup {
-                        timed.push((secs, b.wait.as_secs_f64(), b.indices.len()));
-                    }
-                    let LoadedBatch { crops, buffers, .. } = b;
-                    drop(crops);
-                    // SAFETY: the step is over and the batch's views are dropped.
-                    unsafe { pool.put(buffers) };
-                }
+        };
+        let (b, c) = if mode.channel_items() {
+            ((self.batch * self.channels) as i64, 1)
+        } else {
+            (self.batch as i64, self.channels as i64)
+        };
+        let opts = (Kind::Float, device);
+        let crops: Vec<Tensor> = (0..ncrops)
+            .map(|k| {
+                let s = if k < 2 {
+                    self.global_size
+                } else {
+                    self.local_size
+                } as i64;
+                Tensor::randn([b, c, s, s], opts)
+            })
+            .collect();
+        for it in 0..self.warmup + self.iters {
+            let t = Instant::now();
+            let out = match &mut graphed {
+                Some(g) => g.step(run.learner, &crops, (run.params)(it), it)?,
+                None => run.learner.step(&crops, (run.params)(it), it, run.group)?,
+            };
+            sync();
+            run.losses.push(out.loss);
+            let secs = t.elapsed().as_secs_f64();
+            run.last_loss = out.loss;
+            if it >= self.warmup {
+                run.timed.push((secs, 0.0, self.batch));
             }
         }
+        Ok(())
+    }
+
+    /// Steps on batches of training's own input pipeline over `--data` (`--loader real`).
+    fn real_steps(&self, run: &mut StepRun<'_>, cfg: &Config) -> Result<()> {
+        let Some(dir) = &self.data else {
+            bail!("--loader real needs --data DIR (e.g. the Training/ folder of `trainer synth`)");
+        };
+        let total = self.warmup + self.iters;
+        let pool = BufferPool::new(2 * self.workers.max(1) + 2);
+        let mut loader = self.real_loader(cfg, dir, total, pool.clone())?;
+        for it in 0..total {
+            let t = Instant::now();
+            let b = loader
+                .next()
+                .context("the loader ran out of batches")?
+                .map_err(anyhow::Error::msg)?;
+            if b.indices.is_empty() {
+                bail!("batch {} has no usable image", b.batch_no);
+            }
+            let out = run
+                .learner
+                .step(&b.crops, (run.params)(it), it, run.group)?;
+            let secs = t.elapsed().as_secs_f64();
+            run.last_loss = out.loss;
+            if it >= self.warmup {
+                run.timed
+                    .push((secs, b.wait.as_secs_f64(), b.indices.len()));
+            }
+            let LoadedBatch { crops, buffers, .. } = b;
+            drop(crops);
+            // SAFETY: the step is over and the batch's views are dropped.
+            unsafe { pool.put(buffers) };
+        }
+        Ok(())
+    }
+
+    /// The JSON line of the timed steps.
+    fn report(&self, run: &StepRun<'_>) {
         let median = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let times: Vec<f64> = timed.iter().map(|t| t.0).collect();
-        let waits: Vec<f64> = timed.iter().map(|t| t.1).collect();
-        let images: usize = timed.iter().map(|t| t.2).sum();
+        let times: Vec<f64> = run.timed.iter().map(|t| t.0).collect();
+        let waits: Vec<f64> = run.timed.iter().map(|t| t.1).collect();
+        let images: usize = run.timed.iter().map(|t| t.2).sum();
         let median_s = median(times.clone());
         println!(
             "{}",
@@ -491,12 +519,11 @@ impl StepBench {
                 "times_s": times,
                 "data_wait_s": waits,
                 "data_wait_median_s": median(waits.clone()),
-                "last_loss": last_loss,
+                "last_loss": run.last_loss,
                 "cuda_graphs": self.cuda_graphs,
-                "losses": losses,
+                "losses": run.losses,
             })
         );
-        Ok(())
     }
 
     /// The input pipeline of `trainer train` (index, TIFF, min–max, multi-crop augmentation,
@@ -664,6 +691,18 @@ pub struct LoaderBench {
 }
 
 /// User + system CPU seconds of this process (all threads), from /proc/self/stat.
+/// What the step benchmark's loops share and record.
+struct StepRun<'a> {
+    learner: &'a mut Learner,
+    params: &'a dyn Fn(usize) -> StepParams,
+    group: &'a mut SingleProcess,
+    /// Per timed step: (wall seconds, data-wait seconds, images).
+    timed: Vec<(f64, f64, usize)>,
+    /// Every step's loss (`--loader none`).
+    losses: Vec<f64>,
+    last_loss: f64,
+}
+
 fn process_cpu_seconds() -> Result<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
@@ -681,15 +720,13 @@ fn process_cpu_seconds() -> Result<f64> {
 }
 
 impl LoaderBench {
-    fn run(self) -> Result<()> {
-        if self.batches == 0 || self.threads == 0 {
-            bail!("--batches and --threads must be at least 1");
-        }
-        tch::set_num_threads(if self.path == LoaderPath::Device {
-            self.threads as i32
-        } else {
-            1
-        });
+    /// The dataset (`--config` or `--data`, holding at least `need` images unless only the
+    /// kernels are timed), its channel count, and training's multi-crop augmentation with the
+    /// dataset's mean/std.
+    fn source_and_augment(
+        &self,
+        need: usize,
+    ) -> Result<(SharedSource, usize, Arc<MultiCropAugment>)> {
         let (source, name): (SharedSource, String) = match (&self.config, &self.data) {
             (Some(c), _) => {
                 let cfg = trainer::train::init_layout::load_config(c)?;
@@ -699,7 +736,6 @@ impl LoaderBench {
             (None, None) => bail!("give --data DIR or --config FILE"),
         };
         let index = source.index();
-        let need = (self.warmup + self.batches) * self.batch;
         if index.len() < need && self.path != LoaderPath::Kernels {
             bail!(
                 "{name} holds {} images; {} batches of {} need {need} (make more with `trainer synth --per-class N`)",
@@ -722,6 +758,22 @@ impl LoaderBench {
             std,
             ops: Default::default(),
         })?);
+        Ok((source, channels, augment))
+    }
+
+    fn run(self) -> Result<()> {
+        if self.batches == 0 || self.threads == 0 {
+            bail!("--batches and --threads must be at least 1");
+        }
+        tch::set_num_threads(if self.path == LoaderPath::Device {
+            self.threads as i32
+        } else {
+            1
+        });
+        let need = (self.warmup + self.batches) * self.batch;
+        let (source, channels, augment) = self.source_and_augment(need)?;
+        let index = source.index();
+        let all: Vec<usize> = (0..channels).collect();
         let prep = PreprocessOptions {
             selected_channels: Some(all),
             center_crop: 0,

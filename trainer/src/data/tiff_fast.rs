@@ -186,6 +186,62 @@ macro_rules! dispatch {
     };
 }
 
+/// The tags this path reads, in [`Tags`]' slots.
+const WANTED: [u16; 13] = [
+    TAG_WIDTH,
+    TAG_HEIGHT,
+    TAG_BITS,
+    TAG_COMPRESSION,
+    TAG_PHOTOMETRIC,
+    TAG_STRIP_OFFSETS,
+    TAG_SAMPLES,
+    TAG_ROWS_PER_STRIP,
+    TAG_STRIP_BYTES,
+    TAG_PLANAR,
+    TAG_PREDICTOR,
+    TAG_TILE_WIDTH,
+    TAG_SAMPLE_FORMAT,
+];
+
+/// The wanted entries of the first IFD (the `n` entries from `ifd`), each checked to lie
+/// inside the file; None where an entry has a type this path does not read.
+struct Tags([Option<Entry>; 13]);
+
+impl Tags {
+    fn read(b: &[u8], e: Endian, ifd: usize, n: usize) -> Option<Self> {
+        let mut tags = [None; 13];
+        for k in 0..n {
+            let at = ifd + 2 + 12 * k;
+            let tag = e.u16(b, at)?;
+            let Some(slot) = WANTED.iter().position(|&t| t == tag) else {
+                continue;
+            };
+            let ty = e.u16(b, at + 2)?;
+            let count = e.u32(b, at + 4)? as usize;
+            let size = match ty {
+                3 => 2,
+                4 => 4,
+                _ => return None,
+            };
+            let at = if count.checked_mul(size)? <= 4 {
+                at + 8
+            } else {
+                e.u32(b, at + 8)? as usize
+            };
+            b.get(at..at.checked_add(count * size)?)?;
+            tags[slot] = Some(Entry { ty, count, at });
+        }
+        Some(Self(tags))
+    }
+
+    fn get(&self, tag: u16) -> Option<Entry> {
+        WANTED
+            .iter()
+            .position(|&t| t == tag)
+            .and_then(|k| self.0[k])
+    }
+}
+
 /// Decodes `bytes` into `out` (C×H×W, reusing `out.data`'s allocation) if it is a TIFF this
 /// path handles; `false` (and `out` unspecified) otherwise.
 pub fn decode_uncompressed(bytes: &[u8], out: &mut ImageChw) -> bool {
@@ -207,44 +263,8 @@ fn decode(b: &[u8], out: &mut ImageChw) -> Option<()> {
     if e.u32(b, entries_end)? != 0 {
         return None; // several pages
     }
-    let mut tags: [Option<Entry>; 13] = [None; 13];
-    const WANTED: [u16; 13] = [
-        TAG_WIDTH,
-        TAG_HEIGHT,
-        TAG_BITS,
-        TAG_COMPRESSION,
-        TAG_PHOTOMETRIC,
-        TAG_STRIP_OFFSETS,
-        TAG_SAMPLES,
-        TAG_ROWS_PER_STRIP,
-        TAG_STRIP_BYTES,
-        TAG_PLANAR,
-        TAG_PREDICTOR,
-        TAG_TILE_WIDTH,
-        TAG_SAMPLE_FORMAT,
-    ];
-    for k in 0..n {
-        let at = ifd + 2 + 12 * k;
-        let tag = e.u16(b, at)?;
-        let Some(slot) = WANTED.iter().position(|&t| t == tag) else {
-            continue;
-        };
-        let ty = e.u16(b, at + 2)?;
-        let count = e.u32(b, at + 4)? as usize;
-        let size = match ty {
-            3 => 2,
-            4 => 4,
-            _ => return None,
-        };
-        let at = if count.checked_mul(size)? <= 4 {
-            at + 8
-        } else {
-            e.u32(b, at + 8)? as usize
-        };
-        b.get(at..at.checked_add(count * size)?)?;
-        tags[slot] = Some(Entry { ty, count, at });
-    }
-    let get = |tag: u16| WANTED.iter().position(|&t| t == tag).and_then(|k| tags[k]);
+    let tags = Tags::read(b, e, ifd, n)?;
+    let get = |tag: u16| tags.get(tag);
     let scalar = |tag: u16, default: u64| match get(tag) {
         Some(entry) => entry.uniform(b, e),
         None => Some(default),

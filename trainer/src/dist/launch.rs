@@ -44,6 +44,26 @@ pub enum LaunchError {
 
 /// Runs the ranks to completion; returns the exit code the launcher should use.
 pub fn launch(opts: &LaunchOptions) -> Result<i32, LaunchError> {
+    let mut children = spawn_ranks(opts)?;
+    let signals = RelayedSignals::register()?;
+    let (codes, killed_after_stop) = supervise(opts, &mut children, &signals);
+    // A rank killed for not following a stop counts as stopped (everything it wrote is atomic).
+    let codes: Vec<i32> = codes
+        .into_iter()
+        .zip(&killed_after_stop)
+        .map(|(c, &killed)| {
+            if killed {
+                EXIT_PREEMPTED
+            } else {
+                c.unwrap_or(1)
+            }
+        })
+        .collect();
+    Ok(launch_exit_code(&codes))
+}
+
+/// One child process per rank, each told its rank and the rendezvous as torchrun would.
+fn spawn_ranks(opts: &LaunchOptions) -> Result<Vec<std::process::Child>, LaunchError> {
     let exe = std::env::current_exe().map_err(LaunchError::Executable)?;
     let mut children = Vec::with_capacity(opts.nproc);
     // As torchrun: N ranks each with a full OpenMP pool oversubscribe the cores (Gloo's
@@ -65,31 +85,60 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, LaunchError> {
             .map_err(|source| LaunchError::Spawn { rank, source })?;
         children.push(child);
     }
-    // Forward SIGTERM/SIGUSR1/SIGINT: the handler records the signal, this loop relays it.
-    let pending = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGUSR1,
-        signal_hook::consts::SIGINT,
-    ] {
-        let (pending, seen) = (pending.clone(), seen.clone());
-        // SAFETY: the handler only stores to atomics (async-signal-safe).
-        unsafe {
-            signal_hook::low_level::register(sig, move || {
-                pending.store(sig as usize, Ordering::SeqCst);
-                seen.store(true, Ordering::SeqCst);
-            })
+    Ok(children)
+}
+
+/// SIGTERM/SIGUSR1/SIGINT received by the launcher, to relay to the ranks: the handler only
+/// records the signal, the supervising loop relays it.
+struct RelayedSignals {
+    pending: Arc<AtomicUsize>,
+    seen: Arc<AtomicBool>,
+}
+
+impl RelayedSignals {
+    fn register() -> Result<Self, LaunchError> {
+        let pending = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(AtomicBool::new(false));
+        for sig in [
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGUSR1,
+            signal_hook::consts::SIGINT,
+        ] {
+            let (pending, seen) = (pending.clone(), seen.clone());
+            // SAFETY: the handler only stores to atomics (async-signal-safe).
+            unsafe {
+                signal_hook::low_level::register(sig, move || {
+                    pending.store(sig as usize, Ordering::SeqCst);
+                    seen.store(true, Ordering::SeqCst);
+                })
+            }
+            .map_err(LaunchError::Signal)?;
         }
-        .map_err(LaunchError::Signal)?;
+        Ok(Self { pending, seen })
     }
+
+    /// The signal received since the last call, if any.
+    fn take(&self) -> Option<i32> {
+        self.seen
+            .swap(false, Ordering::SeqCst)
+            .then(|| self.pending.load(Ordering::SeqCst) as i32)
+    }
+}
+
+/// Waits for every rank: relays signals, stops the others when one fails (killing them a
+/// grace period later), and kills a rank that has not followed the others' stop within the
+/// grace period. Returns each rank's exit code and whether it was killed after a stop.
+fn supervise(
+    opts: &LaunchOptions,
+    children: &mut [std::process::Child],
+    signals: &RelayedSignals,
+) -> (Vec<Option<i32>>, Vec<bool>) {
     let mut codes: Vec<Option<i32>> = vec![None; opts.nproc];
     let mut failed_at: Option<Instant> = None;
     let mut stopped_at: Option<Instant> = None;
     let mut killed_after_stop = vec![false; opts.nproc];
     loop {
-        if seen.swap(false, Ordering::SeqCst) {
-            let sig = pending.load(Ordering::SeqCst) as i32;
+        if let Some(sig) = signals.take() {
             for (c, code) in children.iter().zip(&codes) {
                 if code.is_none() {
                     signal(c, sig);
@@ -123,7 +172,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, LaunchError> {
             }
         }
         if codes.iter().all(Option::is_some) {
-            break;
+            return (codes, killed_after_stop);
         }
         if let Some(t) = failed_at {
             if t.elapsed() > opts.grace {
@@ -149,19 +198,12 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, LaunchError> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // A rank killed for not following a stop counts as stopped (everything it wrote is atomic).
-    let codes: Vec<i32> = codes
-        .into_iter()
-        .zip(&killed_after_stop)
-        .map(|(c, &killed)| {
-            if killed {
-                EXIT_PREEMPTED
-            } else {
-                c.unwrap_or(1)
-            }
-        })
-        .collect();
-    Ok(if codes.iter().all(|&c| c == 0) {
+}
+
+/// The launcher's exit code from its ranks': 0 when all succeeded, [`EXIT_PREEMPTED`] when
+/// all succeeded or stopped, else the first failure's.
+fn launch_exit_code(codes: &[i32]) -> i32 {
+    if codes.iter().all(|&c| c == 0) {
         0
     } else if codes.iter().all(|&c| c == 0 || c == EXIT_PREEMPTED) {
         EXIT_PREEMPTED
@@ -171,5 +213,5 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, LaunchError> {
             .copied()
             .find(|&c| c != 0 && c != EXIT_PREEMPTED)
             .unwrap_or(1)
-    })
+    }
 }
