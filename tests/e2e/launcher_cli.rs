@@ -60,7 +60,7 @@ fn shipped_example_renders_and_every_script_parses() {
         &["render", "--cluster", s(&cluster), "--out", s(&out)],
     );
     let scripts: Vec<&str> = listed.lines().filter(|l| l.ends_with(".sbatch")).collect();
-    assert_eq!(scripts.len(), 8, "{listed}");
+    assert_eq!(scripts.len(), 9, "{listed}");
     for sc in &scripts {
         let o = Command::new("bash").arg("-n").arg(sc).output().unwrap();
         assert!(o.status.success(), "{sc}: {}", text(&o.stderr));
