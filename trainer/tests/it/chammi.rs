@@ -163,7 +163,8 @@ fn chammi_cells_equal_numpys_fortran_fold() {
 
 /// Bad rows fail their own cell, naming the file and the table row: a missing file, a width
 /// that is not a whole number of tiles, another number of tiles than the dataset's channels,
-/// an empty `channel_width`, a 1-bit and an RGB PNG; the other cells still read. A dataset
+/// an empty `channel_width`, a 1-bit and an RGB PNG, a TIFF of two samples per pixel, a
+/// file that is no image; the other cells still read. A dataset
 /// lacking a named channel, one without channel names and a file listed twice are refused
 /// when the table is opened, naming the row.
 #[test]
@@ -174,7 +175,10 @@ fn bad_chammi_rows_name_the_file_and_row() {
     run_python(
         "import sys, numpy as np; from PIL import Image\n\
          Image.fromarray(np.ones((10, 36), bool)).save(sys.argv[1] + '/Allen/one_bit.png')\n\
-         Image.fromarray(np.zeros((10, 36, 3), np.uint8)).save(sys.argv[1] + '/Allen/rgb.png')",
+         Image.fromarray(np.zeros((10, 36, 3), np.uint8)).save(sys.argv[1] + '/Allen/rgb.png')\n\
+         import tifffile\n\
+         tifffile.imwrite(sys.argv[1] + '/Allen/two.tif', np.zeros((10, 36, 2), np.uint16), photometric='minisblack', planarconfig='contig')\n\
+         open(sys.argv[1] + '/Allen/text.png', 'w').write('not an image')",
         &[d.to_str().unwrap()],
     );
     let good = d.join("Allen/Train/000.png");
@@ -191,6 +195,8 @@ fn bad_chammi_rows_name_the_file_and_row() {
         ("Allen/empty.png", ""),
         ("Allen/one_bit.png", "12"),
         ("Allen/rgb.png", "12"),
+        ("Allen/two.tif", "12"),
+        ("Allen/text.png", "12"),
     ];
     for (file, width) in bad {
         text.push_str(&format!(
@@ -207,6 +213,8 @@ fn bad_chammi_rows_name_the_file_and_row() {
         "channel_width is empty",
         "is a PNG of 1-bit grayscale; CHAMMI's crops are 8- or 16-bit grayscale",
         "is a PNG of 8-bit RGB; CHAMMI's crops are 8- or 16-bit grayscale",
+        "is a TIFF of 2 samples per pixel",
+        "is neither a PNG nor a TIFF",
     ];
     for (k, ((file, _), reason)) in bad.iter().zip(reasons).enumerate() {
         let i = oracle.len() + k;
