@@ -396,6 +396,21 @@ mod tests {
                 "RGB images are not supported yet; multi-channel TIFFs only",
             ),
             (
+                "data: {screen: {layout: chammi, objects: o.csv}}",
+                "data.screen.objects",
+                "does not apply to `layout: chammi` (each image is one whole cell)",
+            ),
+            (
+                "data: {screen: {objects: o.csv, image_root: /chammi}}",
+                "data.screen.image_root",
+                "is for `layout: chammi` only (CHAMMI's tiled crops)",
+            ),
+            (
+                "data: {screen: {layout: chammi, dataset_channels: {CP: []}}}",
+                "data.screen.dataset_channels.CP",
+                "names no channels",
+            ),
+            (
                 "model: {patch_size: 0}",
                 "model.patch_size",
                 "must be between 1 and 64 pixels (scDINO uses 8 or 16)",

@@ -101,10 +101,11 @@ pub struct DataSection {
     /// kNN bank and probe training set and this folder as queries; when null it uses the
     /// training split and the held-out split.
     pub test_dir: Option<DatasetLocation>,
-    /// New. A screen as it is stored (fields of view + a segmentation) instead of one TIFF
-    /// per cell: `dataset_dir` is then the screen's LoadData table or OME-Zarr plate,
-    /// `channel_names` the channels read from it (by name, in this order), and every cell is
-    /// cut from its site around its centre. Null = `dataset_dir` holds per-cell images. The
+    /// New. A screen as it is stored (fields of view + a segmentation, or CHAMMI's tiled
+    /// crops) instead of one TIFF per cell: `dataset_dir` is then the screen's LoadData
+    /// table, OME-Zarr plate or CHAMMI metadata table, `channel_names` the channels read from
+    /// it (by name, in this order), and every cell is cut from its site around its centre
+    /// (CHAMMI: every image is one whole cell). Null = `dataset_dir` holds per-cell images. The
     /// keys below are documented with the defaults they take when the section is given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub screen: Option<ScreenSection>,
@@ -116,7 +117,10 @@ pub struct DataSection {
 pub struct ScreenSection {
     /// What `data.dataset_dir` is: `load_data` = CellProfiler's LoadData table (CSV, optionally
     /// `.gz`: one row per site, `FileName_<Ch>`/`PathName_<Ch>` or `URL_<Ch>` per channel);
-    /// `ome_zarr` = an OME-Zarr HCS plate (NGFF 0.4 or 0.5).
+    /// `ome_zarr` = an OME-Zarr HCS plate (NGFF 0.4 or 0.5); `chammi` = CHAMMI's tiled
+    /// crops: a metadata CSV (`enriched_meta.csv`) with one row per cell whose `file_path`
+    /// names a PNG or TIFF holding the cell's channels side by side, `channel_width` pixels
+    /// each; the whole image is the cell (no segmentation, `box_size` unused).
     pub layout: ScreenLayout,
     /// An object table (CellProfiler's `Nuclei.csv`, one row per cell, path or URL) giving each
     /// cell's centre; null = cells are the objects of each site's label image (`labels`).
@@ -148,6 +152,24 @@ pub struct ScreenSection {
     pub split_by: Option<String>,
     /// Decoded sites each process keeps for the cells that follow.
     pub site_cache: usize,
+    /// `chammi`: the folder (path or URL) `file_path` is relative to; null = the table's
+    /// folder. CHAMMI's per-dataset tables (`CHAMMI/Allen/enriched_meta.csv`) name images from
+    /// the CHAMMI folder (`Allen/…`), as MorphEm joins them with its `root_dir`: set this to it.
+    pub image_root: Option<String>,
+    /// `chammi`: the column naming each row's dataset (morphem70k's combined table has
+    /// `chunk`); null = the first folder of `file_path` (CHAMMI's `Allen/…`, `HPA/…`, `CP/…`).
+    pub dataset_column: Option<String>,
+    /// `chammi`: only the rows of these datasets are read; null = every row.
+    pub datasets: Option<Vec<String>>,
+    /// `chammi`: only the rows whose column (a CSV column name) holds one of the values are
+    /// read, e.g. `{train_test_split: [Train]}` to train on CHAMMI's training rows; empty =
+    /// every row.
+    pub rows: BTreeMap<String, Vec<String>>,
+    /// `chammi`: each dataset's channel names, in the order its tiles are stored; a dataset
+    /// not named here takes CHAMMI's own (`Allen`/`WTC`: nucleus, membrane, protein; `HPA`:
+    /// microtubules, protein, nucleus, er; `CP`: nucleus, er, rna, golgi, mito).
+    /// `data.channel_names` picks channels by these names: every row read must have them all.
+    pub dataset_channels: BTreeMap<String, Vec<String>>,
 }
 
 impl Default for ScreenSection {
@@ -164,6 +186,11 @@ impl Default for ScreenSection {
             label_column: None,
             split_by: None,
             site_cache: 8,
+            image_root: None,
+            dataset_column: None,
+            datasets: None,
+            rows: BTreeMap::new(),
+            dataset_channels: BTreeMap::new(),
         }
     }
 }
@@ -174,6 +201,7 @@ impl Default for ScreenSection {
 pub enum ScreenLayout {
     LoadData,
     OmeZarr,
+    Chammi,
 }
 
 /// `data.screen.border`.

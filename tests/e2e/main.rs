@@ -1,4 +1,5 @@
 //! End-to-end tests: the real `trainer` and `launcher` binaries on real files.
+mod chammi_cli;
 mod collectives_cli;
 mod dist_cli;
 mod docs_cli;

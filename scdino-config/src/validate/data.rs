@@ -1,6 +1,9 @@
 //! `data:` — splits, sample order, the S3 client and the channels; it also turns
 //! `data.channel_combinations` into channel indices, once.
-use crate::{ChannelCombination, DataFormat, DataSection, Invalid, SampleOrder, Validator};
+use crate::{
+    ChannelCombination, DataFormat, DataSection, Invalid, SampleOrder, ScreenLayout, ScreenSection,
+    Validator,
+};
 
 impl DataSection {
     /// Returns `data.channel_combinations` as channel indices, in file order.
@@ -27,6 +30,28 @@ impl DataSection {
             "must be at least 1 (the side of the box cut around each cell, in pixels)",
         )?;
         v.check(
+            self.format == DataFormat::Auto,
+            "data.format",
+            "must be auto with data.screen (a screen is read as its layout says; \
+             `trainer data pack` packs its cells into shards, read with data.screen unset)",
+        )?;
+        if screen.layout == ScreenLayout::Chammi {
+            return self.validate_chammi(screen, v);
+        }
+        for (set, key) in [
+            (screen.image_root.is_some(), "image_root"),
+            (screen.dataset_column.is_some(), "dataset_column"),
+            (screen.datasets.is_some(), "datasets"),
+            (!screen.rows.is_empty(), "rows"),
+            (!screen.dataset_channels.is_empty(), "dataset_channels"),
+        ] {
+            v.check(
+                !set,
+                &format!("data.screen.{key}"),
+                "is for `layout: chammi` only (CHAMMI's tiled crops)",
+            )?;
+        }
+        v.check(
             screen.objects.is_some() || screen.labels.is_some(),
             "data.screen",
             "names no cells: set `objects` (an object table with each cell's centre) or \
@@ -49,12 +74,32 @@ impl DataSection {
             "data.screen.site_cache",
             "must be at least 1 (decoded sites kept per process)",
         )?;
-        v.check(
-            self.format == DataFormat::Auto,
-            "data.format",
-            "must be auto with data.screen (a screen is read as its layout says; \
-             `trainer data pack` packs its cells into shards, read with data.screen unset)",
-        )
+        Ok(())
+    }
+
+    /// CHAMMI's tiled crops are whole cells: the keys that find and cut cells in sites do
+    /// not apply, and are refused rather than silently ignored.
+    fn validate_chammi(&self, screen: &ScreenSection, v: &Validator) -> Result<(), Invalid> {
+        for (set, key) in [
+            (screen.objects.is_some(), "objects"),
+            (screen.labels.is_some(), "labels"),
+            (screen.center_columns.is_some(), "center_columns"),
+            (screen.mask_objects, "mask_objects"),
+        ] {
+            v.check(
+                !set,
+                &format!("data.screen.{key}"),
+                "does not apply to `layout: chammi` (each image is one whole cell)",
+            )?;
+        }
+        for (dataset, names) in &screen.dataset_channels {
+            v.check(
+                !names.is_empty(),
+                &format!("data.screen.dataset_channels.{dataset}"),
+                "names no channels",
+            )?;
+        }
+        Ok(())
     }
 
     fn validate_sampling(&self, v: &Validator) -> Result<(), Invalid> {

@@ -1,6 +1,7 @@
 //! The trainer's single integration-test binary (one libtorch link).
 mod analysis;
 mod augment;
+mod chammi;
 mod channels;
 mod config;
 mod data;

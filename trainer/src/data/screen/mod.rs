@@ -10,8 +10,10 @@
 //! `data pack`, features and embed read a screen like any other dataset.
 //!
 //! A new layout is one file here implementing [`FieldLayout`] and one line in
-//! [`open::open_layout`].
+//! [`open::open_screen`]. A layout whose files are single cells already (CHAMMI's tiled
+//! crops) says so with [`FieldLayout::cells_are_sites`]: each site is then one cell.
 
+pub mod chammi;
 pub mod crop;
 pub mod error;
 pub mod files;
@@ -109,6 +111,13 @@ pub trait FieldLayout: Send + Sync {
     /// True for layouts stored in chunks, where [`Self::read_region`] reads less than the
     /// site: cells are then read region by region instead of from whole cached sites.
     fn reads_regions(&self) -> bool {
+        false
+    }
+
+    /// True for layouts whose every site is one whole cell (CHAMMI's tiled crops): there is
+    /// no segmentation to place cells, each site is served as it is (its own size), and
+    /// `box_size`, `border` and the cell's object number and centre do not apply.
+    fn cells_are_sites(&self) -> bool {
         false
     }
 

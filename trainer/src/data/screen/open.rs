@@ -1,8 +1,10 @@
 //! The registry of screen layouts: the one place that knows every kind, turning
 //! `data.screen` into a [`ScreenSource`].
+use super::chammi::{Chammi, ChammiOptions};
 use super::crop::Border;
 use super::files::Files;
 use super::loaddata::{LoadData, LoadDataOptions};
+use super::objects::Cell;
 use super::objects::{self, ObjectTable};
 use super::source::{CropOptions, ScreenSource};
 use super::{FieldLayout, ScreenError};
@@ -41,8 +43,22 @@ pub fn open_screen(
             let numbers = (1..=plate.sites().len() as u64).collect();
             (Arc::new(plate), numbers)
         }
+        ScreenLayout::Chammi => {
+            let opts = ChammiOptions {
+                channels: data.channel_names.clone(),
+                image_root: screen.image_root.clone(),
+                dataset_column: screen.dataset_column.clone(),
+                datasets: screen.datasets.clone(),
+                rows: screen.rows.clone(),
+                dataset_channels: screen.dataset_channels.clone(),
+            };
+            let table = Chammi::open(&address, &opts, files.clone())?;
+            let numbers = (1..=table.sites().len() as u64).collect();
+            (Arc::new(table), numbers)
+        }
     };
     let cells = match &screen.objects {
+        _ if layout.cells_are_sites() => objects_of_whole_sites(&*layout, screen, &address)?,
         Some(objects) => {
             let table = ObjectTable {
                 address: objects.clone(),
@@ -76,4 +92,28 @@ pub fn open_screen(
         );
     }
     Ok(source)
+}
+
+/// One cell per site, the whole site, for layouts whose sites are cells; the keys that place
+/// cells in sites are refused (validation refuses them too; this guards other callers).
+fn objects_of_whole_sites(
+    layout: &dyn FieldLayout,
+    screen: &ScreenSection,
+    address: &str,
+) -> Result<Vec<Cell>, ScreenError> {
+    if screen.objects.is_some() || screen.labels.is_some() || screen.mask_objects {
+        return Err(ScreenError::table(
+            address,
+            "each image of this layout is one whole cell: data.screen.objects, labels and \
+             mask_objects do not apply",
+        ));
+    }
+    Ok((0..layout.sites().len())
+        .map(|site| Cell {
+            site,
+            object: 1,
+            x: 0.0,
+            y: 0.0,
+        })
+        .collect())
 }

@@ -74,9 +74,10 @@ impl ScreenSource {
         let mut kept = Vec::with_capacity(cells.len());
         let mut skipped = Skipped::default();
         let mut shapes: Vec<Option<(usize, usize)>> = vec![None; layout.sites().len()];
+        let whole = layout.cells_are_sites();
         for cell in cells {
             let region = box_around(cell.x, cell.y, opts.box_size);
-            if opts.border == Border::Skip {
+            if opts.border == Border::Skip && !whole {
                 let shape = match shapes[cell.site] {
                     Some(s) => s,
                     None => *shapes[cell.site].insert(layout.site_shape(cell.site)?),
@@ -118,10 +119,13 @@ impl ScreenSource {
     }
 
     /// Cell `i`'s metadata: its site's `Metadata_*` columns, then its object number and
-    /// centre.
+    /// centre (none for layouts whose sites are cells).
     pub fn metadata(&self, i: usize) -> Vec<(String, String)> {
         let cell = &self.cells[i];
         let mut m = self.layout.sites()[cell.site].metadata.clone();
+        if self.layout.cells_are_sites() {
+            return m;
+        }
         m.push((OBJECT_NUMBER.into(), cell.object.to_string()));
         m.push((CENTER_X.into(), cell.x.to_string()));
         m.push((CENTER_Y.into(), cell.y.to_string()));
@@ -131,6 +135,10 @@ impl ScreenSource {
     /// Cell `i`, cut from its site.
     pub fn read_cell(&self, i: usize) -> Result<ImageChw, ScreenError> {
         let cell = self.cells[i];
+        if self.layout.cells_are_sites() {
+            // Each site is read once per pass anyway: nothing to keep for the next cell.
+            return self.layout.read_site(cell.site);
+        }
         let region = box_around(cell.x, cell.y, self.opts.box_size);
         if self.layout.reads_regions() && !self.opts.mask_objects {
             return self.layout.read_region(cell.site, region);
@@ -284,7 +292,11 @@ fn index_of(
         .iter()
         .zip(labels)
         .map(|(c, label)| Sample {
-            path: root.join(format!("{}/{}", sites[c.site].name, c.object)),
+            path: if layout.cells_are_sites() {
+                root.join(&sites[c.site].name)
+            } else {
+                root.join(format!("{}/{}", sites[c.site].name, c.object))
+            },
             class_index: 0,
             label,
         })
@@ -345,11 +357,14 @@ impl ImageSource for ScreenSource {
         } else {
             String::new()
         };
+        let boxes = if self.layout.cells_are_sites() {
+            "whole images".to_string()
+        } else {
+            format!("{0}×{0} px boxes", self.opts.box_size)
+        };
         format!(
-            "{} cells ({}×{} px boxes{border}) in {} classes: {}",
+            "{} cells ({boxes}{border}) in {} classes: {}",
             self.cells.len(),
-            self.opts.box_size,
-            self.opts.box_size,
             self.index.classes.len(),
             self.layout.describe()
         )

@@ -1,0 +1,165 @@
+//! CHAMMI's tiled crops (`data.screen.layout: chammi`) through the whole pipeline: a table
+//! mixing 3-, 4- and 5-channel datasets, read as the channel they share, trains, embeds (a
+//! bad row goes to the errors table naming its file and row), scores with `trainer metrics
+//! chammi` and packs.
+use super::util::{bin, ok, run, text};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn python() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python")
+}
+
+fn run_python(args: &[&str]) {
+    let out = Command::new(python()).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+fn config(dir: &Path, table: &Path) -> PathBuf {
+    let cfg = dir.join("chammi.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "run:\n  name: ch\n  output_dir: {out}\n\
+             data:\n  dataset_dir: {table}\n  channel_names: [nucleus]\n  \
+             channel_combinations: [\"0\"]\n  num_workers: 2\n  train_fraction: 0.7\n  \
+             screen:\n    layout: chammi\n    label_column: Metadata_Label\n\
+             model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\n\
+             augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\n\
+             train:\n  epochs: 1\n  warmup_epochs: 0\n  batch_size_per_gpu: 16\n  \
+             precision: fp32\n  num_gpus: 1\n\
+             downstream:\n  features:\n    resize_length: 32\n  attention:\n    image_size: 32\n  \
+             knn:\n    k: [3]\n  umap:\n    n_neighbors: 5\n    epochs: 20\n",
+            out = dir.join("out").display(),
+            table = table.display(),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+#[test]
+fn pipeline_embed_and_score_on_chammi_tiled_crops() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = dir.path().join("chammi");
+    std::fs::create_dir_all(&set).unwrap();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trainer/tests/py/chammi_set.py");
+    run_python(&[script.to_str().unwrap(), set.to_str().unwrap(), "6"]);
+    let table = set.join("enriched_meta.csv");
+    let cfg = config(dir.path(), &table);
+    let out = Command::new(bin("trainer"))
+        .args([
+            "pipeline",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--threads",
+            "2",
+        ])
+        .env_remove("SCDINO_LOG")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let log = text(&out.stderr);
+    assert!(out.status.success(), "pipeline failed:\n{log}");
+    // 6 cells per dataset and split: Allen 3 splits, HPA 4, CP 5.
+    assert!(
+        log.contains("72 cells (whole images) in 10 classes"),
+        "{log}"
+    );
+    let analyses = dir.path().join("out/ch/m_channel_nucleus_analyses");
+    assert!(analyses.join("report.html").exists());
+
+    // A row naming a missing file: embed records it in its errors table and goes on.
+    let mut text_table = std::fs::read_to_string(&table).unwrap();
+    text_table.push_str("CP/Train/missing.tif,x,8,CP_c0,Train,False,False,False,False,,plate0,\n");
+    std::fs::write(&table, text_table).unwrap();
+    let ckpt = dir
+        .path()
+        .join("out/ch/scDINO_ViTs/m_channel_nucleus/checkpoint.safetensors");
+    let profiles = dir.path().join("cells.parquet");
+    ok(
+        "trainer",
+        &[
+            "embed",
+            "--screen",
+            cfg.to_str().unwrap(),
+            "--checkpoint",
+            ckpt.to_str().unwrap(),
+            "--out",
+            profiles.to_str().unwrap(),
+        ],
+    );
+    let check = r#"
+import sys, pandas as pd
+emb = pd.read_parquet(sys.argv[1]); err = pd.read_parquet(sys.argv[2])
+assert len(emb) == 72, len(emb)
+for c in ["Metadata_Dataset", "Metadata_Label", "Metadata_train_test_split", "Metadata_cell_type", "Metadata_Plate", "Metadata_file_path"]:
+    assert c in emb.columns, (c, list(emb.columns))
+assert "Metadata_ObjectNumber" not in emb.columns
+assert sorted(emb.Metadata_Dataset.unique()) == ["Allen", "CP", "HPA"], emb.Metadata_Dataset.unique()
+assert (emb.Metadata_file_path == emb.Metadata_ImagePath.str.split("enriched_meta.csv/").str[1]).all()
+assert len(err) == 1, err
+reason = err.reason[0]
+assert "CP/Train/missing.tif" in reason and "enriched_meta.csv: row 73" in reason, reason
+"#;
+    let errors = dir.path().join("cells.errors.parquet");
+    run_python(&[
+        "-c",
+        check,
+        profiles.to_str().unwrap(),
+        errors.to_str().unwrap(),
+    ]);
+    // CHAMMI's score straight from the embed table's columns.
+    let json = dir.path().join("chammi.json");
+    ok(
+        "trainer",
+        &[
+            "metrics",
+            "chammi",
+            "--profiles",
+            profiles.to_str().unwrap(),
+            "--task",
+            "Metadata_train_test_split",
+            "--label",
+            "Metadata_Label",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let score: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let f = score["final_score"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&f), "{score}");
+    assert!(score["tasks"]["CP"]["task4"].is_number(), "{score}");
+
+    pack_reads_the_same_cells(dir.path(), &cfg, &table);
+}
+
+/// `trainer data pack` fails on the bad row, naming it, and packs every cell without it.
+fn pack_reads_the_same_cells(dir: &Path, cfg: &Path, table: &Path) {
+    // Packing reads the same cells (the bad row fails the pack, naming it).
+    let packed = dir.join("packed");
+    let pack = [
+        "data",
+        "pack",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        packed.to_str().unwrap(),
+    ];
+    let out = run("trainer", &pack);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("CP/Train/missing.tif"),
+        "{err}"
+    );
+    let table_text = std::fs::read_to_string(table).unwrap();
+    let good: Vec<&str> = table_text
+        .lines()
+        .filter(|l| !l.contains("missing"))
+        .collect();
+    std::fs::write(table, good.join("\n") + "\n").unwrap();
+    let out = ok("trainer", &pack);
+    assert!(out.contains("packed 72 images"), "{out}");
+}
