@@ -8,7 +8,7 @@ use serde::Deserialize;
 use std::path::Path;
 
 pub const JOB_NAME: &str = "nccl-test";
-/// The `kind` field of the trainer's report (`trainer::dist::bench::REPORT_KIND`).
+/// The `kind` field of the trainer's report (`trainer::distributed::bench::REPORT_KIND`).
 pub const REPORT_KIND: &str = "scdino.collectives_bench";
 
 /// What to measure; the byte counts are passed through as written (`64M`, `1G`, ...).

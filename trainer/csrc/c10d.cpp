@@ -1,6 +1,6 @@
 // libtorch's own process groups (c10d) behind a C ABI: TCPStore rendezvous, ProcessGroupGloo
 // (CPU) and, with SCDINO_NCCL, ProcessGroupNCCL (CUDA). Collectives return work handles that
-// Rust waits on with a timeout. Kept minimal; the logic is in trainer/src/dist/.
+// Rust waits on with a timeout. Kept minimal; the logic is in trainer/src/distributed/.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>

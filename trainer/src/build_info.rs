@@ -46,7 +46,7 @@ impl BuildInfo {
             cuda: (cuda > 0).then_some(cuda),
             cudnn: (cudnn > 0).then_some(cudnn),
             nccl: (nccl > 0).then_some(nccl),
-            nccl_built: crate::dist::backend::NCCL_BUILT,
+            nccl_built: crate::distributed::backend::NCCL_BUILT,
         }
     }
 

@@ -27,7 +27,7 @@ impl CudaFacts {
             } else {
                 0
             },
-            cuda_built: crate::dist::backend::NCCL_BUILT,
+            cuda_built: crate::distributed::backend::NCCL_BUILT,
         }
     }
 }
@@ -43,7 +43,7 @@ pub enum DeviceError {
     #[error("local rank {local_rank} has no GPU: this node shows {devices} to the process (one task per GPU; check CUDA_VISIBLE_DEVICES and --ntasks-per-node)")]
     NoGpuForRank { local_rank: usize, devices: usize },
     #[error(transparent)]
-    Env(#[from] crate::dist::env::DistEnvError),
+    Env(#[from] crate::distributed::env::DistEnvError),
 }
 
 impl DeviceError {
@@ -93,7 +93,7 @@ pub fn resolve(
 /// The device of this process for `choice`: its local rank (torchrun, `trainer launch` or
 /// Slurm variables) picks the GPU. For the analyses, which do not set up a process group.
 pub fn resolve_for_this_process(choice: DeviceChoice) -> Result<Device, DeviceError> {
-    let local_rank = crate::dist::env::DistEnv::from_process_env()?.local_rank;
+    let local_rank = crate::distributed::env::DistEnv::from_process_env()?.local_rank;
     resolve(choice, local_rank, CudaFacts::probe())
 }
 

@@ -10,7 +10,7 @@ pub mod cuda_graph;
 pub use scdino_config as config;
 pub mod data;
 pub mod device;
-pub mod dist;
+pub mod distributed;
 pub mod embed;
 pub mod export;
 pub mod gpu;

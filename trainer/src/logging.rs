@@ -2,7 +2,7 @@
 //! process's rank taken from the same variables the process group uses (torchrun's, else
 //! Slurm's), and lines routed around the terminal progress bar so the bar is redrawn below
 //! them instead of being overwritten.
-use crate::dist::env::DistEnv;
+use crate::distributed::env::DistEnv;
 use scdino_base::log::{self, Identity, LogFormat, LogInitError};
 use std::sync::Mutex;
 

@@ -10,8 +10,8 @@ use crate::augment::{DeviceAugment, MultiCropAugment, MultiCropConfig, SampleKey
 use crate::checkpoint::CheckpointMeta;
 use crate::config::Strategy;
 use crate::config::{Config, Precision};
-use crate::dist::env::DistEnv;
-use crate::dist::group::{ProcessGroup, ReduceOp};
+use crate::distributed::env::DistEnv;
+use crate::distributed::group::{ProcessGroup, ReduceOp};
 use crate::layout::ModelLayout;
 use crate::metrics::tensorboard::hostname;
 use crate::train::step::{Learner, Networks, StepParams};
@@ -125,7 +125,7 @@ pub fn run(env: &DistEnv, opts: &Options) -> Report {
     });
     checks.push(all_reduce_check(env, gpu, opts.timeout));
     checks.push(run_check("ddp and fsdp step, one rank", || {
-        let cuda = gpu.is_some() && crate::dist::backend::NCCL_BUILT;
+        let cuda = gpu.is_some() && crate::distributed::backend::NCCL_BUILT;
         let device = if cuda { gpu.unwrap() } else { Device::Cpu };
         strategies_match_single(device, opts.timeout)
     }));
@@ -296,7 +296,7 @@ fn cuda_check(gpus: usize) -> Check {
 
 fn nccl_check(gpu: Option<Device>) -> Check {
     const NAME: &str = "nccl";
-    if !crate::dist::backend::NCCL_BUILT {
+    if !crate::distributed::backend::NCCL_BUILT {
         return Check::new(
             NAME,
             Status::Skip,
@@ -946,7 +946,7 @@ fn all_reduce_check(env: &DistEnv, gpu: Option<Device>, timeout: Duration) -> Ch
     if env.world < 2 {
         return Check::new(NAME, Status::Skip, "one task: nothing to reduce across");
     }
-    let cuda = gpu.is_some() && crate::dist::backend::NCCL_BUILT;
+    let cuda = gpu.is_some() && crate::distributed::backend::NCCL_BUILT;
     run_check(NAME, || {
         let mut g = ProcessGroup::new(
             &env.master_addr,

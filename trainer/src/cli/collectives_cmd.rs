@@ -6,10 +6,10 @@ use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
 use tch::Device;
-use trainer::dist::backend::{self, Backend, BackendChoice};
-use trainer::dist::bench::{self, BenchOptions, Op};
-use trainer::dist::env::DistEnv;
-use trainer::dist::group::ProcessGroup;
+use trainer::distributed::backend::{self, Backend, BackendChoice};
+use trainer::distributed::bench::{self, BenchOptions, Op};
+use trainer::distributed::env::DistEnv;
+use trainer::distributed::group::ProcessGroup;
 
 /// Spelled like nccl-tests' binaries and torch.distributed (`all_reduce`).
 #[derive(Debug, Clone, Copy, ValueEnum)]

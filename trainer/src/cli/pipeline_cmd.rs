@@ -40,7 +40,7 @@ impl PipelineArgs {
             stop: Some(super::train_cmd::stop_flag()?),
             allow_new_data: self.allow_new_data,
         };
-        let rank = trainer::dist::env::DistEnv::from_process_env()?.rank;
+        let rank = trainer::distributed::env::DistEnv::from_process_env()?.rank;
         match run_pipeline(&cfg, &opts)? {
             // Other ranks only took part in the collective stages; rank 0 reports.
             PipelineOutcome::Finished(runs) if rank != 0 => {

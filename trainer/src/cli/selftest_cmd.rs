@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Args;
 use std::time::Duration;
-use trainer::dist::env::DistEnv;
+use trainer::distributed::env::DistEnv;
 use trainer::selftest::{self, Options};
 
 #[derive(Debug, Args)]

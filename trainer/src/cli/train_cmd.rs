@@ -93,12 +93,13 @@ impl LaunchArgs {
             None => self.num_gpus()?,
         };
         anyhow::ensure!(nproc >= 1, "--nproc must be at least 1");
-        let code = trainer::dist::launch::launch(&trainer::dist::launch::LaunchOptions {
-            nproc,
-            master_port: self.master_port,
-            args: self.args,
-            grace: std::time::Duration::from_secs(self.grace),
-        })?;
+        let code =
+            trainer::distributed::launch::launch(&trainer::distributed::launch::LaunchOptions {
+                nproc,
+                master_port: self.master_port,
+                args: self.args,
+                grace: std::time::Duration::from_secs(self.grace),
+            })?;
         std::process::exit(code);
     }
 

@@ -10,8 +10,8 @@ use super::parts::{self, JobManifest, PartEntry, Parts, PartsError};
 use crate::analysis::profiles::{
     ColumnData, ColumnSpec, OwnedColumn, ProfileStream, StreamedTable,
 };
-use crate::dist::env::DistEnv;
-use crate::dist::group::ProcessGroup;
+use crate::distributed::env::DistEnv;
+use crate::distributed::group::ProcessGroup;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -28,9 +28,9 @@ pub enum EmbedError {
     #[error(transparent)]
     Parts(#[from] PartsError),
     #[error(transparent)]
-    Dist(#[from] crate::dist::group::DistError),
+    Dist(#[from] crate::distributed::group::DistError),
     #[error(transparent)]
-    DistEnv(#[from] crate::dist::env::DistEnvError),
+    DistEnv(#[from] crate::distributed::env::DistEnvError),
     #[error("{path}: {reason} (--on-error fail; --on-error skip records such images in the errors table and goes on)")]
     Image { path: String, reason: String },
     #[error("--shard-index {index} is not below --shard-count {count}")]

@@ -3,7 +3,7 @@
 //! the forward pass uses them in, and which are the head's last layer. DDP lays its gradient
 //! buckets out in this order and FSDP shards block by block from it, so a new architecture
 //! or token layout declares itself here (each layer lists the parameters it created) and
-//! needs no change in `dist/` or the strategies.
+//! needs no change in `distributed/` or the strategies.
 use std::collections::HashMap;
 use tch::nn;
 

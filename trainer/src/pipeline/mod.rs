@@ -56,14 +56,14 @@ pub enum StageError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    DistEnv(#[from] crate::dist::env::DistEnvError),
+    DistEnv(#[from] crate::distributed::env::DistEnvError),
     /// The features stage's rendezvous and barrier.
     #[error(transparent)]
-    Dist(#[from] crate::dist::group::DistError),
+    Dist(#[from] crate::distributed::group::DistError),
     #[error("gathering features: {source}")]
     GatherFeatures {
         #[source]
-        source: crate::dist::group::DistError,
+        source: crate::distributed::group::DistError,
     },
     #[error("channel combination {index} does not exist (the config has {count})")]
     NoCombination { index: usize, count: usize },
@@ -411,7 +411,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         .combinations
         .clone()
         .unwrap_or_else(|| (0..cfg.channel_sets.len()).collect());
-    let env = crate::dist::env::DistEnv::from_process_env()?;
+    let env = crate::distributed::env::DistEnv::from_process_env()?;
     let mut r = Runner {
         runs: Vec::new(),
         stop: opts.stop.as_deref(),

@@ -146,7 +146,7 @@ pub fn run_profiling(
         }
         other => other?,
     };
-    if crate::dist::env::DistEnv::from_process_env()?.rank != 0 {
+    if crate::distributed::env::DistEnv::from_process_env()?.rank != 0 {
         return Ok(None);
     }
     let summary = profile::profile(

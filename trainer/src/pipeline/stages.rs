@@ -11,8 +11,8 @@ use crate::config::Config;
 use crate::data::mean_std::MeanStd;
 use crate::data::DataError;
 use crate::data::{SharedSource, Split};
-use crate::dist::env::DistEnv;
-use crate::dist::group::ProcessGroup;
+use crate::distributed::env::DistEnv;
+use crate::distributed::group::ProcessGroup;
 use crate::layout::{ModelLayout, RunLayout};
 use crate::plot;
 use scdino_base::fs::write_atomic;
@@ -202,7 +202,7 @@ fn gather_shards(
     world: usize,
     mine: &tch::Tensor,
     total: usize,
-) -> Result<tch::Tensor, crate::dist::group::DistError> {
+) -> Result<tch::Tensor, crate::distributed::group::DistError> {
     use tch::{Kind, Tensor};
     let per = total.div_ceil(world) as i64;
     let dim = mine.size()[1];

@@ -14,8 +14,8 @@
 //! stop with a checkpoint at the exact position.
 use super::loss::TeacherStats;
 use crate::config::{OnCollapse, TrainSection};
-use crate::dist::group::DistError;
-use crate::dist::Collective;
+use crate::distributed::group::DistError;
+use crate::distributed::Collective;
 use tch::{Kind, Tensor};
 
 /// Logged intervals in a row a collapsed state must last before it is reported.
@@ -363,7 +363,7 @@ mod tests {
             Tensor::from_slice(&(0..64).map(|i| ((i * 7) % 13) as f32).collect::<Vec<_>>())
                 .reshape([4, 16]);
         let stats = loss.targets(&teacher, 0).stats();
-        let s = TeacherSnapshot::gather(&stats, 3.0, &mut crate::dist::Single).unwrap();
+        let s = TeacherSnapshot::gather(&stats, 3.0, &mut crate::distributed::Single).unwrap();
         let p = (&teacher / 0.5).softmax(-1, Kind::Double);
         let entropy = -(&p * p.log()).sum(Kind::Double).double_value(&[]) / 4.0;
         assert!(

@@ -17,13 +17,13 @@ pub enum TrainError {
     #[error(transparent)]
     Step(#[from] super::step::StepError),
     #[error(transparent)]
-    Dist(#[from] crate::dist::group::DistError),
+    Dist(#[from] crate::distributed::group::DistError),
     #[error(transparent)]
     Fsdp(#[from] super::strategy::fsdp_error::FsdpError),
     #[error(transparent)]
     Load(#[from] super::loader::LoadError),
     #[error(transparent)]
-    DistEnv(#[from] crate::dist::env::DistEnvError),
+    DistEnv(#[from] crate::distributed::env::DistEnvError),
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
     #[error(transparent)]

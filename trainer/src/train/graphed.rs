@@ -29,7 +29,7 @@ use super::step::{Learner, NonFiniteLoss, StepError, StepOutput, StepParams};
 use super::term::StepContext;
 use crate::config::{Config, Precision};
 use crate::cuda_graph::{self, CudaGraph, GraphError};
-use crate::dist::Single;
+use crate::distributed::Single;
 use crate::model::channels::for_mode;
 use crate::train::foreach::{self, AdamwDeviceValues, AdamwGroup};
 use tch::{Device, Kind, Tensor};

@@ -11,8 +11,8 @@
 use super::loss::{sinkhorn_knopp, SINKHORN_ITERATIONS};
 use super::term::{LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
 use crate::config::Centering;
-use crate::dist::group::DistError;
-use crate::dist::Collective;
+use crate::distributed::group::DistError;
+use crate::distributed::Collective;
 use scdino_base::rng::SplitMix64;
 use tch::{Kind, Tensor};
 

@@ -2,8 +2,8 @@
 //! global crops and the student distribution on every other crop (scDINO `DINOLoss`).
 use super::term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
 use crate::config::{Centering, Config};
-use crate::dist::group::DistError;
-use crate::dist::Collective;
+use crate::distributed::group::DistError;
+use crate::distributed::Collective;
 use tch::{Kind, Tensor};
 
 /// DINOv2's `sinkhorn_knopp_teacher` iterations.

@@ -4,7 +4,7 @@
 //! once every rank agrees, and the process exits with [`EXIT_PREEMPTED`], which job scripts
 //! and `trainer launch` read as "requeue and resume", not as a failure.
 use super::error::TrainError;
-use crate::dist::Collective;
+use crate::distributed::Collective;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

@@ -8,8 +8,8 @@ use super::terms::{
     LossTerms, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermValues, TokenStep,
 };
 use crate::config::{Config, Precision};
-use crate::dist::group::DistError;
-use crate::dist::Collective;
+use crate::distributed::group::DistError;
+use crate::distributed::Collective;
 use crate::model::{configs_for, ibot_head_config, IbotForward, ModelUnits, MultiCropNet};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};

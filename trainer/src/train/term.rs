@@ -2,8 +2,8 @@
 //! name wherever it is shown, its masks, targets, value, centre updates and checkpointed
 //! state). The terms implement it in their own files; [`super::terms`] registers them, so
 //! this file imports none of them.
-use crate::dist::group::DistError;
-use crate::dist::Collective;
+use crate::distributed::group::DistError;
+use crate::distributed::Collective;
 use crate::model::ChannelPatchEmbed;
 use std::any::Any;
 use tch::{Device, Tensor};

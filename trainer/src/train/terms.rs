@@ -13,8 +13,8 @@ pub use super::term::{
     LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo, TokenStep,
 };
 use crate::config::Config;
-use crate::dist::group::DistError;
-use crate::dist::Collective;
+use crate::distributed::group::DistError;
+use crate::distributed::Collective;
 use std::any::Any;
 use tch::{Device, Tensor};
 

@@ -2,9 +2,9 @@
 //! each with its own Gloo process group over TCP on 127.0.0.1).
 use std::time::Duration;
 use tch::{Kind, Tensor};
-use trainer::dist::ddp::Ddp;
-use trainer::dist::group::{ProcessGroup, ReduceOp};
-use trainer::dist::Collective;
+use trainer::distributed::ddp::Ddp;
+use trainer::distributed::group::{ProcessGroup, ReduceOp};
+use trainer::distributed::Collective;
 
 /// Runs `f(rank, group)` on `world` ranks (threads of this process, each with its own Gloo
 /// group on `port`) and returns the results in rank order.
@@ -141,7 +141,7 @@ fn rendezvous_without_peers_times_out_with_a_clear_error() {
 /// factors for n = 2, the same verdict on both ranks, and the gate applied to the average.
 #[test]
 fn collectives_bench_measures_every_op_and_size_on_two_ranks() {
-    use trainer::dist::bench::{run, BenchOptions, Op};
+    use trainer::distributed::bench::{run, BenchOptions, Op};
     let out = on_two_ranks(29731, |mut g| {
         let opts = |min| BenchOptions {
             ops: Op::ALL.to_vec(),
@@ -193,7 +193,7 @@ fn collectives_bench_measures_every_op_and_size_on_two_ranks() {
 /// counts exactly the elements that were changed afterwards.
 #[test]
 fn collectives_bench_check_counts_corrupted_elements() {
-    use trainer::dist::bench::{run_checked_once, wrong_elements, Op};
+    use trainer::distributed::bench::{run_checked_once, wrong_elements, Op};
     let out = on_two_ranks(29741, |mut g| {
         let mut counts = Vec::new();
         for op in Op::ALL {
@@ -248,7 +248,7 @@ fn inputs(rank: usize) -> Tensor {
 /// rank used keeps no gradient.
 #[test]
 fn overlapped_ddp_reduces_buckets_during_backward_to_the_exact_mean() {
-    use trainer::dist::ddp::OverlapEvent;
+    use trainer::distributed::ddp::OverlapEvent;
     let _rng = super::util::torch_rng_lock();
     let out = on_two_ranks(29751, |g| {
         let vs = tch::nn::VarStore::new(tch::Device::Cpu);
@@ -400,7 +400,7 @@ fn fsdp_step_inputs(rank: usize) -> (Vec<Tensor>, trainer::train::step::StepPara
 /// under every tensor it keeps, and every module variable is a view of freed memory.
 #[test]
 fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
-    use trainer::dist::hooks::storage_bytes;
+    use trainer::distributed::hooks::storage_bytes;
     use trainer::train::loss::DinoLoss;
     use trainer::train::step::{Learner, Networks};
     use trainer::train::strategy::FullySharded;
@@ -743,7 +743,7 @@ fn a_store_closing_under_a_connecting_rank_is_retried() {
 /// `a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped`.
 const STOP_HELPER_PORT: &str = "29863";
 
-/// Not a test: the rank program that `trainer::dist::launch` starts (this test binary,
+/// Not a test: the rank program that `trainer::distributed::launch` starts (this test binary,
 /// filtered to this function) in the test below, hence ignored; a no-op if run by hand. Rank 0
 /// stops (preemption code), rank 1 blocks as a rank waiting at a rendezvous would.
 #[test]
@@ -762,7 +762,7 @@ fn launch_helper_rank() {
 /// another rank stopped, and the launcher reports a stop, not a failure.
 #[test]
 fn a_rank_that_does_not_follow_a_stop_is_killed_and_counted_as_stopped() {
-    use trainer::dist::launch::{launch, LaunchOptions};
+    use trainer::distributed::launch::{launch, LaunchOptions};
     let start = std::time::Instant::now();
     let code = launch(&LaunchOptions {
         nproc: 2,
@@ -805,7 +805,7 @@ fn sinkhorn_knopp_over_two_ranks_equals_one_process_on_the_global_batch() {
         values(&sinkhorn_knopp(&rows(rank), 0.05, 3, &mut ddp).unwrap())
     });
     let all = Tensor::cat(&[rows(0), rows(1)], 0);
-    let whole = sinkhorn_knopp(&all, 0.05, 3, &mut trainer::dist::Single).unwrap();
+    let whole = sinkhorn_knopp(&all, 0.05, 3, &mut trainer::distributed::Single).unwrap();
     for (rank, got) in out.iter().enumerate() {
         let expected = values(&whole.narrow(0, 6 * rank as i64, 6));
         let worst = got

@@ -4,7 +4,7 @@
 use super::util::{max_abs_diff, run_python};
 use std::collections::HashMap;
 use tch::{nn, Device, Kind, Tensor};
-use trainer::dist::Single;
+use trainer::distributed::Single;
 use trainer::train::ibot::{collate_masks, patch_loss, MaskingGenerator, PatchCenter};
 use trainer::train::loss::sinkhorn_knopp;
 

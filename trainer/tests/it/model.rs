@@ -442,7 +442,7 @@ print("Cpu: " + ", ".join(out))
 /// (embeddings, blocks, final norm, head) with each unit's parameters in forward order, and
 /// the head's last layer is named; for every token layout and head variant. The expected
 /// order is spelled out for a 2-block model: it is also the order DDP's buckets and FSDP's
-/// shard files were laid out in before the model declared it (by name rules in `dist/`), so
+/// shard files were laid out in before the model declared it (by name rules in `distributed/`), so
 /// shards written by earlier versions still resume.
 #[test]
 fn the_model_declares_every_parameter_once_in_forward_order() {

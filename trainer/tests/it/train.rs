@@ -3,7 +3,7 @@ use super::util::{max_abs_diff, run_py_file, run_python};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 use trainer::config::{Config, Precision};
-use trainer::dist::Single;
+use trainer::distributed::Single;
 use trainer::model::load_safetensors_strict;
 use trainer::precision::{autocast, LossScaler};
 use trainer::train::ibot::IbotObjective;

@@ -46,8 +46,8 @@
 //! of 4.
 use super::fsdp_error::FsdpError;
 use crate::checkpoint::{Checkpoint, RestoreError};
-use crate::dist::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
-use crate::dist::hooks::{resize_storage, set_grad, storage_bytes, HookError, HookSet};
+use crate::distributed::group::{AsyncGroup, DistError, ProcessGroup, ReduceOp, Work};
+use crate::distributed::hooks::{resize_storage, set_grad, storage_bytes, HookError, HookSet};
 use crate::model::{BlockHooks, ModelUnits, UnitKind};
 use crate::train::foreach::{self, AdamwGroup};
 use crate::train::step::{Learner, StepError, StepParams};

@@ -1,7 +1,7 @@
 //! FSDP's own error, apart from the strategy so that the step (which returns it from the
 //! strategy's hooks) does not import the strategy that imports the step.
-use crate::dist::group::DistError;
-use crate::dist::hooks::HookError;
+use crate::distributed::group::DistError;
+use crate::distributed::hooks::HookError;
 use crate::model::UndeclaredParameter;
 
 /// Why sharding, a step or a hook of FSDP failed. A failure inside an autograd or block hook

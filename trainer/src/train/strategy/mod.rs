@@ -7,9 +7,9 @@
 //! ([`super::run`]) are the same for all three; they ask the strategy at the few points where
 //! the strategies differ.
 //!
-//! Layering: `dist` provides process groups, collectives, gradient bucketing and the storage
-//! tricks sharding needs, and knows nothing of training; the strategies here combine them with
-//! the [`Learner`] (networks, optimizer, loss).
+//! Layering: `distributed` provides process groups, collectives, gradient bucketing and the
+//! storage tricks sharding needs, and knows nothing of training; the strategies here combine
+//! them with the [`Learner`] (networks, optimizer, loss).
 pub mod fsdp;
 pub mod fsdp_error;
 
@@ -18,9 +18,9 @@ use super::optim::{clip_gradients, ema_update};
 use super::step::{Learner, StepError, StepHooks, StepParams};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, RestoreError};
 use crate::config::Strategy;
-use crate::dist::ddp::Ddp;
-use crate::dist::group::{DistError, ProcessGroup, ReduceOp};
-use crate::dist::{Collective, Single};
+use crate::distributed::ddp::Ddp;
+use crate::distributed::group::{DistError, ProcessGroup, ReduceOp};
+use crate::distributed::{Collective, Single};
 use crate::layout::ModelLayout;
 use fsdp::Fsdp;
 use std::collections::HashMap;
