@@ -187,57 +187,12 @@ pub fn compute_with(
         .flat_map(|k| chunks.iter().filter_map(move |c| c.get(k).copied()))
         .collect();
     source.will_read(&interleaved);
-    // Per thread: (Σx, Σx², pixel count per channel, skipped images, what was guarded).
-    type Partial = (Vec<f64>, Vec<f64>, u64, usize, SubsetQuality);
     let partials: Vec<Result<Partial, MeanStdError>> = std::thread::scope(|s| {
         let handles: Vec<_> = chunks
             .iter()
             .map(|chunk| {
                 let opts = &opts;
-                s.spawn(move || {
-                    let mut acc: Partial = (vec![], vec![], 0, 0, SubsetQuality::default());
-                    for &i in *chunk {
-                        let raw = match source.read(i) {
-                            Err(e) if on_corrupt == OnCorrupt::Skip && e.is_corrupt_image() => {
-                                tracing::warn!(
-                                    "skipping corrupt image (data.on_corrupt: skip): {e}"
-                                );
-                                acc.3 += 1;
-                                continue;
-                            }
-                            r => r?,
-                        };
-                        let (img, outcome) = preprocess(&raw, opts)?;
-                        if acc.0.is_empty() {
-                            acc.0 = vec![0.0; img.channels];
-                            acc.1 = vec![0.0; img.channels];
-                            acc.4.constant_images = vec![0; img.channels];
-                        } else if acc.0.len() != img.channels {
-                            return Err(MeanStdError::File {
-                                path: index.samples[i].path.display().to_string(),
-                                reason: format!(
-                                    "has {} channels, other images have {}",
-                                    img.channels,
-                                    acc.0.len()
-                                ),
-                            });
-                        }
-                        acc.4.images += 1;
-                        acc.4.nonfinite_pixels += outcome.nonfinite_pixels as u64;
-                        for &c in &outcome.constant_channels {
-                            acc.4.constant_images[c] += 1;
-                        }
-                        for c in 0..img.channels {
-                            for &v in img.channel(c) {
-                                let v = f64::from(v);
-                                acc.0[c] += v;
-                                acc.1[c] += v * v;
-                            }
-                        }
-                        acc.2 += (img.height * img.width) as u64;
-                    }
-                    Ok(acc)
-                })
+                s.spawn(move || accumulate(source, chunk, opts, on_corrupt))
             })
             .collect();
         handles
@@ -245,6 +200,81 @@ pub fn compute_with(
             .map(|h| h.join().expect("mean/std worker panicked"))
             .collect()
     });
+    let (sum, sumsq, count, dropped, quality) = combine(partials, &index.root)?;
+    if count == 0 {
+        return Err(MeanStdError::Empty { dropped });
+    }
+    let n = count as f64;
+    let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
+    let std = sumsq
+        .iter()
+        .zip(&mean)
+        .map(|(q, m)| (q / n - m * m).max(0.0).sqrt())
+        .collect();
+    Ok((MeanStd { mean, std }, quality))
+}
+
+/// One reader's sums: (Σx, Σx² per channel, pixel count per channel, skipped images, what
+/// was guarded).
+type Partial = (Vec<f64>, Vec<f64>, u64, usize, SubsetQuality);
+
+/// The sums over the images `chunk` of `source`, leaving out undecodable ones when
+/// `on_corrupt` is `skip`.
+fn accumulate(
+    source: &dyn ImageSource,
+    chunk: &[usize],
+    opts: &PreprocessOptions,
+    on_corrupt: OnCorrupt,
+) -> Result<Partial, MeanStdError> {
+    let index = source.index();
+    let mut acc: Partial = (vec![], vec![], 0, 0, SubsetQuality::default());
+    for &i in chunk {
+        let raw = match source.read(i) {
+            Err(e) if on_corrupt == OnCorrupt::Skip && e.is_corrupt_image() => {
+                tracing::warn!("skipping corrupt image (data.on_corrupt: skip): {e}");
+                acc.3 += 1;
+                continue;
+            }
+            r => r?,
+        };
+        let (img, outcome) = preprocess(&raw, opts)?;
+        if acc.0.is_empty() {
+            acc.0 = vec![0.0; img.channels];
+            acc.1 = vec![0.0; img.channels];
+            acc.4.constant_images = vec![0; img.channels];
+        } else if acc.0.len() != img.channels {
+            return Err(MeanStdError::File {
+                path: index.samples[i].path.display().to_string(),
+                reason: format!(
+                    "has {} channels, other images have {}",
+                    img.channels,
+                    acc.0.len()
+                ),
+            });
+        }
+        acc.4.images += 1;
+        acc.4.nonfinite_pixels += outcome.nonfinite_pixels as u64;
+        for &c in &outcome.constant_channels {
+            acc.4.constant_images[c] += 1;
+        }
+        for c in 0..img.channels {
+            for &v in img.channel(c) {
+                let v = f64::from(v);
+                acc.0[c] += v;
+                acc.1[c] += v * v;
+            }
+        }
+        acc.2 += (img.height * img.width) as u64;
+    }
+    Ok(acc)
+}
+
+/// The readers' sums added up, in reader order (so the result does not depend on which
+/// reader finished first); `root` names the dataset when two readers saw other channel counts.
+fn combine(
+    partials: Vec<Result<Partial, MeanStdError>>,
+    root: &Path,
+) -> Result<Partial, MeanStdError> {
     let (mut sum, mut sumsq, mut count, mut dropped) = (Vec::new(), Vec::new(), 0u64, 0usize);
     let mut quality = SubsetQuality::default();
     for p in partials {
@@ -260,7 +290,7 @@ pub fn compute_with(
         }
         if s.len() != sum.len() {
             return Err(MeanStdError::File {
-                path: index.root.display().to_string(),
+                path: root.display().to_string(),
                 reason: format!(
                     "images with {} and with {} channels in the mean/std subset",
                     s.len(),
@@ -277,15 +307,5 @@ pub fn compute_with(
         quality.nonfinite_pixels += part.nonfinite_pixels;
         count += n;
     }
-    if count == 0 {
-        return Err(MeanStdError::Empty { dropped });
-    }
-    let n = count as f64;
-    let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
-    let std = sumsq
-        .iter()
-        .zip(&mean)
-        .map(|(q, m)| (q / n - m * m).max(0.0).sqrt())
-        .collect();
-    Ok((MeanStd { mean, std }, quality))
+    Ok((sum, sumsq, count, dropped, quality))
 }

@@ -167,25 +167,7 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
             )
         })
         .transpose()?;
-    let job = JobManifest {
-        images: list.root.describe(),
-        image_count: list.len(),
-        image_list_sha256: list_sha256(&list),
-        part_size: opts.part_size.max(1),
-        checkpoint_sha256: crate::analysis::pretrained::checkpoint_sha256(&opts.checkpoint)
-            .map_err(|source| EmbedError::Io {
-                path: opts.checkpoint.clone(),
-                source,
-            })?,
-        channels: model
-            .as_ref()
-            .map(|m| m.channel_names.clone())
-            .or_else(|| opts.channels.clone())
-            .unwrap_or_default(),
-        columns: columns.clone(),
-        precision: if opts.bf16 { "bf16" } else { "fp32" }.into(),
-        metadata: metadata.fingerprint(),
-    };
+    let job = job_manifest(opts, &list, &metadata, &columns, model.as_ref())?;
     let parts = open_parts(opts, job, model.as_ref())?;
     let mut summary = EmbedSummary {
         images: list.len(),
@@ -225,6 +207,35 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
         summary.merged = Some((rows, errors));
     }
     Ok(summary)
+}
+
+/// What a part's outputs depend on, recorded with the parts so a rerun with other inputs is
+/// refused or re-joined rather than mixed.
+fn job_manifest(
+    opts: &EmbedOptions,
+    list: &ImageList,
+    metadata: &Metadata,
+    columns: &[String],
+    model: Option<&Model>,
+) -> Result<JobManifest, EmbedError> {
+    Ok(JobManifest {
+        images: list.root.describe(),
+        image_count: list.len(),
+        image_list_sha256: list_sha256(list),
+        part_size: opts.part_size.max(1),
+        checkpoint_sha256: crate::analysis::pretrained::checkpoint_sha256(&opts.checkpoint)
+            .map_err(|source| EmbedError::Io {
+                path: opts.checkpoint.clone(),
+                source,
+            })?,
+        channels: model
+            .map(|m| m.channel_names.clone())
+            .or_else(|| opts.channels.clone())
+            .unwrap_or_default(),
+        columns: columns.to_vec(),
+        precision: if opts.bf16 { "bf16" } else { "fp32" }.into(),
+        metadata: metadata.fingerprint(),
+    })
 }
 
 /// The parts folder; without a model (`--merge`) the channels are those the parts were made

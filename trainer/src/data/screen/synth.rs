@@ -67,17 +67,27 @@ pub fn generate_screen(opts: &ScreenSynthOptions) -> Result<ScreenSynthSummary, 
     // A grid of g×g slots per site, each a cell plus a cell-wide gap.
     let grid = (opts.per_site as f64).sqrt().ceil() as usize;
     let side = grid * 2 * size + size;
+    let geometry = SiteGeometry {
+        size,
+        grid,
+        side,
+        channels: channels.len(),
+    };
     let mut load_data =
         String::from("ImageNumber,Metadata_Plate,Metadata_Well,Metadata_Site,Metadata_Treatment");
     for ch in &channels {
         write!(load_data, ",FileName_{ch},PathName_{ch}").ok();
     }
     load_data.push_str(",ObjectsFileName_Nuclei,ObjectsPathName_Nuclei\n");
-    let mut objects = String::from(
+    let objects = String::from(
         "ImageNumber,ObjectNumber,Metadata_Plate,Metadata_Well,Metadata_Site,Nuclei_Location_Center_X,Nuclei_Location_Center_Y\n",
     );
-    let mut cells_csv =
-        String::from("Metadata_Plate,Metadata_Well,Metadata_Site,ObjectNumber,path\n");
+    let cells_csv = String::from("Metadata_Plate,Metadata_Well,Metadata_Site,ObjectNumber,path\n");
+    let mut tables = Tables {
+        load_data,
+        objects,
+        cells_csv,
+    };
     let (mut image_number, mut total_cells) = (0usize, 0usize);
     for (class_index, class) in index.classes.iter().enumerate() {
         let members: Vec<&Path> = index
@@ -99,62 +109,16 @@ pub fn generate_screen(opts: &ScreenSynthOptions) -> Result<ScreenSynthSummary, 
             let well = format!("{}{:02}", (b'A' + (row - 1) as u8) as char, col);
             for (site, site_cells) in mine.chunks(opts.per_site).enumerate() {
                 image_number += 1;
-                let site_no = site + 1;
-                let stem = format!("r{row:02}c{col:02}f{site_no:02}");
-                let images_dir = out.join("images").join(&plate_name);
-                let labels_dir = out.join("labels").join(&plate_name);
-                for d in [&images_dir, &labels_dir] {
-                    std::fs::create_dir_all(d).map_err(|e| DataError::io(d, "creating", e))?;
-                }
-                let mut planes = vec![vec![0u16; side * side]; channels.len()];
-                let mut labels = vec![0u16; side * side];
-                for (k, path) in site_cells.iter().enumerate() {
-                    let img = read_tiff(path)?;
-                    let (y0, x0) = (size + (k / grid) * 2 * size, size + (k % grid) * 2 * size);
-                    for (c, plane) in planes.iter_mut().enumerate() {
-                        for y in 0..size {
-                            for x in 0..size {
-                                plane[(y0 + y) * side + x0 + x] = img.get(c, y, x) as u16;
-                            }
-                        }
-                    }
-                    let object = k + 1;
-                    for y in 0..size {
-                        labels[(y0 + y) * side + x0..(y0 + y) * side + x0 + size]
-                            .fill(object as u16);
-                    }
-                    let centre = |o: usize| o as f64 + (size as f64 - 1.0) / 2.0;
-                    writeln!(
-                        objects,
-                        "{image_number},{object},{plate_name},{well},{site_no},{},{}",
-                        centre(x0),
-                        centre(y0)
-                    )
-                    .ok();
-                    writeln!(
-                        cells_csv,
-                        "{plate_name},{well},{site_no},{object},{}",
-                        path.display()
-                    )
-                    .ok();
-                    total_cells += 1;
-                }
-                write!(
-                    load_data,
-                    "{image_number},{plate_name},{well},{site_no},{class}"
-                )
-                .ok();
-                for (c, plane) in planes.into_iter().enumerate() {
-                    let name = format!("{stem}-ch{}.tiff", c + 1);
-                    write_tiff_u16_chunky(
-                        &images_dir.join(&name),
-                        &Chw::new(1, side, side, plane)?,
-                    )?;
-                    write!(load_data, ",{name},images/{plate_name}").ok();
-                }
-                let name = format!("{stem}-nuclei.tiff");
-                write_tiff_u16_chunky(&labels_dir.join(&name), &Chw::new(1, side, side, labels)?)?;
-                writeln!(load_data, ",{name},labels/{plate_name}").ok();
+                let place = SitePlace {
+                    image_number,
+                    plate: &plate_name,
+                    well: &well,
+                    row,
+                    col,
+                    site: site + 1,
+                    treatment: class,
+                };
+                total_cells += write_site(&out, &place, site_cells, &geometry, &mut tables)?;
             }
         }
     }
@@ -164,12 +128,111 @@ pub fn generate_screen(opts: &ScreenSynthOptions) -> Result<ScreenSynthSummary, 
         Ok(path)
     };
     Ok(ScreenSynthSummary {
-        load_data: write("load_data.csv", &load_data)?,
-        objects: write("Nuclei.csv", &objects)?,
-        cells_csv: write("cells.csv", &cells_csv)?,
+        load_data: write("load_data.csv", &tables.load_data)?,
+        objects: write("Nuclei.csv", &tables.objects)?,
+        cells_csv: write("cells.csv", &tables.cells_csv)?,
         channel_names: channels,
         sites: image_number,
         cells: total_cells,
         cell_size: size,
     })
+}
+
+/// The three tables a synthetic screen writes, grown a site at a time.
+struct Tables {
+    load_data: String,
+    objects: String,
+    cells_csv: String,
+}
+
+/// Where the cells of a site go: `grid`×`grid` slots of `size`-pixel cells, each with a
+/// cell-wide gap, in a site `side` pixels square of `channels` channels.
+struct SiteGeometry {
+    size: usize,
+    grid: usize,
+    side: usize,
+    channels: usize,
+}
+
+/// A site's place in the screen and its table values.
+struct SitePlace<'a> {
+    image_number: usize,
+    plate: &'a str,
+    well: &'a str,
+    row: usize,
+    col: usize,
+    site: usize,
+    treatment: &'a str,
+}
+
+/// Pastes `cells` into one site (a TIFF per channel and a label image under `out`) and adds
+/// its rows to the tables; returns how many cells it holds.
+fn write_site(
+    out: &Path,
+    place: &SitePlace<'_>,
+    cells: &[&Path],
+    g: &SiteGeometry,
+    tables: &mut Tables,
+) -> Result<usize, DataError> {
+    let SitePlace {
+        image_number,
+        plate: plate_name,
+        well,
+        row,
+        col,
+        site: site_no,
+        treatment: class,
+    } = *place;
+    let (size, grid, side) = (g.size, g.grid, g.side);
+    let stem = format!("r{row:02}c{col:02}f{site_no:02}");
+    let images_dir = out.join("images").join(plate_name);
+    let labels_dir = out.join("labels").join(plate_name);
+    for d in [&images_dir, &labels_dir] {
+        std::fs::create_dir_all(d).map_err(|e| DataError::io(d, "creating", e))?;
+    }
+    let mut planes = vec![vec![0u16; side * side]; g.channels];
+    let mut labels = vec![0u16; side * side];
+    for (k, path) in cells.iter().enumerate() {
+        let img = read_tiff(path)?;
+        let (y0, x0) = (size + (k / grid) * 2 * size, size + (k % grid) * 2 * size);
+        for (c, plane) in planes.iter_mut().enumerate() {
+            for y in 0..size {
+                for x in 0..size {
+                    plane[(y0 + y) * side + x0 + x] = img.get(c, y, x) as u16;
+                }
+            }
+        }
+        let object = k + 1;
+        for y in 0..size {
+            labels[(y0 + y) * side + x0..(y0 + y) * side + x0 + size].fill(object as u16);
+        }
+        let centre = |o: usize| o as f64 + (size as f64 - 1.0) / 2.0;
+        writeln!(
+            tables.objects,
+            "{image_number},{object},{plate_name},{well},{site_no},{},{}",
+            centre(x0),
+            centre(y0)
+        )
+        .ok();
+        writeln!(
+            tables.cells_csv,
+            "{plate_name},{well},{site_no},{object},{}",
+            path.display()
+        )
+        .ok();
+    }
+    write!(
+        tables.load_data,
+        "{image_number},{plate_name},{well},{site_no},{class}"
+    )
+    .ok();
+    for (c, plane) in planes.into_iter().enumerate() {
+        let name = format!("{stem}-ch{}.tiff", c + 1);
+        write_tiff_u16_chunky(&images_dir.join(&name), &Chw::new(1, side, side, plane)?)?;
+        write!(tables.load_data, ",{name},images/{plate_name}").ok();
+    }
+    let name = format!("{stem}-nuclei.tiff");
+    write_tiff_u16_chunky(&labels_dir.join(&name), &Chw::new(1, side, side, labels)?)?;
+    writeln!(tables.load_data, ",{name},labels/{plate_name}").ok();
+    Ok(cells.len())
 }
