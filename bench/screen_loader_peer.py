@@ -1,0 +1,126 @@
+"""Python peer of `trainer bench loader` on a screen stored as fields of view: DeepProfiler's
+way of feeding single cells (a PyTorch Dataset over sites: each item reads one site's
+channel TIFFs with tifffile, cuts every cell of the site out of it around its object-table
+centre with NumPy, min-max per cell and channel as scDINO, then scDINO's
+`DataAugmentationDINO` on each cell), a `DataLoader` over the sites in a seeded shuffled
+order with `--workers` processes (prefetch_factor 2), the cells of the sites collated into
+batches of `--batch`.
+
+Times the cells of `--batches` batches after `--warmup` ones: wall clock and CPU seconds of the
+main process plus its workers (/proc/<pid>/stat), so cells per CPU-second compares with the
+Rust side's images per CPU-second. Prints one JSON line.
+"""
+import argparse
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import tifffile
+import torch
+
+from scdino_input import DataAugmentationDINO, normalize_numpy_0_to_1
+
+p = argparse.ArgumentParser()
+p.add_argument("--load-data", required=True)
+p.add_argument("--objects", required=True)
+p.add_argument("--channels", required=True, help="comma-separated LoadData channel names")
+p.add_argument("--box", type=int, default=50)
+p.add_argument("--workers", type=int, default=1)
+p.add_argument("--batch", type=int, default=32)
+p.add_argument("--batches", type=int, default=8)
+p.add_argument("--warmup", type=int, default=2)
+p.add_argument("--local-crops", type=int, default=8)
+p.add_argument("--global-size", type=int, default=224)
+p.add_argument("--local-size", type=int, default=96)
+p.add_argument("--seed", type=int, default=0)
+a = p.parse_args()
+torch.set_num_threads(1)
+
+
+def cpu_seconds(pids):
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        total += (int(rest[11]) + int(rest[12])) / tick
+    return total
+
+
+class Sites(torch.utils.data.Dataset):
+    def __init__(self, load_data, objects, channels, box):
+        root = Path(load_data).parent
+        self.sites = pd.read_csv(load_data)
+        self.paths = [[root / r[f"PathName_{c}"] / r[f"FileName_{c}"] for c in channels]
+                      for _, r in self.sites.iterrows()]
+        obj = pd.read_csv(objects)
+        by = obj.groupby("ImageNumber")
+        self.centres = [by.get_group(n)[["Nuclei_Location_Center_X", "Nuclei_Location_Center_Y"]]
+                        .to_numpy() for n in self.sites["ImageNumber"]]
+        self.box = box
+        self.transform = None
+
+    def __len__(self):
+        return len(self.sites)
+
+    def cells(self, i):
+        site = np.stack([tifffile.imread(p) for p in self.paths[i]], axis=-1)  # (H, W, C)
+        h = self.box // 2
+        out = []
+        for x, y in self.centres[i]:
+            cx, cy = int(np.floor(x + 0.5)), int(np.floor(y + 0.5))
+            crop = site[cy - h:cy - h + self.box, cx - h:cx - h + self.box].astype(np.float64)
+            crop = normalize_numpy_0_to_1(crop)
+            out.append(torch.from_numpy(crop.astype(np.float32)).permute(2, 0, 1))
+        return out
+
+    def __getitem__(self, i):
+        return [self.transform(c) for c in self.cells(i)]
+
+
+def main():
+    ds = Sites(a.load_data, a.objects, a.channels.split(","), a.box)
+    # Dataset statistics from the first sites' cells (untimed; the values do not change the cost).
+    xs = [c for i in range(min(4, len(ds))) for c in ds.cells(i)]
+    pix = torch.stack(xs).transpose(0, 1).reshape(len(xs[0]), -1).double()
+    ds.transform = DataAugmentationDINO(pix.mean(1).tolist(), pix.std(1).tolist(), a.global_size,
+                                        a.local_size, a.local_crops)
+    order = list(range(len(ds)))
+    random.Random(a.seed).shuffle(order)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(ds, order), batch_size=None, shuffle=False,
+        num_workers=a.workers, prefetch_factor=2 if a.workers else None)
+    it = iter(loader)
+    pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
+    pending, batches, cells, checksum = [], 0, 0, 0.0
+    t0 = c0 = None
+    need = a.warmup + a.batches
+    while batches < need:
+        pending += next(it)
+        while len(pending) >= a.batch and batches < need:
+            batch, pending = pending[:a.batch], pending[a.batch:]
+            crops = [torch.stack([b[k] for b in batch]) for k in range(len(batch[0]))]
+            checksum += float(crops[-1][0, 0, 0, 0])
+            batches += 1
+            if batches == a.warmup:
+                t0, c0 = time.perf_counter(), cpu_seconds(pids)
+            elif batches > a.warmup:
+                cells += len(batch)
+    wall = time.perf_counter() - t0
+    cpu = cpu_seconds(pids) - c0
+    del it
+    print(json.dumps({
+        "impl": "python", "bench": "loader", "path": "deepprofiler-sites", "threads": a.workers,
+        "batch": a.batch, "batches": a.batches, "images": cells,
+        "crops": [a.global_size, a.local_size, a.local_crops], "wall_s": wall, "cpu_s": cpu,
+        "imgs_per_s": cells / wall, "imgs_per_cpu_s": cells / max(cpu, 1e-9),
+        "checksum": checksum,
+    }))
+
+
+if __name__ == "__main__":
+    main()
