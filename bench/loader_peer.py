@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from cpu_time import cpu_seconds
 from scdino_input import DataAugmentationDINO, TiffImageFolder, collate_fn
 
 p = argparse.ArgumentParser()
@@ -36,16 +37,6 @@ p.add_argument("--seed", type=int, default=0)
 a = p.parse_args()
 
 torch.set_num_threads(1)
-
-
-def cpu_seconds(pids):
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-        total += (int(rest[11]) + int(rest[12])) / tick
-    return total
 
 
 def main():

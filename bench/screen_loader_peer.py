@@ -22,6 +22,7 @@ import pandas as pd
 import tifffile
 import torch
 
+from cpu_time import cpu_seconds
 from scdino_input import DataAugmentationDINO, normalize_numpy_0_to_1
 
 p = argparse.ArgumentParser()
@@ -39,16 +40,6 @@ p.add_argument("--local-size", type=int, default=96)
 p.add_argument("--seed", type=int, default=0)
 a = p.parse_args()
 torch.set_num_threads(1)
-
-
-def cpu_seconds(pids):
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-        total += (int(rest[11]) + int(rest[12])) / tick
-    return total
 
 
 class Sites(torch.utils.data.Dataset):

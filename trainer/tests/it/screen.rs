@@ -256,6 +256,24 @@ pl.DataFrame({
             assert_eq!(pq.metadata(i), want, "{table} + {objects}, cell {i}");
         }
     }
+    // A Parquet table cut short in transfer: an error naming the file, no panic.
+    let bytes = std::fs::read(dir.path().join("Nuclei.parquet")).unwrap();
+    std::fs::write(dir.path().join("cut.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+    let screen = ScreenSection {
+        objects: Some(dir.path().join("cut.parquet").display().to_string()),
+        box_size: 8,
+        ..ScreenSection::default()
+    };
+    let data = screen_data(
+        &dir.path().join("load_data.csv"),
+        &["DNA", "Mito"],
+        screen.clone(),
+    );
+    let e = open_screen(&data, &screen).err().unwrap().to_string();
+    assert!(
+        e.contains("cut.parquet") && e.contains("not a readable Parquet table"),
+        "{e}"
+    );
 }
 
 /// Bad input names its file and row: a row naming a missing file, a channel the table lacks,
