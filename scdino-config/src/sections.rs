@@ -83,8 +83,11 @@ pub struct DataSection {
     pub format: DataFormat,
     /// New. Sample order per epoch: `exact` = scDINO's seeded permutation (random access; any
     /// source); `shard_sequential` = shard order shuffled per epoch, each rank streaming a
-    /// contiguous run of shards through a shuffle buffer (packed datasets only). Both give
-    /// every rank `ceil(N/W)` samples and every training sample once per epoch.
+    /// contiguous run of shards through a shuffle buffer (packed datasets only); `sites` = a
+    /// screen's sites shuffled per epoch, its cells shuffled within windows of
+    /// `data.screen.site_cache / 2` sites, so each site is decoded once per epoch instead of
+    /// once per cell (`data.screen` only). All give every rank `ceil(N/W)` samples and every
+    /// training sample once per epoch.
     pub order: SampleOrder,
     /// New. Shuffle-buffer size (samples per rank) for `order: shard_sequential`; 1 keeps the
     /// shard's stored order.
@@ -150,7 +153,10 @@ pub struct ScreenSection {
     /// A metadata column whose groups are never split: the held-out images are whole groups
     /// (e.g. `Metadata_Well`: no well has cells on both sides); null = split cells.
     pub split_by: Option<String>,
-    /// Decoded sites each process keeps for the cells that follow.
+    /// Decoded sites each process keeps for the cells that follow. With `data.order: sites`
+    /// training shuffles cells within windows of half as many sites, so a window's cells should
+    /// outnumber the cells the loader holds in flight (2 × num_workers × batch size; the log
+    /// warns when they do not).
     pub site_cache: usize,
     /// `chammi`: the folder (path or URL) `file_path` is relative to; null = the table's
     /// folder. CHAMMI's per-dataset tables (`CHAMMI/Allen/enriched_meta.csv`) name images from
@@ -235,6 +241,7 @@ pub enum HeldOutSplit {
 pub enum SampleOrder {
     Exact,
     ShardSequential,
+    Sites,
 }
 
 /// Client settings for a dataset in a remote store (`s3://`, `gs://`, `az://`; the section

@@ -475,7 +475,8 @@ fn pipeline_on_two_ranks_runs_collective_stages_on_both_and_the_rest_once() {
 /// A screen as CellProfiler stores it (fields of view per channel, a LoadData table, an
 /// object table), written by `trainer synth --layout fov`, goes through the whole pipeline
 /// without a conversion script: mean/std, training and every analysis read its cells, the
-/// held-out cells are whole wells, and `trainer data pack` packs the same cells.
+/// held-out cells are whole wells, training in `data.order: sites` decodes each site once,
+/// and `trainer data pack` packs the same cells.
 #[test]
 fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
     let dir = tempfile::tempdir().unwrap();
@@ -505,8 +506,10 @@ fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
             "run:\n  name: scr\n  output_dir: {out}\n\
              data:\n  dataset_dir: {table}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  \
              channel_combinations: [\"02\"]\n  num_workers: 2\n  train_fraction: 0.7\n  \
+             order: sites\n  \
              screen:\n    objects: {objects}\n    box_size: 50\n    \
-             label_column: Metadata_Treatment\n    split_by: Metadata_Well\n\
+             label_column: Metadata_Treatment\n    split_by: Metadata_Well\n    \
+             site_cache: 40\n\
              model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\n\
              augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\n\
              train:\n  epochs: 1\n  warmup_epochs: 0\n  batch_size_per_gpu: 16\n  \
@@ -525,6 +528,7 @@ fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
         log.contains("72 cells (50×50 px boxes) in 3 classes"),
         "{log}"
     );
+
     let analyses = dir.path().join("out/scr/m_channel_APC_DAPI_analyses");
     assert!(analyses.join("report.html").exists());
     // The held-out cells (the features stage's rows) are whole wells: no well of theirs
@@ -552,6 +556,14 @@ fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
     assert!(
         sizes.iter().all(|&n| n == 12),
         "every held-out well whole: {held:?} {sizes:?}"
+    );
+    // `data.order: sites` decoded each training site once in the epoch (a well is 3 sites).
+    let training_sites = 18 - 3 * held.len();
+    assert!(
+        log.contains(&format!(
+            "epoch 0: {training_sites} site reads for 18 sites"
+        )),
+        "{log}"
     );
     // `trainer embed --screen` embeds every cell, each row with its plate/well/site/object
     // metadata, and the held-out cells' rows equal the features stage's (read by pandas).

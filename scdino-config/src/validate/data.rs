@@ -122,6 +122,12 @@ impl DataSection {
             "data.order",
             "shard_sequential needs a packed dataset (data.format: shards or auto); \
              pack one with `trainer data pack`",
+        )?;
+        v.check(
+            self.order != SampleOrder::Sites || self.screen.is_some(),
+            "data.screen",
+            "is needed by `data.order: sites`, which reads a screen's cells site by site \
+             (for per-cell images use data.order: exact, for packed shards shard_sequential)",
         )
     }
 

@@ -24,7 +24,7 @@ impl ModelSection {
         v.check(
             self.channels != ChannelMode::Bag || data.order == SampleOrder::Exact,
             "model.channels",
-            "bag trains on every channel of every image as its own sample, in an exact shuffle of those; data.order: shard_sequential is not supported with it",
+            "bag trains on every channel of every image as its own sample, in an exact shuffle of those; data.order: shard_sequential or sites is not supported with it",
         )?;
         v.check(
             self.channels.is_fixed() || n_channels <= 64,

@@ -19,7 +19,7 @@ use trainer::train::graphed::{self, GraphedStep};
 use trainer::train::input::TrainInput;
 use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
 use trainer::train::run::training_image_fn;
-use trainer::train::sampler::epoch_order;
+use trainer::train::sampler::{configured_epoch_order, epoch_order};
 use trainer::train::schedule::scaled_lr;
 use trainer::train::step::{ChannelSubset, Learner, StepParams};
 use trainer::train::strategy::SingleProcess;
@@ -723,16 +723,18 @@ impl LoaderBench {
     /// The dataset (`--config` or `--data`, holding at least `need` images unless only the
     /// kernels are timed), its channel count, and training's multi-crop augmentation with the
     /// dataset's mean/std.
-    fn source_and_augment(
-        &self,
-        need: usize,
-    ) -> Result<(SharedSource, usize, Arc<MultiCropAugment>)> {
-        let (source, name): (SharedSource, String) = match (&self.config, &self.data) {
+    fn source_and_augment(&self, need: usize) -> Result<LoaderInput> {
+        let (source, name, data): (SharedSource, String, _) = match (&self.config, &self.data) {
             (Some(c), _) => {
                 let cfg = trainer::train::init_layout::load_config(c)?;
-                (open_source(&cfg.data)?, cfg.data.dataset_dir.to_string())
+                let name = cfg.data.dataset_dir.to_string();
+                (open_source(&cfg.data)?, name, Some(cfg.data.clone()))
             }
-            (None, Some(d)) => (Arc::new(LocalSource::open(d, 0)?), d.display().to_string()),
+            (None, Some(d)) => (
+                Arc::new(LocalSource::open(d, 0)?) as SharedSource,
+                d.display().to_string(),
+                None,
+            ),
             (None, None) => bail!("give --data DIR or --config FILE"),
         };
         let index = source.index();
@@ -758,7 +760,12 @@ impl LoaderBench {
             std,
             ops: Default::default(),
         })?);
-        Ok((source, channels, augment))
+        Ok(LoaderInput {
+            source,
+            channels,
+            augment,
+            data,
+        })
     }
 
     fn run(self) -> Result<()> {
@@ -771,7 +778,12 @@ impl LoaderBench {
             1
         });
         let need = (self.warmup + self.batches) * self.batch;
-        let (source, channels, augment) = self.source_and_augment(need)?;
+        let LoaderInput {
+            source,
+            channels,
+            augment,
+            data,
+        } = self.source_and_augment(need)?;
         let index = source.index();
         let all: Vec<usize> = (0..channels).collect();
         let prep = PreprocessOptions {
@@ -787,18 +799,21 @@ impl LoaderBench {
             return self.kernels(&source, &prep, &augment);
         }
         let input = TrainInput::new(augment, on, self.seed);
-        let mut order = epoch_order(
-            &(0..index.len()).collect::<Vec<_>>(),
-            self.seed,
-            epoch,
-            0,
-            1,
-        );
+        let samples: Vec<usize> = (0..index.len()).collect();
+        // A config's `data.order` (e.g. `sites` for a screen) is training's order.
+        let mut order = match &data {
+            Some(d) => {
+                configured_epoch_order(d, source.as_ref(), &samples, self.seed, epoch, 0, 1)?
+            }
+            None => epoch_order(&samples, self.seed, epoch, 0, 1),
+        };
         order.truncate(need);
         if self.warm {
             warm_read(&source, &order, self.threads)?;
         }
         source.will_read(&order);
+        // What mean/std (and `--warm`) fetched, so that `source` counts the loader's reads.
+        let before = source.report();
         let images = training_image_fn(source.clone(), prep, channels, Vec::new(), None);
         let samples = input
             .samples(images, epoch, &order)
@@ -857,10 +872,21 @@ impl LoaderBench {
                 "imgs_per_s": images_timed as f64 / wall,
                 "imgs_per_cpu_s": images_timed as f64 / cpu.max(1e-9),
                 "checksum": checksum,
+                "source_before": before,
+                "source": source.report(),
             })
         );
         Ok(())
     }
+}
+
+/// What `trainer bench loader` reads: the source, its channel count, training's multi-crop
+/// augmentation with its mean/std, and the config's data section when `--config` gave one.
+struct LoaderInput {
+    source: SharedSource,
+    channels: usize,
+    augment: Arc<MultiCropAugment>,
+    data: Option<trainer::config::DataSection>,
 }
 
 /// Reads (and decodes) `order` once with `threads` readers: fills a node-local cache.

@@ -172,7 +172,12 @@ pub fn compute_with(
     on_corrupt: OnCorrupt,
 ) -> Result<(MeanStd, SubsetQuality), MeanStdError> {
     let index = source.index();
-    let subset = data::mean_std_subset(index.len(), fraction)?;
+    let mut subset = data::mean_std_subset(index.len(), fraction)?;
+    if source.site_layout().is_some() {
+        // A screen's cells are listed site by site: the same cells in index order read each
+        // site once, not once per sampled cell (the sums differ only in rounding).
+        subset.sort_unstable();
+    }
     let opts = PreprocessOptions {
         selected_channels: None,
         center_crop,

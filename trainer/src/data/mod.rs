@@ -25,6 +25,7 @@ pub mod cache;
 pub mod chw;
 pub mod csv;
 pub mod error;
+pub mod group_blocks;
 pub mod index;
 pub mod local_cache;
 pub mod mean_std;

@@ -64,10 +64,17 @@ pub trait ImageSource: Send + Sync {
         None
     }
 
+    /// For screens: per site, the positions of its cells. Lets `data.order: sites` keep a
+    /// site's cells together, so a site is decoded once per epoch; `None` for other sources.
+    fn site_layout(&self) -> Option<&[Vec<usize>]> {
+        None
+    }
+
     /// One line for logs: what is being read and from where.
     fn describe(&self) -> String;
 
-    /// Transfer counters for the log (GETs, cache hits), for sources that have any.
+    /// Transfer counters for the log, for sources that have any: an object store's GETs and
+    /// cache hits (totals), a screen's site reads (since the last report, i.e. per epoch).
     fn report(&self) -> Option<String> {
         None
     }

@@ -29,7 +29,7 @@ pub enum TrainError {
     #[error(transparent)]
     Precision(#[from] crate::precision::PrecisionError),
     #[error(transparent)]
-    SampleOrder(#[from] super::sampler::NotPacked),
+    SampleOrder(#[from] super::sampler::OrderError),
     #[error(transparent)]
     Init(#[from] super::init::InitError),
     /// A strategy asked to restore shards without a shard folder (a bug, not a user error).

@@ -41,17 +41,27 @@ pub fn iters_per_epoch(train_len: usize, world: usize, batch: usize) -> usize {
     train_len.div_ceil(world).div_ceil(batch)
 }
 
-/// `data.order: shard_sequential` on a dataset that is not packed.
+/// A `data.order` that the dataset cannot give.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "data.order: shard_sequential needs a packed dataset, but {dataset} is not one (pack it with `trainer data pack`)"
-)]
-pub struct NotPacked {
-    pub dataset: crate::config::DatasetLocation,
+pub enum OrderError {
+    #[error(
+        "data.order: shard_sequential needs a packed dataset, but {dataset} is not one (pack it with `trainer data pack`)"
+    )]
+    NotPacked {
+        dataset: crate::config::DatasetLocation,
+    },
+    #[error(
+        "data.order: sites needs a screen read site by site (data.screen), but {dataset} is not one"
+    )]
+    NotAScreen {
+        dataset: crate::config::DatasetLocation,
+    },
 }
 
-/// The epoch order for `data.order`: [`epoch_order`] (`exact`) or the shard-streaming order
-/// of [`crate::data::shards::shard_sequential_order`], which needs a packed source.
+/// The epoch order for `data.order`: [`epoch_order`] (`exact`), the shard-streaming order
+/// of [`crate::data::shards::shard_sequential_order`], which needs a packed source, or the
+/// site-window order of [`crate::data::screen::order::site_window_order`], which needs a
+/// screen.
 pub fn configured_epoch_order(
     data: &crate::config::DataSection,
     source: &dyn crate::data::ImageSource,
@@ -60,12 +70,12 @@ pub fn configured_epoch_order(
     epoch: u64,
     rank: usize,
     world: usize,
-) -> Result<Vec<usize>, NotPacked> {
+) -> Result<Vec<usize>, OrderError> {
     use crate::config::SampleOrder;
     match data.order {
         SampleOrder::Exact => Ok(epoch_order(train, seed, epoch, rank, world)),
         SampleOrder::ShardSequential => {
-            let layout = source.shard_layout().ok_or_else(|| NotPacked {
+            let layout = source.shard_layout().ok_or_else(|| OrderError::NotPacked {
                 dataset: data.dataset_dir.clone(),
             })?;
             Ok(crate::data::shards::shard_sequential_order(
@@ -78,7 +88,58 @@ pub fn configured_epoch_order(
                 world,
             ))
         }
+        SampleOrder::Sites => {
+            let sites = source.site_layout().ok_or_else(|| OrderError::NotAScreen {
+                dataset: data.dataset_dir.clone(),
+            })?;
+            Ok(crate::data::screen::order::site_window_order(
+                sites,
+                train,
+                sites_per_window(data),
+                seed,
+                epoch,
+                rank,
+                world,
+            ))
+        }
     }
+}
+
+/// With `data.order: sites`, a warning when a window of sites holds fewer cells (on average)
+/// than the loader keeps in flight: its workers then reach into windows whose sites the cache
+/// no longer holds, and sites are decoded again.
+pub fn site_window_warning(
+    data: &crate::config::DataSection,
+    source: &dyn crate::data::ImageSource,
+    batch: usize,
+) -> Option<String> {
+    let sites = match data.order {
+        crate::config::SampleOrder::Sites => source.site_layout()?,
+        _ => return None,
+    };
+    let filled = sites.iter().filter(|s| !s.is_empty()).count().max(1);
+    let per_site = sites.iter().map(Vec::len).sum::<usize>() as f64 / filled as f64;
+    let window = sites_per_window(data);
+    let in_flight = 2 * data.num_workers.max(1) * batch;
+    ((per_site * window as f64) < in_flight as f64).then(|| {
+        format!(
+            "data.order: sites shuffles windows of {window} site{} (half of data.screen.site_cache) \
+             holding about {:.0} cells, fewer than the {in_flight} cells the loader holds in flight \
+             (2 × num_workers × batch): raise data.screen.site_cache to at least {} so each site \
+             is decoded once per epoch",
+            if window == 1 { "" } else { "s" },
+            per_site * window as f64,
+            2 * (in_flight as f64 / per_site).ceil() as usize
+        )
+    })
+}
+
+/// Sites whose cells `data.order: sites` shuffles together: half the site cache, so the
+/// window being read and the next one both fit in it.
+pub fn sites_per_window(data: &crate::config::DataSection) -> usize {
+    data.screen
+        .as_ref()
+        .map_or(1, |s| (s.site_cache / 2).max(1))
 }
 
 #[cfg(test)]

@@ -197,3 +197,23 @@ fn s3_cache_and_corrupt_keys_are_strict_and_checked() {
         assert!(e.contains(needle), "{yaml}: {e}");
     }
 }
+
+/// `data.order: sites` is a screen's order: accepted with `data.screen`, refused without it
+/// (naming the key and the alternatives), and refused with `bag`, whose items are channels.
+#[test]
+fn the_sites_order_needs_a_screen_and_no_bag() {
+    let screen = "data:\n  dataset_dir: ld.csv\n  order: sites\n  screen:\n    objects: o.csv\n";
+    let ok = Config::from_yaml(screen, "t").unwrap();
+    assert_eq!(ok.data.order, trainer::config::SampleOrder::Sites);
+    let e = Config::from_yaml("data:\n  order: sites\n", "t")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("data.order") && e.contains("data.screen") && e.contains("exact"),
+        "{e}"
+    );
+    let e = Config::from_yaml(&format!("{screen}model:\n  channels: bag\n"), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model.channels") && e.contains("sites"), "{e}");
+}

@@ -374,3 +374,112 @@ fn bad_screens_name_the_file_and_row() {
         "{e}"
     );
 }
+
+/// `data.order: sites` decodes each site once per epoch: the cells of a screen read in that
+/// order, with a cache of two sites (windows of one site), cost one read per site, on one
+/// rank or two; scDINO's shuffle over all cells, with the same cache, reads sites again.
+#[test]
+fn the_sites_order_reads_each_site_once_per_epoch() {
+    use trainer::config::SampleOrder;
+    use trainer::train::sampler::configured_epoch_order;
+    let dir = tempfile::tempdir().unwrap();
+    let s = synth(dir.path());
+    let names: Vec<&str> = s.channel_names.iter().map(String::as_str).collect();
+    let screen = ScreenSection {
+        box_size: s.cell_size,
+        objects: Some(s.objects.display().to_string()),
+        site_cache: 2,
+        ..ScreenSection::default()
+    };
+    let sites_reads = |order: SampleOrder, world: usize| -> Vec<(usize, u64)> {
+        let data = DataSection {
+            order,
+            ..screen_data(&s.load_data, &names, screen.clone())
+        };
+        let src = open_screen(&data, &screen).unwrap();
+        // Every site of the table holds cells.
+        let sites = src.site_layout().unwrap().len();
+        let rows = std::fs::read_to_string(&s.load_data)
+            .unwrap()
+            .lines()
+            .count()
+            - 1;
+        assert_eq!(sites, rows);
+        let all: Vec<usize> = (0..src.index().len()).collect();
+        (0..world)
+            .map(|rank| {
+                src.report();
+                let order = configured_epoch_order(&data, &src, &all, 3, 1, rank, world).unwrap();
+                assert_eq!(order.len(), 21usize.div_ceil(world));
+                for &i in &order {
+                    src.read(i).unwrap();
+                }
+                let touched: std::collections::BTreeSet<String> = order
+                    .iter()
+                    .map(|&i| {
+                        let m = src.metadata(i);
+                        format!("{}/{}/{}", m[0].1, m[1].1, m[2].1)
+                    })
+                    .collect();
+                (touched.len(), src.sites_decoded())
+            })
+            .collect()
+    };
+    // One rank: as many reads as sites.
+    let [(sites, reads)] = sites_reads(SampleOrder::Sites, 1)[..] else {
+        unreachable!()
+    };
+    assert!(sites > 3);
+    assert_eq!(reads, sites as u64);
+    // Two ranks: each reads every site of its share once.
+    for (touched, reads) in sites_reads(SampleOrder::Sites, 2) {
+        assert_eq!(reads, touched as u64);
+    }
+    let [(touched, reads)] = sites_reads(SampleOrder::Exact, 1)[..] else {
+        unreachable!()
+    };
+    assert_eq!(touched, sites);
+    assert!(
+        reads > sites as u64 + 4,
+        "the exact order read {reads} sites for {sites}"
+    );
+    // Windows of one 3-cell site are fewer cells than 2 workers × batch 16 hold in flight:
+    // the log says so and what to raise (2.33 cells a site: windows of 28 sites); a cache of
+    // 56 sites is enough, 54 is not.
+    let warn_for = |site_cache: usize| {
+        let screen = ScreenSection {
+            site_cache,
+            ..screen.clone()
+        };
+        let data = DataSection {
+            order: SampleOrder::Sites,
+            num_workers: 2,
+            ..screen_data(&s.load_data, &names, screen.clone())
+        };
+        let src = open_screen(&data, &screen).unwrap();
+        trainer::train::sampler::site_window_warning(&data, &src, 16)
+    };
+    let w = warn_for(2).unwrap();
+    assert!(
+        w.contains("windows of 1 site ")
+            && w.contains("raise data.screen.site_cache to at least 56"),
+        "{w}"
+    );
+    assert_eq!(warn_for(56), None);
+    assert!(warn_for(54).is_some());
+    // A source that is not a screen cannot be read by sites: validation refuses the config
+    // without `data.screen`, and the order names the dataset if it gets that far.
+    let data = DataSection {
+        order: SampleOrder::Sites,
+        ..screen_data(&s.load_data, &names, screen.clone())
+    };
+    let src = open_screen(&data, &screen).unwrap();
+    let local = trainer::data::LocalSource::from_index(src.index().clone());
+    let e = configured_epoch_order(&data, &local, &[0], 3, 1, 0, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("data.order: sites") && e.contains("load_data.csv"),
+        "{e}"
+    );
+}

@@ -23,6 +23,7 @@ pub mod npy;
 pub mod objects;
 pub mod ome_zarr;
 pub mod open;
+pub mod order;
 pub mod source;
 pub mod synth;
 pub mod table;

@@ -14,6 +14,7 @@ use crate::data::index::{DatasetIndex, Sample};
 use crate::data::{DataError, ImageSource};
 use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// How cells are cut from their sites.
@@ -55,6 +56,12 @@ pub struct ScreenSource {
     opts: CropOptions,
     skipped: Skipped,
     cache: Mutex<VecDeque<(usize, Slot)>>,
+    /// Per site, its cells' positions (cells are listed site by site).
+    by_site: Vec<Vec<usize>>,
+    /// Whole sites decoded since the last [`ImageSource::report`] (training reports once per
+    /// epoch): with `data.order: sites` an epoch decodes each site once; in a shuffle over all
+    /// cells most cells decode their site again.
+    sites_decoded: AtomicU64,
 }
 
 impl ScreenSource {
@@ -96,6 +103,13 @@ impl ScreenSource {
             opts.split_by.as_deref(),
             root,
         )?;
+        let mut by_site: Vec<Vec<usize>> = Vec::new();
+        for (i, cell) in kept.iter().enumerate() {
+            match by_site.last_mut() {
+                Some(run) if kept[run[0]].site == cell.site => run.push(i),
+                _ => by_site.push(vec![i]),
+            }
+        }
         Ok(Self {
             layout,
             cells: kept,
@@ -103,6 +117,8 @@ impl ScreenSource {
             opts,
             skipped,
             cache: Mutex::new(VecDeque::new()),
+            by_site,
+            sites_decoded: AtomicU64::new(0),
         })
     }
 
@@ -116,6 +132,11 @@ impl ScreenSource {
 
     pub fn layout(&self) -> &dyn FieldLayout {
         &*self.layout
+    }
+
+    /// Whole sites decoded since the last report (each cache miss is one).
+    pub fn sites_decoded(&self) -> u64 {
+        self.sites_decoded.load(Ordering::Relaxed)
     }
 
     /// Cell `i`'s metadata: its site's `Metadata_*` columns, then its object number and
@@ -140,7 +161,7 @@ impl ScreenSource {
             return self.layout.read_site(cell.site);
         }
         let region = box_around(cell.x, cell.y, self.opts.box_size);
-        if self.layout.reads_regions() && !self.opts.mask_objects {
+        if !self.cuts_from_whole_sites() {
             return self.layout.read_region(cell.site, region);
         }
         let site = self.site(cell.site)?;
@@ -151,6 +172,12 @@ impl ScreenSource {
             super::labels::mask(&mut crop, &labels_crop, id);
         }
         Ok(crop)
+    }
+
+    /// True when cells are cut from whole decoded sites (kept in the cache), false when each
+    /// cell is a site of its own or is read as a region of a chunked layout.
+    fn cuts_from_whole_sites(&self) -> bool {
+        !self.layout.cells_are_sites() && (!self.layout.reads_regions() || self.opts.mask_objects)
     }
 
     /// Site `site` decoded, from the cache or read once however many threads ask.
@@ -199,6 +226,7 @@ impl ScreenSource {
     }
 
     fn read_site(&self, site: usize) -> Result<SiteData, ScreenError> {
+        self.sites_decoded.fetch_add(1, Ordering::Relaxed);
         let pixels = self.layout.read_site(site)?;
         let labels = if self.opts.mask_objects {
             let name = &self.layout.sites()[site].name;
@@ -349,6 +377,20 @@ impl ImageSource for ScreenSource {
     ) -> Result<(), DataError> {
         *out = self.read_cell(i)?;
         Ok(())
+    }
+
+    fn site_layout(&self) -> Option<&[Vec<usize>]> {
+        Some(&self.by_site)
+    }
+
+    fn report(&self) -> Option<String> {
+        self.cuts_from_whole_sites().then(|| {
+            format!(
+                "{} site reads for {} sites",
+                self.sites_decoded.swap(0, Ordering::Relaxed),
+                self.by_site.len()
+            )
+        })
     }
 
     fn describe(&self) -> String {

@@ -11,6 +11,7 @@
 //! resumed run skips to the same place; every rank gets `ceil(N / world)` samples (so the
 //! iteration count is unchanged), and together the ranks see every training sample once,
 //! plus the same wrap-around padding as the distributed sampler.
+use crate::data::group_blocks::rank_block;
 use scdino_base::rng::SplitMix64;
 
 /// The samples of `rank` for `epoch`. `layout[s]` lists shard `s`'s sample positions in
@@ -24,37 +25,11 @@ pub fn shard_sequential_order(
     rank: usize,
     world: usize,
 ) -> Vec<usize> {
-    assert!(
-        world > 0 && rank < world,
-        "rank {rank} outside world of {world}"
-    );
-    let n = layout.iter().map(Vec::len).sum::<usize>();
-    let mut in_train = vec![false; n.max(train.iter().max().map_or(0, |m| m + 1))];
-    for &t in train {
-        in_train[t] = true;
-    }
     let epoch_seed = seed ^ epoch.wrapping_mul(0xA24B_AED4_963E_E407) ^ 0x5AD5_5EED;
-    let mut rng = SplitMix64::new(epoch_seed);
-    let mut shards: Vec<usize> = (0..layout.len()).collect();
-    for i in (1..shards.len()).rev() {
-        shards.swap(i, rng.below(i as u64 + 1) as usize);
+    let block = rank_block(layout, train, &mut SplitMix64::new(epoch_seed), rank, world);
+    if block.is_empty() {
+        return block;
     }
-    let stream: Vec<usize> = shards
-        .iter()
-        .flat_map(|&s| layout[s].iter().copied())
-        .filter(|&p| in_train[p])
-        .collect();
-    if stream.is_empty() {
-        return stream;
-    }
-    let per_rank = stream.len().div_ceil(world);
-    let block: Vec<usize> = stream
-        .iter()
-        .copied()
-        .cycle()
-        .skip(rank * per_rank)
-        .take(per_rank)
-        .collect();
     let mut rng =
         SplitMix64::new(epoch_seed ^ (rank as u64 + 1).wrapping_mul(0x9FB2_1C65_1E98_DF25));
     shuffle_buffer(block, buffer.max(1), &mut rng)

@@ -14,7 +14,7 @@ use crate::train::ahead::{ahead, Ahead};
 use crate::train::bag::BagOfChannels;
 use crate::train::input::{ImageFn, TrainInput};
 use crate::train::loader::{BufferPool, EpochLoader, LoadError, LoadedBatch};
-use crate::train::sampler::configured_epoch_order;
+use crate::train::sampler::{configured_epoch_order, site_window_warning};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tch::Tensor;
@@ -64,6 +64,11 @@ impl TrainingData {
         (mean, std): (&[f32], &[f32]),
         device: tch::Device,
     ) -> Result<Self, TrainError> {
+        if let Some(w) =
+            site_window_warning(&cfg.data, source.as_ref(), cfg.train.batch_size_per_gpu)
+        {
+            tracing::warn!("{w}");
+        }
         let (augment_mean, augment_std) = match &train.bag {
             Some(_) => BagOfChannels::augment_mean_std(),
             None => (mean.to_vec(), std.to_vec()),
