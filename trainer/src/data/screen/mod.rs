@@ -25,6 +25,7 @@ pub mod ome_zarr;
 pub mod open;
 pub mod source;
 pub mod synth;
+pub mod synth_zarr;
 pub mod table;
 
 pub use error::ScreenError;
