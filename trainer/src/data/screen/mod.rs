@@ -27,6 +27,7 @@ pub mod source;
 pub mod synth;
 pub mod synth_zarr;
 pub mod table;
+mod zarr_ranges;
 
 pub use error::ScreenError;
 
