@@ -14,6 +14,9 @@
 //!   `Nuclei_Location_Center_X/Y`), one per plate because a table must name sites of the
 //!   plate it is joined to;
 //! * `cells.csv`: which per-cell TIFF each object is, for tests.
+//!
+//! A `P<n>.zarr` already under `out` is replaced (a plate written over an older one would
+//! keep the older one's extra wells and fields).
 use super::synth::{
     paste_sites, row_name, write_text, PastedSite, ScreenSynthOptions, CELLS_CSV_HEADER,
 };
