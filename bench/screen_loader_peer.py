@@ -6,6 +6,11 @@ centre with NumPy, min-max per cell and channel as scDINO, then scDINO's
 order with `--workers` processes (prefetch_factor 2), the cells of the sites collated into
 batches of `--batch`.
 
+With `--plate P.zarr` (and the plate's object table as `--objects`, joined by
+`Metadata_Well`/`Metadata_Site`) the sites are the fields of an OME-Zarr HCS plate instead,
+found from its NGFF metadata and read with zarr-python: each item reads the selected channels
+of one whole field (`omero` labels) at full resolution, then cuts its cells as above.
+
 Times the cells of `--batches` batches after `--warmup` ones: wall clock and CPU seconds of the
 main process plus its workers (/proc/<pid>/stat), so cells per CPU-second compares with the
 Rust side's images per CPU-second. Prints one JSON line.
@@ -26,9 +31,10 @@ from cpu_time import cpu_seconds
 from scdino_input import DataAugmentationDINO, normalize_numpy_0_to_1
 
 p = argparse.ArgumentParser()
-p.add_argument("--load-data", required=True)
+p.add_argument("--load-data", help="a LoadData CSV (or --plate)")
+p.add_argument("--plate", help="an OME-Zarr HCS plate (or --load-data)")
 p.add_argument("--objects", required=True)
-p.add_argument("--channels", required=True, help="comma-separated LoadData channel names")
+p.add_argument("--channels", required=True, help="comma-separated channel names")
 p.add_argument("--box", type=int, default=50)
 p.add_argument("--workers", type=int, default=1)
 p.add_argument("--batch", type=int, default=32)
@@ -42,24 +48,31 @@ a = p.parse_args()
 torch.set_num_threads(1)
 
 
+def centres_of(rows):
+    return rows[["Nuclei_Location_Center_X", "Nuclei_Location_Center_Y"]].to_numpy()
+
+
 class Sites(torch.utils.data.Dataset):
+    """The sites of a LoadData table: one tifffile read per channel."""
+
     def __init__(self, load_data, objects, channels, box):
         root = Path(load_data).parent
         self.sites = pd.read_csv(load_data)
         self.paths = [[root / r[f"PathName_{c}"] / r[f"FileName_{c}"] for c in channels]
                       for _, r in self.sites.iterrows()]
-        obj = pd.read_csv(objects)
-        by = obj.groupby("ImageNumber")
-        self.centres = [by.get_group(n)[["Nuclei_Location_Center_X", "Nuclei_Location_Center_Y"]]
-                        .to_numpy() for n in self.sites["ImageNumber"]]
+        by = pd.read_csv(objects).groupby("ImageNumber")
+        self.centres = [centres_of(by.get_group(n)) for n in self.sites["ImageNumber"]]
         self.box = box
         self.transform = None
+
+    def read(self, i):
+        return np.stack([tifffile.imread(p) for p in self.paths[i]], axis=-1)  # (H, W, C)
 
     def __len__(self):
         return len(self.sites)
 
     def cells(self, i):
-        site = np.stack([tifffile.imread(p) for p in self.paths[i]], axis=-1)  # (H, W, C)
+        site = self.read(i)
         h = self.box // 2
         out = []
         for x, y in self.centres[i]:
@@ -73,8 +86,50 @@ class Sites(torch.utils.data.Dataset):
         return [self.transform(c) for c in self.cells(i)]
 
 
+class PlateFields(Sites):
+    """The fields of an OME-Zarr HCS plate (NGFF 0.4 or 0.5): one zarr read of the selected
+    channels of a whole field (t = 0, z = 0 where the axes have them)."""
+
+    def __init__(self, plate, objects, channels, box):
+        import zarr
+
+        def ngff(group):
+            attrs = group.attrs.asdict()
+            return attrs.get("ome", attrs)
+
+        root = zarr.open_group(plate, mode="r")
+        by = pd.read_csv(objects, dtype={"Metadata_Well": str, "Metadata_Site": str})
+        by = by.groupby(["Metadata_Well", "Metadata_Site"])
+        self.fields, self.centres = [], []
+        for well in ngff(root)["plate"]["wells"]:
+            for image in ngff(root[well["path"]])["well"]["images"]:
+                group = root[f"{well['path']}/{image['path']}"]
+                meta = ngff(group)
+                labels = [c["label"] for c in meta["omero"]["channels"]]
+                axes = [x["name"] for x in meta["multiscales"][0]["axes"]]
+                array = group[meta["multiscales"][0]["datasets"][0]["path"]]
+                sel = tuple([labels.index(c) for c in channels] if ax == "c" else
+                            slice(None) if ax in "yx" else 0 for ax in axes)
+                self.fields.append((array, sel))
+                self.centres.append(centres_of(by.get_group((well["path"].replace("/", ""),
+                                                             image["path"]))))
+        self.box = box
+        self.transform = None
+
+    def __len__(self):
+        return len(self.fields)
+
+    def read(self, i):
+        array, sel = self.fields[i]
+        return np.moveaxis(array.get_orthogonal_selection(sel), 0, -1)  # (H, W, C)
+
+
 def main():
-    ds = Sites(a.load_data, a.objects, a.channels.split(","), a.box)
+    channels = a.channels.split(",")
+    if a.plate:
+        ds = PlateFields(a.plate, a.objects, channels, a.box)
+    else:
+        ds = Sites(a.load_data, a.objects, channels, a.box)
     # Dataset statistics from the first sites' cells (untimed; the values do not change the cost).
     xs = [c for i in range(min(4, len(ds))) for c in ds.cells(i)]
     pix = torch.stack(xs).transpose(0, 1).reshape(len(xs[0]), -1).double()
@@ -105,7 +160,8 @@ def main():
     cpu = cpu_seconds(pids) - c0
     del it
     print(json.dumps({
-        "impl": "python", "bench": "loader", "path": "deepprofiler-sites", "threads": a.workers,
+        "impl": "python", "bench": "loader",
+        "path": "zarr-fields" if a.plate else "deepprofiler-sites", "threads": a.workers,
         "batch": a.batch, "batches": a.batches, "images": cells,
         "crops": [a.global_size, a.local_size, a.local_crops], "wall_s": wall, "cpu_s": cpu,
         "imgs_per_s": cells / wall, "imgs_per_cpu_s": cells / max(cpu, 1e-9),

@@ -28,27 +28,34 @@ pub struct SynthArgs {
     donors: usize,
     /// `cells`: one TIFF per cell in class folders; `fov`: a screen as CellProfiler stores
     /// one (a 16-bit TIFF per site and channel, a LoadData table, an object table `Nuclei.csv`
-    /// and a label image per site), made of the `cells` set it writes under `OUT/cells`.
+    /// and a label image per site), made of the `cells` set it writes under `OUT/cells`;
+    /// `ome-zarr`: the same screen as OME-Zarr HCS plates (`OUT/P1.zarr`, ..., NGFF 0.5: wells
+    /// of fields, channels named in `omero`, a label image `labels/nuclei` per field) with an
+    /// object table per plate (`OUT/P1_Nuclei.csv`).
     #[arg(long, value_enum, default_value_t = SynthLayout::Cells)]
     layout: SynthLayout,
-    /// `--layout fov`: plates (each with one well per class).
+    /// `--layout fov`/`ome-zarr`: plates (each with one well per class).
     #[arg(long, default_value_t = 2)]
     plates: usize,
-    /// `--layout fov`: cells per site.
+    /// `--layout fov`/`ome-zarr`: cells per site.
     #[arg(long, default_value_t = 9)]
     per_site: usize,
+    /// `--layout ome-zarr`: side of the fields' square chunks in pixels (one channel each).
+    #[arg(long, default_value_t = 64)]
+    chunk: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SynthLayout {
     Cells,
     Fov,
+    OmeZarr,
 }
 
 impl SynthArgs {
     pub fn run(self) -> Result<()> {
         let opts = SynthOptions {
-            out: self.out,
+            out: self.out.clone(),
             seed: self.seed,
             classes: self.classes,
             per_class: self.per_class,
@@ -56,6 +63,9 @@ impl SynthArgs {
             channels: self.channels,
             donors: self.donors,
         };
+        if self.layout == SynthLayout::OmeZarr {
+            return self.ome_zarr(opts);
+        }
         if self.layout == SynthLayout::Fov {
             use trainer::data::screen::synth::{generate_screen, ScreenSynthOptions};
             let s = generate_screen(&ScreenSynthOptions {
@@ -89,6 +99,43 @@ impl SynthArgs {
             s.classes.len(),
             s.classes.join(", "),
             s.channel_names.join(", ")
+        );
+        Ok(())
+    }
+}
+
+impl SynthArgs {
+    /// `--layout ome-zarr`: the plates, and the `data` keys that train from the first.
+    fn ome_zarr(&self, opts: SynthOptions) -> Result<()> {
+        use trainer::data::screen::synth::ScreenSynthOptions;
+        use trainer::data::screen::synth_zarr::{generate_ome_zarr, LABELS};
+        let s = generate_ome_zarr(
+            &ScreenSynthOptions {
+                cells: opts.clone(),
+                plates: self.plates,
+                per_site: self.per_site,
+            },
+            self.chunk,
+        )
+        .with_context(|| format!("writing synthetic plates to {}", opts.out.display()))?;
+        let list = |p: &[PathBuf]| {
+            p.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "wrote {} cells in {} fields of {} plate(s): {} (objects: {}); channels: {}; \
+             to train from a plate: data.dataset_dir: {}, data.screen: {{layout: ome_zarr, \
+             labels: {LABELS}, box_size: {}, label_column: Metadata_Well}}",
+            s.cells,
+            s.sites,
+            s.plates.len(),
+            list(&s.plates),
+            list(&s.objects),
+            s.channel_names.join(", "),
+            s.plates[0].display(),
+            s.cell_size
         );
         Ok(())
     }

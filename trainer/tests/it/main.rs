@@ -17,6 +17,7 @@ mod knn;
 mod metrics;
 mod model;
 mod ome_zarr;
+mod ome_zarr_synth;
 mod pretrained;
 mod profiles;
 mod profiling;

@@ -279,6 +279,12 @@ impl Server {
                 "moto_server did not start (moto[server] is in scripts/requirements.txt; run scripts/setup.sh):\n{err}"
             );
         }
+        // Drained for as long as moto runs: werkzeug writes a line per request to stderr (or
+        // a traceback), and an undrained pipe fills at 64 KiB (about 600 requests), after
+        // which the thread answering the next request blocks in its log call and the client
+        // waits for a response that never comes.
+        let mut err = child.stderr.take().unwrap();
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
         self.child = Some(child);
     }
 

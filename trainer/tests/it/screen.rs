@@ -17,8 +17,10 @@ fn screen_data(table: &Path, channels: &[&str], screen: ScreenSection) -> DataSe
     }
 }
 
-fn synth(dir: &Path) -> trainer::data::screen::synth::ScreenSynthSummary {
-    generate_screen(&ScreenSynthOptions {
+/// The small synthetic screen the screen tests share: 3 classes × 7 cells of 20 px, 3
+/// channels, 2 plates, 3 cells a site.
+pub(super) fn synth_options(dir: &Path) -> ScreenSynthOptions {
+    ScreenSynthOptions {
         cells: SynthOptions {
             out: dir.to_path_buf(),
             seed: 5,
@@ -30,8 +32,11 @@ fn synth(dir: &Path) -> trainer::data::screen::synth::ScreenSynthSummary {
         },
         plates: 2,
         per_site: 3,
-    })
-    .unwrap()
+    }
+}
+
+fn synth(dir: &Path) -> trainer::data::screen::synth::ScreenSynthSummary {
+    generate_screen(&synth_options(dir)).unwrap()
 }
 
 /// Every cell cut from the synthetic screen is, to the last bit, the per-cell TIFF it was

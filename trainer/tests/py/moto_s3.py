@@ -5,6 +5,7 @@ restarted server (moto keeps data in memory only) serves the same bucket from it
 request, as a real S3 that went away and came back. Prints "ready" when listening; runs until
 killed. Usage: moto_s3.py PORT BUCKET PREFIX SRC
 """
+import logging
 import os
 import sys
 import time
@@ -25,6 +26,8 @@ for root, _, files in os.walk(src):
         with open(path, "rb") as fh:
             backend.put_object(bucket, key, fh.read())
         n += 1
+# werkzeug logs every request at INFO to stderr; only its warnings and errors are worth a line.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
 server.start()
 print(f"ready {n}", flush=True)

@@ -26,7 +26,9 @@ pub mod open;
 pub mod order;
 pub mod source;
 pub mod synth;
+pub mod synth_zarr;
 pub mod table;
+mod zarr_ranges;
 
 pub use error::ScreenError;
 

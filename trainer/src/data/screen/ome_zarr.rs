@@ -22,7 +22,7 @@
 //!
 //! Remote plates (`s3://`, `gs://`, `az://`) go through the loader's own object-store client
 //! ([`Remote`]: the same environment, credentials, endpoint and retry settings as every other
-//! dataset), served to `zarrs`' blocking reads by `zarrs_object_store` through
+//! dataset), served to `zarrs`' blocking reads by [`super::zarr_ranges`] (one GET per byte range) through
 //! `AsyncToSyncStorageAdapter` on that client's runtime. Reads are blocking: call them from
 //! plain threads (loader workers), never from inside an async runtime.
 //!
@@ -327,7 +327,7 @@ impl Store {
             remote.store().clone(),
             url.prefix().to_string(),
         );
-        let aos = Arc::new(zarrs_object_store::AsyncObjectStore::new(rooted));
+        let aos = Arc::new(super::zarr_ranges::RangedObjectStore(rooted));
         let storage = AsyncToSyncStorageAdapter::new(aos, OnRemote(remote));
         Ok(Store {
             storage: Arc::new(storage),
