@@ -13,7 +13,7 @@ use crate::config::{Config, Precision};
 use crate::distributed::env::DistEnv;
 use crate::distributed::group::{ProcessGroup, ReduceOp};
 use crate::layout::ModelLayout;
-use crate::metrics::tensorboard::hostname;
+use crate::monitoring::tensorboard::hostname;
 use crate::train::step::{Learner, Networks, StepParams};
 use crate::train::strategy::{choose, SingleProcess, StrategyOptions};
 use serde::Serialize;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tch::Device;
 use trainer::distributed::backend::{self, Backend, BackendChoice};
-use trainer::distributed::bench::{self, BenchOptions, Op};
+use trainer::distributed::collectives_bench::{self as bench, BenchOptions, Op};
 use trainer::distributed::env::DistEnv;
 use trainer::distributed::group::ProcessGroup;
 

@@ -4,7 +4,7 @@
 //! training: the strategies that combine these with the learner live in
 //! [`crate::train::strategy`].
 pub mod backend;
-pub mod bench;
+pub mod collectives_bench;
 pub mod ddp;
 pub mod env;
 pub mod group;

@@ -5,7 +5,7 @@ use crate::config::{DatasetLocation, StoreUrl};
 use crate::data::csv::{Csv, CsvError};
 use crate::data::index::TIFF_EXTENSIONS;
 use crate::data::object_store::Remote;
-use crate::data::screen::source::ScreenSource;
+use crate::data::screen::cell_source::ScreenSource;
 use crate::data::ImageSource;
 use crate::data::{decode_tiff_into, DataError, ImageChw};
 use ::object_store::path::Path as ObjPath;

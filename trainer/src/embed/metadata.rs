@@ -288,13 +288,13 @@ pub struct Metadata {
 
 /// The cells of a screen by their path relative to it (`{plate}/{well}/{site}/{object}`).
 pub struct ScreenMetadata {
-    source: std::sync::Arc<crate::data::screen::source::ScreenSource>,
+    source: std::sync::Arc<crate::data::screen::cell_source::ScreenSource>,
     by_rel: std::collections::HashMap<String, usize>,
     columns: Vec<String>,
 }
 
 impl ScreenMetadata {
-    pub fn new(source: std::sync::Arc<crate::data::screen::source::ScreenSource>) -> Self {
+    pub fn new(source: std::sync::Arc<crate::data::screen::cell_source::ScreenSource>) -> Self {
         use crate::data::ImageSource;
         let root = source.index().root.clone();
         let by_rel = source

@@ -7,7 +7,9 @@
 //! apart. Both read the student's patch embedding ([`TokenStep`]), run in fp32 after the
 //! forward, and are the same on every rank's data as in the published code; the sampling
 //! half of DiChaViT is [`super::channels::diverse_sample`].
-use super::term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo, TokenStep};
+use super::loss_term::{
+    LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo, TokenStep,
+};
 use crate::config::Config;
 use tch::{Kind, Tensor};
 

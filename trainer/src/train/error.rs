@@ -13,7 +13,7 @@ pub enum TrainError {
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
+    Metrics(#[from] crate::monitoring::MetricsError),
     #[error(transparent)]
     Step(#[from] super::step::StepError),
     #[error(transparent)]

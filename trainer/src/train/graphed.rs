@@ -24,9 +24,9 @@
 //! On a CPU the static step always runs eagerly: what the CPU tests compare with the eager
 //! step, and `trainer bench step --cuda-graphs` times on a GPU.
 use super::loss::{DinoTerm, TeacherTargets};
+use super::loss_term::StepContext;
 use super::optim::ema_pairs;
 use super::step::{Learner, NonFiniteLoss, StepError, StepOutput, StepParams};
-use super::term::StepContext;
 use crate::config::{Config, Precision};
 use crate::cuda_graph::{self, CudaGraph, GraphError};
 use crate::distributed::Single;
@@ -61,7 +61,7 @@ pub fn unsupported_step(cfg: &Config, world: usize) -> Option<&'static str> {
     } else {
         // Each loss term and the channel mode answer for themselves (the term list is built
         // on the CPU only to be asked: a term's state is small).
-        let terms = crate::train::terms::LossTerms::from_config(cfg, Device::Cpu);
+        let terms = crate::train::loss_terms::LossTerms::from_config(cfg, Device::Cpu);
         let first = terms.iter().find_map(|term| term.uncapturable());
         return first.or_else(|| for_mode(cfg.model.channels).uncapturable());
     })

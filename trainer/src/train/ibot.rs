@@ -9,7 +9,9 @@
 //! distribution as DINOv2 (block rectangles of log-uniform aspect ratio, per-image mask ratios
 //! spread evenly over the configured range), not the same draws.
 use super::loss::{sinkhorn_knopp, SINKHORN_ITERATIONS};
-use super::term::{LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
+use super::loss_term::{
+    LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo,
+};
 use crate::config::Centering;
 use crate::distributed::group::DistError;
 use crate::distributed::Collective;

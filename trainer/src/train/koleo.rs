@@ -10,7 +10,7 @@
 //! NaNs of dinov2 issues #101, #143 and #314. Here such rows (nearest-neighbour distance below
 //! [`DUPLICATE_DISTANCE`]) are left out of the mean, and a crop without any other row
 //! contributes 0; on every other batch the value and gradient are DINOv2's.
-use super::term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
+use super::loss_term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
 use tch::{Kind, Tensor};
 
 /// The KoLeo term of the step's loss: `train.koleo_weight` times KoLeo of each global crop's

@@ -1,6 +1,6 @@
 //! DINO loss: cross-entropy between the sharpened, centred teacher distribution on the two
 //! global crops and the student distribution on every other crop (scDINO `DINOLoss`).
-use super::term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
+use super::loss_term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TermInfo};
 use crate::config::{Centering, Config};
 use crate::distributed::group::DistError;
 use crate::distributed::Collective;

@@ -1,7 +1,7 @@
 //! DINO training: schedules, loss, optimiser, the iteration (`step`), the parallel strategy,
 //! and (in `run`) a whole run: setup, the epoch loop and how it ends.
 pub mod ahead;
-pub mod bag;
+pub mod bag_items;
 pub mod channels;
 pub mod collapse;
 pub mod dichavit;
@@ -16,6 +16,8 @@ pub mod input;
 pub mod koleo;
 pub mod loader;
 pub mod loss;
+pub mod loss_term;
+pub mod loss_terms;
 pub mod optim;
 pub mod preempt;
 pub mod run;
@@ -24,5 +26,3 @@ pub mod schedule;
 pub mod step;
 pub mod strategy;
 pub mod telemetry;
-pub mod term;
-pub mod terms;

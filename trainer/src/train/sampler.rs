@@ -60,7 +60,7 @@ pub enum OrderError {
 
 /// The epoch order for `data.order`: [`epoch_order`] (`exact`), the shard-streaming order
 /// of [`crate::data::shards::shard_sequential_order`], which needs a packed source, or the
-/// site-window order of [`crate::data::screen::order::site_window_order`], which needs a
+/// site-window order of [`crate::data::screen::site_order::site_window_order`], which needs a
 /// screen.
 pub fn configured_epoch_order(
     data: &crate::config::DataSection,
@@ -92,7 +92,7 @@ pub fn configured_epoch_order(
             let sites = source.site_layout().ok_or_else(|| OrderError::NotAScreen {
                 dataset: data.dataset_dir.clone(),
             })?;
-            Ok(crate::data::screen::order::site_window_order(
+            Ok(crate::data::screen::site_order::site_window_order(
                 sites,
                 train,
                 sites_per_window(data),
@@ -196,7 +196,7 @@ mod tests {
 
     // The shard-sequential order against the exact order's length (here, since the sampler
     // calls the shard order).
-    use crate::data::shards::order::tests::layout;
+    use crate::data::shards::sequential_order::tests::layout;
     use crate::data::shards::shard_sequential_order;
     use scdino_base::rng::SplitMix64;
 

@@ -3,10 +3,10 @@
 //! per-parameter clipping, last-layer freeze, AdamW step, teacher EMA; with fp16 the loss is
 //! scaled and a step whose gradients overflow is skipped (GradScaler semantics).
 use super::loss::TeacherTargets;
-use super::optim::AdamW;
-use super::terms::{
+use super::loss_terms::{
     LossTerms, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermValues, TokenStep,
 };
+use super::optim::AdamW;
 use crate::config::{Config, Precision};
 use crate::distributed::group::DistError;
 use crate::distributed::Collective;

@@ -7,8 +7,8 @@ use crate::util::{run_py_file, run_python};
 use std::collections::BTreeMap;
 use std::path::Path;
 use trainer::config::{DataSection, DatasetLocation, ScreenLayout, ScreenSection};
+use trainer::data::screen::cell_source::ScreenSource;
 use trainer::data::screen::open::open_screen;
-use trainer::data::screen::source::ScreenSource;
 use trainer::data::ImageSource;
 
 #[derive(serde::Deserialize)]

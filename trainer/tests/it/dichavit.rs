@@ -10,7 +10,7 @@ use trainer::config::Arch;
 use trainer::model::{VisionTransformer, VitConfig};
 use trainer::train::channels::{channel_cosines, diverse_probabilities, diverse_sample};
 use trainer::train::dichavit::{ChannelDiversityTerm, TokenDiversityTerm};
-use trainer::train::term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TokenStep};
+use trainer::train::loss_term::{LossTerm, StepContext, StudentOutputs, TeacherOutputs, TokenStep};
 
 fn read(path: &std::path::Path) -> HashMap<String, Tensor> {
     Tensor::read_safetensors(path)

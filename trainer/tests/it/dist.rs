@@ -141,7 +141,7 @@ fn rendezvous_without_peers_times_out_with_a_clear_error() {
 /// factors for n = 2, the same verdict on both ranks, and the gate applied to the average.
 #[test]
 fn collectives_bench_measures_every_op_and_size_on_two_ranks() {
-    use trainer::distributed::bench::{run, BenchOptions, Op};
+    use trainer::distributed::collectives_bench::{run, BenchOptions, Op};
     let out = on_two_ranks(29731, |mut g| {
         let opts = |min| BenchOptions {
             ops: Op::ALL.to_vec(),
@@ -193,7 +193,7 @@ fn collectives_bench_measures_every_op_and_size_on_two_ranks() {
 /// counts exactly the elements that were changed afterwards.
 #[test]
 fn collectives_bench_check_counts_corrupted_elements() {
-    use trainer::distributed::bench::{run_checked_once, wrong_elements, Op};
+    use trainer::distributed::collectives_bench::{run_checked_once, wrong_elements, Op};
     let out = on_two_ranks(29741, |mut g| {
         let mut counts = Vec::new();
         for op in Op::ALL {
@@ -411,7 +411,7 @@ fn fsdp_ranks_hold_one_nth_of_parameters_gradients_and_optimizer_state() {
             let dev = tch::Device::Cpu;
             let nets = Networks::new(&cfg, 2, dev);
             let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-            let terms = trainer::train::terms::LossTerms::dino_only(loss);
+            let terms = trainer::train::loss_terms::LossTerms::dino_only(loss);
             let mut learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
             let full_state: usize = learner
                 .optimizer
@@ -484,7 +484,7 @@ fn fsdp_gathers_one_block_at_a_time_in_forward_and_backward_and_in_the_teacher()
             let dev = tch::Device::Cpu;
             let nets = Networks::new(&cfg, 2, dev);
             let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-            let terms = trainer::train::terms::LossTerms::dino_only(loss);
+            let terms = trainer::train::loss_terms::LossTerms::dino_only(loss);
             let mut learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
             let mut ddp = Ddp::new(g);
             ddp.broadcast_parameters(&learner.nets.student_vs).unwrap();
@@ -572,7 +572,7 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
                 Networks::new(&cfg, 2, dev)
             };
             let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
-            let terms = trainer::train::terms::LossTerms::dino_only(loss);
+            let terms = trainer::train::loss_terms::LossTerms::dino_only(loss);
             let mut learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
             learner.scaler = scale.map(|scale| LossScaler {
                 scale,

@@ -8,10 +8,10 @@ use trainer::model::load_safetensors_strict;
 use trainer::precision::{autocast, LossScaler};
 use trainer::train::ibot::IbotObjective;
 use trainer::train::loss::{DinoLoss, DinoTerm};
+use trainer::train::loss_terms::LossTerms;
 use trainer::train::schedule::{cosine_schedule, teacher_temp_schedule};
 use trainer::train::step::{Learner, Networks, StepParams};
 use trainer::train::strategy::SingleProcess;
-use trainer::train::terms::LossTerms;
 
 fn tiny_config() -> Config {
     Config::from_yaml(

@@ -5,7 +5,7 @@
 //! ...) answers one question, [`FieldLayout`]: which sites there are, with their metadata,
 //! and what a site's pixels (or a region of them) and labels are. Everything that turns
 //! sites into cells is shared: [`objects`] places cells from an object table or a label
-//! image, [`crop`] cuts a box around each centre, and [`source::ScreenSource`] serves the
+//! image, [`crop`] cuts a box around each centre, and [`cell_source::ScreenSource`] serves the
 //! cells to every consumer as an [`ImageSource`](super::ImageSource), so mean/std, training,
 //! `data pack`, features and embed read a screen like any other dataset.
 //!
@@ -13,6 +13,7 @@
 //! [`open::open_screen`]. A layout whose files are single cells already (CHAMMI's tiled
 //! crops) says so with [`FieldLayout::cells_are_sites`]: each site is then one cell.
 
+pub mod cell_source;
 pub mod chammi;
 pub mod crop;
 pub mod error;
@@ -23,8 +24,7 @@ pub mod npy;
 pub mod objects;
 pub mod ome_zarr;
 pub mod open;
-pub mod order;
-pub mod source;
+pub mod site_order;
 pub mod synth;
 pub mod synth_zarr;
 pub mod table;

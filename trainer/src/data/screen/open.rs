@@ -1,12 +1,12 @@
 //! The registry of screen layouts: the one place that knows every kind, turning
 //! `data.screen` into a [`ScreenSource`].
+use super::cell_source::{CropOptions, ScreenSource};
 use super::chammi::{Chammi, ChammiOptions};
 use super::crop::Border;
 use super::files::Files;
 use super::loaddata::{LoadData, LoadDataOptions};
 use super::objects::Cell;
 use super::objects::{self, ObjectTable};
-use super::source::{CropOptions, ScreenSource};
 use super::{FieldLayout, ScreenError};
 use crate::config::{DataSection, ScreenBorder, ScreenLayout, ScreenSection};
 use std::path::PathBuf;

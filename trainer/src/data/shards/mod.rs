@@ -16,18 +16,18 @@
 //! * [`INDEX_FILE`]: see [`ShardIndexFile`];
 //! * [`JOURNAL_FILE`] only while `pack` runs: the shards finished so far (resume point).
 pub mod cached;
-pub mod order;
 pub mod pack;
-pub mod source;
+pub mod sequential_order;
+pub mod shard_source;
 pub mod store;
 pub mod streamed;
 pub mod tar;
 pub mod upload;
 
 pub use cached::CachedShardStore;
-pub use order::shard_sequential_order;
 pub use pack::{pack, PackEvent, PackOptions, PackSummary};
-pub use source::ShardSource;
+pub use sequential_order::shard_sequential_order;
+pub use shard_source::ShardSource;
 pub use store::{LocalShardStore, PlannedRead, RemoteShardStore, ShardStore};
 pub use streamed::{StreamSettings, StreamedShardStore};
 pub use upload::{upload, UploadEvent, UploadSummary};

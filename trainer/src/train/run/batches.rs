@@ -11,7 +11,7 @@ use crate::data::quality;
 use crate::data::{ImageChw, PreprocessOptions, SharedSource};
 use crate::model::channels::for_mode;
 use crate::train::ahead::{ahead, Ahead};
-use crate::train::bag::BagOfChannels;
+use crate::train::bag_items::BagOfChannels;
 use crate::train::input::{ImageFn, TrainInput};
 use crate::train::loader::{BufferPool, EpochLoader, LoadError, LoadedBatch};
 use crate::train::sampler::{configured_epoch_order, site_window_warning};

@@ -8,10 +8,10 @@ pub mod throughput;
 use super::collapse::TeacherSnapshot;
 use super::error::TrainError;
 use super::flops::Utilisation;
-use super::terms::TermValues;
+use super::loss_terms::TermValues;
 use crate::gpu::GpuSample;
 use crate::layout::ModelLayout;
-use crate::metrics::{Metric, PromTextfile, TensorBoardWriter};
+use crate::monitoring::{Metric, PromTextfile, TensorBoardWriter};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

@@ -9,7 +9,7 @@ use super::dichavit::{ChannelDiversityTerm, TokenDiversityTerm};
 use super::ibot::IbotObjective;
 use super::koleo::KoLeoTerm;
 use super::loss::{DinoTerm, TeacherTargets};
-pub use super::term::{
+pub use super::loss_term::{
     LossTerm, MaskRequest, StepContext, StudentOutputs, TeacherOutputs, TermInfo, TokenStep,
 };
 use crate::config::Config;

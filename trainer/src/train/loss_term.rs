@@ -1,6 +1,6 @@
 //! One loss term's interface: what a term is told about the step and what it answers (its
 //! name wherever it is shown, its masks, targets, value, centre updates and checkpointed
-//! state). The terms implement it in their own files; [`super::terms`] registers them, so
+//! state). The terms implement it in their own files; [`super::loss_terms`] registers them, so
 //! this file imports none of them.
 use crate::distributed::group::DistError;
 use crate::distributed::Collective;

@@ -1,4 +1,4 @@
-//! Training metrics output: TensorBoard scalar event files and a Prometheus
+//! Where training telemetry goes for monitoring: TensorBoard scalar event files and a Prometheus
 //! textfile for node_exporter.
 //!
 //! Both writers are dependency-free on purpose: the TFRecord framing, CRC32C and

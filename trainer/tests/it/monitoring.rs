@@ -1,4 +1,4 @@
-//! Metrics output: TensorBoard event files read back by the `tensorboard`
+//! Monitoring output (`trainer::monitoring`): TensorBoard event files read back by the `tensorboard`
 //! package (with its CRC checks), and Prometheus textfiles parsed by
 //! `prometheus_client`'s parser.
 use super::util::run_python;
@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use trainer::metrics::{
+use trainer::monitoring::{
     crc32c, masked_crc32c, Metric, MetricKind, MetricsError, PromTextfile, TensorBoardWriter,
 };
 
