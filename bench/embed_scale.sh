@@ -16,6 +16,7 @@
 #   e.g. bench/embed_scale.sh 1000000 10000 10000 100000
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/bench/kill_and_resume.sh"
 PY=${SCDINO_VENV:-$ROOT/.venv}/bin/python
 TRAINER=${TRAINER:-${CARGO_TARGET_DIR:-$ROOT/target}/release/trainer}
 [[ -x $TRAINER ]] || { echo "build first: cargo build --release" >&2; exit 1; }
@@ -99,23 +100,7 @@ for m in "${SMALLER[@]}"; do timed "n$m" "$m" "$WORK/n$m.parquet" --list "$WORK/
 OUT=$WORK/resumed.parquet
 rm -rf "$OUT" "$OUT.parts"
 PARTS=$(((N + PART - 1) / PART))
-t0=$(date +%s.%N)
-embed "$OUT" >"$WORK/killed.log" 2>&1 &
-pid=$!
-while kill -0 "$pid" 2>/dev/null; do
-  done_parts=$( (find "$OUT.parts" -name 'part-*.json' 2>/dev/null || true) | wc -l)
-  ((done_parts * 2 >= PARTS)) && break
-  sleep 1
-done
-kill -9 "$pid" 2>/dev/null || echo "the job finished before it could be killed: use a larger N"
-wait "$pid" 2>/dev/null || true
-t1=$(date +%s.%N)
-kept=$(find "$OUT.parts" -name 'part-*.json' | wc -l)
-echo "killed with SIGKILL after $(echo "$t1 - $t0" | bc) s with $kept of $PARTS parts finished"
-/usr/bin/time -f '%e %M' -o "$WORK/time.txt" bash -c 'embed "$@"' _ "$OUT" >"$WORK/rerun.log" 2>&1
-read -r wall rss_kb <"$WORK/time.txt"
-echo "{\"run\": \"rerun\", \"images\": $N, \"parts_kept\": $kept, \"parts\": $PARTS, \"wall_s\": $wall, \"max_rss_mib\": $((rss_kb / 1024))}" |
-  tee -a "$WORK/runs.jsonl"
+kill_halfway_and_rerun images "$N" "$OUT" "$PARTS" "$OUT"
 if [[ -f $WORK/full.parquet ]]; then
   cmp "$WORK/full.parquet" "$OUT" && echo "resumed table is byte-identical to the uninterrupted one"
 fi

@@ -24,6 +24,7 @@
 #   (N and the sizes multiples of CELLS_PER_SITE, default 100)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/bench/kill_and_resume.sh"
 PY=${SCDINO_VENV:-$ROOT/.venv}/bin/python
 TRAINER=${TRAINER:-${CARGO_TARGET_DIR:-$ROOT/target}/release/trainer}
 [[ -x $TRAINER ]] || { echo "build first: cargo build --release" >&2; exit 1; }
@@ -136,23 +137,7 @@ for m in "${SMALLER[@]}"; do timed "n$m" "$m" "$WORK/n$m.parquet"; done
 OUT=$WORK/resumed.parquet
 rm -rf "$OUT" "$OUT.parts" "${OUT%.parquet}.errors.parquet"
 PARTS=$(((N + PART - 1) / PART))
-t0=$(date +%s.%N)
-embed "$N" "$OUT" >"$WORK/killed.log" 2>&1 &
-pid=$!
-while kill -0 "$pid" 2>/dev/null; do
-  done_parts=$( (find "$OUT.parts" -name 'part-*.json' 2>/dev/null || true) | wc -l)
-  ((done_parts * 2 >= PARTS)) && break
-  sleep 1
-done
-kill -9 "$pid" 2>/dev/null || echo "the job finished before it could be killed: use a larger N"
-wait "$pid" 2>/dev/null || true
-t1=$(date +%s.%N)
-kept=$(find "$OUT.parts" -name 'part-*.json' | wc -l)
-echo "killed with SIGKILL after $(echo "$t1 - $t0" | bc) s with $kept of $PARTS parts finished"
-/usr/bin/time -f '%e %M' -o "$WORK/time.txt" bash -c 'embed "$@"' _ "$N" "$OUT" >"$WORK/rerun.log" 2>&1
-read -r wall rss_kb <"$WORK/time.txt"
-echo "{\"run\": \"rerun\", \"cells\": $N, \"parts_kept\": $kept, \"parts\": $PARTS, \"wall_s\": $wall, \"max_rss_mib\": $((rss_kb / 1024))}" |
-  tee -a "$WORK/runs.jsonl"
+kill_halfway_and_rerun cells "$N" "$OUT" "$PARTS" "$N" "$OUT"
 
 PART=$PART CELLS_PER_SITE=$CELLS_PER_SITE "$PY" - "$WORK" "$N" <<'PYEOF'
 import json, os, re, sys
