@@ -174,8 +174,17 @@ pub struct ScreenSection {
     /// `chammi`: each dataset's channel names, in the order its tiles are stored; a dataset
     /// not named here takes CHAMMI's own (`Allen`/`WTC`: nucleus, membrane, protein; `HPA`:
     /// microtubules, protein, nucleus, er; `CP`: nucleus, er, rna, golgi, mito).
-    /// `data.channel_names` picks channels by these names: every row read must have them all.
+    /// `data.channel_names` picks channels by these names: every row read must have them all,
+    /// unless `cell_channels: own`.
     pub dataset_channels: BTreeMap<String, Vec<String>>,
+    /// `chammi`: which channels each cell brings. `shared` = every row read has every channel
+    /// of `data.channel_names` (a row lacking one is refused); `own` = each cell keeps those
+    /// of `data.channel_names` its dataset has (at least one), so datasets with different
+    /// channels train one `bag` or `tokens` model together: `bag` takes each cell's own
+    /// channels as its items, `tokens` trains each step on a batch of cells that share their
+    /// channels (CHAMMI's way), sampling the step's channels among them; mean/std counts each
+    /// channel over the cells that have it. `fixed` takes every channel and refuses `own`.
+    pub cell_channels: CellChannels,
 }
 
 impl Default for ScreenSection {
@@ -197,8 +206,17 @@ impl Default for ScreenSection {
             datasets: None,
             rows: BTreeMap::new(),
             dataset_channels: BTreeMap::new(),
+            cell_channels: CellChannels::Shared,
         }
     }
+}
+
+/// `data.screen.cell_channels`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CellChannels {
+    Shared,
+    Own,
 }
 
 /// `data.screen.layout`.

@@ -15,16 +15,35 @@ fn run_python(args: &[&str]) {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
-fn config(dir: &Path, table: &Path) -> PathBuf {
-    let cfg = dir.join("chammi.yaml");
+/// Writes the CHAMMI-like set (`chammi_set.py`, 6 cells per dataset and split) into
+/// `dir/chammi` and returns its table.
+fn chammi_table(dir: &Path) -> PathBuf {
+    let set = dir.join("chammi");
+    std::fs::create_dir_all(&set).unwrap();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trainer/tests/py/chammi_set.py");
+    run_python(&[script.to_str().unwrap(), set.to_str().unwrap(), "6"]);
+    set.join("enriched_meta.csv")
+}
+
+/// A run config `dir/{name}.yaml` over `table` reading `channels` (a YAML list) with
+/// `combinations`; `screen` and `model` add keys to those sections.
+fn config(
+    dir: &Path,
+    table: &Path,
+    name: &str,
+    (channels, combinations): (&str, &str),
+    (screen, model): (&str, &str),
+) -> PathBuf {
+    let cfg = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &cfg,
         format!(
-            "run:\n  name: ch\n  output_dir: {out}\n\
-             data:\n  dataset_dir: {table}\n  channel_names: [nucleus]\n  \
-             channel_combinations: [\"0\"]\n  num_workers: 2\n  train_fraction: 0.7\n  \
-             screen:\n    layout: chammi\n    label_column: Metadata_Label\n\
-             model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\n\
+            "run:\n  name: {name}\n  output_dir: {out}\n\
+             data:\n  dataset_dir: {table}\n  channel_names: {channels}\n  \
+             channel_combinations: {combinations}\n  num_workers: 2\n  train_fraction: 0.7\n  \
+             screen:\n    layout: chammi\n    label_column: Metadata_Label\n{screen}\
+             model:\n  name: m\n  arch: vit_tiny\n  out_dim: 64\n{model}\
              augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 1\n\
              train:\n  epochs: 1\n  warmup_epochs: 0\n  batch_size_per_gpu: 16\n  \
              precision: fp32\n  num_gpus: 1\n\
@@ -38,16 +57,8 @@ fn config(dir: &Path, table: &Path) -> PathBuf {
     cfg
 }
 
-#[test]
-fn pipeline_embed_and_score_on_chammi_tiled_crops() {
-    let dir = tempfile::tempdir().unwrap();
-    let set = dir.path().join("chammi");
-    std::fs::create_dir_all(&set).unwrap();
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trainer/tests/py/chammi_set.py");
-    run_python(&[script.to_str().unwrap(), set.to_str().unwrap(), "6"]);
-    let table = set.join("enriched_meta.csv");
-    let cfg = config(dir.path(), &table);
+/// `trainer pipeline` on `cfg`; returns its log.
+fn pipeline(cfg: &Path) -> String {
     let out = Command::new(bin("trainer"))
         .args([
             "pipeline",
@@ -62,6 +73,31 @@ fn pipeline_embed_and_score_on_chammi_tiled_crops() {
         .unwrap();
     let log = text(&out.stderr);
     assert!(out.status.success(), "pipeline failed:\n{log}");
+    log
+}
+
+/// `trainer embed --screen cfg` of `ckpt` into `out`, with `extra` arguments.
+fn embed(cfg: &Path, ckpt: &Path, out: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "embed",
+        "--screen",
+        cfg.to_str().unwrap(),
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ok("trainer", &args);
+}
+
+#[test]
+fn pipeline_embed_and_score_on_chammi_tiled_crops() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = chammi_table(dir.path());
+    let channels = ("[nucleus]", "[\"0\"]");
+    let cfg = config(dir.path(), &table, "ch", channels, ("", ""));
+    let log = pipeline(&cfg);
     // 6 cells per dataset and split: Allen 3 splits, HPA 4, CP 5.
     assert!(
         log.contains("72 cells (whole images) in 10 classes"),
@@ -78,18 +114,7 @@ fn pipeline_embed_and_score_on_chammi_tiled_crops() {
         .path()
         .join("out/ch/scDINO_ViTs/m_channel_nucleus/checkpoint.safetensors");
     let profiles = dir.path().join("cells.parquet");
-    ok(
-        "trainer",
-        &[
-            "embed",
-            "--screen",
-            cfg.to_str().unwrap(),
-            "--checkpoint",
-            ckpt.to_str().unwrap(),
-            "--out",
-            profiles.to_str().unwrap(),
-        ],
-    );
+    embed(&cfg, &ckpt, &profiles, &[]);
     let check = r#"
 import sys, pandas as pd
 emb = pd.read_parquet(sys.argv[1]); err = pd.read_parquet(sys.argv[2])
@@ -162,4 +187,81 @@ fn pack_reads_the_same_cells(dir: &Path, cfg: &Path, table: &Path) {
     std::fs::write(table, good.join("\n") + "\n").unwrap();
     let out = ok("trainer", &pack);
     assert!(out.contains("packed 72 images"), "{out}");
+}
+
+/// `data.screen.cell_channels: own`: one `tokens` model trained on the mixed table over the
+/// union of its channels, each cell with its own; the pipeline's analyses of each dataset's
+/// channel set run on the cells that hold it (here each set is one dataset's); `trainer
+/// embed` of a pair embeds the cells holding both and records the others, naming the
+/// channels they hold; packing is refused.
+#[test]
+fn tokens_trains_and_embeds_chammi_cells_with_their_own_channels() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = chammi_table(dir.path());
+    let channels = (
+        "[nucleus, membrane, protein, microtubules, er, rna, golgi, mito]",
+        "[\"012\", \"0234\", \"04567\"]",
+    );
+    let (screen, model) = ("    cell_channels: own\n", "  channels: tokens\n");
+    let cfg = config(dir.path(), &table, "own", channels, (screen, model));
+    let log = pipeline(&cfg);
+    assert!(log.contains("each cell its own"), "{log}");
+    // 72 cells, 21 held out (floor(0.3 · 72)), each set's analyses on its dataset's.
+    let mut held_out = 0;
+    for (names, dataset) in [
+        ("nucleus_membrane_protein", "Allen/"),
+        ("nucleus_protein_microtubules_er", "HPA/"),
+        ("nucleus_er_rna_golgi_mito", "CP/"),
+    ] {
+        let analyses = dir
+            .path()
+            .join(format!("out/own/m_tokens_channel_{names}_analyses"));
+        assert!(analyses.join("report.html").exists(), "{names}");
+        let paths = std::fs::read_to_string(analyses.join("image_paths.csv")).unwrap();
+        let paths: Vec<&str> = paths.lines().collect();
+        assert!(!paths.is_empty(), "{names}");
+        assert!(
+            paths
+                .iter()
+                .all(|p| p.contains(&format!("enriched_meta.csv/{dataset}"))),
+            "{names}: {paths:?}"
+        );
+        held_out += paths.len();
+    }
+    assert_eq!(held_out, 21);
+    let ckpt = dir.path().join(
+        "out/own/scDINO_ViTs/m_tokens_channel_nucleus_membrane_protein_microtubules_er_rna_golgi_mito/checkpoint.safetensors",
+    );
+    let profiles = dir.path().join("pair.parquet");
+    embed(&cfg, &ckpt, &profiles, &["--channels", "nucleus,protein"]);
+    let check = r#"
+import sys, pandas as pd
+emb = pd.read_parquet(sys.argv[1]); err = pd.read_parquet(sys.argv[2])
+assert sorted(emb.Metadata_Dataset.unique()) == ["Allen", "HPA"], emb.Metadata_Dataset.unique()
+assert len(emb) == 18 + 24, len(emb)
+assert len(err) == 30, len(err)
+assert err.reason.str.contains(r"holds the channels \[nucleus, er, rna, golgi, mito\], not every one of \[nucleus, protein\]").all(), err.reason[0]
+"#;
+    run_python(&[
+        "-c",
+        check,
+        profiles.to_str().unwrap(),
+        dir.path().join("pair.errors.parquet").to_str().unwrap(),
+    ]);
+    let out = run(
+        "trainer",
+        &[
+            "data",
+            "pack",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            dir.path().join("packed").to_str().unwrap(),
+        ],
+    );
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cell_channels: own"),
+        "{err}"
+    );
 }

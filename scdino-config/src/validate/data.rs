@@ -1,8 +1,8 @@
 //! `data:` — splits, sample order, the S3 client and the channels; it also turns
 //! `data.channel_combinations` into channel indices, once.
 use crate::{
-    ChannelCombination, DataFormat, DataSection, Invalid, SampleOrder, ScreenLayout, ScreenSection,
-    Validator,
+    CellChannels, ChannelCombination, DataFormat, DataSection, Invalid, SampleOrder, ScreenLayout,
+    ScreenSection, Validator,
 };
 
 impl DataSection {
@@ -38,6 +38,12 @@ impl DataSection {
         if screen.layout == ScreenLayout::Chammi {
             return self.validate_chammi(screen, v);
         }
+        v.check(
+            screen.cell_channels == CellChannels::Shared,
+            "data.screen.layout",
+            "reads every channel of every cell, but data.screen.cell_channels: own (each cell \
+             with its own channels) is for `layout: chammi`, whose datasets differ in channels",
+        )?;
         for (set, key) in [
             (screen.image_root.is_some(), "image_root"),
             (screen.dataset_column.is_some(), "dataset_column"),
@@ -92,6 +98,12 @@ impl DataSection {
                 "does not apply to `layout: chammi` (each image is one whole cell)",
             )?;
         }
+        v.check(
+            screen.cell_channels == CellChannels::Shared || self.order == SampleOrder::Exact,
+            "data.order",
+            "must be exact with data.screen.cell_channels: own (each global batch is drawn \
+             from the cells of one channel set, in an exact shuffle)",
+        )?;
         for (dataset, names) in &screen.dataset_channels {
             v.check(
                 !names.is_empty(),

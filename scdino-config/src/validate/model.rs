@@ -1,6 +1,9 @@
 //! `model:` — patch size, head and channel mode (which depends on the data's channels and
 //! sample order).
-use crate::{ChannelMode, DataSection, InitFormat, Invalid, ModelSection, SampleOrder, Validator};
+use crate::{
+    CellChannels, ChannelMode, DataSection, InitFormat, Invalid, ModelSection, SampleOrder,
+    Validator,
+};
 
 impl ModelSection {
     pub(crate) fn validate(&self, v: &Validator, data: &DataSection) -> Result<(), Invalid> {
@@ -25,6 +28,16 @@ impl ModelSection {
             self.channels != ChannelMode::Bag || data.order == SampleOrder::Exact,
             "model.channels",
             "bag trains on every channel of every image as its own sample, in an exact shuffle of those; data.order: shard_sequential or sites is not supported with it",
+        )?;
+        v.check(
+            !self.channels.is_fixed()
+                || data
+                    .screen
+                    .as_ref()
+                    .is_none_or(|s| s.cell_channels == CellChannels::Shared),
+            "model.channels",
+            "fixed takes every channel of every cell, but data.screen.cell_channels: own gives \
+             each cell only its own: train `bag` or `tokens` on it",
         )?;
         v.check(
             self.channels.is_fixed() || n_channels <= 64,

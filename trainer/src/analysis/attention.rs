@@ -136,7 +136,12 @@ pub fn write_attention_maps(
         .collect();
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
-    let split = data::configured_split(index, &cfg.data, cfg.run.seed as u32)?;
+    let split = data::cell_channels::combination_split(
+        source.as_ref(),
+        &cfg.data,
+        cfg.run.seed as u32,
+        &channels,
+    )?;
     let labelled: Vec<(usize, String)> = split
         .held_out
         .iter()
@@ -161,6 +166,14 @@ pub fn write_attention_maps(
     let mut written = Vec::new();
     for i in picked {
         let sample = &index.samples[i];
+        // A cell with its own channels holds the combination's (the split kept only those).
+        let opts = match data::cell_channels::selection_in_cell(source.as_ref(), i, &channels) {
+            Ok(Some(within)) => PreprocessOptions {
+                selected_channels: Some(within),
+                ..opts.clone()
+            },
+            _ => opts.clone(),
+        };
         let (img, _) = preprocess(&source.read(i)?, &opts)?;
         let file = sample
             .path

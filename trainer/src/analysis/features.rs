@@ -7,6 +7,7 @@ use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt}
 use crate::analysis::pretrained::{self, InputSize, ModelInput};
 use crate::checkpoint;
 use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
+use crate::data::cell_channels::{combination_split, selection_in_cell};
 use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
@@ -36,6 +37,13 @@ pub enum FeaturesError {
     Forward { images: Vec<String>, reason: String },
     #[error("the held-out split is empty")]
     EmptyHeldOut,
+    /// A cell with its own channels lacks one of the combination's.
+    #[error("{} holds the channels [{held}], not every one of [{wanted}] (data.screen.cell_channels: own)", path.display())]
+    LacksChannels {
+        path: PathBuf,
+        held: String,
+        wanted: String,
+    },
     #[error("{} has {found} channels but data.channel_names lists {expected}", path.display())]
     ChannelCount {
         path: PathBuf,
@@ -480,7 +488,11 @@ pub fn extract_shard(
 ) -> Result<FeatureSet, FeaturesError> {
     let source = data::open_source(&cfg.data)?;
     let index = source.index();
-    let split = data::configured_split(index, &cfg.data, cfg.run.seed as u32)?;
+    let channels = cfg
+        .channel_sets
+        .get(combination)
+        .ok_or(FeaturesError::NoCombination { index: combination })?;
+    let split = combination_split(source.as_ref(), &cfg.data, cfg.run.seed as u32, channels)?;
     if split.held_out.is_empty() {
         return Err(FeaturesError::EmptyHeldOut);
     }
@@ -552,7 +564,10 @@ pub fn extract_indices(
         let mut batch = Vec::with_capacity(chunk.len());
         for &i in chunk {
             let raw = source.read(i)?;
-            batch.push(preparer.prepare(&raw, &index.samples[i].path)?);
+            let path = &index.samples[i].path;
+            let within = selection_in_cell(source, i, &channels)
+                .map_err(|held| preparer.lacks(path, &held))?;
+            batch.push(preparer.prepare(&raw, within.as_deref(), path)?);
         }
         let f = embedder
             .embed_images(&batch, device, Kind::Float)
@@ -682,8 +697,38 @@ impl Preparer {
         }
     }
 
-    /// `raw` (read from `path`, which errors name) as a `[k, H, W]` float tensor.
-    pub fn prepare(&self, raw: &ImageChw, path: &Path) -> Result<Tensor, FeaturesError> {
+    /// Cell `path` holds only the channels `held` (positions in `data.channel_names`), not
+    /// every one of the combination's (`data.screen.cell_channels: own`).
+    pub fn lacks(&self, path: &Path, held: &[usize]) -> FeaturesError {
+        let names = |c: &[usize]| -> String {
+            c.iter()
+                .map(|&c| self.names[c].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        FeaturesError::LacksChannels {
+            path: path.to_path_buf(),
+            held: names(held),
+            wanted: names(&self.channels),
+        }
+    }
+
+    /// `raw` (read from `path`, which errors name) as a `[k, H, W]` float tensor. `within`:
+    /// for a cell read with its own channels, where the combination's lie among them
+    /// ([`data::cell_channels::selection_in_cell`]).
+    pub fn prepare(
+        &self,
+        raw: &ImageChw,
+        within: Option<&[usize]>,
+        path: &Path,
+    ) -> Result<Tensor, FeaturesError> {
+        if let Some(within) = within {
+            let own = PreprocessOptions {
+                selected_channels: Some(within.to_vec()),
+                ..self.opts.clone()
+            };
+            return self.finish(raw, &own, path);
+        }
         if raw.channels != self.file_channels {
             return Err(match &self.folder {
                 Some(folder) => FeaturesError::FolderChannelCount {
@@ -699,7 +744,17 @@ impl Preparer {
                 },
             });
         }
-        let (img, outcome) = preprocess(raw, &self.opts)?;
+        self.finish(raw, &self.opts, path)
+    }
+
+    /// Preprocessing with `opts`' channel selection, resizing and normalisation.
+    fn finish(
+        &self,
+        raw: &ImageChw,
+        opts: &PreprocessOptions,
+        path: &Path,
+    ) -> Result<Tensor, FeaturesError> {
+        let (img, outcome) = preprocess(raw, opts)?;
         warn_guarded(&outcome, &self.channels, &self.names, path);
         let mut x = to_tensor(&img);
         if let Some(size) = self.resize {

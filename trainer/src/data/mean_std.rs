@@ -143,6 +143,9 @@ pub fn load_or_compute(
         threads,
         cfg.data.on_corrupt,
     )?;
+    if let Some(missing) = cfg.data.channel_names.get(ms.mean.len()) {
+        return Err(no_cell_holds(&source.index().root, missing));
+    }
     quality.warn(&cfg.data.channel_names, &cfg.used_channels());
     std::fs::create_dir_all(cfg.run_dir()).map_err(|source| MeanStdError::Io {
         path: cfg.run_dir(),
@@ -205,26 +208,45 @@ pub fn compute_with(
             .map(|h| h.join().expect("mean/std worker panicked"))
             .collect()
     });
-    let (sum, sumsq, count, dropped, quality) = combine(partials, &index.root)?;
-    if count == 0 {
+    let own = subset
+        .first()
+        .is_some_and(|&i| source.cell_channels(i).is_some());
+    let (sum, sumsq, count, dropped, quality) = combine(partials, &index.root, own)?;
+    if count.iter().all(|&n| n == 0) {
         return Err(MeanStdError::Empty { dropped });
     }
-    let n = count as f64;
-    let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
+    if let Some(c) = count.iter().position(|&n| n == 0) {
+        return Err(no_cell_holds(&index.root, &c.to_string()));
+    }
+    let mean: Vec<f64> = sum.iter().zip(&count).map(|(s, &n)| s / n as f64).collect();
     let std = sumsq
         .iter()
         .zip(&mean)
-        .map(|(q, m)| (q / n - m * m).max(0.0).sqrt())
+        .zip(&count)
+        .map(|((q, m), &n)| (q / n as f64 - m * m).max(0.0).sqrt())
         .collect();
     Ok((MeanStd { mean, std }, quality))
 }
 
+/// A channel (its name, or its position in `data.channel_names`) in no cell of the mean/std
+/// subset: with cells that bring their own channels (`data.screen.cell_channels: own`), a
+/// dataset can be missing from a small subset.
+fn no_cell_holds(root: &Path, channel: &str) -> MeanStdError {
+    MeanStdError::File {
+        path: root.display().to_string(),
+        reason: format!(
+            "no cell of the mean/std subset holds channel {channel} of data.channel_names \
+             (cells bring their own channels): raise data.mean_std_fraction"
+        ),
+    }
+}
+
 /// One reader's sums: (Σx, Σx² per channel, pixel count per channel, skipped images, what
 /// was guarded).
-type Partial = (Vec<f64>, Vec<f64>, u64, usize, SubsetQuality);
+type Partial = (Vec<f64>, Vec<f64>, Vec<u64>, usize, SubsetQuality);
 
 /// The sums over the images `chunk` of `source`, leaving out undecodable ones when
-/// `on_corrupt` is `skip`.
+/// `on_corrupt` is `skip`. A cell with its own channels adds to those channels only.
 fn accumulate(
     source: &dyn ImageSource,
     chunk: &[usize],
@@ -232,7 +254,7 @@ fn accumulate(
     on_corrupt: OnCorrupt,
 ) -> Result<Partial, MeanStdError> {
     let index = source.index();
-    let mut acc: Partial = (vec![], vec![], 0, 0, SubsetQuality::default());
+    let mut acc: Partial = (vec![], vec![], vec![], 0, SubsetQuality::default());
     for &i in chunk {
         let raw = match source.read(i) {
             Err(e) if on_corrupt == OnCorrupt::Skip && e.is_corrupt_image() => {
@@ -243,11 +265,12 @@ fn accumulate(
             r => r?,
         };
         let (img, outcome) = preprocess(&raw, opts)?;
-        if acc.0.is_empty() {
-            acc.0 = vec![0.0; img.channels];
-            acc.1 = vec![0.0; img.channels];
-            acc.4.constant_images = vec![0; img.channels];
-        } else if acc.0.len() != img.channels {
+        let own = source.cell_channels(i);
+        let slots: Vec<usize> = match own {
+            Some(own) => own.to_vec(),
+            None => (0..img.channels).collect(),
+        };
+        if own.is_none() && !acc.0.is_empty() && acc.0.len() != img.channels {
             return Err(MeanStdError::File {
                 path: index.samples[i].path.display().to_string(),
                 reason: format!(
@@ -257,30 +280,39 @@ fn accumulate(
                 ),
             });
         }
+        let needed = slots.iter().max().map_or(0, |m| m + 1);
+        if acc.0.len() < needed {
+            acc.0.resize(needed, 0.0);
+            acc.1.resize(needed, 0.0);
+            acc.2.resize(needed, 0);
+            acc.4.constant_images.resize(needed, 0);
+        }
         acc.4.images += 1;
         acc.4.nonfinite_pixels += outcome.nonfinite_pixels as u64;
         for &c in &outcome.constant_channels {
-            acc.4.constant_images[c] += 1;
+            acc.4.constant_images[slots[c]] += 1;
         }
-        for c in 0..img.channels {
+        for (c, &slot) in slots.iter().enumerate() {
             for &v in img.channel(c) {
                 let v = f64::from(v);
-                acc.0[c] += v;
-                acc.1[c] += v * v;
+                acc.0[slot] += v;
+                acc.1[slot] += v * v;
             }
+            acc.2[slot] += (img.height * img.width) as u64;
         }
-        acc.2 += (img.height * img.width) as u64;
     }
     Ok(acc)
 }
 
 /// The readers' sums added up, in reader order (so the result does not depend on which
-/// reader finished first); `root` names the dataset when two readers saw other channel counts.
+/// reader finished first); `root` names the dataset when two readers saw other channel counts
+/// (which readers of cells with their `own` channels may: their sums cover what they saw).
 fn combine(
     partials: Vec<Result<Partial, MeanStdError>>,
     root: &Path,
+    own: bool,
 ) -> Result<Partial, MeanStdError> {
-    let (mut sum, mut sumsq, mut count, mut dropped) = (Vec::new(), Vec::new(), 0u64, 0usize);
+    let (mut sum, mut sumsq, mut count, mut dropped) = (Vec::new(), Vec::new(), Vec::new(), 0usize);
     let mut quality = SubsetQuality::default();
     for p in partials {
         let (s, q, n, d, part) = p?;
@@ -288,12 +320,7 @@ fn combine(
         if s.is_empty() {
             continue;
         }
-        if sum.is_empty() {
-            sum = vec![0.0; s.len()];
-            sumsq = vec![0.0; s.len()];
-            quality.constant_images = vec![0; s.len()];
-        }
-        if s.len() != sum.len() {
+        if !own && !sum.is_empty() && s.len() != sum.len() {
             return Err(MeanStdError::File {
                 path: root.display().to_string(),
                 reason: format!(
@@ -303,14 +330,20 @@ fn combine(
                 ),
             });
         }
+        if sum.len() < s.len() {
+            sum.resize(s.len(), 0.0);
+            sumsq.resize(s.len(), 0.0);
+            count.resize(s.len(), 0);
+            quality.constant_images.resize(s.len(), 0);
+        }
         for c in 0..s.len() {
             sum[c] += s[c];
             sumsq[c] += q[c];
+            count[c] += n[c];
             quality.constant_images[c] += part.constant_images[c];
         }
         quality.images += part.images;
         quality.nonfinite_pixels += part.nonfinite_pixels;
-        count += n;
     }
     Ok((sum, sumsq, count, dropped, quality))
 }

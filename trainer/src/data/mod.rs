@@ -22,6 +22,7 @@
 //! Linux).
 
 pub mod cache;
+pub mod cell_channels;
 pub mod chw;
 pub mod csv;
 pub mod error;

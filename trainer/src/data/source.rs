@@ -70,6 +70,14 @@ pub trait ImageSource: Send + Sync {
         None
     }
 
+    /// For sources whose cells hold different channels (a CHAMMI table under
+    /// `data.screen.cell_channels: own`): the positions in `data.channel_names` of the
+    /// channels sample `i` holds, ascending, which are the channels it is read with, in that
+    /// order. `None` = every named channel, as for every other source.
+    fn cell_channels(&self, _i: usize) -> Option<&[usize]> {
+        None
+    }
+
     /// One line for logs: what is being read and from where.
     fn describe(&self) -> String;
 

@@ -225,6 +225,18 @@ impl ImageList {
         self.entries.is_empty()
     }
 
+    /// For a screen whose cells bring their own channels: the names of image `i`'s, in the
+    /// order [`Self::read`] returns them; `None` where every image has every channel.
+    pub fn cell_channel_names(&self, i: usize) -> Option<Vec<String>> {
+        let (Root::Screen { source, .. }, Some(cell)) = (&self.root, self.entries[i].cell) else {
+            return None;
+        };
+        let names = source.layout().channels();
+        source
+            .cell_channels(cell)
+            .map(|own| own.iter().map(|&c| names[c].clone()).collect())
+    }
+
     /// Image `i` decoded (the pipeline's decoder), `bytes` reused as the read buffer.
     pub fn read(&self, i: usize, bytes: &mut Vec<u8>) -> Result<ImageChw, DataError> {
         let e = &self.entries[i];

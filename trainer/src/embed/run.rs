@@ -184,6 +184,7 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
             reader: Reader {
                 list: &list,
                 preparer: &model.preparer,
+                wanted: &model.channel_names,
                 threads: opts.readers,
             },
             metadata: &metadata,
@@ -513,6 +514,8 @@ fn features_of(f: &Tensor) -> Vec<f32> {
 struct Reader<'a> {
     list: &'a ImageList,
     preparer: &'a crate::analysis::features::Preparer,
+    /// The channels embedded, by name (a cell with its own channels must hold them all).
+    wanted: &'a [String],
     threads: usize,
 }
 
@@ -572,8 +575,27 @@ impl Reader<'_> {
     fn prepare_one(&self, i: usize, bytes: &mut Vec<u8>) -> Result<Tensor, String> {
         let path = PathBuf::from(self.list.root.full_path(&self.list.entries[i].rel));
         let raw = self.list.read(i, bytes).map_err(|e| e.to_string())?;
+        // A cell with its own channels (`cell_channels: own`): the wanted ones among them.
+        let within = match self.list.cell_channel_names(i) {
+            None => None,
+            Some(held) => Some(
+                self.wanted
+                    .iter()
+                    .map(|w| held.iter().position(|h| h == w))
+                    .collect::<Option<Vec<usize>>>()
+                    .ok_or_else(|| {
+                        format!(
+                            "{}: holds the channels [{}], not every one of [{}] \
+                             (data.screen.cell_channels: own)",
+                            path.display(),
+                            held.join(", "),
+                            self.wanted.join(", ")
+                        )
+                    })?,
+            ),
+        };
         self.preparer
-            .prepare(&raw, &path)
+            .prepare(&raw, within.as_deref(), &path)
             .map_err(|e| e.to_string())
     }
 }

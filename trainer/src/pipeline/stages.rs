@@ -38,9 +38,16 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    pub fn open(cfg: &Config) -> Result<Self, StageError> {
+    /// The dataset and its split for the analyses of the combination `channels` (where cells
+    /// bring their own channels, the cells that hold all of them).
+    pub fn open(cfg: &Config, channels: &[usize]) -> Result<Self, StageError> {
         let source = crate::data::open_source(&cfg.data)?;
-        let split = crate::data::configured_split(source.index(), &cfg.data, cfg.run.seed as u32)?;
+        let split = crate::data::cell_channels::combination_split(
+            source.as_ref(),
+            &cfg.data,
+            cfg.run.seed as u32,
+            channels,
+        )?;
         Ok(Self { source, split })
     }
 }
@@ -79,7 +86,7 @@ impl<'a> Target<'a> {
         if let Some(d) = self.dataset.get() {
             return Ok(d);
         }
-        let d = Dataset::open(self.cfg)?;
+        let d = Dataset::open(self.cfg, &self.channels)?;
         Ok(self.dataset.get_or_init(|| d))
     }
 
@@ -246,7 +253,11 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
                 ..cfg.data.clone()
             };
             let test = crate::data::open_source(&test_data)?;
-            let all: Vec<usize> = (0..test.index().len()).collect();
+            let all = crate::data::cell_channels::holding(
+                test.as_ref(),
+                &(0..test.index().len()).collect::<Vec<_>>(),
+                &t.channels,
+            );
             let train_all: Vec<usize> = (0..n).collect();
             (
                 extract(source.as_ref(), &train_all)?,

@@ -118,23 +118,43 @@ pub fn channel_cosines(embeddings: &Tensor) -> Vec<Vec<f64>> {
 /// The channels step `iteration` of a run trains on: DiChaViT's diverse sampling over the
 /// `student`'s channel embeddings when `model.dichavit.sampling` asks for it, else the
 /// mode's own ([`crate::model::channels::ChannelModeKind::step_channels`]); None where every step trains on every
-/// channel.
+/// channel. `among`: the channels the batch's cells hold (`data.screen.cell_channels: own`),
+/// the step's are drawn among them as among all `k` when every cell holds every channel.
 pub fn step_channels(
     cfg: &Config,
     iteration: usize,
     k: usize,
     student: &VisionTransformer,
+    among: Option<&[usize]>,
 ) -> Option<Vec<i64>> {
     let d = &cfg.model.dichavit;
-    match (d.sampling, student.channel_patch_embed()) {
-        (ChannelSampling::Diverse, Some(embed)) => Some(diverse_sample(
+    let drawn = match (d.sampling, student.channel_patch_embed()) {
+        (ChannelSampling::Diverse, Some(embed)) => {
+            let all = channel_cosines(&embed.channel_embeddings());
+            let cosines = match among {
+                Some(set) => set
+                    .iter()
+                    .map(|&a| set.iter().map(|&b| all[a][b]).collect())
+                    .collect(),
+                None => all,
+            };
+            Some(diverse_sample(
+                cfg.run.seed,
+                iteration,
+                &cosines,
+                d.sampling_temperature,
+            ))
+        }
+        _ => for_mode(cfg.model.channels).step_channels(
             cfg.run.seed,
             iteration,
-            &channel_cosines(&embed.channel_embeddings()),
-            d.sampling_temperature,
-        )),
-        _ => for_mode(cfg.model.channels).step_channels(cfg.run.seed, iteration, k),
-    }
+            among.map_or(k, <[usize]>::len),
+        ),
+    }?;
+    Some(match among {
+        Some(set) => drawn.iter().map(|&c| set[c as usize] as i64).collect(),
+        None => drawn,
+    })
 }
 
 #[cfg(test)]

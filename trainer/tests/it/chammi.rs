@@ -6,7 +6,7 @@
 use crate::util::{run_py_file, run_python};
 use std::collections::BTreeMap;
 use std::path::Path;
-use trainer::config::{DataSection, DatasetLocation, ScreenLayout, ScreenSection};
+use trainer::config::{CellChannels, DataSection, DatasetLocation, ScreenLayout, ScreenSection};
 use trainer::data::screen::cell_source::ScreenSource;
 use trainer::data::screen::open::open_screen;
 use trainer::data::ImageSource;
@@ -253,4 +253,203 @@ fn bad_chammi_rows_name_the_file_and_row() {
             "{e}"
         );
     }
+}
+
+/// Every CHAMMI channel, in the order the model sees them.
+const UNION: [&str; 8] = [
+    "nucleus",
+    "membrane",
+    "protein",
+    "microtubules",
+    "er",
+    "rna",
+    "golgi",
+    "mito",
+];
+
+/// `cell_channels: own`: the mixed 3-, 4- and 5-channel table read whole over the union of
+/// the channels, each cell with the channels its dataset has (bit for bit NumPy's fold of
+/// those tiles, in the union's order), and the per-channel mean/std over the cells that hold
+/// each channel equal to NumPy's over the same min–max-scaled tiles. A dataset holding none
+/// of the named channels is refused naming its row.
+#[test]
+fn chammi_cells_keep_their_own_channels_and_mean_std_counts_each_over_its_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let oracle = chammi_set(dir.path(), 3);
+    let table = dir.path().join("enriched_meta.csv");
+    let own = ScreenSection {
+        cell_channels: CellChannels::Own,
+        ..chammi()
+    };
+    let src = open(&table, &UNION, own.clone()).unwrap();
+    assert_eq!(src.index().len(), oracle.len());
+    assert!(
+        src.describe().contains("(each cell its own)"),
+        "{}",
+        src.describe()
+    );
+    // Positions among UNION of each dataset's channels, and their tiles.
+    let held = |d: &str| -> (Vec<usize>, Vec<usize>) {
+        match d {
+            "Allen" => (vec![0, 1, 2], vec![0, 1, 2]),
+            // HPA stores microtubules, protein, nucleus, er.
+            "HPA" => (vec![0, 2, 3, 4], vec![2, 1, 0, 3]),
+            _ => (vec![0, 4, 5, 6, 7], vec![0, 1, 2, 3, 4]),
+        }
+    };
+    for i in 0..src.index().len() {
+        let file = file_of(&src, &table, i);
+        let dataset = file.split('/').next().unwrap();
+        assert_eq!(src.cell_channels(i).unwrap(), held(dataset).0, "{file}");
+    }
+    assert_folds_equal(&src, &table, &oracle, |d| held(d).1);
+    // Mean/std over every cell: each channel over the cells that hold it.
+    let (ms, quality) =
+        trainer::data::mean_std::compute_with(&src, 1.0, 0, 2, trainer::config::OnCorrupt::Fail)
+            .unwrap();
+    assert_eq!(quality.images, oracle.len());
+    let want = run_python(
+        "import json, sys, numpy as np\n\
+         fold = json.load(open(sys.argv[1] + '/fold.json'))\n\
+         held = {'Allen': ([0, 1, 2], [0, 1, 2]), 'HPA': ([0, 2, 3, 4], [2, 1, 0, 3]), 'CP': ([0, 4, 5, 6, 7], [0, 1, 2, 3, 4])}\n\
+         s, q, n = np.zeros(8), np.zeros(8), np.zeros(8)\n\
+         for f, v in fold.items():\n\
+         \x20   img = np.array(v['data'], np.float64).reshape(v['shape'])\n\
+         \x20   for slot, tile in zip(*held[f.split('/')[0]]):\n\
+         \x20       x = img[tile]\n\
+         \x20       x = ((x - x.min()) / (x.max() - x.min())).astype(np.float32).astype(np.float64)\n\
+         \x20       s[slot] += x.sum(); q[slot] += (x * x).sum(); n[slot] += x.size\n\
+         m = s / n\n\
+         print(json.dumps({'mean': m.tolist(), 'std': np.sqrt(q / n - m * m).tolist()}))",
+        &[dir.path().to_str().unwrap()],
+    );
+    let want: trainer::data::mean_std::MeanStd = serde_json::from_str(want.trim()).unwrap();
+    for c in 0..8 {
+        assert!(
+            (ms.mean[c] - want.mean[c]).abs() < 1e-9,
+            "{c}: {ms:?} vs {want:?}"
+        );
+        assert!(
+            (ms.std[c] - want.std[c]).abs() < 1e-9,
+            "{c}: {ms:?} vs {want:?}"
+        );
+    }
+    // Without `own`, the union is refused at the first row lacking a channel.
+    let e = open(&table, &UNION, chammi()).err().unwrap();
+    assert!(e.contains("data.screen.cell_channels: own"), "{e}");
+    // A dataset holding none of the named channels.
+    let e = open(&table, &["rna", "mito"], own).err().unwrap();
+    assert!(
+        e.contains("enriched_meta.csv: row 1")
+            && e.contains("dataset Allen has channels [nucleus, membrane, protein], none of"),
+        "{e}"
+    );
+}
+
+/// Writes a training config for the CHAMMI-like table at `table` over the union channels
+/// with `model.channels: mode` and `cell_channels: own`.
+fn own_channels_config(dir: &Path, table: &Path, mode: &str, batch: usize) -> std::path::PathBuf {
+    let cfg = dir.join(format!("{mode}.yaml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "run:\n  name: {mode}\n  output_dir: {out}\n  seed: 3\n\
+             data:\n  dataset_dir: {table}\n  channel_names: [{names}]\n  \
+             channel_combinations: [\"01234567\"]\n  num_workers: 2\n  train_fraction: 0.9\n  \
+             screen:\n    layout: chammi\n    label_column: Metadata_Label\n    \
+             cell_channels: own\n\
+             model:\n  name: m\n  arch: vit_tiny\n  patch_size: 8\n  out_dim: 64\n  \
+             channels: {mode}\n\
+             augment:\n  global_crop_size: 16\n  local_crop_size: 8\n  local_crops_number: 1\n\
+             train:\n  epochs: 1\n  warmup_epochs: 0\n  batch_size_per_gpu: {batch}\n  \
+             precision: fp32\n",
+            out = dir.join("out").display(),
+            table = table.display(),
+            names = UNION.join(", "),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// `trainer train` on a table of 3-, 4- and 5-channel datasets with each cell's own
+/// channels: `bag` takes exactly each training cell's own channels as its items, `tokens`
+/// draws each step's batch from one channel set (as many steps as the sets' batches) and
+/// trains every step on channels its cells hold; both write a checkpoint whose mean/std
+/// covers every channel. `fixed` is refused.
+#[test]
+fn bag_and_tokens_train_on_cells_with_their_own_channels() {
+    use trainer::config::Config;
+    let dir = tempfile::tempdir().unwrap();
+    chammi_set(dir.path(), 3);
+    let table = dir.path().join("enriched_meta.csv");
+    let batch = 4;
+    for mode in ["bag", "tokens"] {
+        let cfg_path = own_channels_config(dir.path(), &table, mode, batch);
+        let cfg = Config::load(&cfg_path).unwrap();
+        let source = trainer::data::open_source(&cfg.data).unwrap();
+        let train = trainer::data::configured_split(source.index(), &cfg.data, cfg.run.seed as u32)
+            .unwrap()
+            .train;
+        let own: Vec<Vec<usize>> = train
+            .iter()
+            .map(|&i| source.cell_channels(i).unwrap().to_vec())
+            .collect();
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_trainer"))
+            .args([
+                "train",
+                "--config",
+                cfg_path.to_str().unwrap(),
+                "--threads",
+                "1",
+            ])
+            .env("SCDINO_LOG", "info")
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{mode}: {log}");
+        let model_dir = dir.path().join(format!(
+            "out/{mode}/scDINO_ViTs/m_{mode}_channel_{}",
+            UNION.join("_")
+        ));
+        let run_log = std::fs::read_to_string(model_dir.join("run_log.txt")).unwrap();
+        assert!(model_dir.join("checkpoint.safetensors").exists());
+        let iters = match mode {
+            // One item per channel a training cell holds.
+            "bag" => own.iter().map(Vec::len).sum::<usize>().div_ceil(batch),
+            // Each channel set's cells in batches of their own.
+            _ => {
+                let mut per_set = std::collections::BTreeMap::<&Vec<usize>, usize>::new();
+                for s in &own {
+                    *per_set.entry(s).or_default() += 1;
+                }
+                assert_eq!(per_set.len(), 3, "three datasets, three sets");
+                assert!(log.contains("cells by their channels"), "{log}");
+                per_set.values().map(|n| n.div_ceil(batch)).sum()
+            }
+        };
+        assert!(
+            run_log.contains(&format!("iterations_per_epoch : {iters} ")),
+            "{mode}: {run_log}"
+        );
+        let ms: trainer::data::mean_std::MeanStd = serde_json::from_str(
+            &std::fs::read_to_string(
+                dir.path()
+                    .join(format!("out/{mode}/mean_and_std_of_dataset.txt")),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(ms.mean.len(), 8);
+        assert!(ms.std.iter().all(|s| *s > 0.0), "{ms:?}");
+    }
+    let fixed =
+        std::fs::read_to_string(own_channels_config(dir.path(), &table, "fixed", batch)).unwrap();
+    let e = Config::from_yaml(&fixed, "fixed.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.channels") && e.contains("cell_channels: own"),
+        "{e}"
+    );
 }

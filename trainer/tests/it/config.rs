@@ -217,3 +217,44 @@ fn the_sites_order_needs_a_screen_and_no_bag() {
         .to_string();
     assert!(e.contains("model.channels") && e.contains("sites"), "{e}");
 }
+
+/// `data.screen.cell_channels: own` needs CHAMMI's layout, an exact order and a channel-
+/// adaptive model; each refusal names the key to change.
+#[test]
+fn own_cell_channels_need_chammi_an_exact_order_and_bag_or_tokens() {
+    let own = |layout: &str, extra: &str, mode: &str| {
+        Config::from_yaml(
+            &format!(
+                "data:\n  dataset_dir: t.csv\n{extra}  screen:\n    layout: {layout}\n    \
+                 objects: o.csv\n    cell_channels: own\nmodel:\n  channels: {mode}\n"
+            )
+            .replace(
+                "    objects: o.csv\n",
+                if layout == "chammi" {
+                    ""
+                } else {
+                    "    objects: o.csv\n"
+                },
+            ),
+            "t",
+        )
+        .map_err(|e| e.to_string())
+    };
+    for mode in ["bag", "tokens"] {
+        let cfg = own("chammi", "", mode).unwrap();
+        let screen = cfg.data.screen.as_ref().unwrap();
+        assert_eq!(screen.cell_channels, trainer::config::CellChannels::Own);
+    }
+    let e = own("chammi", "", "fixed").unwrap_err();
+    assert!(
+        e.contains("model.channels") && e.contains("bag") && e.contains("tokens"),
+        "{e}"
+    );
+    let e = own("load_data", "", "tokens").unwrap_err();
+    assert!(
+        e.contains("data.screen.layout") && e.contains("chammi"),
+        "{e}"
+    );
+    let e = own("chammi", "  order: sites\n", "tokens").unwrap_err();
+    assert!(e.contains("data.order") && e.contains("exact"), "{e}");
+}

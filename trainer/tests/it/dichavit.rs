@@ -275,7 +275,29 @@ fn a_run_gets_the_pieces_its_config_asks_for() {
             } else {
                 hierarchical_sample(cfg.run.seed, it, 3)
             };
-            assert_eq!(step_channels(&cfg, it, 3, backbone), Some(expected));
+            assert_eq!(step_channels(&cfg, it, 3, backbone, None), Some(expected));
+            // A batch of cells holding channels 0 and 2 only (`cell_channels: own`): the
+            // same draw over those two, named by their model positions.
+            let among = [0usize, 2];
+            let over_two = if dichavit {
+                let sub: Vec<Vec<f64>> = among
+                    .iter()
+                    .map(|&a| among.iter().map(|&b| cosines[a][b]).collect())
+                    .collect();
+                diverse_sample(cfg.run.seed, it, &sub, 0.1)
+            } else {
+                hierarchical_sample(cfg.run.seed, it, 2)
+            };
+            let mapped: Vec<i64> = over_two.iter().map(|&c| among[c as usize] as i64).collect();
+            assert_eq!(
+                step_channels(&cfg, it, 3, backbone, Some(&among)),
+                Some(mapped)
+            );
+            // Every channel held: exactly the draw over all of them.
+            assert_eq!(
+                step_channels(&cfg, it, 3, backbone, Some(&[0, 1, 2])),
+                step_channels(&cfg, it, 3, backbone, None)
+            );
         }
     }
 }

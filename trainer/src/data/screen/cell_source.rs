@@ -383,6 +383,10 @@ impl ImageSource for ScreenSource {
         Some(&self.by_site)
     }
 
+    fn cell_channels(&self, i: usize) -> Option<&[usize]> {
+        self.layout.site_channels(self.cells[i].site)
+    }
+
     fn report(&self) -> Option<String> {
         self.cuts_from_whole_sites().then(|| {
             format!(

@@ -58,6 +58,9 @@ pub struct ChammiOptions {
     pub rows: BTreeMap<String, Vec<String>>,
     /// Channel names per dataset, over [`CHAMMI_CHANNELS`].
     pub dataset_channels: BTreeMap<String, Vec<String>>,
+    /// Each cell keeps those of `channels` its dataset has (`data.screen.cell_channels:
+    /// own`), instead of every row having to have them all.
+    pub own_channels: bool,
 }
 
 /// One row read: where its image is and how to fold it.
@@ -72,14 +75,18 @@ struct Row {
     dataset: String,
     /// The dataset's channel count (tiles per image).
     tiles: usize,
-    /// The tile of each channel read, in `channels` order.
-    pick: Vec<usize>,
+    /// The tile of each channel read, in `channels` order (shared by a dataset's rows).
+    pick: Arc<[usize]>,
+    /// The positions in `channels` of the channels read (all of them unless
+    /// [`ChammiOptions::own_channels`]; shared by a dataset's rows).
+    present: Arc<[usize]>,
 }
 
 /// A CHAMMI metadata table opened: one site (one cell) per row read.
 pub struct Chammi {
     address: String,
     channels: Vec<String>,
+    own_channels: bool,
     sites: Vec<Site>,
     rows: Vec<Row>,
     reader: Arc<Files>,
@@ -134,12 +141,14 @@ impl Chammi {
         let mut out = Self {
             address: address.to_string(),
             channels: opts.channels.clone(),
+            own_channels: opts.own_channels,
             sites: vec![],
             rows: vec![],
             reader,
         };
         let columns = metadata_columns(&csv.header);
         let mut seen: HashMap<String, usize> = HashMap::new();
+        let mut per_dataset: HashMap<String, Result<Picked, String>> = HashMap::new();
         for (i, (_, fields)) in csv.rows.iter().enumerate() {
             let row = i + 1;
             let file = fields[file_col].trim();
@@ -161,9 +170,10 @@ impl Chammi {
             if !wanted {
                 continue;
             }
-            let names = dataset_channels(opts, &dataset)
-                .ok_or_else(|| ScreenError::row(address, row, no_names(&dataset)))?;
-            let pick = pick(&opts.channels, &names, &dataset)
+            let (tiles, pick, present) = per_dataset
+                .entry(dataset.clone())
+                .or_insert_with(|| pick_dataset(opts, &dataset))
+                .clone()
                 .map_err(|reason| ScreenError::row(address, row, reason))?;
             if !file.is_empty() {
                 if let Some(first) = seen.insert(file.to_string(), row) {
@@ -185,8 +195,9 @@ impl Chammi {
                 },
                 width: parse_width(&fields[width_col]),
                 dataset,
-                tiles: names.len(),
+                tiles,
                 pick,
+                present,
             });
         }
         if out.rows.is_empty() {
@@ -308,6 +319,22 @@ fn no_names(dataset: &str) -> String {
     )
 }
 
+/// A dataset's tile count, the tile of each channel read and that channel's position in
+/// `data.channel_names` (the last two shared by the dataset's rows).
+type Picked = (usize, Arc<[usize]>, Arc<[usize]>);
+
+/// What dataset `dataset`'s rows read ([`Picked`]), or why the dataset cannot give it.
+fn pick_dataset(opts: &ChammiOptions, dataset: &str) -> Result<Picked, String> {
+    let names = dataset_channels(opts, dataset).ok_or_else(|| no_names(dataset))?;
+    let (pick, present) = if opts.own_channels {
+        pick_own(&opts.channels, &names, dataset)?
+    } else {
+        let pick = pick(&opts.channels, &names, dataset)?;
+        (pick, (0..opts.channels.len()).collect())
+    };
+    Ok((names.len(), pick.into(), present.into()))
+}
+
 /// The tile of each wanted channel among `names`, or why the dataset cannot give them.
 fn pick(wanted: &[String], names: &[String], dataset: &str) -> Result<Vec<usize>, String> {
     wanted
@@ -317,13 +344,37 @@ fn pick(wanted: &[String], names: &[String], dataset: &str) -> Result<Vec<usize>
                 format!(
                     "dataset {dataset} has channels [{}], not {w:?} (data.channel_names); \
                      every row read must have every named channel: name channels its \
-                     datasets share, or keep one dataset (data.screen.datasets). Training on \
-                     each cell's own channel set is not supported yet",
+                     datasets share, keep one dataset (data.screen.datasets), or train each \
+                     cell on its own channels (data.screen.cell_channels: own, with \
+                     model.channels bag or tokens)",
                     names.join(", ")
                 )
             })
         })
         .collect()
+}
+
+/// `cell_channels: own`: the tiles of those wanted channels the dataset has, and their
+/// positions among `wanted` (ascending), or why it has none.
+fn pick_own(
+    wanted: &[String],
+    names: &[String],
+    dataset: &str,
+) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let (present, pick): (Vec<usize>, Vec<usize>) = wanted
+        .iter()
+        .enumerate()
+        .filter_map(|(k, w)| names.iter().position(|n| n == w).map(|t| (k, t)))
+        .unzip();
+    if pick.is_empty() {
+        return Err(format!(
+            "dataset {dataset} has channels [{}], none of data.channel_names [{}]: name one of \
+             them, or leave the dataset out (data.screen.datasets)",
+            names.join(", "),
+            wanted.join(", ")
+        ));
+    }
+    Ok((pick, present))
 }
 
 fn parse_width(field: &str) -> Result<usize, String> {
@@ -462,6 +513,10 @@ impl FieldLayout for Chammi {
         ImageChw::new(r.pick.len(), plane.height, w, data).map_err(ScreenError::from)
     }
 
+    fn site_channels(&self, site: usize) -> Option<&[usize]> {
+        self.own_channels.then(|| &*self.rows[site].present)
+    }
+
     fn cells_are_sites(&self) -> bool {
         true
     }
@@ -473,10 +528,15 @@ impl FieldLayout for Chammi {
         }
         let per: Vec<String> = per.iter().map(|(d, n)| format!("{d}: {n}")).collect();
         format!(
-            "CHAMMI table {} ({}), channels {}",
+            "CHAMMI table {} ({}), channels {}{}",
             self.address,
             per.join(", "),
-            self.channels.join(", ")
+            self.channels.join(", "),
+            if self.own_channels {
+                " (each cell its own)"
+            } else {
+                ""
+            }
         )
     }
 }

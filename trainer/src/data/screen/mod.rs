@@ -90,6 +90,14 @@ pub trait FieldLayout: Send + Sync {
     /// The selected channels of site `site`, C×H×W.
     fn read_site(&self, site: usize) -> Result<ImageChw, ScreenError>;
 
+    /// For layouts whose sites hold different channels (CHAMMI's datasets under
+    /// `cell_channels: own`): the positions in [`Self::channels`] of the channels site `site`
+    /// holds, ascending, which are the channels [`Self::read_site`] returns, in that order;
+    /// `None` = every channel.
+    fn site_channels(&self, _site: usize) -> Option<&[usize]> {
+        None
+    }
+
     /// The pixels of `region` of site `site`, C×`region.height`×`region.width`, zero outside
     /// the site. Layouts stored in chunks read only the chunks the region touches; the
     /// default cuts it from [`Self::read_site`].

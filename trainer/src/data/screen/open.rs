@@ -8,7 +8,7 @@ use super::loaddata::{LoadData, LoadDataOptions};
 use super::objects::Cell;
 use super::objects::{self, ObjectTable};
 use super::{FieldLayout, ScreenError};
-use crate::config::{DataSection, ScreenBorder, ScreenLayout, ScreenSection};
+use crate::config::{CellChannels, DataSection, ScreenBorder, ScreenLayout, ScreenSection};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -51,6 +51,7 @@ pub fn open_screen(
                 datasets: screen.datasets.clone(),
                 rows: screen.rows.clone(),
                 dataset_channels: screen.dataset_channels.clone(),
+                own_channels: screen.cell_channels == CellChannels::Own,
             };
             let table = Chammi::open(&address, &opts, files.clone())?;
             let numbers = (1..=table.sites().len() as u64).collect();

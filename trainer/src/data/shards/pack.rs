@@ -269,6 +269,16 @@ pub fn pack(
         ));
     }
     let n = src.index().len();
+    if n > 0 && src.cell_channels(0).is_some() {
+        // A shard's TIFF records no channel names: cells of different channels would come
+        // back as images with the first channels of `data.channel_names`.
+        return Err(DataError::InvalidArgument(format!(
+            "{}: its cells bring their own channels (data.screen.cell_channels: own), which \
+             packed shards cannot record; train and embed from the table itself, or pack one \
+             channel set at a time (data.screen.datasets) with cell_channels: shared",
+            src.index().root.display()
+        )));
+    }
     let (root, rel) = relative_paths(src)?;
     let plan = plan_hash(opts, &root, label_folder_depth, &rel, src);
     std::fs::create_dir_all(&opts.out).map_err(|e| DataError::io(&opts.out, "creating", e))?;

@@ -8,13 +8,14 @@ use crate::augment::{AugmentOps, MultiCropAugment, MultiCropConfig};
 use crate::config::{Config, OnCorrupt};
 use crate::data::preprocess::preprocess_into;
 use crate::data::quality;
-use crate::data::{ImageChw, PreprocessOptions, SharedSource};
+use crate::data::{ImageChw, ImageSource, PreprocessOptions, SharedSource};
 use crate::model::channels::for_mode;
 use crate::train::ahead::{ahead, Ahead};
 use crate::train::bag_items::BagOfChannels;
+use crate::train::channel_set_batches::ChannelSets;
 use crate::train::input::{ImageFn, TrainInput};
 use crate::train::loader::{BufferPool, EpochLoader, LoadError, LoadedBatch};
-use crate::train::sampler::{configured_epoch_order, site_window_warning};
+use crate::train::sampler::{configured_epoch_order, iters_per_epoch, site_window_warning};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tch::Tensor;
@@ -24,19 +25,55 @@ use tch::Tensor;
 pub struct TrainItems {
     pub bag: Option<Arc<BagOfChannels>>,
     pub items: Vec<usize>,
+    /// The images grouped by the channels they hold, where cells bring their own
+    /// (`data.screen.cell_channels: own`) and a step needs one set (not `bag`, whose items
+    /// are single channels).
+    pub sets: Option<ChannelSets>,
 }
 
 impl TrainItems {
-    /// `train`: the training split; `mean`/`std`: of the selected channels.
-    pub fn new(cfg: &Config, train: &[usize], mean: &[f32], std: &[f32]) -> Self {
+    /// `train`: the training split of `source`; `mean`/`std`: of the selected channels.
+    pub fn new(
+        cfg: &Config,
+        source: &dyn ImageSource,
+        train: &[usize],
+        mean: &[f32],
+        std: &[f32],
+    ) -> Self {
         let bag = for_mode(cfg.model.channels)
             .channel_items()
             .then(|| Arc::new(BagOfChannels::new(mean, std)));
-        let items = match &bag {
-            Some(b) => b.items(train),
-            None => train.to_vec(),
+        let (items, sets) = match &bag {
+            // A cell's items are the channels it holds.
+            Some(b) => {
+                let c = mean.len();
+                let holds = |item: usize| {
+                    source
+                        .cell_channels(item / c)
+                        .is_none_or(|own| own.contains(&(item % c)))
+                };
+                (
+                    b.items(train).into_iter().filter(|&it| holds(it)).collect(),
+                    None,
+                )
+            }
+            None => (train.to_vec(), ChannelSets::of(source, train)),
         };
-        Self { bag, items }
+        if let Some(s) = &sets {
+            tracing::info!(
+                "cells by their channels (each step's batch from one set): {}",
+                s.describe(&cfg.data.channel_names)
+            );
+        }
+        Self { bag, items, sets }
+    }
+
+    /// Steps per epoch on each rank.
+    pub fn iters_per_epoch(&self, world: usize, batch: usize) -> usize {
+        match &self.sets {
+            Some(s) => s.iters_per_epoch(world, batch),
+            None => iters_per_epoch(self.items.len(), world, batch),
+        }
     }
 }
 
@@ -109,15 +146,24 @@ impl TrainingData {
         epoch: usize,
         start_batch: usize,
     ) -> Result<Ahead<PreparedBatch, LoadError>, TrainError> {
-        let order = configured_epoch_order(
-            &cfg.data,
-            self.source.as_ref(),
-            &self.train.items,
-            cfg.run.seed,
-            epoch as u64,
-            shape.rank,
-            shape.world,
-        )?;
+        let order = match &self.train.sets {
+            Some(sets) => sets.epoch_order(
+                cfg.run.seed,
+                epoch as u64,
+                shape.rank,
+                shape.world,
+                shape.batch,
+            ),
+            None => configured_epoch_order(
+                &cfg.data,
+                self.source.as_ref(),
+                &self.train.items,
+                cfg.run.seed,
+                epoch as u64,
+                shape.rank,
+                shape.world,
+            )?,
+        };
         // A resumed epoch starts at `start_batch`: announce only what will be read.
         let ahead_items = &order[(start_batch * shape.batch).min(order.len())..];
         match &self.train.bag {
@@ -163,6 +209,22 @@ impl TrainingData {
             };
             Ok((b, crops))
         }))
+    }
+
+    /// The model channels (positions among the trained channels) a batch's cells hold, where
+    /// cells bring their own and the batch is one set's ([`ChannelSets`]); `None` otherwise.
+    pub fn batch_channels(&self, batch: &LoadedBatch) -> Option<Vec<usize>> {
+        self.train.sets.as_ref()?;
+        let own = self.source.cell_channels(*batch.indices.first()?)?;
+        let trained = self.prep.selected_channels.as_deref()?;
+        Some(
+            trained
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| own.contains(c))
+                .map(|(m, _)| m)
+                .collect(),
+        )
     }
 
     /// Hands a stepped batch's tensors back to the loader's pool.
@@ -213,11 +275,16 @@ pub fn training_image_fn(
     skip_corrupt: Option<Arc<AtomicU64>>,
 ) -> Arc<ImageFn> {
     thread_local! {
-        static READ: std::cell::RefCell<(Vec<u8>, ImageChw)> = Default::default();
+        static READ: std::cell::RefCell<(Vec<u8>, ImageChw, ImageChw)> = Default::default();
     }
+    // A cell with its own channels is preprocessed as it is (all of its channels).
+    let own_prep = PreprocessOptions {
+        selected_channels: None,
+        center_crop: prep.center_crop,
+    };
     Arc::new(move |i: usize, out: &mut ImageChw| {
         READ.with(|buffers| {
-            let (bytes, raw) = &mut *buffers.borrow_mut();
+            let (bytes, raw, own_image) = &mut *buffers.borrow_mut();
             match source.read_into(i, bytes, raw) {
                 Ok(()) => {}
                 Err(e) if e.is_corrupt_image() && skip_corrupt.is_some() => {
@@ -229,18 +296,31 @@ pub fn training_image_fn(
                 }
                 Err(e) => return Err(e.into()),
             }
-            if raw.channels != file_channels {
+            let own = source.cell_channels(i);
+            let expected = own.map_or(file_channels, <[usize]>::len);
+            if raw.channels != expected {
                 return Err(LoadError::ChannelCount {
                     path: source.index().samples[i].path.clone(),
                     found: raw.channels,
-                    expected: file_channels,
+                    expected,
                 });
             }
-            let notes = preprocess_into(raw, &prep, out)?;
+            let notes = match own {
+                None => preprocess_into(raw, &prep, out)?,
+                Some(own) => {
+                    let notes = preprocess_into(raw, &own_prep, own_image)?;
+                    let selected = prep.selected_channels.as_deref();
+                    spread_own_channels(own_image, own, (selected, file_channels), out);
+                    notes
+                }
+            };
             if notes.first_constant_channel.is_some() || notes.nonfinite_pixels > 0 {
                 let path = &source.index().samples[i].path;
                 if let Some(k) = notes.first_constant_channel {
-                    let channel = prep.selected_channels.as_ref().map_or(k, |sel| sel[k]);
+                    let channel = match own {
+                        Some(own) => own[k],
+                        None => prep.selected_channels.as_ref().map_or(k, |sel| sel[k]),
+                    };
                     quality::constant_channel(channel, &channel_names, path);
                 }
                 if notes.nonfinite_pixels > 0 {
@@ -250,6 +330,32 @@ pub fn training_image_fn(
             Ok(true)
         })
     })
+}
+
+/// A cell read with its own channels (`image`: channel `k` is `data.channel_names[own[k]]`),
+/// laid out as the model's input: channel `j` of `out` is file channel `selected[j]` (every
+/// one of the `file_channels` when `None`), zero where the cell lacks it. The zero planes are never seen by the
+/// model: `bag` takes only a cell's own channels as items and `tokens` trains each batch on
+/// the channels its cells share.
+fn spread_own_channels(
+    image: &ImageChw,
+    own: &[usize],
+    (selected, file_channels): (Option<&[usize]>, usize),
+    out: &mut ImageChw,
+) {
+    let channels = selected.map_or(file_channels, <[usize]>::len);
+    let plane = image.height * image.width;
+    out.channels = channels;
+    out.height = image.height;
+    out.width = image.width;
+    out.data.clear();
+    out.data.resize(channels * plane, 0.0);
+    for (j, dst) in out.data.chunks_exact_mut(plane.max(1)).enumerate() {
+        let file_channel = selected.map_or(j, |sel| sel[j]);
+        if let Some(k) = own.iter().position(|&c| c == file_channel) {
+            dst.copy_from_slice(&image.data[k * plane..(k + 1) * plane]);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -79,7 +79,8 @@ impl TrainingRun<'_> {
             return Ok(None);
         }
         let iteration = self.at.iteration;
-        let params = self.step_params(iteration);
+        let among = self.data.batch_channels(&batch);
+        let params = self.step_params(iteration, among.as_deref());
         let out = match &mut self.graphs {
             Some(g) => g.step(&mut self.learner, &crops, params, iteration)?,
             None => self
@@ -109,8 +110,8 @@ impl TrainingRun<'_> {
     }
 
     /// The schedules' values, the step's generator seed and (`tokens`) its channel subset at
-    /// `iteration`.
-    fn step_params(&self, iteration: usize) -> StepParams {
+    /// `iteration`, drawn `among` the batch's channels when its cells bring their own.
+    fn step_params(&self, iteration: usize, among: Option<&[usize]>) -> StepParams {
         let (cfg, epoch) = (self.cfg, self.at.epoch);
         let at = iteration.min(self.sched.lr.len() - 1);
         StepParams {
@@ -126,6 +127,7 @@ impl TrainingRun<'_> {
                 iteration,
                 self.channels.len(),
                 &self.learner.nets.student.backbone,
+                among,
             )
             .map(|c| ChannelSubset::from_indices(&c)),
         }

@@ -16,7 +16,6 @@ use crate::layout::{ModelLayout, RunLayout};
 use crate::train::collapse::CollapsePolicy;
 use crate::train::graphed::{self, GraphedStep};
 use crate::train::preempt::StopRequest;
-use crate::train::sampler::iters_per_epoch;
 use crate::train::schedule::{scale_lr, Schedules};
 use crate::train::step::Learner;
 use crate::train::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
@@ -43,13 +42,13 @@ impl<'a> TrainingRun<'a> {
         }
         let mut group = join_group(cfg, &denv, device.is_cuda())?;
         let (mean, std) = run_mean_std(cfg, source.as_ref(), &channels, denv.rank, group.as_mut())?;
-        let items = TrainItems::new(cfg, &train_split, &mean, &std);
+        let items = TrainItems::new(cfg, source.as_ref(), &train_split, &mean, &std);
         let batch = cfg.train.batch_size_per_gpu;
         let shape = RunShape {
             rank: denv.rank,
             world: denv.world,
             batch,
-            niter: iters_per_epoch(items.items.len(), denv.world, batch),
+            niter: items.iters_per_epoch(denv.world, batch),
         };
         let (peak_lr, sched) = schedules(cfg, &shape);
         let mut learner = Learner::from_config(cfg, channels.len(), device)?;
