@@ -365,7 +365,16 @@ impl StepBench {
             bail!("--iters must be at least 1");
         }
         if self.channel_mode.is_adaptive() && self.loader != LoaderMode::None {
-            bail!("--channel-mode bag|tokens is measured with --loader none");
+            // The adaptive modes as the registry has them, so a new one is named here too.
+            let adaptive: Vec<&str> = trainer::model::channels::all_modes()
+                .iter()
+                .filter(|m| m.is_adaptive())
+                .map(|m| m.name())
+                .collect();
+            bail!(
+                "--channel-mode {} is measured with --loader none",
+                adaptive.join("|")
+            );
         }
         let device = self.device()?;
         tch::set_num_threads(self.threads);
