@@ -17,7 +17,7 @@ mod source_layout;
 mod stage;
 mod validate;
 
-pub use compat::{IgnoredKey, IGNORED_KEYS};
+pub use compat::{IgnoredKey, RenamedKey, IGNORED_KEYS, RENAMED_KEYS};
 pub use dichavit::{ChannelSampling, DiChaViTSection};
 pub use locate::KeyLines;
 pub use location::{DatasetLocation, LocationError, Scheme, StoreUrl};
@@ -151,6 +151,9 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let lines = KeyLines::scan(text);
         let v = Validator::new(origin, &lines);
+        if let Some(key) = compat::renamed_key_written(&lines) {
+            return Err(v.err(key.old, &compat::renamed_key_message(&key)).into());
+        }
         location::check_text(text, &v)?;
         let mut sections: Sections = parse_yaml(text, origin)?;
         let init = &sections.model.init;
@@ -372,6 +375,25 @@ mod tests {
         let (key, line, msg) = invalid("data:\n  test_dir: gs:///x\n");
         assert_eq!((key.as_str(), line), ("data.test_dir", Some(2)));
         assert_eq!(msg, "a gs:// dataset needs a bucket: gs://bucket/prefix");
+    }
+
+    /// `data.s3` is refused naming `data.object_store`, where the same keys are read now (the
+    /// schema alone would only call `s3` unknown), and the new key reads them.
+    #[test]
+    fn the_old_object_store_key_is_refused_naming_the_new_one() {
+        let (key, line, msg) = invalid("run:\n  seed: 1\ndata:\n  s3:\n    max_concurrency: 4\n");
+        assert_eq!((key.as_str(), line), ("data.s3", Some(4)));
+        assert!(msg.starts_with("renamed to `data.object_store` ("), "{msg}");
+        let (key, line, _) = invalid("data: {s3: {}}\n");
+        assert_eq!((key.as_str(), line), ("data.s3", Some(1)));
+        let c = Config::from_yaml("data:\n  object_store:\n    max_concurrency: 4\n", "t").unwrap();
+        assert_eq!(c.data.s3.max_concurrency, 4);
+        assert!(c.to_yaml().contains("  object_store:\n"));
+        // Only the section itself: a key named `s3` elsewhere is the schema's to judge.
+        assert!(matches!(
+            Config::from_yaml("run:\n  s3: 1\n", "t"),
+            Err(ConfigError::Parse { .. })
+        ));
     }
 
     /// Every refusal no other test reaches, each as a one-line file: the section that checks it

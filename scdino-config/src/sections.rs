@@ -92,8 +92,10 @@ pub struct DataSection {
     /// New. Shuffle-buffer size (samples per rank) for `order: shard_sequential`; 1 keeps the
     /// shard's stored order.
     pub shuffle_buffer: usize,
+    // The field keeps the section's former name, `s3`, which `trainer/src/data/` reads.
     /// How `s3://`, `gs://` and `az://` datasets are reached (ignored for local and FSx paths).
-    pub s3: S3Section,
+    #[serde(rename = "object_store")]
+    pub s3: ObjectStoreSection,
     /// Node-local copy of streamed images, so only the first epoch pays for the network.
     pub cache: CacheSection,
     /// What training does with an image that cannot be decoded (truncated or garbage object).
@@ -244,14 +246,14 @@ pub enum SampleOrder {
     Sites,
 }
 
-/// Client settings for a dataset in a remote store (`s3://`, `gs://`, `az://`; the section
-/// keeps its first store's name). Credentials are deliberately not settable here: they come
+/// Client settings for a dataset in a remote store (`s3://`, `gs://`, `az://` alike).
+/// Credentials are deliberately not settable here: they come
 /// from each store's environment variables (see docs/data.md, "Data in object stores, on FSx
 /// and on node-local NVMe"), so a config file can be shared, logged and stored in checkpoints
 /// without leaking a secret.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct S3Section {
+pub struct ObjectStoreSection {
     /// Endpoint of an S3-compatible server (`http://127.0.0.1:9000`); unset = AWS, or the
     /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT` variable. For `gs://` the service's base URL
     /// (unset = Google's, or `GOOGLE_BASE_URL`); for `az://` the account's blob endpoint
@@ -289,7 +291,11 @@ pub struct S3Section {
     pub request_timeout_seconds: u64,
 }
 
-impl Default for S3Section {
+/// The section's former name (`data.s3` before it was `data.object_store`), which
+/// `trainer/src/data/` still spells.
+pub type S3Section = ObjectStoreSection;
+
+impl Default for ObjectStoreSection {
     fn default() -> Self {
         Self {
             endpoint: None,
@@ -360,7 +366,7 @@ impl Default for DataSection {
             order: SampleOrder::Exact,
             shuffle_buffer: 1000,
             split: HeldOutSplit::Stratified,
-            s3: S3Section::default(),
+            s3: ObjectStoreSection::default(),
             cache: CacheSection::default(),
             on_corrupt: OnCorrupt::Fail,
             test_dir: None,

@@ -665,7 +665,7 @@ pub struct LoaderBench {
     #[arg(long, conflicts_with = "config", required_unless_present = "config")]
     data: Option<PathBuf>,
     /// Read through the data source of this config instead (`data.dataset_dir`: folder,
-    /// packed shards, s3:// with or without `data.cache.dir`, S3 settings from `data.s3`),
+    /// packed shards, s3:// with or without `data.cache.dir`, store settings from `data.object_store`),
     /// opened with `trainer::data::open_source`.
     #[arg(long)]
     config: Option<PathBuf>,

@@ -90,7 +90,7 @@ impl Root {
         match location {
             DatasetLocation::Local(dir) => Ok(Self::Local(dir)),
             DatasetLocation::Remote(url) => {
-                let remote = Remote::open(&url, &crate::config::S3Section::default())?;
+                let remote = Remote::open(&url, &crate::config::ObjectStoreSection::default())?;
                 Ok(Self::Remote {
                     url,
                     remote: Box::new(remote),
