@@ -49,6 +49,7 @@ impl Default for RunSection {
 pub struct DataSection {
     /// `meta.dataset_dir`: an ImageFolder-style tree of multi-channel TIFFs (or the shards
     /// packed from one), a local path or `s3://`, `gs://` or `az://` bucket/prefix.
+    #[serde(deserialize_with = "crate::location::dataset_dir")]
     pub dataset_dir: DatasetLocation,
     /// `meta.folder_depth_for_labels`: 0 = the folder holding the image, 1 = the one above, ...
     pub label_folder_depth: usize,
@@ -105,6 +106,7 @@ pub struct DataSection {
     /// local or `s3://`. When set, `trainer evaluate` uses every image of `dataset_dir` as the
     /// kNN bank and probe training set and this folder as queries; when null it uses the
     /// training split and the held-out split.
+    #[serde(deserialize_with = "crate::location::test_dir")]
     pub test_dir: Option<DatasetLocation>,
     /// New. A screen as it is stored (fields of view + a segmentation, or CHAMMI's tiled
     /// crops) instead of one TIFF per cell: `dataset_dir` is then the screen's LoadData
