@@ -61,7 +61,7 @@ data:
   dataset_dir: $1
   channel_names: [a, b, c, d, e]
   channel_combinations: ["01234"]
-  s3: {endpoint: "http://127.0.0.1:${PORT:-0}", allow_http: true, max_concurrency: 16}
+  object_store: {endpoint: "http://127.0.0.1:${PORT:-0}", allow_http: true, max_concurrency: 16}
 $2
 YAML
 }

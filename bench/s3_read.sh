@@ -23,7 +23,7 @@ PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); prin
 MOTO=$!
 until grep -q ready "$W/moto.log"; do kill -0 $MOTO 2>/dev/null || { cat "$W/moto.log"; exit 1; }; sleep 0.2; done
 export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench
-cfg() { # dataset_dir, extra data lines, extra data.s3 keys
+cfg() { # dataset_dir, extra data lines, extra data.object_store keys
   cat <<YAML
 run: {name: b, output_dir: $W/out, seed: 1}
 data:
@@ -31,7 +31,7 @@ data:
   channel_names: [a, b, c, d, e]
   channel_combinations: ["01234"]
   num_workers: $WORKERS
-  s3: {endpoint: "http://127.0.0.1:$PORT", allow_http: true, max_concurrency: $CONC${3:-}}
+  object_store: {endpoint: "http://127.0.0.1:$PORT", allow_http: true, max_concurrency: $CONC${3:-}}
 $2
 YAML
 }

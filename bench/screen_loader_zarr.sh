@@ -42,7 +42,7 @@ data:
   dataset_dir: $1
   channel_names: [APC, BF, DAPI, GREEN, PE]
   channel_combinations: ["01234"]
-  s3: {endpoint: "http://127.0.0.1:$PORT", region: us-east-1, allow_http: true}
+  object_store: {endpoint: "http://127.0.0.1:$PORT", region: us-east-1, allow_http: true}
   screen: {layout: ome_zarr, objects: $W/s/P1_Nuclei.csv, box_size: 50, label_column: Metadata_Well}
 YAML
 }

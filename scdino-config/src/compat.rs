@@ -25,9 +25,44 @@ pub const IGNORED_KEYS: [IgnoredKey; 3] = [
     },
     IgnoredKey {
         key: "downstream.features.num_workers",
-        instead: "the features stage reads its images in order without worker threads (an S3 dataset is fetched ahead as `data.s3` says)",
+        instead: "the features stage reads its images in order without worker threads (an S3 dataset is fetched ahead as `data.object_store` says)",
     },
 ];
+
+/// A key that was renamed: a file that writes the old one is refused naming the new one, so a
+/// setting is never dropped in silence (the schema would only say that the old key is unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenamedKey {
+    /// The old dotted key, e.g. `data.s3`.
+    pub old: &'static str,
+    /// The key that holds the same setting now.
+    pub new: &'static str,
+    /// Why it was renamed, as the end of a sentence.
+    pub why: &'static str,
+}
+
+/// Every renamed key of the run config.
+pub const RENAMED_KEYS: [RenamedKey; 1] = [RenamedKey {
+    old: "data.s3",
+    new: "data.object_store",
+    why: "the same settings serve s3://, gs:// and az:// datasets alike",
+}];
+
+/// The first renamed key a file writes.
+pub fn renamed_key_written(lines: &KeyLines) -> Option<RenamedKey> {
+    RENAMED_KEYS
+        .iter()
+        .find(|k| lines.written(k.old).is_some())
+        .copied()
+}
+
+/// The refusal of a renamed key: what to write instead.
+pub fn renamed_key_message(key: &RenamedKey) -> String {
+    format!(
+        "renamed to `{}` ({}): write the same keys under `{}`",
+        key.new, key.why, key.new
+    )
+}
 
 /// The [`IGNORED_KEYS`] a file writes, with their lines (a key left at its default is not
 /// the user's choice and is not listed).
@@ -84,6 +119,26 @@ mod tests {
         for k in IGNORED_KEYS {
             let v = k.key.split('.').fold(&defaults, |v, part| &v[part]);
             assert!(!v.is_null(), "{} is not a key of the run config", k.key);
+        }
+    }
+
+    /// A renamed key's new name is a key of the schema and its old one is not (else the old
+    /// one would be refused while the schema still reads it).
+    #[test]
+    fn renamed_keys_point_from_a_dead_key_to_a_live_one() {
+        let defaults = serde_json::to_value(crate::Sections::default()).unwrap();
+        let at = |key: &str| key.split('.').fold(&defaults, |v, part| &v[part]).clone();
+        for k in RENAMED_KEYS {
+            assert!(
+                !at(k.new).is_null(),
+                "{} is not a key of the run config",
+                k.new
+            );
+            assert!(
+                at(k.old).is_null(),
+                "{} is still a key of the run config",
+                k.old
+            );
         }
     }
 }

@@ -17,7 +17,7 @@ mod source_layout;
 mod stage;
 mod validate;
 
-pub use compat::{IgnoredKey, IGNORED_KEYS};
+pub use compat::{IgnoredKey, RenamedKey, IGNORED_KEYS, RENAMED_KEYS};
 pub use dichavit::{ChannelSampling, DiChaViTSection};
 pub use locate::KeyLines;
 pub use location::{DatasetLocation, LocationError, Scheme, StoreUrl};
@@ -123,8 +123,9 @@ impl Config {
             source,
         })?;
         let origin = path.display().to_string();
-        let cfg = Self::read(&text, &origin, source)?;
-        for (key, line) in compat::ignored_keys_written(&KeyLines::scan(&text)) {
+        let lines = KeyLines::scan(&text);
+        let cfg = Self::read(&text, &lines, &origin, source)?;
+        for (key, line) in compat::ignored_keys_written(&lines) {
             tracing::warn!("{}", compat::ignored_key_notice(&origin, &key, line));
         }
         Ok(cfg)
@@ -132,7 +133,7 @@ impl Config {
 
     /// `origin` names the source in messages (a file path, or `<stdin>`).
     pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        Self::read(text, origin, None)
+        Self::read(text, &KeyLines::scan(text), origin, None)
     }
 
     /// [`Config::from_yaml`] with the layout of `model.init.from` ([`Config::load_with`]).
@@ -141,18 +142,27 @@ impl Config {
         origin: &str,
         source: &dyn ReadLayout,
     ) -> Result<Self, ConfigError> {
-        Self::read(text, origin, Some(source))
+        Self::read(text, &KeyLines::scan(text), origin, Some(source))
     }
 
+    /// The text is read twice: once for the line of each key (`lines`, which errors and
+    /// notices need), once by the schema, which parses every value, locations included.
     fn read(
         text: &str,
+        lines: &KeyLines,
         origin: &str,
         source: Option<&dyn ReadLayout>,
     ) -> Result<Self, ConfigError> {
-        let lines = KeyLines::scan(text);
-        let v = Validator::new(origin, &lines);
-        location::check_text(text, &v)?;
-        let mut sections: Sections = parse_yaml(text, origin)?;
+        let v = Validator::new(origin, lines);
+        if let Some(key) = compat::renamed_key_written(lines) {
+            return Err(v.err(key.old, &compat::renamed_key_message(&key)).into());
+        }
+        let (parsed, refused) = location::refused_during(|| parse_yaml::<Sections>(text, origin));
+        let mut sections = match (parsed, refused) {
+            (Ok(sections), _) => sections,
+            (Err(_), Some((key, e))) => return Err(v.err(key, &e.to_string()).into()),
+            (Err(e), None) => return Err(e.into()),
+        };
         let init = &sections.model.init;
         if let (Some(source), Some(from)) = (source, init.from.clone()) {
             if !from.trim().is_empty() {
@@ -165,7 +175,7 @@ impl Config {
                 layout.resolve(&mut sections.model, &v, &from)?;
             }
         }
-        Self::validate(sections, origin, &lines)
+        Self::validate(sections, origin, lines)
     }
 
     /// A copy with `change` applied to its sections, validated as a file would be; `origin`
@@ -372,6 +382,38 @@ mod tests {
         let (key, line, msg) = invalid("data:\n  test_dir: gs:///x\n");
         assert_eq!((key.as_str(), line), ("data.test_dir", Some(2)));
         assert_eq!(msg, "a gs:// dataset needs a bucket: gs://bucket/prefix");
+        // The key's line, not the value's, whatever the YAML style.
+        let (key, line, _) = invalid("data:\n  test_dir: >\n    http://x\n");
+        assert_eq!((key.as_str(), line), ("data.test_dir", Some(2)));
+        // A refusal reported once does not name a key in the next file's syntax error.
+        assert!(matches!(
+            Config::from_yaml("data: [", "t"),
+            Err(ConfigError::Parse { .. })
+        ));
+        // Another kind of value where a location goes is the schema's error, as before.
+        assert!(matches!(
+            Config::from_yaml("data:\n  dataset_dir: [a]\n", "t"),
+            Err(ConfigError::Parse { .. })
+        ));
+    }
+
+    /// `data.s3` is refused naming `data.object_store`, where the same keys are read now (the
+    /// schema alone would only call `s3` unknown), and the new key reads them.
+    #[test]
+    fn the_old_object_store_key_is_refused_naming_the_new_one() {
+        let (key, line, msg) = invalid("run:\n  seed: 1\ndata:\n  s3:\n    max_concurrency: 4\n");
+        assert_eq!((key.as_str(), line), ("data.s3", Some(4)));
+        assert!(msg.starts_with("renamed to `data.object_store` ("), "{msg}");
+        let (key, line, _) = invalid("data: {s3: {}}\n");
+        assert_eq!((key.as_str(), line), ("data.s3", Some(1)));
+        let c = Config::from_yaml("data:\n  object_store:\n    max_concurrency: 4\n", "t").unwrap();
+        assert_eq!(c.data.s3.max_concurrency, 4);
+        assert!(c.to_yaml().contains("  object_store:\n"));
+        // Only the section itself: a key named `s3` elsewhere is the schema's to judge.
+        assert!(matches!(
+            Config::from_yaml("run:\n  s3: 1\n", "t"),
+            Err(ConfigError::Parse { .. })
+        ));
     }
 
     /// Every refusal no other test reaches, each as a one-line file: the section that checks it

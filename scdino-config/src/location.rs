@@ -92,28 +92,47 @@ pub enum LocationError {
     NotRemote { location: String },
 }
 
-/// The location keys of the run config.
-const KEYS: [&str; 2] = ["dataset_dir", "test_dir"];
+thread_local! {
+    /// The location the schema's parse refused on this thread, with its key: serde carries
+    /// only a message out of a failed parse, and a malformed location is refused like every
+    /// other invalid value, naming its key and line ([`refused_during`]).
+    static REFUSED: std::cell::RefCell<Option<(&'static str, LocationError)>> =
+        const { std::cell::RefCell::new(None) };
+}
 
-/// Parses the `data` locations of a config's text before the schema does, so that a
-/// malformed one is refused like every other invalid value, with its key and line (the
-/// schema's own parse would only point at a column). Text that is not YAML is left to the
-/// schema's parse, which reports it.
-pub(crate) fn check_text(text: &str, v: &crate::Validator) -> Result<(), crate::Invalid> {
-    let Ok(serde_json::Value::Object(root)) = serde_saphyr::from_str(text) else {
-        return Ok(());
-    };
-    let Some(serde_json::Value::Object(data)) = root.get("data") else {
-        return Ok(());
-    };
-    for key in KEYS {
-        if let Some(serde_json::Value::String(s)) = data.get(key) {
-            if let Err(e) = s.parse::<DatasetLocation>() {
-                return Err(v.err(&format!("data.{key}"), &e.to_string()));
-            }
-        }
-    }
-    Ok(())
+/// Parses the location written under `key`: the one parse of a config's location string.
+fn parse_keyed(text: String, key: &'static str) -> Result<DatasetLocation, LocationError> {
+    text.parse().inspect_err(|e: &LocationError| {
+        REFUSED.with(|r| *r.borrow_mut() = Some((key, e.clone())));
+    })
+}
+
+/// `data.dataset_dir` as the schema reads it (`#[serde(deserialize_with)]`).
+pub(crate) fn dataset_dir<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<DatasetLocation, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(d)?;
+    parse_keyed(text, "data.dataset_dir").map_err(serde::de::Error::custom)
+}
+
+/// `data.test_dir` as the schema reads it (`#[serde(deserialize_with)]`).
+pub(crate) fn test_dir<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<DatasetLocation>, D::Error> {
+    let text = <Option<String> as serde::Deserialize>::deserialize(d)?;
+    text.map(|t| parse_keyed(t, "data.test_dir"))
+        .transpose()
+        .map_err(serde::de::Error::custom)
+}
+
+/// Runs the schema's parse `parse` and gives, beside its result, the location it refused
+/// (if that was why it failed) with the key it was written under.
+pub(crate) fn refused_during<T>(
+    parse: impl FnOnce() -> T,
+) -> (T, Option<(&'static str, LocationError)>) {
+    REFUSED.with(|r| r.borrow_mut().take());
+    let out = parse();
+    (out, REFUSED.with(|r| r.borrow_mut().take()))
 }
 
 impl FromStr for DatasetLocation {

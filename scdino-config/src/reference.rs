@@ -44,7 +44,7 @@ struct Schema {
     enums: BTreeMap<String, EnumDecl>,
 }
 
-/// One documented key: `data.s3.region`, its default as YAML and its meaning.
+/// One documented key: `data.object_store.region`, its default as YAML and its meaning.
 #[derive(Debug, Clone, PartialEq)]
 struct KeyDoc {
     key: String,
@@ -76,6 +76,8 @@ fn parse(sources: &[&str]) -> Schema {
     for source in sources {
         let mut doc: Vec<String> = Vec::new();
         let mut snake = false;
+        // A field's YAML key where `#[serde(rename = "...")]` gives it one.
+        let mut renamed: Option<String> = None;
         let mut current_struct: Option<(String, StructDecl)> = None;
         let mut current_enum: Option<(String, EnumDecl)> = None;
         for line in source.lines() {
@@ -86,6 +88,9 @@ fn parse(sources: &[&str]) -> Schema {
             }
             if t.starts_with("#[") {
                 snake |= t.contains("rename_all = \"snake_case\"");
+                if let Some(rest) = t.strip_prefix("#[serde(rename = \"") {
+                    renamed = rest.split('"').next().map(str::to_string);
+                }
                 continue;
             }
             if line == "}" {
@@ -113,8 +118,8 @@ fn parse(sources: &[&str]) -> Schema {
                     .and_then(|f| f.strip_suffix(','))
                     .and_then(|f| f.split_once(": "))
                 {
-                    decl.fields
-                        .push((name.to_string(), ty.to_string(), doc.join(" ")));
+                    let key = renamed.take().unwrap_or_else(|| name.to_string());
+                    decl.fields.push((key, ty.to_string(), doc.join(" ")));
                 }
             } else if let Some((_, decl)) = current_enum.as_mut() {
                 if let Some(variant) = t.strip_suffix(',') {
@@ -124,6 +129,7 @@ fn parse(sources: &[&str]) -> Schema {
                 }
             }
             doc.clear();
+            renamed = None;
             if !line.starts_with(' ') {
                 snake = false;
             }

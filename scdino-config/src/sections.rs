@@ -49,6 +49,7 @@ impl Default for RunSection {
 pub struct DataSection {
     /// `meta.dataset_dir`: an ImageFolder-style tree of multi-channel TIFFs (or the shards
     /// packed from one), a local path or `s3://`, `gs://` or `az://` bucket/prefix.
+    #[serde(deserialize_with = "crate::location::dataset_dir")]
     pub dataset_dir: DatasetLocation,
     /// `meta.folder_depth_for_labels`: 0 = the folder holding the image, 1 = the one above, ...
     pub label_folder_depth: usize,
@@ -92,8 +93,10 @@ pub struct DataSection {
     /// New. Shuffle-buffer size (samples per rank) for `order: shard_sequential`; 1 keeps the
     /// shard's stored order.
     pub shuffle_buffer: usize,
+    // The field keeps the section's former name, `s3`, which `trainer/src/data/` reads.
     /// How `s3://`, `gs://` and `az://` datasets are reached (ignored for local and FSx paths).
-    pub s3: S3Section,
+    #[serde(rename = "object_store")]
+    pub s3: ObjectStoreSection,
     /// Node-local copy of streamed images, so only the first epoch pays for the network.
     pub cache: CacheSection,
     /// What training does with an image that cannot be decoded (truncated or garbage object).
@@ -103,6 +106,7 @@ pub struct DataSection {
     /// local or `s3://`. When set, `trainer evaluate` uses every image of `dataset_dir` as the
     /// kNN bank and probe training set and this folder as queries; when null it uses the
     /// training split and the held-out split.
+    #[serde(deserialize_with = "crate::location::test_dir")]
     pub test_dir: Option<DatasetLocation>,
     /// New. A screen as it is stored (fields of view + a segmentation, or CHAMMI's tiled
     /// crops) instead of one TIFF per cell: `dataset_dir` is then the screen's LoadData
@@ -262,14 +266,14 @@ pub enum SampleOrder {
     Sites,
 }
 
-/// Client settings for a dataset in a remote store (`s3://`, `gs://`, `az://`; the section
-/// keeps its first store's name). Credentials are deliberately not settable here: they come
+/// Client settings for a dataset in a remote store (`s3://`, `gs://`, `az://` alike).
+/// Credentials are deliberately not settable here: they come
 /// from each store's environment variables (see docs/data.md, "Data in object stores, on FSx
 /// and on node-local NVMe"), so a config file can be shared, logged and stored in checkpoints
 /// without leaking a secret.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct S3Section {
+pub struct ObjectStoreSection {
     /// Endpoint of an S3-compatible server (`http://127.0.0.1:9000`); unset = AWS, or the
     /// `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT` variable. For `gs://` the service's base URL
     /// (unset = Google's, or `GOOGLE_BASE_URL`); for `az://` the account's blob endpoint
@@ -307,7 +311,11 @@ pub struct S3Section {
     pub request_timeout_seconds: u64,
 }
 
-impl Default for S3Section {
+/// The section's former name (`data.s3` before it was `data.object_store`), which
+/// `trainer/src/data/` still spells.
+pub type S3Section = ObjectStoreSection;
+
+impl Default for ObjectStoreSection {
     fn default() -> Self {
         Self {
             endpoint: None,
@@ -378,7 +386,7 @@ impl Default for DataSection {
             order: SampleOrder::Exact,
             shuffle_buffer: 1000,
             split: HeldOutSplit::Stratified,
-            s3: S3Section::default(),
+            s3: ObjectStoreSection::default(),
             cache: CacheSection::default(),
             on_corrupt: OnCorrupt::Fail,
             test_dir: None,

@@ -213,7 +213,7 @@ fn config_default_prints_every_key_as_a_config_that_checks() {
         "knn:",
         "umap:",
         "attention:",
-        "s3:",
+        "object_store:",
         "cache:",
     ] {
         assert!(defaults.contains(key), "{key} missing:\n{defaults}");

@@ -26,7 +26,6 @@
 //! With `model.channels: bag | tokens` the one model is `{model}_{mode}_channel_{all names}`
 //! and each combination's analyses are in `{model}_{mode}_channel_{its names}_analyses`.
 use crate::config::Config;
-use crate::model::channels::for_mode;
 use std::path::{Path, PathBuf};
 
 /// The checkpoint a resume starts from (written every epoch, atomically).
@@ -73,7 +72,7 @@ impl RunLayout {
     /// the one model trained on every channel (`bag`, `tokens`), with the analyses of this
     /// combination in their own folder.
     pub fn model(&self, cfg: &Config, channels: &[usize]) -> ModelLayout {
-        let trained: Vec<usize> = if for_mode(cfg.model.channels).any_subset() {
+        let trained: Vec<usize> = if cfg.model.channels.is_adaptive() {
             (0..cfg.file_channels()).collect()
         } else {
             channels.to_vec()

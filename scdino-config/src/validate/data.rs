@@ -1,4 +1,4 @@
-//! `data:` — splits, sample order, the S3 client and the channels; it also turns
+//! `data:` — splits, sample order, the object-store client and the channels; it also turns
 //! `data.channel_combinations` into channel indices, once.
 use crate::{
     CellChannels, ChannelCombination, DataFormat, DataSection, Invalid, SampleOrder, ScreenLayout,
@@ -9,7 +9,7 @@ impl DataSection {
     /// Returns `data.channel_combinations` as channel indices, in file order.
     pub(crate) fn validate(&self, v: &Validator) -> Result<Vec<Vec<usize>>, Invalid> {
         self.validate_sampling(v)?;
-        self.validate_s3(v)?;
+        self.validate_object_store(v)?;
         v.check(
             !self.images_are_rgb,
             "data.images_are_rgb",
@@ -143,28 +143,28 @@ impl DataSection {
         )
     }
 
-    fn validate_s3(&self, v: &Validator) -> Result<(), Invalid> {
-        let s3 = &self.s3;
+    fn validate_object_store(&self, v: &Validator) -> Result<(), Invalid> {
+        let store = &self.s3;
         v.check(
-            s3.max_concurrency > 0,
-            "data.s3.max_concurrency",
+            store.max_concurrency > 0,
+            "data.object_store.max_concurrency",
             "must be at least 1 (GET requests in flight)",
         )?;
         v.check(
-            s3.shard_chunk_bytes > 0,
-            "data.s3.shard_chunk_bytes",
+            store.shard_chunk_bytes > 0,
+            "data.object_store.shard_chunk_bytes",
             "must be at least 1 (bytes per chunk GET; 64 MiB by default)",
         )?;
-        if let Some(ep) = &s3.endpoint {
+        if let Some(ep) = &store.endpoint {
             v.check(
                 ep.starts_with("http://") || ep.starts_with("https://"),
-                "data.s3.endpoint",
+                "data.object_store.endpoint",
                 &format!("{ep:?} must start with http:// or https://"),
             )?;
             v.check(
-                !ep.starts_with("http://") || s3.allow_http,
-                "data.s3.endpoint",
-                &format!("{ep:?} is plain HTTP: set data.s3.allow_http: true (local S3-compatible servers only)"),
+                !ep.starts_with("http://") || store.allow_http,
+                "data.object_store.endpoint",
+                &format!("{ep:?} is plain HTTP: set data.object_store.allow_http: true (local S3-compatible servers only)"),
             )?;
         }
         Ok(())

@@ -343,7 +343,7 @@ pub fn load_embedder(
                 configured: mode.name(),
             });
         }
-    } else if kind.any_subset() {
+    } else if mode.is_adaptive() {
         return Err(FeaturesError::ChannelModeUnrecorded {
             checkpoint: weights.path.clone(),
             configured: mode.name(),
@@ -354,7 +354,7 @@ pub fn load_embedder(
         .map(|&c| cfg.data.channel_names[c].as_str())
         .collect();
     let trained = match &weights.trained {
-        Some(t) if kind.any_subset() => t,
+        Some(t) if mode.is_adaptive() => t,
         _ => return load_per_combination(cfg, weights, channels, &wanted, device),
     };
     let m = &cfg.model;

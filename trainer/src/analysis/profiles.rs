@@ -24,6 +24,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{ColumnPath, Type};
 
 use super::features::FeatureSet;
+use crate::config::DatasetLocation;
 
 /// Prefix of the feature columns this crate writes.
 pub const FEATURE_PREFIX: &str = "DINO_CLS_";
@@ -83,8 +84,8 @@ pub struct ProfileRows<'a> {
     pub set: &'a FeatureSet,
     /// `Metadata_Split`: `train`, `heldout` or `test`.
     pub split: &'a str,
-    /// The dataset folder the paths are under.
-    pub root: &'a str,
+    /// The dataset the paths are under (as written in the config: the paths start with it).
+    pub root: &'a DatasetLocation,
 }
 
 /// What a profile table held, read back.
@@ -205,11 +206,12 @@ pub fn write(path: &Path, parts: &[ProfileRows], channels: &[String]) -> Result<
         meta[2]
             .1
             .extend(std::iter::repeat_n(part.split.to_string(), rows));
+        let root = part.root.to_string();
         donors.extend(
             set.paths
                 .iter()
                 .zip(&set.labels)
-                .map(|(p, l)| donor_condition(part.root, p, l)),
+                .map(|(p, l)| donor_condition(&root, p, l)),
         );
         checkpoints.extend(std::iter::repeat_n(set.checkpoint.clone(), rows));
         epochs.extend(std::iter::repeat_n(
@@ -837,12 +839,12 @@ mod tests {
                 ProfileRows {
                     set: &a,
                     split: "train",
-                    root: "/d/Test",
+                    root: &DatasetLocation::Local("/d/Test".into()),
                 },
                 ProfileRows {
                     set: &b,
                     split: "test",
-                    root: "/d/Test/",
+                    root: &DatasetLocation::Local("/d/Test/".into()),
                 },
             ],
             &["DAPI".into(), "CD3".into()],
@@ -915,7 +917,7 @@ mod tests {
         let rows = [ProfileRows {
             set: &s,
             split: "heldout",
-            root: "/d",
+            root: &DatasetLocation::Local("/d".into()),
         }];
         let table = Table {
             strings: vec![

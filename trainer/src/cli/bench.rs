@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
 use trainer::augment::{MultiCropAugment, MultiCropConfig};
-use trainer::config::{Arch, AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
+use trainer::config::{
+    Arch, AugmentOn, ChannelMode, Config, DatasetLocation, DeviceChoice, Precision, Sections,
+};
 use trainer::data::mean_std;
 use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
 use trainer::model::channels::{for_mode, ChannelModeKind};
@@ -365,7 +367,16 @@ impl StepBench {
             bail!("--iters must be at least 1");
         }
         if self.channel_mode.is_adaptive() && self.loader != LoaderMode::None {
-            bail!("--channel-mode bag|tokens is measured with --loader none");
+            // The adaptive modes as the registry has them, so a new one is named here too.
+            let adaptive: Vec<&str> = trainer::model::channels::all_modes()
+                .iter()
+                .filter(|m| m.is_adaptive())
+                .map(|m| m.name())
+                .collect();
+            bail!(
+                "--channel-mode {} is measured with --loader none",
+                adaptive.join("|")
+            );
         }
         let device = self.device()?;
         tch::set_num_threads(self.threads);
@@ -656,7 +667,7 @@ pub struct LoaderBench {
     #[arg(long, conflicts_with = "config", required_unless_present = "config")]
     data: Option<PathBuf>,
     /// Read through the data source of this config instead (`data.dataset_dir`: folder,
-    /// packed shards, s3:// with or without `data.cache.dir`, S3 settings from `data.s3`),
+    /// packed shards, s3:// with or without `data.cache.dir`, store settings from `data.object_store`),
     /// opened with `trainer::data::open_source`.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -724,19 +735,20 @@ impl LoaderBench {
     /// kernels are timed), its channel count, and training's multi-crop augmentation with the
     /// dataset's mean/std.
     fn source_and_augment(&self, need: usize) -> Result<LoaderInput> {
-        let (source, name, data): (SharedSource, String, _) = match (&self.config, &self.data) {
-            (Some(c), _) => {
-                let cfg = trainer::train::init_layout::load_config(c)?;
-                let name = cfg.data.dataset_dir.to_string();
-                (open_source(&cfg.data)?, name, Some(cfg.data.clone()))
-            }
-            (None, Some(d)) => (
-                Arc::new(LocalSource::open(d, 0)?) as SharedSource,
-                d.display().to_string(),
-                None,
-            ),
-            (None, None) => bail!("give --data DIR or --config FILE"),
-        };
+        let (source, name, data): (SharedSource, DatasetLocation, _) =
+            match (&self.config, &self.data) {
+                (Some(c), _) => {
+                    let cfg = trainer::train::init_layout::load_config(c)?;
+                    let name = cfg.data.dataset_dir.clone();
+                    (open_source(&cfg.data)?, name, Some(cfg.data.clone()))
+                }
+                (None, Some(d)) => (
+                    Arc::new(LocalSource::open(d, 0)?) as SharedSource,
+                    DatasetLocation::Local(d.clone()),
+                    None,
+                ),
+                (None, None) => bail!("give --data DIR or --config FILE"),
+            };
         let index = source.index();
         if index.len() < need && self.path != LoaderPath::Kernels {
             bail!(

@@ -13,7 +13,7 @@ pub struct PreloadArgs {
     /// data.dataset_dir at it.
     #[arg(long)]
     to: PathBuf,
-    /// Concurrent downloads (default: data.s3.max_concurrency).
+    /// Concurrent downloads (default: data.object_store.max_concurrency).
     #[arg(long)]
     jobs: Option<usize>,
     /// No progress bar (logs, batch jobs).

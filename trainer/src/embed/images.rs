@@ -52,7 +52,7 @@ pub enum Root {
     /// A screen's cells, cut from its sites; `table` is its LoadData table or plate as the
     /// config names it.
     Screen {
-        table: String,
+        table: DatasetLocation,
         source: Arc<ScreenSource>,
         /// `data.screen` and the channels read, as JSON: part of what the job manifest
         /// records, so a rerun with another box size or segmentation is another job.
@@ -90,7 +90,7 @@ impl Root {
         match location {
             DatasetLocation::Local(dir) => Ok(Self::Local(dir)),
             DatasetLocation::Remote(url) => {
-                let remote = Remote::open(&url, &crate::config::S3Section::default())?;
+                let remote = Remote::open(&url, &crate::config::ObjectStoreSection::default())?;
                 Ok(Self::Remote {
                     url,
                     remote: Box::new(remote),
@@ -122,7 +122,7 @@ impl Root {
         })
         .to_string();
         Ok(Self::Screen {
-            table: cfg.data.dataset_dir.to_string(),
+            table: cfg.data.dataset_dir.clone(),
             source: Arc::new(source),
             settings,
         })
@@ -157,9 +157,10 @@ impl Root {
             Self::Screen {
                 table, settings, ..
             } => {
-                let table = std::fs::canonicalize(table)
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|_| table.clone());
+                let table = match table.local().map(std::fs::canonicalize) {
+                    Some(Ok(path)) => path.display().to_string(),
+                    _ => table.to_string(),
+                };
                 format!("{table} {settings}")
             }
         }

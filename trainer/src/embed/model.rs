@@ -7,7 +7,6 @@ use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features::{load_embedder, unit_rows, Embedder, FeaturesError, Preparer};
 use crate::checkpoint;
 use crate::config::{Config, MissingChannels};
-use crate::model::channels::for_mode;
 use crate::pth::{self, FileKind};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};
@@ -102,7 +101,7 @@ impl Model {
             mean.push(meta.mean[model]);
             std.push(meta.std[model]);
         }
-        if !for_mode(trained.mode).any_subset() && wanted != trained.names {
+        if !trained.mode.is_adaptive() && wanted != trained.names {
             let mut sections = cfg.sections();
             sections.downstream.features.missing_channels = MissingChannels::Zeros;
             cfg = Config::from_sections(sections, &path.display().to_string()).map_err(|e| {

@@ -228,7 +228,7 @@ fn write_features(t: &Target, tag: &str, set: &features::FeatureSet) -> Result<u
     let rows = ProfileRows {
         set,
         split: "heldout",
-        root: &t.cfg.data.dataset_dir.to_string(),
+        root: &t.cfg.data.dataset_dir,
     };
     profiles::write(&t.files.profiles(tag), &[rows], &t.channel_names())?;
     Ok(set.labels.len())
@@ -263,7 +263,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
                 extract(source.as_ref(), &train_all)?,
                 extract(test.as_ref(), &all)?,
                 format!("test folder {dir}"),
-                ("test", dir.to_string()),
+                ("test", dir),
             )
         }
         None => {
@@ -286,7 +286,7 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
                 train,
                 held_out,
                 "held-out split".to_string(),
-                ("heldout", cfg.data.dataset_dir.to_string()),
+                ("heldout", &cfg.data.dataset_dir),
             )
         }
     };
@@ -307,12 +307,12 @@ pub fn run_evaluate(t: &Target, ckpt: &Path, tag: &str) -> Result<EvaluationRepo
         ProfileRows {
             set: &train,
             split: "train",
-            root: &cfg.data.dataset_dir.to_string(),
+            root: &cfg.data.dataset_dir,
         },
         ProfileRows {
             set: &queries,
             split: queries_split.0,
-            root: &queries_split.1,
+            root: queries_split.1,
         },
     ];
     profiles::write(

@@ -159,9 +159,9 @@ fn train_device_takes_auto_cpu_cuda_and_names_a_bad_value() {
 }
 
 #[test]
-fn s3_cache_and_corrupt_keys_are_strict_and_checked() {
+fn object_store_cache_and_corrupt_keys_are_strict_and_checked() {
     let ok = Config::from_yaml(
-        "data:\n  dataset_dir: s3://bkt/pbmc\n  s3:\n    endpoint: http://127.0.0.1:9000\n    allow_http: true\n    max_concurrency: 8\n  cache:\n    dir: /local_scratch/c\n    max_bytes: 1000\n  on_corrupt: skip\n",
+        "data:\n  dataset_dir: s3://bkt/pbmc\n  object_store:\n    endpoint: http://127.0.0.1:9000\n    allow_http: true\n    max_concurrency: 8\n  cache:\n    dir: /local_scratch/c\n    max_bytes: 1000\n  on_corrupt: skip\n",
         "t",
     )
     .unwrap();
@@ -175,20 +175,31 @@ fn s3_cache_and_corrupt_keys_are_strict_and_checked() {
     assert!(!d.data.s3.allow_http);
     for (yaml, needle) in [
         (
-            "data:\n  s3:\n    secret_access_key: x\n",
+            "data:\n  object_store:\n    secret_access_key: x\n",
             "secret_access_key",
         ),
         ("data:\n  cache:\n    size: 3\n", "size"),
         ("data:\n  on_corrupt: ignore\n", "on_corrupt"),
-        ("data:\n  s3:\n    endpoint: http://h:1\n", "allow_http"),
-        ("data:\n  s3:\n    endpoint: h:1\n", "data.s3.endpoint"),
         (
-            "data:\n  s3:\n    max_concurrency: 0\n",
-            "data.s3.max_concurrency",
+            "data:\n  object_store:\n    endpoint: http://h:1\n",
+            "allow_http",
         ),
         (
-            "data:\n  s3:\n    shard_chunk_bytes: 0\n",
-            "data.s3.shard_chunk_bytes",
+            "data:\n  object_store:\n    endpoint: h:1\n",
+            "data.object_store.endpoint",
+        ),
+        (
+            "data:\n  object_store:\n    max_concurrency: 0\n",
+            "data.object_store.max_concurrency",
+        ),
+        (
+            "data:\n  object_store:\n    shard_chunk_bytes: 0\n",
+            "data.object_store.shard_chunk_bytes",
+        ),
+        // The section's former name names the new one.
+        (
+            "data:\n  s3:\n    max_concurrency: 8\n",
+            "`data.s3`: renamed to `data.object_store`",
         ),
         ("data:\n  dataset_dir: s3:///x\n", "bucket"),
         ("data:\n  dataset_dir: hdfs://b/x\n", "s3://"),

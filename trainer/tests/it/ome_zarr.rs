@@ -8,7 +8,7 @@ use super::s3::{fake_credentials, Backend, Proxy, Server, BUCKET, PREFIX};
 use super::util::run_py_file;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use trainer::config::{DatasetLocation, S3Section};
+use trainer::config::{DatasetLocation, ObjectStoreSection};
 use trainer::data::screen::ome_zarr::{Ngff, OmeZarrPlate};
 use trainer::data::screen::{FieldLayout, Region, ScreenError, PLATE, SITE, WELL};
 
@@ -49,7 +49,12 @@ fn channels(names: &[&str]) -> Vec<String> {
 }
 
 fn open_local(name: &str, ch: &[&str], labels: Option<&str>) -> Result<OmeZarrPlate, ScreenError> {
-    OmeZarrPlate::open(&local(name), &S3Section::default(), &channels(ch), labels)
+    OmeZarrPlate::open(
+        &local(name),
+        &ObjectStoreSection::default(),
+        &channels(ch),
+        labels,
+    )
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
@@ -148,7 +153,7 @@ fn bin(name: &str) -> Vec<u8> {
     std::fs::read(fixtures().dir.join(format!("{name}.bin"))).unwrap()
 }
 
-fn open_entry(location: &DatasetLocation, s3: &S3Section, name: &str) -> OmeZarrPlate {
+fn open_entry(location: &DatasetLocation, s3: &ObjectStoreSection, name: &str) -> OmeZarrPlate {
     let select = strings(&entry(name)["select"]);
     OmeZarrPlate::open(location, s3, &select, Some("cells")).unwrap()
 }
@@ -156,7 +161,7 @@ fn open_entry(location: &DatasetLocation, s3: &S3Section, name: &str) -> OmeZarr
 #[test]
 fn plates_on_disk_read_as_numpy_reads_them() {
     for (name, ngff) in [("p04", Ngff::V04), ("p05", Ngff::V05), ("p05s", Ngff::V05)] {
-        let plate = open_entry(&local(name), &S3Section::default(), name);
+        let plate = open_entry(&local(name), &ObjectStoreSection::default(), name);
         assert_eq!(plate.ngff(), ngff, "{name}");
         check_plate(&plate, entry(name), &bin(name));
     }
@@ -181,19 +186,19 @@ fn the_plate_name_falls_back_to_the_store_name() {
 }
 
 /// The moto server behind the logging proxy of the object-store tests (which counts the
-/// requests a read makes), and the `data.s3` settings reaching it.
-fn s3_server() -> (Server, Proxy, S3Section) {
+/// requests a read makes), and the `data.object_store` settings reaching it.
+fn s3_server() -> (Server, Proxy, ObjectStoreSection) {
     fake_credentials();
     let server = Server::start(Backend::S3, &fixtures().dir);
     let proxy = Proxy::start(server.port, false);
-    let s3 = S3Section {
+    let s3 = ObjectStoreSection {
         endpoint: Some(format!("http://127.0.0.1:{}", proxy.port)),
         region: Some("us-east-1".into()),
         allow_http: true,
         retry_initial_backoff_ms: 20,
         retry_max_backoff_ms: 1000,
         retry_timeout_seconds: 20,
-        ..S3Section::default()
+        ..ObjectStoreSection::default()
     };
     (server, proxy, s3)
 }
@@ -334,7 +339,7 @@ fn a_float_plate_reads_exactly_and_a_bool_plate_is_refused() {
 fn a_path_that_is_no_plate_is_refused() {
     let e = OmeZarrPlate::open(
         &DatasetLocation::Local(Path::new("/nonexistent/x.zarr").to_path_buf()),
-        &S3Section::default(),
+        &ObjectStoreSection::default(),
         &channels(&["DNA"]),
         None,
     )
@@ -344,9 +349,14 @@ fn a_path_that_is_no_plate_is_refused() {
     assert!(e.contains("/nonexistent/x.zarr"), "{e}");
     // A well group (not a plate) has no `plate` attribute.
     let well = DatasetLocation::Local(fixtures().dir.join("p05.zarr/A/1"));
-    let e = OmeZarrPlate::open(&well, &S3Section::default(), &channels(&["DNA"]), None)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = OmeZarrPlate::open(
+        &well,
+        &ObjectStoreSection::default(),
+        &channels(&["DNA"]),
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("zarr.json") && e.contains("\"plate\""), "{e}");
 }

@@ -7,6 +7,7 @@ use super::util::run_python;
 use tch::{Kind, Tensor};
 use trainer::analysis::features::{self, FeatureSet};
 use trainer::analysis::profiles::{self, ProfileRows, ProfilesError};
+use trainer::config::DatasetLocation;
 
 fn feature_set(rows: usize, dim: usize) -> FeatureSet {
     // Deterministic values without the process-wide generator (other tests draw from it).
@@ -45,7 +46,7 @@ fn pandas_polars_and_pycytominer_read_our_table() {
         &[ProfileRows {
             set: &set,
             split: "test",
-            root: "/data/Test",
+            root: &DatasetLocation::Local("/data/Test".into()),
         }],
         &["DAPI".into(), "CD3".into()],
     )
@@ -132,12 +133,12 @@ print(json.dumps({
             ProfileRows {
                 set: &train,
                 split: "train",
-                root: "/data/Training",
+                root: &DatasetLocation::Local("/data/Training".into()),
             },
             ProfileRows {
                 set: &set,
                 split: "test",
-                root: "/data/Test",
+                root: &DatasetLocation::Local("/data/Test".into()),
             },
         ],
         &["DAPI".into()],

@@ -81,15 +81,15 @@ impl Backend {
         format!("{scheme}://{BUCKET}/{path}")
     }
 
-    /// The `data.s3` section reaching this store through `port`.
+    /// The `data.object_store` section reaching this store through `port`.
     pub(super) fn yaml(self, port: u16) -> String {
         match self {
             Backend::S3 => s3_yaml(port),
             Backend::Azure => format!(
-                "  s3:\n    endpoint: http://127.0.0.1:{port}/{AZURITE_ACCOUNT}\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
+                "  object_store:\n    endpoint: http://127.0.0.1:{port}/{AZURITE_ACCOUNT}\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
             ),
             Backend::Gcs => format!(
-                "  s3:\n    endpoint: http://127.0.0.1:{port}\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
+                "  object_store:\n    endpoint: http://127.0.0.1:{port}\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
             ),
         }
     }
@@ -551,7 +551,7 @@ fn dataset(dir: &Path) -> PathBuf {
 
 fn s3_yaml(port: u16) -> String {
     format!(
-        "  s3:\n    endpoint: http://127.0.0.1:{port}\n    region: us-east-1\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
+        "  object_store:\n    endpoint: http://127.0.0.1:{port}\n    region: us-east-1\n    allow_http: true\n    retry_initial_backoff_ms: 20\n    retry_max_backoff_ms: 1000\n"
     )
 }
 
@@ -667,9 +667,10 @@ fn listing_indexes_and_reads_like_the_local_tree(backend: Backend) {
     let cfg = config(
         dir.path(),
         &backend.url(PREFIX),
-        &backend
-            .yaml(proxy.port)
-            .replace("  s3:", "  label_folder_depth: 1\n  s3:"),
+        &backend.yaml(proxy.port).replace(
+            "  object_store:",
+            "  label_folder_depth: 1\n  object_store:",
+        ),
         1,
     );
     let remote = ObjectStoreSource::open(s3_url(&cfg), &cfg.data).unwrap();
@@ -1351,7 +1352,7 @@ fn pack_to_s3_sized(
     pack_to(&s3_yaml(port), dir, tree, out, staging, shard_size)
 }
 
-/// `trainer data pack` to the store `store_yaml` (a `data.s3` section) reaches.
+/// `trainer data pack` to the store `store_yaml` (a `data.object_store` section) reaches.
 fn pack_to(
     store_yaml: &str,
     dir: &Path,

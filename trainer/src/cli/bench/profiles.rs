@@ -9,6 +9,7 @@ use tch::Tensor;
 use trainer::analysis::features::{self, FeatureSet};
 use trainer::analysis::knn::read_features_csv;
 use trainer::analysis::profiles::{self, ProfileRows};
+use trainer::config::DatasetLocation;
 
 #[derive(Debug, Args)]
 pub struct ProfilesBench {
@@ -36,7 +37,7 @@ impl ProfilesBench {
         let rows = [ProfileRows {
             set: &set,
             split: "heldout",
-            root: "/data/Training",
+            root: &DatasetLocation::Local("/data/Training".into()),
         }];
         profiles::write(&table, &rows, &["DAPI".into(), "CD3".into(), "CD8".into()])?;
         let parquet_write = t.elapsed().as_secs_f64();

@@ -29,17 +29,10 @@ pub trait ChannelModeKind: Send + Sync {
     /// channels a `tokens` model knows), before registers, layout and drop path.
     fn vit_config(&self, arch: Arch, patch_size: usize, k: usize) -> VitConfig;
 
-    /// One model for every combination: a run trains it on every channel and it takes any
-    /// subset of them as it is (no patch-embedding adaptation); its checkpoint must say how
-    /// it takes channels.
-    /// Why a training step of this mode cannot be captured as a CUDA graph, or None.
+    /// Why a training step of this mode cannot be captured as a CUDA graph (the warning of a
+    /// run with `train.cuda_graphs: true` gives it), or None: the capture code names no mode.
     fn uncapturable(&self) -> Option<&'static str> {
         None
-    }
-
-    fn any_subset(&self) -> bool {
-        // One fact, held by the config value (its validation needs it too).
-        self.mode().is_adaptive()
     }
 
     /// The model tells channels apart (an embedding per channel): a combination's channels
