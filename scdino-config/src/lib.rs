@@ -407,7 +407,7 @@ mod tests {
         let (key, line, _) = invalid("data: {s3: {}}\n");
         assert_eq!((key.as_str(), line), ("data.s3", Some(1)));
         let c = Config::from_yaml("data:\n  object_store:\n    max_concurrency: 4\n", "t").unwrap();
-        assert_eq!(c.data.s3.max_concurrency, 4);
+        assert_eq!(c.data.object_store.max_concurrency, 4);
         assert!(c.to_yaml().contains("  object_store:\n"));
         // Only the section itself: a key named `s3` elsewhere is the schema's to judge.
         assert!(matches!(

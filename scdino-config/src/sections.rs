@@ -93,10 +93,8 @@ pub struct DataSection {
     /// New. Shuffle-buffer size (samples per rank) for `order: shard_sequential`; 1 keeps the
     /// shard's stored order.
     pub shuffle_buffer: usize,
-    // The field keeps the section's former name, `s3`, which `trainer/src/data/` reads.
     /// How `s3://`, `gs://` and `az://` datasets are reached (ignored for local and FSx paths).
-    #[serde(rename = "object_store")]
-    pub s3: ObjectStoreSection,
+    pub object_store: ObjectStoreSection,
     /// Node-local copy of streamed images, so only the first epoch pays for the network.
     pub cache: CacheSection,
     /// What training does with an image that cannot be decoded (truncated or garbage object).
@@ -311,10 +309,6 @@ pub struct ObjectStoreSection {
     pub request_timeout_seconds: u64,
 }
 
-/// The section's former name (`data.s3` before it was `data.object_store`), which
-/// `trainer/src/data/` still spells.
-pub type S3Section = ObjectStoreSection;
-
 impl Default for ObjectStoreSection {
     fn default() -> Self {
         Self {
@@ -386,7 +380,7 @@ impl Default for DataSection {
             order: SampleOrder::Exact,
             shuffle_buffer: 1000,
             split: HeldOutSplit::Stratified,
-            s3: ObjectStoreSection::default(),
+            object_store: ObjectStoreSection::default(),
             cache: CacheSection::default(),
             on_corrupt: OnCorrupt::Fail,
             test_dir: None,

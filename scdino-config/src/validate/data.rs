@@ -144,7 +144,7 @@ impl DataSection {
     }
 
     fn validate_object_store(&self, v: &Validator) -> Result<(), Invalid> {
-        let store = &self.s3;
+        let store = &self.object_store;
         v.check(
             store.max_concurrency > 0,
             "data.object_store.max_concurrency",

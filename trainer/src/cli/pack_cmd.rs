@@ -156,8 +156,8 @@ impl PackArgs {
         );
         if let DatasetLocation::Remote(url) = &out {
             let t1 = Instant::now();
-            let remote =
-                Remote::open(url, &cfg.data.s3).with_context(|| format!("opening {}", self.out))?;
+            let remote = Remote::open(url, &cfg.data.object_store)
+                .with_context(|| format!("opening {}", self.out))?;
             let mut report = |e: UploadEvent| match e {
                 UploadEvent::Skipped { shard, bytes } => {
                     tracing::info!("shard {shard:6}: already in the bucket ({bytes} bytes, same sha256), skipped")

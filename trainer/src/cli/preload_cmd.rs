@@ -32,7 +32,10 @@ impl PreloadArgs {
                 dir.display()
             ),
         };
-        let jobs = self.jobs.unwrap_or(cfg.data.s3.max_concurrency).max(1);
+        let jobs = self
+            .jobs
+            .unwrap_or(cfg.data.object_store.max_concurrency)
+            .max(1);
         let t = Instant::now();
         let s = trainer::data::preload::preload(src, &cfg.data, &self.to, jobs, !self.quiet)
             .with_context(|| format!("preloading {src} to {}", self.to.display()))?;

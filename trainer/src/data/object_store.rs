@@ -1,5 +1,5 @@
 //! The object-store client: `s3://`, `gs://` and `az://` bucket/prefix URLs, the store's
-//! client built from the environment plus `data.s3` ([`build`]), and one blocking API over
+//! client built from the environment plus `data.object_store` ([`build`]), and one blocking API over
 //! it that listing, reads, preload, shard reads and writes all go through.
 //!
 //! `object_store` is async; the loader's workers are plain threads. [`Remote`] owns a small
@@ -20,7 +20,7 @@ mod build;
 mod credentials;
 
 use super::error::DataError;
-use crate::config::S3Section;
+use crate::config::ObjectStoreSection;
 pub use crate::config::{Scheme, StoreUrl};
 use ::object_store::path::Path as ObjPath;
 use ::object_store::{ObjectStore, ObjectStoreExt};
@@ -108,7 +108,7 @@ fn http_status(text: &str) -> Option<u16> {
 }
 
 impl Remote {
-    pub fn open(url: &StoreUrl, s3: &S3Section) -> Result<Self, DataError> {
+    pub fn open(url: &StoreUrl, s3: &ObjectStoreSection) -> Result<Self, DataError> {
         let url = url.clone();
         let built = build::build_store(&url, s3)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -232,7 +232,7 @@ impl Remote {
             .collect())
     }
 
-    /// The whole object at `location` (retried per `data.s3`); `expected` (from the
+    /// The whole object at `location` (retried per `data.object_store`); `expected` (from the
     /// listing) catches a truncated body.
     pub fn get(&self, location: &ObjPath, expected: Option<u64>) -> Result<Vec<u8>, DataError> {
         let url = || self.url.url_of_key(location.as_ref());
@@ -250,7 +250,7 @@ impl Remote {
     }
 
     /// The size of `rel` (relative to the prefix), or `None` if there is no such object
-    /// (one HEAD, retried per `data.s3`).
+    /// (one HEAD, retried per `data.object_store`).
     pub fn head(&self, rel: &str) -> Result<Option<u64>, DataError> {
         let key = ObjPath::from(self.url.key(rel).as_str());
         match self.retrying(|| async { self.store.head(&key).await }) {
@@ -261,7 +261,7 @@ impl Remote {
     }
 
     /// `len` bytes of `rel` (relative to the prefix) from `offset`, in one ranged GET
-    /// (retried per `data.s3`); a short body is an error.
+    /// (retried per `data.object_store`); a short body is an error.
     pub fn get_range(&self, rel: &str, offset: u64, len: usize) -> Result<Vec<u8>, DataError> {
         let key = ObjPath::from(self.url.key(rel).as_str());
         let range = offset..offset + len as u64;

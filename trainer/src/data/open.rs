@@ -75,9 +75,9 @@ fn open_remote(
     use crate::config::DataFormat;
     let packed = match data.format {
         DataFormat::Folder => None,
-        DataFormat::Shards => Some(RemoteShardStore::open(url, &data.s3)?),
+        DataFormat::Shards => Some(RemoteShardStore::open(url, &data.object_store)?),
         DataFormat::Auto => {
-            let store = RemoteShardStore::open(url, &data.s3)?;
+            let store = RemoteShardStore::open(url, &data.object_store)?;
             store.is_packed()?.then_some(store)
         }
     };
@@ -97,9 +97,9 @@ fn open_remote(
         None => Arc::new(StreamedShardStore::new(
             Arc::new(store),
             StreamSettings {
-                chunk_bytes: data.s3.shard_chunk_bytes,
-                chunks_ahead: data.s3.shard_chunks_ahead,
-                fetchers: data.s3.max_concurrency,
+                chunk_bytes: data.object_store.shard_chunk_bytes,
+                chunks_ahead: data.object_store.shard_chunks_ahead,
+                fetchers: data.object_store.max_concurrency,
             },
         )),
     };

@@ -22,7 +22,7 @@ pub struct PreloadSummary {
 }
 
 /// Copies every object below `url` (`data.dataset_dir`) to `to/{key relative to the prefix}`
-/// with `jobs` concurrent downloads, through the client `data.s3` configures.
+/// with `jobs` concurrent downloads, through the client `data.object_store` configures.
 pub fn preload(
     url: &StoreUrl,
     data: &DataSection,
@@ -30,7 +30,7 @@ pub fn preload(
     jobs: usize,
     show_progress: bool,
 ) -> Result<PreloadSummary, DataError> {
-    let remote = Remote::open(url, &data.s3)?;
+    let remote = Remote::open(url, &data.object_store)?;
     let mut objects = remote.list()?;
     objects.retain(|o| !o.rel.ends_with('/'));
     if let Some(bad) = objects.iter().find(|o| !safe_rel(&o.rel)) {

@@ -3,7 +3,7 @@
 //! Listing once gives the index (same `ImageFolder` order as the local tree, see
 //! [`build_index_from_keys`]). Reads then go through the node-local cache (if configured) to
 //! the store. [`ImageSource::will_read`] hands the sampler's order for this rank to a pool of
-//! `data.s3.max_concurrency` fetcher threads that keep at most `data.s3.prefetch` images
+//! `data.object_store.max_concurrency` fetcher threads that keep at most `data.object_store.prefetch` images
 //! fetched ahead (bounded memory). A rank only ever fetches the indices it is given, so ranks
 //! never download each other's samples. Reads of indices not announced (features,
 //! attention) are fetched on the spot.
@@ -99,7 +99,7 @@ impl ObjectStoreSource {
     /// Lists `url` (`data.dataset_dir`, or the test folder) and starts the fetcher threads;
     /// the rest of `data` says how (client, cache, labels, concurrency).
     pub fn open(url: &StoreUrl, data: &DataSection) -> Result<Self, DataError> {
-        let remote = Remote::open(url, &data.s3)?;
+        let remote = Remote::open(url, &data.object_store)?;
         let mut listed = remote.list()?;
         listed.retain(|o| !o.rel.ends_with('/'));
         let keys: Vec<&str> = listed.iter().map(|o| o.rel.as_str()).collect();
@@ -136,9 +136,9 @@ impl ObjectStoreSource {
         let pf = Arc::new(Prefetch {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
-            window: data.s3.prefetch.max(1),
+            window: data.object_store.prefetch.max(1),
         });
-        for _ in 0..data.s3.max_concurrency.max(1) {
+        for _ in 0..data.object_store.max_concurrency.max(1) {
             let (pf, fetcher) = (pf.clone(), fetcher.clone());
             std::thread::Builder::new()
                 .name("s3-fetch".into())
@@ -258,7 +258,7 @@ impl ImageSource for ObjectStoreSource {
     }
 
     /// Replaces the previous order: images of an abandoned order that are still waiting are
-    /// dropped, so memory stays bounded by `data.s3.prefetch`.
+    /// dropped, so memory stays bounded by `data.object_store.prefetch`.
     fn will_read(&self, order: &[usize]) {
         let mut q = self.pf.q.lock().unwrap_or_else(|e| e.into_inner());
         q.todo = order

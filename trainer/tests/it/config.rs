@@ -165,14 +165,14 @@ fn object_store_cache_and_corrupt_keys_are_strict_and_checked() {
         "t",
     )
     .unwrap();
-    assert_eq!(ok.data.s3.max_concurrency, 8);
+    assert_eq!(ok.data.object_store.max_concurrency, 8);
     assert_eq!(ok.data.cache.max_bytes, 1000);
     assert_eq!(ok.data.on_corrupt, trainer::config::OnCorrupt::Skip);
     // The defaults: no cache, fail on corrupt images, HTTPS only.
     let d = Config::from_yaml("", "t").unwrap();
     assert_eq!(d.data.cache.dir, None);
     assert_eq!(d.data.on_corrupt, trainer::config::OnCorrupt::Fail);
-    assert!(!d.data.s3.allow_http);
+    assert!(!d.data.object_store.allow_http);
     for (yaml, needle) in [
         (
             "data:\n  object_store:\n    secret_access_key: x\n",

@@ -245,7 +245,8 @@ fn diverse_sampling_is_seeded() {
 #[test]
 fn a_run_gets_the_pieces_its_config_asks_for() {
     use trainer::config::Config;
-    use trainer::train::channels::{hierarchical_sample, step_channels};
+    use trainer::model::channels::hierarchical_sample;
+    use trainer::train::channels::step_channels;
     use trainer::train::step::Learner;
     let base = "data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  arch: vit_tiny\n  patch_size: 4\n  out_dim: 64\n  channels: tokens\n";
     let on = "  dichavit:\n    channel_loss_weight: 0.1\n    token_loss_weight: 1\n    sampling: diverse\n";

@@ -993,7 +993,7 @@ fn retries_only_what_can_succeed_and_fails_at_once_on_refusals(backend: Backend)
         ),
         1,
     );
-    let remote = Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3).unwrap();
+    let remote = Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.object_store).unwrap();
     let listed = remote.list().unwrap();
     let first = &listed[0];
     let want = std::fs::read(root.join("Training").join(&first.rel)).unwrap();
@@ -1510,7 +1510,7 @@ fn pack_uploads_shards_index_last_reads_back_trains_and_resumes(backend: Backend
     // A shard replaced in the bucket (same size, other bytes) is uploaded again on rerun.
     let remote = trainer::data::object_store::Remote::open(
         &StoreUrl::parse(&url).unwrap(),
-        &config(dir.path(), &url, &yaml, 1).data.s3,
+        &config(dir.path(), &url, &yaml, 1).data.object_store,
     )
     .unwrap();
     let victim = &index.shards[index.shards.len() - 1];
@@ -1611,9 +1611,11 @@ fn s3_corrupt_shard_object_fails_naming_shard_and_key() {
     pack_to_s3(dir.path(), &tree, moto.port, &url, &staging);
     let index = staged_index(&staging);
     let cfg = config(dir.path(), &url, &s3_yaml(moto.port), 1);
-    let remote =
-        trainer::data::object_store::Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3)
-            .unwrap();
+    let remote = trainer::data::object_store::Remote::open(
+        &StoreUrl::parse(&url).unwrap(),
+        &cfg.data.object_store,
+    )
+    .unwrap();
     // A sample training reads (as in the loose-objects corrupt test).
     let bad = training_split(&tree).train[1];
     let s = &index.samples[bad];
@@ -1676,7 +1678,8 @@ fn s3_shards_are_cached_whole_and_later_reads_issue_no_request() {
     // Pass 1 streams by ranged GETs while whole-shard downloads fill the cache.
     let open = || {
         let remote = Arc::new(
-            RemoteShardStore::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3).unwrap(),
+            RemoteShardStore::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.object_store)
+                .unwrap(),
         );
         let cache = NodeCache::open(&nvme, &cache_dir, 1 << 30, 1).unwrap();
         Arc::new(CachedShardStore::open(remote, cache).unwrap())
@@ -1807,9 +1810,11 @@ fn s3_multipart_upload_of_a_large_shard_reads_back_with_its_checksum() {
     } = Store::start(Backend::S3);
     let url = format!("s3://{BUCKET}/big");
     let cfg = config(dir.path(), &url, &s3_yaml(proxy.port), 1);
-    let remote =
-        trainer::data::object_store::Remote::open(&StoreUrl::parse(&url).unwrap(), &cfg.data.s3)
-            .unwrap();
+    let remote = trainer::data::object_store::Remote::open(
+        &StoreUrl::parse(&url).unwrap(),
+        &cfg.data.object_store,
+    )
+    .unwrap();
     // 13 MiB of pseudo-random bytes: three parts of 5 + 5 + 3 MiB (S3's minimum part is 5 MiB).
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let bytes: Vec<u8> = (0..13 << 20)

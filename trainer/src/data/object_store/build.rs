@@ -1,9 +1,9 @@
 //! One client per store, each built by `object_store`'s own builder for that store from the
 //! environment (`AWS_*`, `GOOGLE_*`, `AZURE_*`: credentials, proxies, and the store's other
-//! variables), then `data.s3`'s endpoint, plain-HTTP permission, timeouts and retry policy,
+//! variables), then `data.object_store`'s endpoint, plain-HTTP permission, timeouts and retry policy,
 //! which mean the same for every store.
 use super::credentials::CredentialSource;
-use crate::config::{S3Section, Scheme, StoreUrl};
+use crate::config::{ObjectStoreSection, Scheme, StoreUrl};
 use crate::data::error::DataError;
 use ::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use ::object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
@@ -44,7 +44,7 @@ impl Built {
 /// The client settings every store's builder takes as config keys: set this way, not with
 /// `with_client_options`, which would replace what `from_env` read (`*_ALLOW_HTTP`,
 /// `*_PROXY_URL`, ...).
-fn client_settings(s3: &S3Section) -> Vec<(ClientConfigKey, String)> {
+fn client_settings(s3: &ObjectStoreSection) -> Vec<(ClientConfigKey, String)> {
     let mut out = vec![
         (
             ClientConfigKey::Timeout,
@@ -61,7 +61,7 @@ fn client_settings(s3: &S3Section) -> Vec<(ClientConfigKey, String)> {
     out
 }
 
-fn retry(s3: &S3Section) -> RetryConfig {
+fn retry(s3: &ObjectStoreSection) -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(s3.retry_initial_backoff_ms.max(1)),
@@ -76,7 +76,7 @@ fn retry(s3: &S3Section) -> RetryConfig {
 }
 
 /// The client for `url`'s store and bucket.
-pub(super) fn build_store(url: &StoreUrl, s3: &S3Section) -> Result<Built, DataError> {
+pub(super) fn build_store(url: &StoreUrl, s3: &ObjectStoreSection) -> Result<Built, DataError> {
     static TLS: Once = Once::new();
     // rustls is built with ring only (aws-lc-rs would add a slow C/cmake build); make it the
     // process default so reqwest finds it.
@@ -124,9 +124,9 @@ pub(super) fn build_store(url: &StoreUrl, s3: &S3Section) -> Result<Built, DataE
     }
 }
 
-/// The S3 builder: bucket from the URL; `data.s3.region`, else `AWS_REGION` when
+/// The S3 builder: bucket from the URL; `data.object_store.region`, else `AWS_REGION` when
 /// `AWS_DEFAULT_REGION` (which `from_env` reads) is unset.
-fn s3_builder(url: &StoreUrl, s3: &S3Section) -> AmazonS3Builder {
+fn s3_builder(url: &StoreUrl, s3: &ObjectStoreSection) -> AmazonS3Builder {
     let mut b = AmazonS3Builder::from_env().with_bucket_name(url.bucket());
     if let Some(ep) = &s3.endpoint {
         b = b.with_endpoint(ep);

@@ -2,7 +2,7 @@
 //! that names them) and `s3://`, `gs://`, `az://` URLs, each bucket through one client that
 //! every loader thread shares.
 use super::ScreenError;
-use crate::config::{S3Section, StoreUrl};
+use crate::config::{ObjectStoreSection, StoreUrl};
 use crate::data::object_store::Remote;
 use crate::data::DataError;
 use std::collections::HashMap;
@@ -50,12 +50,12 @@ pub fn is_url(address: &str) -> bool {
 
 /// Reads whole files by address, opening one object-store client per bucket on first use.
 pub struct Files {
-    settings: S3Section,
+    settings: ObjectStoreSection,
     stores: Mutex<HashMap<String, Arc<Remote>>>,
 }
 
 impl Files {
-    pub fn new(settings: &S3Section) -> Self {
+    pub fn new(settings: &ObjectStoreSection) -> Self {
         Self {
             settings: settings.clone(),
             stores: Mutex::new(HashMap::new()),

@@ -31,7 +31,7 @@
 //! thousands of requests before the first cell), except the first field, opened at once so
 //! that a missing channel or an unsupported data type fails at open.
 use super::{FieldLayout, Labels, Region, ScreenError, Site, PLATE, SITE, WELL};
-use crate::config::{DatasetLocation, S3Section, StoreUrl};
+use crate::config::{DatasetLocation, ObjectStoreSection, StoreUrl};
 use crate::data::chw::{Chw, ImageChw};
 use crate::data::object_store::Remote;
 use serde::de::DeserializeOwned;
@@ -321,7 +321,7 @@ impl Store {
     }
 
     /// The plate below `url`'s prefix, through the loader's client (credentials checked here).
-    fn remote(url: &StoreUrl, s3: &S3Section) -> Result<Store, ScreenError> {
+    fn remote(url: &StoreUrl, s3: &ObjectStoreSection) -> Result<Store, ScreenError> {
         let remote = Arc::new(Remote::open(url, s3)?);
         let rooted = ::object_store::prefix::PrefixStore::new(
             remote.store().clone(),
@@ -403,7 +403,7 @@ impl OmeZarrPlate {
     /// field. Reads the plate and every well group, and the first field.
     pub fn open(
         location: &DatasetLocation,
-        s3: &S3Section,
+        s3: &ObjectStoreSection,
         channels: &[String],
         labels: Option<&str>,
     ) -> Result<OmeZarrPlate, ScreenError> {

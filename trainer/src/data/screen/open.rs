@@ -19,7 +19,7 @@ pub fn open_screen(
     screen: &ScreenSection,
 ) -> Result<ScreenSource, ScreenError> {
     let address = data.dataset_dir.to_string();
-    let files = Arc::new(Files::new(&data.s3));
+    let files = Arc::new(Files::new(&data.object_store));
     let (layout, image_numbers): (Arc<dyn FieldLayout>, Vec<u64>) = match screen.layout {
         ScreenLayout::LoadData => {
             let opts = LoadDataOptions {
@@ -34,7 +34,7 @@ pub fn open_screen(
         ScreenLayout::OmeZarr => {
             let plate = super::ome_zarr::OmeZarrPlate::open(
                 &data.dataset_dir,
-                &data.s3,
+                &data.object_store,
                 &data.channel_names,
                 screen.labels.as_deref(),
             )?;

@@ -103,7 +103,7 @@ impl ShardStore for LocalShardStore {
 }
 
 /// Shards under an `s3://`, `gs://` or `az://` bucket/prefix: the index by one GET, sample bytes by ranged GETs
-/// (retried like every other S3 request, per `data.s3`), so no shard is ever downloaded
+/// (retried like every other S3 request, per `data.object_store`), so no shard is ever downloaded
 /// whole and any sample can be read from any loader thread.
 pub struct RemoteShardStore {
     remote: crate::data::object_store::Remote,
@@ -114,10 +114,10 @@ impl RemoteShardStore {
         Self { remote }
     }
 
-    /// Opens `url` with the `data.s3` client settings.
+    /// Opens `url` with the `data.object_store` client settings.
     pub fn open(
         url: &crate::config::StoreUrl,
-        s3: &crate::config::S3Section,
+        s3: &crate::config::ObjectStoreSection,
     ) -> Result<Self, DataError> {
         Ok(Self::new(crate::data::object_store::Remote::open(url, s3)?))
     }

@@ -3,9 +3,9 @@
 //! Why: with `data.order: shard_sequential` a rank reads a contiguous run of shards, yet one
 //! ranged GET per sample would still pay S3's per-request latency for every image. Given the
 //! epoch's order ([`ShardStore::will_read`]), the planned reads are grouped into chunks (runs
-//! of one shard's planned members, at most `data.s3.shard_chunk_bytes` long, see
+//! of one shard's planned members, at most `data.object_store.shard_chunk_bytes` long, see
 //! [`plan_chunks`]) ordered by first use; fetcher threads download the next
-//! `data.s3.shard_chunks_ahead` chunks with one ranged GET each, and reads are served from
+//! `data.object_store.shard_chunks_ahead` chunks with one ranged GET each, and reads are served from
 //! memory. Memory stays bounded by `shard_chunks_ahead × shard_chunk_bytes`: a chunk is
 //! dropped once all its planned reads were served, or when the reader has moved
 //! `shard_chunks_ahead` chunks past it (a sample the shuffle buffer emits that late, and any
@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-/// `data.s3.shard_chunk_bytes`, `data.s3.shard_chunks_ahead`, and the fetcher threads.
+/// `data.object_store.shard_chunk_bytes`, `data.object_store.shard_chunks_ahead`, and the fetcher threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamSettings {
     pub chunk_bytes: u64,

@@ -5,10 +5,12 @@
 //! record all ask the mode; docs/architecture.md lists where a new mode goes.
 mod bag;
 mod fixed;
+mod hierarchical;
 mod kind;
 mod tokens;
 
 pub use bag::bag_cls;
+pub use hierarchical::{expected_channels, hierarchical_sample};
 pub use kind::{cls_attention_maps, ChannelModeKind, CombinationInput};
 
 use crate::config::ChannelMode;

@@ -1,10 +1,10 @@
 //! `model.channels: tokens` (ChannelViT, Bao et al., ICLR 2024): one shared single-channel
 //! patch projection, a learned embedding per channel, one token per channel and patch;
 //! trained with hierarchical channel sampling.
+use super::hierarchical::hierarchical_sample;
 use super::kind::{ChannelModeKind, CombinationInput};
 use crate::config::{Arch, ChannelMode};
 use crate::model::{VisionTransformer, VitConfig};
-use crate::train::channels::hierarchical_sample;
 use tch::Tensor;
 
 pub struct Tokens;
