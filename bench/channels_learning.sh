@@ -36,6 +36,9 @@
 #   binary of scripts/device-binary.sh); DATA: the dataset written beforehand
 #   (`scripts/digits.py --out DATA --size 16 --channels 4`, or `trainer synth --out DATA
 #   --size 32 --per-class 96 --channels 5`), else written into OUT.
+#   CONFIG_SED: one more sed script applied to every run's config after the harness's own (a
+#   recipe change on top of each approach's base config, e.g. the interaction task's
+#   class-preserving views: 's|  flips: false|  flips: true\n  blur: false|').
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 OUT=$(realpath -m "${1:?usage: bench/channels_learning.sh OUT [EPOCHS] [THREADS]}")
@@ -95,7 +98,7 @@ config() {
     -e "s|  epochs: 30|  epochs: $EPOCHS|" -e "s|  checkpoint_every: 3|  checkpoint_every: $EPOCHS|" \
     -e "s|  lr: 0.002|  lr: $lr|" \
     -e "s|  use_bn_in_head: true|  use_bn_in_head: true$channels|" \
-    "$ROOT/configs/$base.yaml" |
+    "$ROOT/configs/$base.yaml" | sed -e "${CONFIG_SED:-}" |
     if [[ $run == untrained ]]; then
       sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
         -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|"
