@@ -9,7 +9,10 @@ batches of `--batch`.
 With `--plate P.zarr` (and the plate's object table as `--objects`, joined by
 `Metadata_Well`/`Metadata_Site`) the sites are the fields of an OME-Zarr HCS plate instead,
 found from its NGFF metadata and read with zarr-python: each item reads the selected channels
-of one whole field (`omero` labels) at full resolution, then cuts its cells as above.
+of one whole field (`omero` labels) at full resolution, then cuts its cells as above. An
+`s3://BUCKET/KEY` plate is read through zarr's `ObjectStore` on obstore's `S3Store` (the Rust
+object_store crate's client), at `--s3-endpoint` if given (path-style, http allowed: a moto
+server), with the credentials of the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
 
 Times the cells of `--batches` batches after `--warmup` ones: wall clock and CPU seconds of the
 main process plus its workers (/proc/<pid>/stat), so cells per CPU-second compares with the
@@ -32,7 +35,8 @@ from scdino_input import DataAugmentationDINO, normalize_numpy_0_to_1
 
 p = argparse.ArgumentParser()
 p.add_argument("--load-data", help="a LoadData CSV (or --plate)")
-p.add_argument("--plate", help="an OME-Zarr HCS plate (or --load-data)")
+p.add_argument("--plate", help="an OME-Zarr HCS plate, a folder or s3://BUCKET/KEY (or --load-data)")
+p.add_argument("--s3-endpoint", help="with an s3:// --plate: the endpoint URL, e.g. http://127.0.0.1:PORT")
 p.add_argument("--objects", required=True)
 p.add_argument("--channels", required=True, help="comma-separated channel names")
 p.add_argument("--box", type=int, default=50)
@@ -86,6 +90,21 @@ class Sites(torch.utils.data.Dataset):
         return [self.transform(c) for c in self.cells(i)]
 
 
+def plate_store(plate):
+    """What zarr opens: a folder as it is, an s3:// URL as an obstore-backed ObjectStore."""
+    if not plate.startswith("s3://"):
+        return plate
+    from obstore.store import S3Store
+    from zarr.storage import ObjectStore
+
+    config, client = {"region": os.environ.get("AWS_REGION", "us-east-1")}, {}
+    if a.s3_endpoint:
+        config |= {"endpoint": a.s3_endpoint, "virtual_hosted_style_request": False}
+        client["allow_http"] = a.s3_endpoint.startswith("http://")
+    store = S3Store.from_url(plate, config=config, client_options=client)
+    return ObjectStore(store, read_only=True)
+
+
 class PlateFields(Sites):
     """The fields of an OME-Zarr HCS plate (NGFF 0.4 or 0.5): one zarr read of the selected
     channels of a whole field (t = 0, z = 0 where the axes have them)."""
@@ -97,7 +116,7 @@ class PlateFields(Sites):
             attrs = group.attrs.asdict()
             return attrs.get("ome", attrs)
 
-        root = zarr.open_group(plate, mode="r")
+        root = zarr.open_group(plate_store(plate), mode="r")
         by = pd.read_csv(objects, dtype={"Metadata_Well": str, "Metadata_Site": str})
         by = by.groupby(["Metadata_Well", "Metadata_Site"])
         self.fields, self.centres = [], []
@@ -137,9 +156,16 @@ def main():
                                         a.local_size, a.local_crops)
     order = list(range(len(ds)))
     random.Random(a.seed).shuffle(order)
+    # obstore's tokio runtime does not survive a fork (its threads stay in the parent; a forked
+    # worker hangs on its first read): the workers of an s3:// plate come from a forkserver,
+    # which never touched obstore, and get the dataset (zarr arrays on obstore stores) pickled
+    # before the timed batches. (Spawned workers read as fast, 20 vs 19 cells/CPU-s on a small
+    # plate, but abort when they exit: "terminate called without an active exception".)
+    s3 = bool(a.plate) and a.plate.startswith("s3://")
     loader = torch.utils.data.DataLoader(
         torch.utils.data.Subset(ds, order), batch_size=None, shuffle=False,
-        num_workers=a.workers, prefetch_factor=2 if a.workers else None)
+        num_workers=a.workers, prefetch_factor=2 if a.workers else None,
+        multiprocessing_context="forkserver" if s3 and a.workers else None)
     it = iter(loader)
     pids = [os.getpid()] + [w.pid for w in getattr(it, "_workers", [])]
     pending, batches, cells, checksum = [], 0, 0, 0.0
@@ -159,10 +185,10 @@ def main():
     wall = time.perf_counter() - t0
     cpu = cpu_seconds(pids) - c0
     del it
+    path = "zarr-fields-s3" if s3 else "zarr-fields" if a.plate else "deepprofiler-sites"
     print(json.dumps({
         "impl": "python", "bench": "loader",
-        "path": "zarr-fields" if a.plate else "deepprofiler-sites", "threads": a.workers,
-        "batch": a.batch, "batches": a.batches, "images": cells,
+        "path": path, "threads": a.workers, "batch": a.batch, "batches": a.batches, "images": cells,
         "crops": [a.global_size, a.local_size, a.local_crops], "wall_s": wall, "cpu_s": cpu,
         "imgs_per_s": cells / wall, "imgs_per_cpu_s": cells / max(cpu, 1e-9),
         "checksum": checksum,
