@@ -13,6 +13,7 @@ pub mod device;
 pub mod distributed;
 pub mod embed;
 pub mod export;
+pub mod foreach;
 pub mod gpu;
 pub mod layout;
 pub mod logging;

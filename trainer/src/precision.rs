@@ -78,7 +78,7 @@ impl LossScaler {
             .filter(|g| g.defined())
             .map(Tensor::shallow_clone)
             .collect();
-        tch::no_grad(|| crate::train::foreach::unscale(&defined, self.scale))
+        tch::no_grad(|| crate::foreach::unscale(&defined, self.scale))
     }
 
     /// Updates the scale after a step; `found_inf` means the step was skipped.

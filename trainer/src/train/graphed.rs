@@ -30,8 +30,8 @@ use super::step::{Learner, NonFiniteLoss, StepError, StepOutput, StepParams};
 use crate::config::{Config, Precision};
 use crate::cuda_graph::{self, CudaGraph, GraphError};
 use crate::distributed::Single;
+use crate::foreach::{self, AdamwDeviceValues, AdamwGroup};
 use crate::model::channels::for_mode;
-use crate::train::foreach::{self, AdamwDeviceValues, AdamwGroup};
 use tch::{Device, Kind, Tensor};
 
 /// Eager steps of one crop-shape set before it is captured (`make_graphed_callables`' 3).

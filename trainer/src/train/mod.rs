@@ -8,7 +8,6 @@ pub mod collapse;
 pub mod dichavit;
 pub mod error;
 pub mod flops;
-pub mod foreach;
 pub mod graphed;
 pub mod ibot;
 pub mod init;

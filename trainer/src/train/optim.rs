@@ -1,9 +1,9 @@
 //! AdamW with scDINO's two parameter groups, per-parameter gradient clipping and the
-//! last-layer freeze, each as multi-tensor ops (`train/foreach.rs`): the update is PyTorch's
+//! last-layer freeze, each as multi-tensor ops (`foreach.rs`): the update is PyTorch's
 //! `foreach` AdamW op for op (its default on CUDA), and on CPU within float rounding of the
 //! single-tensor loop scDINO runs there.
-use super::foreach::{self, AdamwGroup};
 use crate::checkpoint::{Checkpoint, RestoreError};
+use crate::foreach::{self, AdamwGroup};
 use tch::{nn, Device, Kind, Tensor};
 
 /// One trainable parameter with its AdamW state.

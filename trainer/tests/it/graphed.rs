@@ -112,7 +112,7 @@ fn static_step_trains_like_the_eager_step_on_the_cpu() {
 /// bias correction would be off by about lr·wd·|θ| = 4e-5 here).
 #[test]
 fn device_adamw_and_ema_equal_the_scalar_ones_to_rounding() {
-    use trainer::train::foreach::{ema, ema_from_device, AdamwDeviceValues, AdamwGroup};
+    use trainer::foreach::{ema, ema_from_device, AdamwDeviceValues, AdamwGroup};
     let _rng = torch_rng_lock();
     tch::manual_seed(3);
     let opts = (Kind::Float, Device::Cpu);

@@ -337,26 +337,22 @@ fn a_float_plate_reads_exactly_and_a_bool_plate_is_refused() {
 
 #[test]
 fn a_path_that_is_no_plate_is_refused() {
-    let e = OmeZarrPlate::open(
-        &DatasetLocation::Local(Path::new("/nonexistent/x.zarr").to_path_buf()),
-        &ObjectStoreSection::default(),
-        &channels(&["DNA"]),
-        None,
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let refusal = |location: &DatasetLocation| {
+        OmeZarrPlate::open(
+            location,
+            &ObjectStoreSection::default(),
+            &channels(&["DNA"]),
+            None,
+        )
+        .err()
+        .unwrap()
+        .to_string()
+    };
+    let e = refusal(&DatasetLocation::Local(
+        Path::new("/nonexistent/x.zarr").to_path_buf(),
+    ));
     assert!(e.contains("/nonexistent/x.zarr"), "{e}");
     // A well group (not a plate) has no `plate` attribute.
-    let well = DatasetLocation::Local(fixtures().dir.join("p05.zarr/A/1"));
-    let e = OmeZarrPlate::open(
-        &well,
-        &ObjectStoreSection::default(),
-        &channels(&["DNA"]),
-        None,
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = refusal(&DatasetLocation::Local(fixtures().dir.join("p05.zarr/A/1")));
     assert!(e.contains("zarr.json") && e.contains("\"plate\""), "{e}");
 }

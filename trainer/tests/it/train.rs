@@ -1334,7 +1334,7 @@ fn resume_writes_the_loss_centres_into_the_learners_tensors() {
     assert_eq!(max_abs_diff(&patch_center, &ibot), 0.0);
 }
 
-/// The step's multi-tensor pieces (train/foreach.rs) against PyTorch on the same tensors:
+/// The step's multi-tensor pieces (foreach.rs) against PyTorch on the same tensors:
 /// `torch.optim.AdamW(foreach=True)` with scDINO's two groups, lr and weight decay changing
 /// per step and one parameter frozen (no gradient, so its step count lags) in one step;
 /// scDINO's per-parameter clipping with gradients above and below the limit; scDINO's teacher

@@ -1,4 +1,4 @@
-"""Oracle for the multi-tensor step pieces (train/foreach.rs): PyTorch's foreach AdamW
+"""Oracle for the multi-tensor step pieces (foreach.rs): PyTorch's foreach AdamW
 (torch.optim.AdamW(foreach=True), scDINO's two parameter groups), scDINO's per-parameter
 gradient clipping and its teacher EMA, on the tensors the Rust test wrote.
 
