@@ -4,7 +4,7 @@
 use crate::cluster::{Cluster, Program, Runtime};
 use crate::container_view;
 use crate::fsutil::sha256_hex;
-use scdino_config::Stage;
+use scdino_config::{JobKind, Stage};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -19,15 +19,6 @@ const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// Exit code of a trainer that checkpointed on SIGUSR1/SIGTERM (`EX_TEMPFAIL`).
 pub use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
-
-/// Stages that get one GPU when the cluster has GPUs (training gets all of them): they run
-/// the model (profiling embeds a screen's cells).
-fn uses_gpu(stage: Stage) -> bool {
-    matches!(
-        stage,
-        Stage::Features | Stage::Attention | Stage::Evaluate | Stage::Profiling
-    )
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dependency {
@@ -210,6 +201,7 @@ fn waits_for(
 /// resumes from the last checkpoint), the first waiting for `after`. Also returns each
 /// model's last job, which later stages wait for.
 fn training_jobs(
+    stage: Stage,
     cluster: &Cluster,
     models: usize,
     after: &[Dependency],
@@ -221,9 +213,9 @@ fn training_jobs(
         let mut prev: Option<String> = None;
         for s in 1..=segs {
             let name = if segs > 1 {
-                format!("train-c{c}-s{s}")
+                format!("{stage}-c{c}-s{s}")
             } else {
-                format!("train-c{c}")
+                format!("{stage}-c{c}")
             };
             let after = match prev.take() {
                 None => after.to_vec(),
@@ -234,7 +226,7 @@ fn training_jobs(
             };
             jobs.push(Planned {
                 name: name.clone(),
-                stage: Stage::Train,
+                stage,
                 combination: Some(c),
                 after,
             });
@@ -254,8 +246,8 @@ fn plan(cluster: &Cluster, models: usize) -> Vec<Planned> {
         let mut deps = Vec::new();
         waits_for(stage, cluster, &finals, &mut deps);
         let after = after_ok(deps);
-        if stage == Stage::Train {
-            let (trained, lasts) = training_jobs(cluster, models, &after);
+        if stage.job() == JobKind::Training {
+            let (trained, lasts) = training_jobs(stage, cluster, models, &after);
             finals.push((stage, lasts));
             jobs.extend(trained);
         } else {
@@ -557,14 +549,14 @@ impl Ctx<'_> {
         done: &Done,
     ) -> String {
         let c = self.cluster;
-        let train = stage == Stage::Train;
+        let train = stage.job() == JobKind::Training;
         let shape = Shape {
             distributed: train.then(|| Allocation {
                 nodes: c.slurm.nodes,
                 tasks_per_node: c.slurm.ranks_per_node(),
                 gpus_per_node: c.slurm.gpus_per_node,
             }),
-            one_gpu: uses_gpu(stage),
+            one_gpu: stage.job() == JobKind::OneGpu,
             preemptible: train,
             array: None,
         };

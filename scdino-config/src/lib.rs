@@ -24,7 +24,7 @@ pub use location::{DatasetLocation, LocationError, Scheme, StoreUrl};
 pub use parse::{parse_yaml, Unparsed};
 pub use sections::*;
 pub use source_layout::{ReadLayout, SourceLayout};
-pub use stage::{Stage, UnknownStage, PIPELINE_STAGES};
+pub use stage::{JobKind, Stage, StageFacts, UnknownStage, PIPELINE_STAGES, STAGES};
 pub use validate::{Invalid, Validator};
 
 /// Where an image built with `launcher image build --config` holds its run config; the

@@ -477,7 +477,7 @@ pub fn extract(
 /// The share of rank `rank` of `world`: held-out positions `rank, rank + world, …`. The
 /// returned set's labels, paths and indices still cover every held-out row (every rank knows
 /// them from the seeded split); only `features` are this rank's rows, in that order.
-/// [`crate::pipeline::stages`] gathers and interleaves the shares.
+/// [`crate::pipeline::stages::features`] gathers and interleaves the shares.
 pub fn extract_shard(
     cfg: &Config,
     combination: usize,

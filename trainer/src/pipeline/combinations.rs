@@ -4,8 +4,8 @@
 //! comes from the same checkpoint (what one adaptive model scores on each subset); with `fixed`
 //! each combination's own model. Written next to the run's models, as HTML for people and JSON
 //! for scripts, by the pipeline and `trainer report` once the combinations' evaluations exist.
-use super::stages::Target;
-use super::StageError;
+use super::error::StageError;
+use super::target::Target;
 use crate::config::Config;
 use crate::layout::RunLayout;
 use std::path::PathBuf;
@@ -109,7 +109,7 @@ pub fn write_table(cfg: &Config) -> Result<Option<PathBuf>, StageError> {
         } else {
             "each combination's own model"
         },
-        title = super::report::esc(&format!("{}: channel combinations", cfg.run.name)),
+        title = super::stages::report::esc(&format!("{}: channel combinations", cfg.run.name)),
         mode = cfg.model.channels.name(),
     );
     for k in &ks {
@@ -119,8 +119,8 @@ pub fn write_table(cfg: &Config) -> Result<Option<PathBuf>, StageError> {
     for r in &rows {
         html.push_str(&format!(
             "<tr><td>{}</td><td>{}</td>",
-            super::report::esc(&r.combination),
-            super::report::esc(&r.tag)
+            super::stages::report::esc(&r.combination),
+            super::stages::report::esc(&r.tag)
         ));
         for (_, top1) in &r.knn_top1_percent {
             html.push_str(&format!("<td>{top1:.1}</td>"));

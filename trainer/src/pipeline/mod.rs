@@ -8,107 +8,22 @@
 //! Training resumes from its own checkpoints. A stop signal ends the pipeline at the next stage
 //! or step boundary with [`crate::train::run::EXIT_PREEMPTED`] semantics.
 pub mod combinations;
-pub mod profiling;
-pub mod report;
+pub mod error;
+pub mod stage;
 pub mod stages;
+pub mod target;
+
+pub use error::StageError;
+pub use stage::{up_to_date, PipelineOptions};
+pub use stages::{profiling, report};
 
 use crate::config::Config;
-use crate::train::run::{train, TrainOptions, TrainOutcome};
-use stages::Target;
-use std::path::{Path, PathBuf};
+use stage::{At, Checkpoint, Flow, PipelineStage, Ranks, Scope};
+use stages::STAGES;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Instant, SystemTime};
-
-#[derive(Debug, thiserror::Error)]
-pub enum StageError {
-    #[error(transparent)]
-    Features(#[from] crate::analysis::features::FeaturesError),
-    #[error(transparent)]
-    Knn(#[from] crate::analysis::knn::KnnError),
-    #[error(transparent)]
-    Umap(#[from] crate::analysis::umap::UmapError),
-    #[error(transparent)]
-    Profiles(#[from] crate::analysis::profiles::ProfilesError),
-    #[error(transparent)]
-    Scoring(#[from] crate::scoring::ScoringError),
-    #[error(transparent)]
-    Attention(#[from] crate::analysis::attention::AttentionError),
-    /// The profiling stage's embedding of a screen.
-    #[error(transparent)]
-    Embed(#[from] crate::embed::run::EmbedError),
-    #[error(transparent)]
-    Device(#[from] crate::device::DeviceError),
-    #[error(transparent)]
-    Plot(#[from] crate::plot::PlotError),
-    #[error(transparent)]
-    Train(#[from] crate::train::run::TrainError),
-    #[error(transparent)]
-    MeanStd(#[from] crate::data::mean_std::MeanStdError),
-    #[error(transparent)]
-    Data(#[from] crate::data::DataError),
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    DistEnv(#[from] crate::distributed::env::DistEnvError),
-    /// The features stage's rendezvous and barrier.
-    #[error(transparent)]
-    Dist(#[from] crate::distributed::group::DistError),
-    #[error("gathering features: {source}")]
-    GatherFeatures {
-        #[source]
-        source: crate::distributed::group::DistError,
-    },
-    #[error("channel combination {index} does not exist (the config has {count})")]
-    NoCombination { index: usize, count: usize },
-    /// Every stage after training needs the dataset statistics.
-    #[error("{source} (run `trainer mean-std` or `trainer pipeline` first)")]
-    NoMeanStd {
-        #[source]
-        source: crate::data::mean_std::MeanStdError,
-    },
-    /// Nothing to analyse: training kept no checkpoint.
-    #[error("training finished but {} has no numbered checkpoints", dir.display())]
-    NoNumberedCheckpoints { dir: PathBuf },
-    /// A JSON file a stage wrote that does not parse as what it should hold.
-    #[error("{}: {source}", path.display())]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("{}: not an evaluation report: {source}", path.display())]
-    NotEvaluationReport {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// An evaluation report without a value the combinations table shows.
-    #[error("{}: {what}", path.display())]
-    IncompleteEvaluation { path: PathBuf, what: &'static str },
-    /// A line of `log.txt` that is not JSON (`line` counts from 1).
-    #[error("{} line {line}: {source}", path.display())]
-    LogLine {
-        path: PathBuf,
-        line: usize,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A stage failed; the source stays typed so callers can tell, e.g., a dead rank from a
-    /// bad file.
-    #[error("stage {label}: {source}")]
-    Stage {
-        label: String,
-        #[source]
-        source: Box<StageError>,
-    },
-}
+use std::time::Instant;
+use target::Target;
 
 pub use scdino_config::Stage;
 
@@ -130,39 +45,6 @@ pub enum PipelineOutcome {
     Preempted(Vec<StageRun>),
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct PipelineOptions {
-    /// Channel combinations to run (default: all).
-    pub combinations: Option<Vec<usize>>,
-    pub stop: Option<Arc<AtomicBool>>,
-    /// Training may resume on another dataset than its checkpoint's (see
-    /// [`TrainOptions::allow_new_data`]).
-    pub allow_new_data: bool,
-}
-
-fn mtime(p: &Path) -> Option<SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
-}
-
-/// True when every output exists and none is older than the newest existing input.
-pub fn up_to_date(outputs: &[PathBuf], inputs: &[PathBuf]) -> bool {
-    let newest_input = inputs.iter().filter_map(|p| mtime(p)).max();
-    outputs.iter().all(|o| match (mtime(o), newest_input) {
-        (None, _) => false,
-        (Some(_), None) => true,
-        (Some(out), Some(inp)) => out >= inp,
-    })
-}
-
-/// Which ranks run a stage when the pipeline runs on several (`trainer launch`, srun).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ranks {
-    /// Collective: every rank takes part.
-    All,
-    /// Rank 0 alone; the others go on to the next collective stage and wait for it there.
-    Lead,
-}
-
 struct Runner<'a> {
     runs: Vec<StageRun>,
     stop: Option<&'a AtomicBool>,
@@ -171,107 +53,60 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    /// The analyses of one numbered checkpoint (`tag`): features on every rank, then kNN,
-    /// evaluation with the profiling scores, UMAP and attention maps on rank 0.
-    fn analyse_checkpoint(
-        &mut self,
-        t: &Target,
-        tag: &str,
-        ckpt: &Path,
-        ms_path: &Path,
-    ) -> Result<(), StageError> {
-        let bundle = t.files.bundle(tag);
-        self.stage(
-            Stage::Features,
-            Ranks::All,
-            t,
-            Some(tag),
-            &[ckpt.to_path_buf(), ms_path.to_path_buf()],
-            &[bundle.clone(), t.files.profiles(tag)],
-            || stages::run_features(t, ckpt, tag).map(|_| ()),
-        )?;
-        self.stage(
-            Stage::Knn,
-            Ranks::Lead,
-            t,
-            Some(tag),
-            std::slice::from_ref(&bundle),
-            &[t.files.knn_json(tag)],
-            || stages::run_knn(t, tag).map(|_| ()),
-        )?;
-        let mut eval_inputs = vec![ckpt.to_path_buf(), ms_path.to_path_buf()];
-        // A local test folder is an input (its change reruns the evaluation); an S3 one
-        // has no modification time to compare.
-        let local_test = t.cfg.data.test_dir.as_ref().and_then(|d| d.local());
-        eval_inputs.extend(local_test.filter(|d| d.exists()).map(Path::to_path_buf));
-        self.stage(
-            Stage::Evaluate,
-            Ranks::Lead,
-            t,
-            Some(tag),
-            &eval_inputs,
-            &[
-                t.files.evaluation_json(tag),
-                t.files.evaluation_profiles(tag),
-                t.files.scores_json(tag),
-            ],
-            || {
-                stages::run_evaluate(t, ckpt, tag)?;
-                stages::run_scores(t, tag)
-            },
-        )?;
-        self.stage(
-            Stage::Umap,
-            Ranks::Lead,
-            t,
-            Some(tag),
-            std::slice::from_ref(&bundle),
-            &[t.files.umap_json(tag)],
-            || stages::run_umap(t, tag).map(|_| ()),
-        )?;
-        self.stage(
-            Stage::Attention,
-            Ranks::Lead,
-            t,
-            Some(tag),
-            &[ckpt.to_path_buf(), ms_path.to_path_buf()],
-            &[t.files.attention_manifest(tag)],
-            || stages::run_attention(t, ckpt, tag).map(|_| ()),
-        )?;
-        Ok(())
-    }
-
-    /// The profiling stage (`downstream.profiling`) for the checkpoints it names: every rank
-    /// embeds its share of the cells, rank 0 runs the recipe. Returns the records written (the
-    /// report's inputs); nothing when the stage is off.
-    fn profile_checkpoints(
-        &mut self,
-        t: &Target,
-        checkpoints: &[(String, PathBuf)],
-    ) -> Result<Vec<PathBuf>, StageError> {
-        if !t.cfg.downstream.profiling.enabled {
-            return Ok(vec![]);
-        }
-        let recipe = profiling::configured_recipe(t.cfg).map_err(|e| StageError::Stage {
-            label: Stage::Profiling.name().to_string(),
-            source: Box::new(e.into()),
-        })?;
-        let mut records = vec![];
-        for p in profiling::plan(t, checkpoints, &recipe) {
-            self.stage_unless(
-                Stage::Profiling,
-                Ranks::All,
-                t,
-                Some(&p.tag),
-                p.done,
-                || profiling::run_profiling(t, &p.tag, &p.checkpoint, &recipe).map(|_| ()),
-            )?;
-            records.push(t.files.profiling_record(&p.tag));
-            if self.stopped() {
-                break;
+    /// Every stage of [`STAGES`] for the model `t`, in order; the per-checkpoint stages that
+    /// follow each other run checkpoint by checkpoint.
+    fn run_model(&mut self, t: &Target, options: &PipelineOptions) -> Result<Flow, StageError> {
+        let mut checkpoints: Option<Vec<Checkpoint>> = None;
+        let mut i = 0;
+        while i < STAGES.len() {
+            if STAGES[i].scope() == Scope::Model {
+                let reported = reported(t, options, &STAGES[..i], checkpoints.as_deref());
+                let at = At {
+                    t,
+                    options,
+                    checkpoint: None,
+                    reported: &reported,
+                };
+                if self.stage(STAGES[i], &at)? == Flow::Stopped || self.stopped() {
+                    return Ok(Flow::Stopped);
+                }
+                i += 1;
+                continue;
             }
+            let end = i + STAGES[i..]
+                .iter()
+                .take_while(|s| s.scope() == Scope::Checkpoint)
+                .count();
+            let all = match &checkpoints {
+                Some(all) => all,
+                None => checkpoints.insert(numbered_checkpoints(t)?),
+            };
+            let group: Vec<(&dyn PipelineStage, Vec<Checkpoint>)> = STAGES[i..end]
+                .iter()
+                .map(|&s| (s, s.checkpoints(t, all)))
+                .collect();
+            for checkpoint in all.iter() {
+                for (stage, theirs) in &group {
+                    if !theirs.contains(checkpoint) {
+                        continue;
+                    }
+                    let at = At {
+                        t,
+                        options,
+                        checkpoint: Some(checkpoint),
+                        reported: &[],
+                    };
+                    if self.stage(*stage, &at)? == Flow::Stopped {
+                        return Ok(Flow::Stopped);
+                    }
+                }
+                if self.stopped() {
+                    return Ok(Flow::Stopped);
+                }
+            }
+            i = end;
         }
-        Ok(records)
+        Ok(Flow::Continue)
     }
 
     fn log(&self, what: &str) {
@@ -284,46 +119,23 @@ impl Runner<'_> {
         self.stop.is_some_and(|s| s.load(Ordering::SeqCst))
     }
 
-    /// Runs `work` unless `outputs` are up to date with `inputs`.
-    #[allow(clippy::too_many_arguments)]
-    fn stage(
-        &mut self,
-        stage: Stage,
-        ranks: Ranks,
-        t: &Target,
-        tag: Option<&str>,
-        inputs: &[PathBuf],
-        outputs: &[PathBuf],
-        work: impl FnOnce() -> Result<(), StageError>,
-    ) -> Result<(), StageError> {
-        // Every rank decides a collective stage from the same files: rank 0 writes them only
-        // inside collective stages, which end with all ranks together.
-        let done = up_to_date(outputs, inputs);
-        self.stage_unless(stage, ranks, t, tag, done, work)
-    }
-
-    /// Runs `work` unless `done` (decided by the caller from files every rank reads alike).
-    fn stage_unless(
-        &mut self,
-        stage: Stage,
-        ranks: Ranks,
-        t: &Target,
-        tag: Option<&str>,
-        done: bool,
-        work: impl FnOnce() -> Result<(), StageError>,
-    ) -> Result<(), StageError> {
-        if ranks == Ranks::Lead && !self.lead {
-            return Ok(());
+    /// Runs `stage` at `at` unless it is done there, or it is rank 0's and this is not rank 0.
+    fn stage(&mut self, stage: &dyn PipelineStage, at: &At) -> Result<Flow, StageError> {
+        if stage.ranks() == Ranks::Lead && !self.lead {
+            return Ok(Flow::Continue);
         }
-        let label = match tag {
-            Some(tag) => format!("{} {tag}", stage.name()),
-            None => stage.name().to_string(),
+        let name = stage.stage().name();
+        let tag = at.checkpoint.map(|(tag, _)| tag.clone());
+        let label = match &tag {
+            Some(tag) => format!("{name} {tag}"),
+            None => name.to_string(),
         };
         let start = Instant::now();
-        let ran = !done;
+        let ran = !stage.done(at);
+        let mut flow = Flow::Continue;
         if ran {
             self.log(&format!("{label}: running"));
-            work().map_err(|e| StageError::Stage {
+            flow = stage.run(at).map_err(|e| StageError::Stage {
                 label: label.clone(),
                 source: Box::new(e),
             })?;
@@ -335,21 +147,57 @@ impl Runner<'_> {
             self.log(&format!("{label}: up to date, skipped"));
         }
         self.runs.push(StageRun {
-            stage,
-            combination: t.combination,
-            tag: tag.map(str::to_string),
+            stage: stage.stage(),
+            combination: at.t.combination,
+            tag,
             ran,
             seconds: start.elapsed().as_secs_f64(),
         });
-        Ok(())
+        Ok(flow)
     }
 }
 
-/// Runs the whole pipeline for the selected channel combinations of `cfg`.
-///
-/// Launched on several ranks, every rank runs this: training and features are collective
-/// (data parallel), mean/std, kNN, UMAP, attention maps and the report run on rank 0 while
-/// the others wait at the next collective stage (within `train.dist_timeout_seconds`).
+/// The numbered checkpoints training kept; an error when it kept none (nothing to analyse).
+fn numbered_checkpoints(t: &Target) -> Result<Vec<Checkpoint>, StageError> {
+    let checkpoints = t.numbered_checkpoints();
+    if checkpoints.is_empty() {
+        return Err(StageError::NoNumberedCheckpoints {
+            dir: t.files.dir().to_path_buf(),
+        });
+    }
+    Ok(checkpoints)
+}
+
+/// What `stages` show in the report, for every checkpoint each ran for.
+fn reported(
+    t: &Target,
+    options: &PipelineOptions,
+    stages: &[&dyn PipelineStage],
+    checkpoints: Option<&[Checkpoint]>,
+) -> Vec<PathBuf> {
+    let at = |checkpoint| At {
+        t,
+        options,
+        checkpoint,
+        reported: &[],
+    };
+    let mut files = vec![];
+    for stage in stages {
+        match stage.scope() {
+            Scope::Model => files.extend(stage.reported(&at(None))),
+            Scope::Checkpoint => {
+                for c in &stage.checkpoints(t, checkpoints.unwrap_or_default()) {
+                    files.extend(stage.reported(&At {
+                        checkpoint: Some(c),
+                        ..at(None)
+                    }));
+                }
+            }
+        }
+    }
+    files
+}
+
 /// What the held-out split can score, said once before anything runs: the kNN stage scores
 /// the held-out images against themselves (an 80/20 split of them), so with few held-out
 /// images its k are clamped, classes go missing and the numbers of every checkpoint mean
@@ -406,6 +254,11 @@ pub fn warn_small_held_out(cfg: &Config) -> Result<Option<String>, StageError> {
     Ok(Some(message))
 }
 
+/// Runs the whole pipeline for the selected channel combinations of `cfg`.
+///
+/// Launched on several ranks, every rank runs this: training and features are collective
+/// (data parallel), mean/std, kNN, UMAP, attention maps and the report run on rank 0 while
+/// the others wait at the next collective stage (within `train.dist_timeout_seconds`).
 pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutcome, StageError> {
     let combos = opts
         .combinations
@@ -422,91 +275,9 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
     }
     for &combination in &combos {
         let t = Target::new(cfg, combination)?;
-        let ms_path = t.run.mean_std();
-        // Rank 0 only: training's ranks wait for it at their rendezvous and read the file.
-        r.stage(
-            Stage::MeanStd,
-            Ranks::Lead,
-            &t,
-            None,
-            &[],
-            std::slice::from_ref(&ms_path),
-            || {
-                let source = crate::data::open_source(&cfg.data)?;
-                crate::data::mean_std::load_or_compute(cfg, source.as_ref(), &ms_path)?;
-                Ok(())
-            },
-        )?;
-        if r.stopped() {
+        if r.run_model(&t, opts)? == Flow::Stopped {
             return Ok(PipelineOutcome::Preempted(r.runs));
         }
-
-        // Training decides for itself how far it is (it resumes from checkpoint.safetensors).
-        let latest = t.files.latest_checkpoint();
-        let finished = crate::checkpoint::read_meta(&latest)
-            .map(|m| m.epoch >= cfg.train.epochs)
-            .unwrap_or(false);
-        let start = Instant::now();
-        let mut outcome = TrainOutcome::Finished;
-        if !finished {
-            r.log("train: running");
-            outcome = train(
-                cfg,
-                &TrainOptions {
-                    combination,
-                    max_steps: None,
-                    stop: opts.stop.clone(),
-                    allow_new_data: opts.allow_new_data,
-                },
-            )?;
-        } else {
-            r.log("train: finished earlier, skipped");
-        }
-        r.runs.push(StageRun {
-            stage: Stage::Train,
-            combination,
-            tag: None,
-            ran: !finished,
-            seconds: start.elapsed().as_secs_f64(),
-        });
-        if outcome != TrainOutcome::Finished || r.stopped() {
-            return Ok(PipelineOutcome::Preempted(r.runs));
-        }
-
-        let checkpoints = t.numbered_checkpoints();
-        if checkpoints.is_empty() {
-            return Err(StageError::NoNumberedCheckpoints {
-                dir: t.files.dir().to_path_buf(),
-            });
-        }
-        for (tag, ckpt) in &checkpoints {
-            r.analyse_checkpoint(&t, tag, ckpt, &ms_path)?;
-            if r.stopped() {
-                return Ok(PipelineOutcome::Preempted(r.runs));
-            }
-        }
-        let profiled = r.profile_checkpoints(&t, &checkpoints)?;
-        if r.stopped() {
-            return Ok(PipelineOutcome::Preempted(r.runs));
-        }
-        let mut report_inputs = vec![ms_path.clone(), t.files.log()];
-        report_inputs.extend(profiled);
-        for (tag, _) in &checkpoints {
-            report_inputs.push(t.files.knn_json(tag));
-            report_inputs.push(t.files.evaluation_json(tag));
-            report_inputs.push(t.files.scores_json(tag));
-            report_inputs.push(t.files.umap_json(tag));
-            report_inputs.push(t.files.attention_manifest(tag));
-        }
-        r.stage(
-            Stage::Report,
-            Ranks::Lead,
-            &t,
-            None,
-            &report_inputs,
-            &[t.files.report_html()],
-            || report::write_report(&t, t.dataset()?).map(|_| ()),
-        )?;
     }
     if r.lead {
         if let Some(path) = combinations::write_table(cfg)? {

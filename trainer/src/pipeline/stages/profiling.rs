@@ -4,12 +4,14 @@
 //! was embedded and which recipe ran, so a rerun skips the stage only while both still match
 //! the config: a changed recipe reruns the recipe (the embedded parts are kept), a new
 //! checkpoint re-embeds.
-use super::stages::Target;
-use super::StageError;
+use crate::config::Stage;
 use crate::config::{Config, ProfiledCheckpoints};
 use crate::embed::parts::{parts_dir, PartsError};
 use crate::embed::run::EmbedError;
 use crate::embed::{EmbedOptions, OnError, ScreenOf};
+use crate::pipeline::error::StageError;
+use crate::pipeline::stage::{up_to_date, At, Checkpoint, Flow, PipelineStage, Ranks};
+use crate::pipeline::target::Target;
 use crate::scoring::profile::{self, ProfileSummary};
 use crate::scoring::recipe::Recipe;
 use crate::scoring::ScoringError;
@@ -230,19 +232,70 @@ pub fn plan(
 ) -> Vec<Planned> {
     profiled(t.cfg, checkpoints)
         .into_iter()
-        .map(|(tag, checkpoint)| {
-            let done = current_record(t, &tag, &checkpoint, &recipe.recipe).is_some()
-                && super::up_to_date(
-                    &[t.files.profiling_record(&tag)],
-                    &inputs(&checkpoint, recipe),
-                );
-            Planned {
-                tag,
-                checkpoint,
-                done,
-            }
+        .map(|(tag, checkpoint)| Planned {
+            done: is_done(t, &tag, &checkpoint, recipe),
+            tag,
+            checkpoint,
         })
         .collect()
+}
+
+/// Its record matches (checkpoint, cells, recipe) and is newer than the checkpoint and the
+/// recipe file.
+fn is_done(t: &Target, tag: &str, ckpt: &Path, recipe: &ConfiguredRecipe) -> bool {
+    current_record(t, tag, ckpt, &recipe.recipe).is_some()
+        && up_to_date(&[t.files.profiling_record(tag)], &inputs(ckpt, recipe))
+}
+
+/// The `profiling` stage: collective (every rank embeds its share of the cells), for the
+/// checkpoints `downstream.profiling` names; none when it is off.
+pub struct Profiling;
+
+impl PipelineStage for Profiling {
+    fn stage(&self) -> Stage {
+        Stage::Profiling
+    }
+
+    fn ranks(&self) -> Ranks {
+        Ranks::All
+    }
+
+    fn checkpoints(&self, t: &Target, all: &[Checkpoint]) -> Vec<Checkpoint> {
+        if !t.cfg.downstream.profiling.enabled {
+            return vec![];
+        }
+        profiled(t.cfg, all)
+    }
+
+    fn inputs(&self, at: &At) -> Vec<PathBuf> {
+        let ckpt = at.checkpoint().1;
+        match configured_recipe(at.t.cfg) {
+            Ok(recipe) => inputs(ckpt, &recipe),
+            Err(_) => vec![ckpt.to_path_buf()],
+        }
+    }
+
+    fn outputs(&self, at: &At) -> Vec<PathBuf> {
+        vec![at.t.files.profiling_record(at.checkpoint().0)]
+    }
+
+    /// Decided as [`plan`] decides; a recipe that does not read is not done, and
+    /// [`Self::run`] says why.
+    fn done(&self, at: &At) -> bool {
+        let (tag, ckpt) = at.checkpoint();
+        configured_recipe(at.t.cfg).is_ok_and(|recipe| is_done(at.t, tag, ckpt, &recipe))
+    }
+
+    fn run(&self, at: &At) -> Result<Flow, StageError> {
+        let (tag, ckpt) = at.checkpoint();
+        let recipe = configured_recipe(at.t.cfg)?;
+        run_profiling(at.t, tag, ckpt, &recipe)?;
+        Ok(Flow::Continue)
+    }
+
+    fn reported(&self, at: &At) -> Vec<PathBuf> {
+        self.outputs(at)
+    }
 }
 
 #[cfg(test)]

@@ -2,13 +2,18 @@
 //! the file can be mailed or opened from a login node without the output tree). It is built
 //! only from files the stages wrote (and the dataset's split, which the caller already has),
 //! so it can be regenerated at any time. One function per section, in page order.
-use super::stages::{best_k, read_knn_json, Dataset, Target, UmapSummary};
-use super::StageError;
+use super::evaluate::read_evaluation;
+use super::knn::{best_k, read_knn_json};
+use super::umap::UmapSummary;
 use crate::analysis::attention::AttentionImage;
 use crate::analysis::evaluate::EvaluationReport;
 use crate::analysis::knn::KnnReport;
 use crate::config::Config;
+use crate::config::Stage;
 use crate::data::DataError;
+use crate::pipeline::error::StageError;
+use crate::pipeline::stage::{At, Flow, PipelineStage, Scope};
+use crate::pipeline::target::{Dataset, Target};
 use crate::plot::{self, Curve};
 use base64::Engine;
 use std::fmt::Write as _;
@@ -83,22 +88,17 @@ pub fn write_report(t: &Target, dataset: &Dataset) -> Result<PathBuf, StageError
         "scDINO report: {}",
         t.cfg.model_dir_name(&t.channels)
     ));
-    h.push_str(&dataset_section(t, dataset));
-    h.push_str(&training_section(t)?);
     let tags = t.feature_tags();
-    let knn = read_tagged(&tags, |tag| t.files.knn_json(tag), read_knn_json)?;
-    h.push_str(&knn_section(&knn));
-    let evaluations = read_tagged(
-        &tags,
-        |tag| t.files.evaluation_json(tag),
-        super::stages::read_evaluation,
-    )?;
-    h.push_str(&evaluation_section(&evaluations));
-    h.push_str(&scores_section(t, &tags)?);
-    h.push_str(&knn_per_class_section(t, &knn)?);
-    h.push_str(&profiling_section(t, &tags)?);
-    h.push_str(&umap_section(t, &tags)?);
-    h.push_str(&attention_section(t, &tags)?);
+    let mut page = Page {
+        t,
+        dataset,
+        knn: vec![],
+        evaluations: vec![],
+        tags,
+    };
+    for (_, section) in SECTIONS {
+        h.push_str(&section(&mut page)?);
+    }
     h.push_str(&footer(t.cfg));
     let out = t.files.report_html();
     std::fs::create_dir_all(t.files.analyses()).map_err(|source| StageError::Io {
@@ -107,6 +107,67 @@ pub fn write_report(t: &Target, dataset: &Dataset) -> Result<PathBuf, StageError
     })?;
     scdino_base::fs::write_atomic(&out, h.as_bytes()).map_err(DataError::writing(&out))?;
     Ok(out)
+}
+
+/// What the sections read: the model, its dataset, the tags with features, and the reports two
+/// sections share (read by the first of them).
+struct Page<'a> {
+    t: &'a Target<'a>,
+    dataset: &'a Dataset,
+    tags: Vec<String>,
+    knn: Vec<(String, KnnReport)>,
+    evaluations: Vec<(String, EvaluationReport)>,
+}
+
+type Section = fn(&mut Page) -> Result<String, StageError>;
+
+/// The report's sections in page order, each with the stage whose files it shows: a stage's
+/// section is a function in this file and its line here.
+const SECTIONS: &[(Stage, Section)] = &[
+    (Stage::MeanStd, |p| Ok(dataset_section(p.t, p.dataset))),
+    (Stage::Train, |p| training_section(p.t)),
+    (Stage::Knn, |p| {
+        let t = p.t;
+        p.knn = read_tagged(&p.tags, |tag| t.files.knn_json(tag), read_knn_json)?;
+        Ok(knn_section(&p.knn))
+    }),
+    (Stage::Evaluate, |p| {
+        let t = p.t;
+        p.evaluations = read_tagged(&p.tags, |tag| t.files.evaluation_json(tag), read_evaluation)?;
+        Ok(evaluation_section(&p.evaluations))
+    }),
+    (Stage::Evaluate, |p| scores_section(p.t, &p.tags)),
+    (Stage::Knn, |p| knn_per_class_section(p.t, &p.knn)),
+    (Stage::Profiling, |p| profiling_section(p.t, &p.tags)),
+    (Stage::Umap, |p| umap_section(p.t, &p.tags)),
+    (Stage::Attention, |p| attention_section(p.t, &p.tags)),
+];
+
+/// The `report` stage, on rank 0, once per model: it reads every file the stages before it
+/// show ([`At::reported`]).
+pub struct Report;
+
+impl PipelineStage for Report {
+    fn stage(&self) -> Stage {
+        Stage::Report
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Model
+    }
+
+    fn inputs(&self, at: &At) -> Vec<PathBuf> {
+        at.reported.to_vec()
+    }
+
+    fn outputs(&self, at: &At) -> Vec<PathBuf> {
+        vec![at.t.files.report_html()]
+    }
+
+    fn run(&self, at: &At) -> Result<Flow, StageError> {
+        write_report(at.t, at.t.dataset()?)?;
+        Ok(Flow::Continue)
+    }
 }
 
 /// The reports of the `tags` whose file (`path_of`) exists, in tag order.
