@@ -7,12 +7,12 @@
 //! Differences from scDINO, on purpose: images are picked with a seeded shuffle (`run.seed`)
 //! instead of Python's unseeded `random.sample`, so reruns and reports are reproducible; and
 //! `attention_images.json` lists what was written, for the report.
-use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features::{self, resized_hw, to_tensor, Embedder, FeaturesError};
 use crate::config::Config;
 use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, PreprocessOptions};
+use crate::model::backbone::BackboneWeights;
 use crate::plot::{self, PlotError};
 use scdino_base::rng::SplitMix64;
 use std::collections::BTreeMap;

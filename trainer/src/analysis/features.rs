@@ -3,7 +3,6 @@
 //! as training, resize (bilinear, shorter side to `resize_length`), normalisation, CLS token,
 //! L2 normalisation. Features, labels and paths are produced together, so they cannot drift
 //! apart (scDINO ran two jobs and relied on the sampler order matching).
-use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::analysis::pretrained::{self, InputSize, ModelInput};
 use crate::checkpoint;
 use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
@@ -12,6 +11,7 @@ use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
 use crate::data::{self, quality, ImageChw, PreprocessOptions};
 use crate::layout::ModelLayout;
+use crate::model::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::model::channels::{for_mode, ChannelModeKind, CombinationInput};
 use crate::model::{VisionTransformer, VitConfig};
 use std::path::{Path, PathBuf};
@@ -546,7 +546,7 @@ pub fn extract_indices(
     let device = crate::device::resolve_for_this_process(cfg.train.device)?;
     let (_vs, embedder, preparer, tag, epoch) = if pretrained::is_timm_folder(checkpoint_path) {
         let p = pretrained::for_config(cfg, &channels, checkpoint_path, device)?;
-        let tag = crate::analysis::backbone::timm_folder_tag(checkpoint_path);
+        let tag = crate::model::backbone::timm_folder_tag(checkpoint_path);
         let (embedder, preparer) = (Embedder::fixed(p.vit), Preparer::pretrained(p.input));
         (p.vs, embedder, preparer, tag, None)
     } else {

@@ -1,7 +1,6 @@
 //! The analyses around training: CLS features of the held-out images, the weighted kNN evaluation, UMAP and attention maps, and
 //! the evaluation on a test folder (kNN + linear probe with sklearn-defined metrics).
 pub mod attention;
-pub mod backbone;
 pub mod evaluate;
 pub mod features;
 pub mod knn;

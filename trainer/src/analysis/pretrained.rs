@@ -9,8 +9,8 @@
 //! stage, then resized to `pretrained_cfg.input_size` with `pretrained_cfg.interpolation` and
 //! normalised with `pretrained_cfg.mean`/`std` instead of the dataset's, because the model was
 //! trained on inputs of that size normalised that way.
-use crate::analysis::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::config::Config;
+use crate::model::backbone::{BackboneError, BackboneWeights, PatchEmbedAdapt};
 use crate::model::timm::{self, TimmModel};
 use crate::model::VisionTransformer;
 use std::collections::HashMap;

@@ -1,8 +1,8 @@
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
-use trainer::analysis::backbone::BackboneWeights;
 use trainer::config::CheckpointKey;
+use trainer::model::backbone::BackboneWeights;
 
 /// `trainer checkpoint ...`: PyTorch `.pth` checkpoints (scDINO/DINO) without Python.
 #[derive(Debug, Subcommand)]

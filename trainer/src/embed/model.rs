@@ -3,10 +3,10 @@
 //! model was trained on and how it takes them, and the dataset mean/std it normalised them
 //! with, so no run config is needed. Backbone, channel adaptation and preprocessing are the
 //! features stage's own ([`load_embedder`], [`Preparer`]), so the numbers are the same.
-use crate::analysis::backbone::BackboneWeights;
 use crate::analysis::features::{load_embedder, unit_rows, Embedder, FeaturesError, Preparer};
 use crate::checkpoint;
 use crate::config::{Config, MissingChannels};
+use crate::model::backbone::BackboneWeights;
 use crate::pth::{self, FileKind};
 use std::path::{Path, PathBuf};
 use tch::{nn, Device, Kind, Tensor};

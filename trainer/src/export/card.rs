@@ -3,8 +3,8 @@
 //! and the exact lines that load it.
 use super::source::{arch_name, network_name, Source};
 use super::Format;
-use crate::analysis::backbone::checkpoint_tag;
 use crate::layout::ModelLayout;
+use crate::model::backbone::checkpoint_tag;
 use std::fmt::Write;
 
 pub fn model_card(src: &Source, format: Format, how_to_load: &str) -> String {

@@ -1,5 +1,6 @@
 //! ViT-DINO networks: the ViT backbone, the DINO head and the multi-crop wrapper, plus loading
 //! weights by PyTorch name.
+pub mod backbone;
 pub mod channels;
 mod head;
 mod init;

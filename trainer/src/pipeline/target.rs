@@ -155,5 +155,5 @@ pub fn sort_tags(tags: &mut [String]) {
 /// scDINO names analyses after the checkpoint's epoch counted from 0 (`checkpoint{E}.pth`);
 /// works for our checkpoints and PyTorch `.pth` files alike.
 pub fn tag_of_checkpoint(path: &Path) -> Result<String, StageError> {
-    Ok(crate::analysis::backbone::checkpoint_tag(path).map_err(features::FeaturesError::from)?)
+    Ok(crate::model::backbone::checkpoint_tag(path).map_err(features::FeaturesError::from)?)
 }

@@ -11,9 +11,9 @@
 //! method, so it computes what the source computed; resampling them here too would resample
 //! twice, and an export at the source's size would not give its positions back.
 use super::step::Networks;
-use crate::analysis::backbone::BackboneWeights;
 use crate::checkpoint;
 use crate::config::{ChannelAdapt, CheckpointKey, Config, InitFormat, ModelInit};
+use crate::model::backbone::BackboneWeights;
 use crate::model::{timm, VitConfig, TRAINING_ONLY};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,12 +5,12 @@
 //! design, since every command that reads the config reads it: a timm folder's `config.json`
 //! and safetensors header, a run checkpoint's model record, a `.pth`'s pickle (the tensor
 //! shapes, not their data).
-use crate::analysis::backbone::BackboneWeights;
 use crate::checkpoint;
 use crate::config::{
     self, Arch, CheckpointKey, Config, ConfigError, InitFormat, ModelInit, PosEmbed, SourceLayout,
 };
 use crate::export::{ExportError, ModelRecord};
+use crate::model::backbone::BackboneWeights;
 use crate::model::{timm, PosResample, VitConfig};
 use std::path::Path;
 

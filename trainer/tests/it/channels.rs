@@ -227,8 +227,8 @@ fn checkpoints_refuse_what_they_cannot_embed() {
     // `missing_channels: zeros`: the [a, b] model embeds [a] (or [b]) as it embeds the image
     // with the other channel zeroed after normalisation.
     use tch::{Device, Kind, Tensor};
-    use trainer::analysis::backbone::BackboneWeights;
     use trainer::config::CheckpointKey;
+    use trainer::model::backbone::BackboneWeights;
     let zeros = config_with(
         dir.path(),
         "f",

@@ -530,7 +530,7 @@ fn exports_give_the_features_stage_rows_at_the_runs_resolution() {
         let channels = cfg.channel_sets[0].clone();
         let files = RunLayout::new(&cfg).model(&cfg, &channels);
         let ckpt = files.latest_checkpoint();
-        let tag = trainer::analysis::backbone::checkpoint_tag(&ckpt).unwrap();
+        let tag = trainer::model::backbone::checkpoint_tag(&ckpt).unwrap();
         let rows = csv_rows(&files.features_csv(&tag));
         let paths: Vec<String> = std::fs::read_to_string(files.image_paths_csv())
             .unwrap()

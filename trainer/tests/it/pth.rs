@@ -4,11 +4,11 @@ use super::util::{max_abs_diff, run_py_file};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use tch::{Kind, Tensor};
-use trainer::analysis::backbone::{checkpoint_tag, BackboneWeights};
 use trainer::analysis::features;
 use trainer::config::{CheckpointKey, Config};
 use trainer::data::mean_std::MeanStd;
 use trainer::data::{generate_synthetic, SynthOptions};
+use trainer::model::backbone::{checkpoint_tag, BackboneWeights};
 use trainer::pth::{PthFile, TrainingArgs, Value};
 
 /// Files shared by the tests of this module (writing a checkpoint with torch takes seconds),

@@ -4,12 +4,14 @@
 //! count, the features and attention maps of the analyses, the export and the checkpoint's
 //! record all ask the mode; docs/architecture.md lists where a new mode goes.
 mod bag;
+mod bag_items;
 mod fixed;
 mod hierarchical;
 mod kind;
 mod tokens;
 
 pub use bag::bag_cls;
+pub use bag_items::BagOfChannels;
 pub use hierarchical::{expected_channels, hierarchical_sample};
 pub use kind::{cls_attention_maps, ChannelModeKind, CombinationInput};
 

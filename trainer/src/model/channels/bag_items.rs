@@ -4,12 +4,13 @@
 //! seeds work on items exactly as they work on images. The augmentation normalises with mean
 //! 0 and std 1 (the identity), and each crop is then normalised with its own channel's
 //! mean/std, which is the same as normalising last with that channel's statistics.
-use super::input::ImageFn;
-use super::loader::LoadError;
 use crate::data::ImageChw;
 use std::cell::RefCell;
 use std::sync::Arc;
 use tch::{Device, Tensor};
+
+/// Reads image `i` into `out`; false when it is to be skipped.
+pub type ReadFn<E> = dyn Fn(usize, &mut ImageChw) -> Result<bool, E> + Send + Sync;
 
 pub struct BagOfChannels {
     channels: usize,
@@ -48,31 +49,30 @@ impl BagOfChannels {
             .collect()
     }
 
-    /// Reads item `image · C + k` as the single channel k of the image `inner` reads.
-    pub fn image_fn(&self, inner: Arc<ImageFn>) -> Arc<ImageFn> {
+    /// Reads item `image · C + k` as the single channel k of the image `inner` reads (the
+    /// training loader's reader, `train::input::ImageFn`, whatever its error).
+    pub fn image_fn<E: 'static>(&self, inner: Arc<ReadFn<E>>) -> Arc<ReadFn<E>> {
         thread_local! {
             static FULL: RefCell<ImageChw> = RefCell::new(ImageChw::default());
         }
         let c = self.channels;
-        Arc::new(
-            move |item: usize, out: &mut ImageChw| -> Result<bool, LoadError> {
-                FULL.with(|full| {
-                    let full = &mut *full.borrow_mut();
-                    if !inner(item / c, full)? {
-                        return Ok(false);
-                    }
-                    let plane = full.height * full.width;
-                    let k = item % c;
-                    out.channels = 1;
-                    out.height = full.height;
-                    out.width = full.width;
-                    out.data.clear();
-                    out.data
-                        .extend_from_slice(&full.data[k * plane..(k + 1) * plane]);
-                    Ok(true)
-                })
-            },
-        )
+        Arc::new(move |item: usize, out: &mut ImageChw| -> Result<bool, E> {
+            FULL.with(|full| {
+                let full = &mut *full.borrow_mut();
+                if !inner(item / c, full)? {
+                    return Ok(false);
+                }
+                let plane = full.height * full.width;
+                let k = item % c;
+                out.channels = 1;
+                out.height = full.height;
+                out.width = full.width;
+                out.data.clear();
+                out.data
+                    .extend_from_slice(&full.data[k * plane..(k + 1) * plane]);
+                Ok(true)
+            })
+        })
     }
 
     /// The augmentation's normalisation: the identity (see the module doc).
@@ -119,7 +119,7 @@ mod tests {
     #[test]
     fn an_item_reads_one_channel_of_its_image() {
         let bag = BagOfChannels::new(&[0.0; 3], &[1.0; 3]);
-        let inner: Arc<ImageFn> = Arc::new(|i: usize, out: &mut ImageChw| {
+        let inner: Arc<ReadFn<String>> = Arc::new(|i: usize, out: &mut ImageChw| {
             *out = ImageChw::new(3, 1, 2, (0..6).map(|v| (i * 10 + v) as f32).collect()).unwrap();
             Ok(true)
         });
