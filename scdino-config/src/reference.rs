@@ -1,6 +1,6 @@
 //! `docs/config-reference.md`: every key of the run config with its default and meaning,
 //! generated so that it cannot drift from the code. The keys and meanings are read from the
-//! schema's own source (the doc comment above each field of `sections.rs`, and the values of
+//! schema's own source (the doc comment above each field of `sections/`, and the values of
 //! its enums), the defaults from [`Sections::default`], the keys nothing reads from
 //! [`IGNORED_KEYS`]; a test compares the committed page with this rendering.
 //!
@@ -14,8 +14,14 @@ use std::fmt::Write;
 
 /// The files that declare the schema: the sections, `lib.rs` for the enums kept there, and
 /// `dichavit.rs` (`model.dichavit`).
-const SCHEMA_SOURCES: [&str; 3] = [
-    include_str!("sections.rs"),
+const SCHEMA_SOURCES: [&str; 9] = [
+    include_str!("sections/mod.rs"),
+    include_str!("sections/run.rs"),
+    include_str!("sections/data.rs"),
+    include_str!("sections/model.rs"),
+    include_str!("sections/train.rs"),
+    include_str!("sections/augment.rs"),
+    include_str!("sections/downstream.rs"),
     include_str!("lib.rs"),
     include_str!("dichavit.rs"),
 ];
@@ -269,7 +275,7 @@ pub fn markdown() -> String {
     let _ = write!(
         md,
         "# Configuration reference\n\n\
-         <!-- Generated from scdino-config (the doc comments of src/sections.rs and the defaults); \
+         <!-- Generated from scdino-config (the doc comments of src/sections/ and the defaults); \
          do not edit. Regenerate: {REGENERATE} -->\n\n\
          Every key of the trainer's run config, with its default and meaning. The page is \
          generated from the config crate, and a test fails when it differs from the code. \
@@ -352,7 +358,7 @@ mod tests {
             .collect();
         assert!(
             undocumented.is_empty(),
-            "give these fields a doc comment in sections.rs: {undocumented:?}"
+            "give these fields a doc comment in sections/: {undocumented:?}"
         );
         let seed = documented.iter().find(|k| k.key == "run.seed").unwrap();
         assert_eq!(seed.default, "40");
