@@ -3,6 +3,7 @@
 mod alloc_count;
 pub mod analysis;
 pub mod augment;
+pub mod bench;
 pub mod build_info;
 pub mod checkpoint;
 pub mod cuda_graph;

@@ -3,28 +3,17 @@
 //! loader, peer bench/train_step.py), `loader` (input pipeline throughput per core, peer
 //! bench/loader_peer.py) and `matmul` (fp32 matmul peak). The scripts run the
 //! PyTorch peers with the same shapes and threads in the same invocation and report ratios.
-use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand, ValueEnum};
+//! `step` and `loader` are work of the library (`trainer::bench`); their flags are parsed here.
+use anyhow::Result;
+use clap::{Args, Subcommand};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 use tch::{nn, Device, Kind, Tensor};
-use trainer::augment::{MultiCropAugment, MultiCropConfig};
-use trainer::config::{
-    Arch, AugmentOn, ChannelMode, Config, DatasetLocation, DeviceChoice, Precision, Sections,
-};
-use trainer::data::mean_std;
-use trainer::data::{open_source, LocalSource, PreprocessOptions, SharedSource};
-use trainer::model::channels::{for_mode, ChannelModeKind};
+use trainer::bench::loader::{LoaderOptions, LoaderPath};
+use trainer::bench::step::{LoaderMode, StepOptions};
+use trainer::bench::yaml_name;
+use trainer::config::{Arch, ChannelMode, DeviceChoice, Precision};
 use trainer::model::{HeadConfig, MultiCropNet, VitConfig};
-use trainer::train::graphed::{self, GraphedStep};
-use trainer::train::input::TrainInput;
-use trainer::train::loader::{BufferPool, EpochLoader, LoadedBatch};
-use trainer::train::run::training_image_fn;
-use trainer::train::sampler::{configured_epoch_order, epoch_order};
-use trainer::train::schedule::scaled_lr;
-use trainer::train::step::{ChannelSubset, Learner, StepParams};
-use trainer::train::strategy::SingleProcess;
 
 mod profiles;
 
@@ -136,15 +125,6 @@ fn parse_arch(s: &str) -> Result<Arch, String> {
         .ok_or_else(|| format!("unknown arch {s:?}: vit_tiny, vit_small or vit_base"))
 }
 
-/// The config's own spelling of an enum value (`vit_small`, `bf16`, `tokens`): what its YAML
-/// key takes, so a bench flag and the config can never spell a value differently.
-fn yaml_name<T: serde::Serialize>(value: &T) -> String {
-    match serde_json::to_value(value) {
-        Ok(serde_json::Value::String(s)) => s,
-        other => unreachable!("a config enum serialises to its name, not {other:?}"),
-    }
-}
-
 /// `values` of a config enum by their config spelling.
 fn config_enum<T: serde::Serialize + Copy>(values: &[T]) -> Vec<(String, T)> {
     values.iter().map(|v| (yaml_name(v), *v)).collect()
@@ -237,15 +217,6 @@ impl ModelBench {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LoaderMode {
-    /// Random crops held in memory: times `Learner::step` alone.
-    None,
-    /// The training input pipeline (TIFF, min–max, multi-crop, EpochLoader): times the
-    /// wall clock of each step including the wait for its batch.
-    Real,
-}
-
 #[derive(Debug, Args)]
 pub struct StepBench {
     #[arg(long, value_parser = parse_arch, default_value = "vit_small")]
@@ -304,304 +275,30 @@ pub struct StepBench {
 }
 
 impl StepBench {
-    /// A validated default config with this bench's model and crop settings.
-    fn config(&self) -> Result<Config> {
-        let mut s = Sections::default();
-        s.run.seed = self.seed;
-        s.model.arch = self.arch;
-        s.model.patch_size = self.patch;
-        s.model.out_dim = self.out_dim;
-        s.model.channels = self.channel_mode;
-        s.train.precision = self.precision;
-        s.train.batch_size_per_gpu = self.batch;
-        s.augment.global_crop_size = self.global_size;
-        s.augment.local_crop_size = self.local_size;
-        s.augment.local_crops_number = self.local_crops;
-        // scDINO's argparse defaults (also the published model and the AWS runs).
-        s.augment.global_crops_scale = (0.4, 1.0);
-        s.augment.local_crops_scale = (0.05, 0.4);
-        Ok(Config::from_sections(s, "<bench step>")?)
-    }
-
-    /// `--cuda-graphs`: the graphed step, refused with the reason where it cannot capture.
-    fn graphed(&self, cfg: &Config, device: Device) -> Result<Option<GraphedStep>> {
-        if !self.cuda_graphs {
-            return Ok(None);
-        }
-        if self.loader != LoaderMode::None {
-            bail!("--cuda-graphs is measured with --loader none");
-        }
-        let reason = match device {
-            Device::Cpu => graphed::unsupported_step(cfg, 1).map(str::to_string),
-            _ => graphed::unsupported(cfg, device, 1),
-        };
-        if let Some(reason) = reason {
-            bail!("--cuda-graphs: {reason}");
-        }
-        Ok(Some(GraphedStep::new(device)))
-    }
-
-    /// The `--device` the step runs on, refused where the bench cannot measure it.
-    fn device(&self) -> Result<Device> {
-        let device = match self.device {
-            DeviceChoice::Auto => bail!("--device takes cpu or cuda"),
-            DeviceChoice::Cpu => Device::Cpu,
-            DeviceChoice::Cuda => {
-                if self.loader != LoaderMode::None {
-                    bail!("--device cuda is measured with --loader none");
-                }
-                if !tch::Cuda::is_available() {
-                    bail!("--device cuda: libtorch sees no GPU (a trainer built with --features nccl is needed)");
-                }
-                Device::Cuda(0)
-            }
-        };
-        if device == Device::Cpu && self.precision == Precision::Fp16 {
-            bail!("--precision fp16 needs --device cuda");
-        }
-        Ok(device)
-    }
-
     fn run(self) -> Result<()> {
-        if self.iters == 0 {
-            bail!("--iters must be at least 1");
-        }
-        if self.channel_mode.is_adaptive() && self.loader != LoaderMode::None {
-            // The adaptive modes as the registry has them, so a new one is named here too.
-            let adaptive: Vec<&str> = trainer::model::channels::all_modes()
-                .iter()
-                .filter(|m| m.is_adaptive())
-                .map(|m| m.name())
-                .collect();
-            bail!(
-                "--channel-mode {} is measured with --loader none",
-                adaptive.join("|")
-            );
-        }
-        let device = self.device()?;
-        tch::set_num_threads(self.threads);
-        let cfg = self.config()?;
-        let ncrops = 2 + self.local_crops;
-        let mut learner = Learner::from_config(&cfg, self.channels, device)?;
-        let lr = scaled_lr(cfg.train.lr, self.batch, 1);
-        let mode = for_mode(self.channel_mode);
-        let params = |it: usize| StepParams {
-            lr,
-            weight_decay: cfg.train.weight_decay,
-            momentum: cfg.train.momentum_teacher,
-            epoch: 0,
-            // Off, so the head's last layer is updated as in every epoch after the first.
-            freeze_last_layer: false,
-            clip_grad: cfg.train.clip_grad,
-            rng_seed: it as i64,
-            channels: mode
-                .step_channels(self.seed, it, self.channels)
-                .map(|c| ChannelSubset::from_indices(&c)),
+        let options = StepOptions {
+            arch: self.arch,
+            patch: self.patch,
+            channels: self.channels,
+            batch: self.batch,
+            local_crops: self.local_crops,
+            global_size: self.global_size,
+            local_size: self.local_size,
+            out_dim: self.out_dim,
+            threads: self.threads,
+            warmup: self.warmup,
+            iters: self.iters,
+            loader: self.loader,
+            data: self.data,
+            workers: self.workers,
+            seed: self.seed,
+            channel_mode: self.channel_mode,
+            device: self.device,
+            precision: self.precision,
+            cuda_graphs: self.cuda_graphs,
         };
-        let mut group = SingleProcess::default();
-        let graphed = self.graphed(&cfg, device)?;
-        let mut run = StepRun {
-            learner: &mut learner,
-            params: &params,
-            group: &mut group,
-            timed: Vec::with_capacity(self.iters),
-            losses: Vec::new(),
-            last_loss: f64::NAN,
-        };
-        match self.loader {
-            LoaderMode::None => self.synthetic_steps(&mut run, graphed, ncrops, device, mode)?,
-            LoaderMode::Real => self.real_steps(&mut run, &cfg)?,
-        }
-        self.report(&run);
+        println!("{}", options.run()?);
         Ok(())
-    }
-
-    /// Steps on random crops made once (`--loader none`), graphed when asked.
-    fn synthetic_steps(
-        &self,
-        run: &mut StepRun<'_>,
-        mut graphed: Option<GraphedStep>,
-        ncrops: usize,
-        device: Device,
-        mode: &dyn ChannelModeKind,
-    ) -> Result<()> {
-        // Waits for the step's queued GPU work (the teacher EMA), so its time holds all of it.
-        let sync = || {
-            if let Device::Cuda(i) = device {
-                tch::Cuda::synchronize(i as i64);
-            }
-        };
-        let (b, c) = if mode.channel_items() {
-            ((self.batch * self.channels) as i64, 1)
-        } else {
-            (self.batch as i64, self.channels as i64)
-        };
-        let opts = (Kind::Float, device);
-        let crops: Vec<Tensor> = (0..ncrops)
-            .map(|k| {
-                let s = if k < 2 {
-                    self.global_size
-                } else {
-                    self.local_size
-                } as i64;
-                Tensor::randn([b, c, s, s], opts)
-            })
-            .collect();
-        for it in 0..self.warmup + self.iters {
-            let t = Instant::now();
-            let out = match &mut graphed {
-                Some(g) => g.step(run.learner, &crops, (run.params)(it), it)?,
-                None => run.learner.step(&crops, (run.params)(it), it, run.group)?,
-            };
-            sync();
-            run.losses.push(out.loss);
-            let secs = t.elapsed().as_secs_f64();
-            run.last_loss = out.loss;
-            if it >= self.warmup {
-                run.timed.push((secs, 0.0, self.batch));
-            }
-        }
-        Ok(())
-    }
-
-    /// Steps on batches of training's own input pipeline over `--data` (`--loader real`).
-    fn real_steps(&self, run: &mut StepRun<'_>, cfg: &Config) -> Result<()> {
-        let Some(dir) = &self.data else {
-            bail!("--loader real needs --data DIR (e.g. the Training/ folder of `trainer synth`)");
-        };
-        let total = self.warmup + self.iters;
-        let pool = BufferPool::new(2 * self.workers.max(1) + 2);
-        let mut loader = self.real_loader(cfg, dir, total, pool.clone())?;
-        for it in 0..total {
-            let t = Instant::now();
-            let b = loader
-                .next()
-                .context("the loader ran out of batches")?
-                .map_err(anyhow::Error::msg)?;
-            if b.indices.is_empty() {
-                bail!("batch {} has no usable image", b.batch_no);
-            }
-            let out = run
-                .learner
-                .step(&b.crops, (run.params)(it), it, run.group)?;
-            let secs = t.elapsed().as_secs_f64();
-            run.last_loss = out.loss;
-            if it >= self.warmup {
-                run.timed
-                    .push((secs, b.wait.as_secs_f64(), b.indices.len()));
-            }
-            let LoadedBatch { crops, buffers, .. } = b;
-            drop(crops);
-            // SAFETY: the step is over and the batch's views are dropped.
-            unsafe { pool.put(buffers) };
-        }
-        Ok(())
-    }
-
-    /// The JSON line of the timed steps.
-    fn report(&self, run: &StepRun<'_>) {
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let times: Vec<f64> = run.timed.iter().map(|t| t.0).collect();
-        let waits: Vec<f64> = run.timed.iter().map(|t| t.1).collect();
-        let images: usize = run.timed.iter().map(|t| t.2).sum();
-        let median_s = median(times.clone());
-        println!(
-            "{}",
-            serde_json::json!({
-                "impl": "rust-tch",
-                "bench": "step",
-                "arch": yaml_name(&self.arch),
-                "channel_mode": yaml_name(&self.channel_mode),
-                "channels": self.channels,
-                "device": yaml_name(&self.device),
-                "precision": yaml_name(&self.precision),
-                "loader": match self.loader { LoaderMode::None => "none", LoaderMode::Real => "real" },
-                "batch": self.batch,
-                "threads": self.threads,
-                "workers": if self.loader == LoaderMode::Real { self.workers } else { 0 },
-                "crops": [self.global_size, self.local_size, self.local_crops],
-                "out_dim": self.out_dim,
-                "median_s": median_s,
-                "imgs_per_s": self.batch as f64 / median_s,
-                "throughput_imgs_per_s": images as f64 / times.iter().sum::<f64>(),
-                "times_s": times,
-                "data_wait_s": waits,
-                "data_wait_median_s": median(waits.clone()),
-                "last_loss": run.last_loss,
-                "cuda_graphs": self.cuda_graphs,
-                "losses": run.losses,
-            })
-        );
-    }
-
-    /// The input pipeline of `trainer train` (index, TIFF, min–max, multi-crop augmentation,
-    /// EpochLoader) over `dir`, for the first `steps` batches of a seeded epoch order.
-    /// The sample function is training's own, [`training_image_fn`].
-    fn real_loader(
-        &self,
-        cfg: &Config,
-        dir: &std::path::Path,
-        steps: usize,
-        pool: BufferPool,
-    ) -> Result<EpochLoader> {
-        let source: SharedSource = Arc::new(LocalSource::open(dir, 0)?);
-        let index = source.index();
-        if index.len() < steps * self.batch {
-            bail!(
-                "{} holds {} images; {steps} steps of batch {} need {} (make more with `trainer synth --per-class N`)",
-                dir.display(),
-                index.len(),
-                self.batch,
-                steps * self.batch
-            );
-        }
-        // Computed once before training in `trainer train`, so outside the timing here too.
-        let ms = mean_std::compute(source.as_ref(), cfg.data.mean_std_fraction, 0, self.workers)?;
-        if ms.mean.len() != self.channels {
-            bail!(
-                "{} has {}-channel images, --channels is {}",
-                dir.display(),
-                ms.mean.len(),
-                self.channels
-            );
-        }
-        let all: Vec<usize> = (0..self.channels).collect();
-        let (mean, std) = ms.select(&all, &cfg.data.channel_names);
-        let a = &cfg.augment;
-        let augment = Arc::new(MultiCropAugment::new(MultiCropConfig {
-            global_crops_scale: a.global_crops_scale,
-            local_crops_scale: a.local_crops_scale,
-            global_size: a.global_crop_size,
-            local_size: a.local_crop_size,
-            local_crops_number: a.local_crops_number,
-            mean,
-            std,
-            ops: a.into(),
-        })?);
-        let prep = PreprocessOptions {
-            selected_channels: Some(all),
-            center_crop: 0,
-        };
-        let (seed, epoch, file_channels) = (self.seed, 0u64, self.channels);
-        let images = training_image_fn(source.clone(), prep, file_channels, Vec::new(), None);
-        let order = epoch_order(&(0..index.len()).collect::<Vec<_>>(), seed, epoch, 0, 1);
-        let input = TrainInput::new(augment, AugmentOn::Cpu, seed);
-        let sample = input
-            .samples(images, epoch, &order)
-            .map_err(anyhow::Error::msg)?;
-        let workers = self.workers.max(1);
-        Ok(EpochLoader::new(
-            order,
-            self.batch,
-            workers,
-            2 * workers,
-            0,
-            sample,
-            pool,
-        ))
     }
 }
 
@@ -646,21 +343,6 @@ impl MatmulBench {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LoaderPath {
-    /// Workers decode, min–max scale and run the full multi-crop augmentation.
-    Cpu,
-    /// Workers decode and min–max scale; the batched tensor augmentation runs on the
-    /// consumer thread (on the CPU here, with `--threads` libtorch threads).
-    Device,
-    /// Workers decode and min–max scale only: the CPU cost of the device path when the
-    /// augmentation runs on a GPU.
-    Read,
-    /// The CPU augmentation kernels alone, on this thread: `--batch` decoded images
-    /// augmented over and over into reused buffers (no I/O, no allocation, no batching).
-    Kernels,
-}
-
 #[derive(Debug, Args)]
 pub struct LoaderBench {
     /// ImageFolder root of TIFFs (e.g. the `Training/` folder `trainer synth` writes).
@@ -701,292 +383,24 @@ pub struct LoaderBench {
     seed: u64,
 }
 
-/// User + system CPU seconds of this process (all threads), from /proc/self/stat.
-/// What the step benchmark's loops share and record.
-struct StepRun<'a> {
-    learner: &'a mut Learner,
-    params: &'a dyn Fn(usize) -> StepParams,
-    group: &'a mut SingleProcess,
-    /// Per timed step: (wall seconds, data-wait seconds, images).
-    timed: Vec<(f64, f64, usize)>,
-    /// Every step's loss (`--loader none`).
-    losses: Vec<f64>,
-    last_loss: f64,
-}
-
-fn process_cpu_seconds() -> Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = stat
-        .rsplit_once(')')
-        .context("malformed /proc/self/stat")?
-        .1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<f64> {
-        Ok(f.get(i).context("short /proc/self/stat")?.parse::<f64>()?)
-    };
-    // Fields 14/15 are at 11/12 counting from field 3 (the state) at 0; USER_HZ is 100 on
-    // Linux everywhere we run.
-    Ok((ticks(11)? + ticks(12)?) / 100.0)
-}
-
 impl LoaderBench {
-    /// The dataset (`--config` or `--data`, holding at least `need` images unless only the
-    /// kernels are timed), its channel count, and training's multi-crop augmentation with the
-    /// dataset's mean/std.
-    fn source_and_augment(&self, need: usize) -> Result<LoaderInput> {
-        let (source, name, data): (SharedSource, DatasetLocation, _) =
-            match (&self.config, &self.data) {
-                (Some(c), _) => {
-                    let cfg = trainer::train::init_layout::load_config(c)?;
-                    let name = cfg.data.dataset_dir.clone();
-                    (open_source(&cfg.data)?, name, Some(cfg.data.clone()))
-                }
-                (None, Some(d)) => (
-                    Arc::new(LocalSource::open(d, 0)?) as SharedSource,
-                    DatasetLocation::Local(d.clone()),
-                    None,
-                ),
-                (None, None) => bail!("give --data DIR or --config FILE"),
-            };
-        let index = source.index();
-        if index.len() < need && self.path != LoaderPath::Kernels {
-            bail!(
-                "{name} holds {} images; {} batches of {} need {need} (make more with `trainer synth --per-class N`)",
-                index.len(),
-                self.warmup + self.batches,
-                self.batch
-            );
-        }
-        let ms = mean_std::compute(source.as_ref(), 0.1, 0, self.threads)?;
-        let channels = ms.mean.len();
-        let all: Vec<usize> = (0..channels).collect();
-        let (mean, std) = ms.select(&all, &[]);
-        let augment = Arc::new(MultiCropAugment::new(MultiCropConfig {
-            global_crops_scale: (0.4, 1.0),
-            local_crops_scale: (0.05, 0.4),
+    fn run(self) -> Result<()> {
+        let options = LoaderOptions {
+            data: self.data,
+            config: self.config,
+            warm: self.warm,
+            no_buffer_reuse: self.no_buffer_reuse,
+            path: self.path,
+            threads: self.threads,
+            batch: self.batch,
+            batches: self.batches,
+            warmup: self.warmup,
+            local_crops: self.local_crops,
             global_size: self.global_size,
             local_size: self.local_size,
-            local_crops_number: self.local_crops,
-            mean,
-            std,
-            ops: Default::default(),
-        })?);
-        Ok(LoaderInput {
-            source,
-            channels,
-            augment,
-            data,
-        })
-    }
-
-    fn run(self) -> Result<()> {
-        if self.batches == 0 || self.threads == 0 {
-            bail!("--batches and --threads must be at least 1");
-        }
-        tch::set_num_threads(if self.path == LoaderPath::Device {
-            self.threads as i32
-        } else {
-            1
-        });
-        let need = (self.warmup + self.batches) * self.batch;
-        let LoaderInput {
-            source,
-            channels,
-            augment,
-            data,
-        } = self.source_and_augment(need)?;
-        let index = source.index();
-        let all: Vec<usize> = (0..channels).collect();
-        let prep = PreprocessOptions {
-            selected_channels: Some(all),
-            center_crop: 0,
+            seed: self.seed,
         };
-        let epoch = 0u64;
-        let on = match self.path {
-            LoaderPath::Cpu => AugmentOn::Cpu,
-            LoaderPath::Device | LoaderPath::Read | LoaderPath::Kernels => AugmentOn::Device,
-        };
-        if self.path == LoaderPath::Kernels {
-            return self.kernels(&source, &prep, &augment);
-        }
-        let input = TrainInput::new(augment, on, self.seed);
-        let samples: Vec<usize> = (0..index.len()).collect();
-        // A config's `data.order` (e.g. `sites` for a screen) is training's order.
-        let mut order = match &data {
-            Some(d) => {
-                configured_epoch_order(d, source.as_ref(), &samples, self.seed, epoch, 0, 1)?
-            }
-            None => epoch_order(&samples, self.seed, epoch, 0, 1),
-        };
-        order.truncate(need);
-        if self.warm {
-            warm_read(&source, &order, self.threads)?;
-        }
-        source.will_read(&order);
-        // What mean/std (and `--warm`) fetched, so that `source` counts the loader's reads.
-        let before = source.report();
-        let images = training_image_fn(source.clone(), prep, channels, Vec::new(), None);
-        let samples = input
-            .samples(images, epoch, &order)
-            .map_err(anyhow::Error::msg)?;
-        let pool = BufferPool::new(if self.no_buffer_reuse {
-            0
-        } else {
-            2 * self.threads + 2
-        });
-        let loader = EpochLoader::new(
-            order,
-            self.batch,
-            self.threads,
-            2 * self.threads,
-            0,
-            samples,
-            pool.clone(),
-        );
-        let (mut t0, mut cpu0, mut images_timed, mut checksum) =
-            (Instant::now(), process_cpu_seconds()?, 0usize, 0.0f64);
-        for (n, loaded) in loader.enumerate() {
-            let b = loaded.map_err(anyhow::Error::msg)?;
-            let crops = if self.path == LoaderPath::Device {
-                input.crops(&b, epoch, Device::Cpu)?
-            } else {
-                b.crops.iter().map(|c| c.shallow_clone()).collect()
-            };
-            // One value per batch keeps the work observable without costing a pass.
-            checksum += crops[crops.len() - 1].double_value(&[0, 0, 0, 0]);
-            if n + 1 == self.warmup {
-                (t0, cpu0) = (Instant::now(), process_cpu_seconds()?);
-            } else if n >= self.warmup {
-                images_timed += b.indices.len();
-            }
-            drop(crops);
-            let LoadedBatch { crops, buffers, .. } = b;
-            drop(crops);
-            // SAFETY: the crops (and the device path's outputs) are dropped just above.
-            unsafe { pool.put(buffers) };
-        }
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = process_cpu_seconds()? - cpu0;
-        println!(
-            "{}",
-            serde_json::json!({
-                "impl": "rust",
-                "bench": "loader",
-                "path": format!("{:?}", self.path).to_lowercase(),
-                "threads": self.threads,
-                "batch": self.batch,
-                "batches": self.batches,
-                "images": images_timed,
-                "crops": [self.global_size, self.local_size, self.local_crops],
-                "wall_s": wall,
-                "cpu_s": cpu,
-                "imgs_per_s": images_timed as f64 / wall,
-                "imgs_per_cpu_s": images_timed as f64 / cpu.max(1e-9),
-                "checksum": checksum,
-                "source_before": before,
-                "source": source.report(),
-            })
-        );
-        Ok(())
-    }
-}
-
-/// What `trainer bench loader` reads: the source, its channel count, training's multi-crop
-/// augmentation with its mean/std, and the config's data section when `--config` gave one.
-struct LoaderInput {
-    source: SharedSource,
-    channels: usize,
-    augment: Arc<MultiCropAugment>,
-    data: Option<trainer::config::DataSection>,
-}
-
-/// Reads (and decodes) `order` once with `threads` readers: fills a node-local cache.
-fn warm_read(source: &SharedSource, order: &[usize], threads: usize) -> Result<()> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let next = AtomicUsize::new(0);
-    source.will_read(order);
-    std::thread::scope(|s| -> Result<()> {
-        let workers: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> Result<()> {
-                    while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        source.read(i)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("warm-up reader panicked"))??;
-        }
-        Ok(())
-    })
-}
-
-impl LoaderBench {
-    fn kernels(
-        &self,
-        source: &SharedSource,
-        prep: &PreprocessOptions,
-        augment: &MultiCropAugment,
-    ) -> Result<()> {
-        let images = training_image_fn(
-            source.clone(),
-            prep.clone(),
-            augment.channels(),
-            Vec::new(),
-            None,
-        );
-        let mut imgs = Vec::new();
-        for i in 0..self.batch {
-            let mut img = trainer::data::ImageChw::default();
-            if images(i, &mut img).map_err(anyhow::Error::msg)? {
-                imgs.push(img);
-            }
-        }
-        let mut bufs: Vec<Vec<f32>> = (0..augment.num_crops())
-            .map(|k| vec![0.0; augment.crop_len(k)])
-            .collect();
-        let mut run = |n: usize, epoch: u64| -> Result<usize> {
-            let mut done = 0;
-            for it in 0..n {
-                for (i, img) in imgs.iter().enumerate() {
-                    let mut out: Vec<&mut [f32]> =
-                        bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-                    let key = trainer::augment::SampleKey::new(
-                        self.seed,
-                        epoch,
-                        (it * imgs.len() + i) as u64,
-                    );
-                    augment.apply_into(img, key, &mut out)?;
-                    done += 1;
-                }
-            }
-            Ok(done)
-        };
-        run(self.warmup, 1)?;
-        let (t0, cpu0) = (Instant::now(), process_cpu_seconds()?);
-        let images_timed = run(self.batches, 0)?;
-        let wall = t0.elapsed().as_secs_f64();
-        let cpu = process_cpu_seconds()? - cpu0;
-        println!(
-            "{}",
-            serde_json::json!({
-                "impl": "rust",
-                "bench": "loader",
-                "path": "kernels",
-                "threads": 1,
-                "images": images_timed,
-                "crops": [self.global_size, self.local_size, self.local_crops],
-                "wall_s": wall,
-                "cpu_s": cpu,
-                "imgs_per_s": images_timed as f64 / wall,
-                "imgs_per_cpu_s": images_timed as f64 / cpu.max(1e-9),
-                "checksum": bufs[0][0],
-            })
-        );
+        println!("{}", options.run()?);
         Ok(())
     }
 }
