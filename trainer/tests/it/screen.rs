@@ -363,6 +363,38 @@ fn bad_screens_name_the_file_and_row() {
         e.contains("orphan.csv: row 2") && e.contains("ImageNumber 99"),
         "{e}"
     );
+    // A centre outside its site: refused when the screen opens (`border: skip`), or when the
+    // cell is read (`pad`: an error for that cell alone, naming its site and object).
+    let outside = dir.path().join("outside.csv");
+    std::fs::write(
+        &outside,
+        "ImageNumber,ObjectNumber,Location_Center_X,Location_Center_Y\n1,1,5,5\n1,2,5000,5\n",
+    )
+    .unwrap();
+    let outside_screen = ScreenSection {
+        objects: Some(outside.display().to_string()),
+        ..with_objects.clone()
+    };
+    let e = open(&s.load_data, &names, outside_screen.clone())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("site P1/A01/1") && e.contains("object 2 has its centre (X 5000, Y 5) outside"),
+        "{e}"
+    );
+    let src = open(
+        &s.load_data,
+        &names,
+        ScreenSection {
+            border: ScreenBorder::Pad,
+            ..outside_screen
+        },
+    )
+    .unwrap();
+    assert!(src.read(0).is_ok());
+    let e = src.read(1).unwrap_err().to_string();
+    assert!(e.contains("object 2 has its centre"), "{e}");
     // A label image of another size than its site, with mask_objects.
     let label = dir.path().join("labels/P1/r01c01f01-nuclei.tiff");
     let small = trainer::data::Chw::new(1, 10, 10, vec![1u16; 100]).unwrap();

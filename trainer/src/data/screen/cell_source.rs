@@ -93,6 +93,7 @@ impl ScreenSource {
                     Some(s) => s,
                     None => *shapes[cell.site].insert(layout.site_shape(cell.site)?),
                 };
+                centre_in_site(&*layout, &cell, shape)?;
                 if !inside(region, shape.0, shape.1) {
                     skipped.at_border += 1;
                     continue;
@@ -208,6 +209,10 @@ impl ScreenSource {
             // Each site is read once per pass anyway: nothing to keep for the next cell.
             return self.layout.read_site(cell.site);
         }
+        if self.opts.border == Border::Pad {
+            // `skip` checked every centre when the screen opened.
+            centre_in_site(&*self.layout, &cell, self.layout.site_shape(cell.site)?)?;
+        }
         let region = box_around(cell.x, cell.y, self.opts.box_size);
         if !self.cuts_from_whole_sites() {
             return self.layout.read_region(cell.site, region);
@@ -313,6 +318,28 @@ fn object_label(cell: &Cell, labels: &Labels) -> u32 {
         Some(l) if l != 0 => l,
         _ => u32::try_from(cell.object).unwrap_or(u32::MAX),
     }
+}
+
+/// Refuses a cell whose centre lies outside its site, `shape` (height, width): a box over the
+/// border is a cell at the edge, but a centre outside is a table joined to the wrong sites or
+/// written in other units, and no box around it holds the cell.
+fn centre_in_site(
+    layout: &dyn FieldLayout,
+    cell: &Cell,
+    (height, width): (usize, usize),
+) -> Result<(), ScreenError> {
+    let inside = |v: f64, n: usize| v >= 0.0 && v < n as f64;
+    if inside(cell.x, width) && inside(cell.y, height) {
+        return Ok(());
+    }
+    Err(ScreenError::Site {
+        site: layout.sites()[cell.site].name.clone(),
+        reason: format!(
+            "object {} has its centre (X {}, Y {}) outside the site ({width}×{height} px): \
+             is the object table joined to the right sites, and in pixels?",
+            cell.object, cell.x, cell.y
+        ),
+    })
 }
 
 /// A whole number's decimal digits, on the stack.
