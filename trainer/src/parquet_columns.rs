@@ -176,105 +176,135 @@ pub fn read_leaf_chunks<R: ChunkReader + 'static>(
     chunk: usize,
     mut f: impl FnMut(Leaf) -> parquet::errors::Result<()>,
 ) -> parquet::errors::Result<()> {
-    let max_def = col.max_def_level();
-    let kind = Kind::of(
-        col.physical_type(),
-        col.logical_type_ref(),
-        col.converted_type(),
-        col,
-    );
-    let n = reader.metadata().row_group(g).num_rows().max(0) as usize;
-    let group = reader.get_row_group(g)?;
-    let mut defs: Vec<i16> = Vec::new();
-    macro_rules! chunks {
-        ($r:expr, $t:ty, |$v:ident| $leaf:expr) => {{
-            let mut got = 0;
-            while got < n {
-                let want = chunk.min(n - got);
+    let mut cursor = LeafCursor::new(reader, g, i, col)?;
+    while let Some(leaf) = cursor.next(chunk)? {
+        f(leaf)?;
+    }
+    Ok(())
+}
+
+/// One leaf column of one row group, read a chunk of rows at a time: several cursors read
+/// a table's columns side by side, row-aligned, holding one chunk of each.
+pub struct LeafCursor {
+    reader: ColumnReader,
+    kind: Kind,
+    max_def: i16,
+    /// Rows of the row group not read yet.
+    left: usize,
+    defs: Vec<i16>,
+}
+
+impl LeafCursor {
+    pub fn new<R: ChunkReader + 'static>(
+        reader: &SerializedFileReader<R>,
+        g: usize,
+        i: usize,
+        col: &ColumnDescriptor,
+    ) -> parquet::errors::Result<Self> {
+        let kind = Kind::of(
+            col.physical_type(),
+            col.logical_type_ref(),
+            col.converted_type(),
+            col,
+        );
+        Ok(Self {
+            reader: reader.get_row_group(g)?.get_column_reader(i)?,
+            kind,
+            max_def: col.max_def_level(),
+            left: reader.metadata().row_group(g).num_rows().max(0) as usize,
+            defs: Vec::new(),
+        })
+    }
+
+    /// The next at most `chunk` rows (at least one), or `None` when the row group is read.
+    pub fn next(&mut self, chunk: usize) -> parquet::errors::Result<Option<Leaf>> {
+        let want = chunk.max(1).min(self.left);
+        if want == 0 {
+            return Ok(None);
+        }
+        let (kind, max_def, defs) = (self.kind, self.max_def, &mut self.defs);
+        macro_rules! chunk {
+            ($r:expr, $t:ty, |$v:ident| $leaf:expr) => {{
                 defs.clear();
                 let mut $v: Vec<$t> = Vec::with_capacity(want);
                 let (records, _, _) =
-                    $r.read_records(want, (max_def > 0).then_some(&mut defs), None, &mut $v)?;
+                    $r.read_records(want, (max_def > 0).then_some(&mut *defs), None, &mut $v)?;
                 if records == 0 {
-                    break;
+                    self.left = 0;
+                    return Ok(None);
                 }
-                got += records;
-                f($leaf)?;
-            }
-        }};
+                self.left -= records.min(self.left);
+                $leaf
+            }};
+        }
+        let leaf =
+            match &mut self.reader {
+                ColumnReader::FloatColumnReader(r) => chunk!(r, f32, |v| Leaf::Floats32(spread(
+                    defs,
+                    max_def,
+                    v,
+                    |x| x,
+                    f32::NAN
+                ))),
+                ColumnReader::DoubleColumnReader(r) => chunk!(r, f64, |v| Leaf::Numbers(spread(
+                    defs,
+                    max_def,
+                    v,
+                    |x| x,
+                    f64::NAN
+                ))),
+                ColumnReader::FixedLenByteArrayColumnReader(r) if matches!(kind, Kind::Float16) => {
+                    chunk!(r, FixedLenByteArray, |v| Leaf::Numbers(spread(
+                        defs,
+                        max_def,
+                        v,
+                        |b| half(b.data()),
+                        f64::NAN
+                    )))
+                }
+                ColumnReader::BoolColumnReader(r) => chunk!(r, bool, |v| Leaf::Text(spread(
+                    defs,
+                    max_def,
+                    v,
+                    |b| Some(b.to_string()),
+                    None
+                ))),
+                ColumnReader::Int32ColumnReader(r) => chunk!(r, i32, |v| Leaf::Text(spread(
+                    defs,
+                    max_def,
+                    v,
+                    |x| kind.int(x.into()),
+                    None
+                ))),
+                ColumnReader::Int64ColumnReader(r) => chunk!(r, i64, |v| Leaf::Text(spread(
+                    defs,
+                    max_def,
+                    v,
+                    |x| kind.int(x),
+                    None
+                ))),
+                ColumnReader::Int96ColumnReader(r) => chunk!(r, Int96, |v| Leaf::Text(spread(
+                    defs,
+                    max_def,
+                    v,
+                    |x: Int96| Some(timestamp(x.to_nanos(), 1_000_000_000, false)),
+                    None
+                ))),
+                ColumnReader::ByteArrayColumnReader(r) => chunk!(r, ByteArray, |v| Leaf::Text(
+                    spread(defs, max_def, v, |b| kind.bytes(b.data()), None)
+                )),
+                ColumnReader::FixedLenByteArrayColumnReader(r) => {
+                    chunk!(r, FixedLenByteArray, |v| Leaf::Text(spread(
+                        defs,
+                        max_def,
+                        v,
+                        |b| kind.bytes(b.data()),
+                        None
+                    )))
+                }
+            };
+        Ok(Some(leaf))
     }
-    match group.get_column_reader(i)? {
-        ColumnReader::FloatColumnReader(mut r) => chunks!(r, f32, |v| Leaf::Floats32(spread(
-            &defs,
-            max_def,
-            v,
-            |x| x,
-            f32::NAN
-        ))),
-        ColumnReader::DoubleColumnReader(mut r) => chunks!(r, f64, |v| Leaf::Numbers(spread(
-            &defs,
-            max_def,
-            v,
-            |x| x,
-            f64::NAN
-        ))),
-        ColumnReader::FixedLenByteArrayColumnReader(mut r) if matches!(kind, Kind::Float16) => {
-            chunks!(r, FixedLenByteArray, |v| Leaf::Numbers(spread(
-                &defs,
-                max_def,
-                v,
-                |b| half(b.data()),
-                f64::NAN
-            )))
-        }
-        ColumnReader::BoolColumnReader(mut r) => chunks!(r, bool, |v| Leaf::Text(spread(
-            &defs,
-            max_def,
-            v,
-            |b| Some(b.to_string()),
-            None
-        ))),
-        ColumnReader::Int32ColumnReader(mut r) => chunks!(r, i32, |v| Leaf::Text(spread(
-            &defs,
-            max_def,
-            v,
-            |x| kind.int(x.into()),
-            None
-        ))),
-        ColumnReader::Int64ColumnReader(mut r) => chunks!(r, i64, |v| Leaf::Text(spread(
-            &defs,
-            max_def,
-            v,
-            |x| kind.int(x),
-            None
-        ))),
-        ColumnReader::Int96ColumnReader(mut r) => chunks!(r, Int96, |v| Leaf::Text(spread(
-            &defs,
-            max_def,
-            v,
-            |x: Int96| Some(timestamp(x.to_nanos(), 1_000_000_000, false)),
-            None
-        ))),
-        ColumnReader::ByteArrayColumnReader(mut r) => {
-            chunks!(r, ByteArray, |v| Leaf::Text(spread(
-                &defs,
-                max_def,
-                v,
-                |b| kind.bytes(b.data()),
-                None
-            )))
-        }
-        ColumnReader::FixedLenByteArrayColumnReader(mut r) => {
-            chunks!(r, FixedLenByteArray, |v| Leaf::Text(spread(
-                &defs,
-                max_def,
-                v,
-                |b| kind.bytes(b.data()),
-                None
-            )))
-        }
-    }
-    Ok(())
 }
 
 /// How a column's stored values become numbers or text.

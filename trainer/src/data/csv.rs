@@ -45,37 +45,20 @@ impl Csv {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, CsvError> {
-        let syntax = |line: usize, what: String| CsvError::Syntax {
-            path: path.to_path_buf(),
-            line,
-            what,
-        };
-        let records = records(text).map_err(|(line, what)| syntax(line, what))?;
-        let mut it = records.into_iter();
-        let (_, header) = it
-            .next()
-            .ok_or_else(|| syntax(1, "empty file: a header row is needed".into()))?;
-        let header: Vec<String> = header
-            .into_iter()
-            .map(|h| h.trim_start_matches('\u{feff}').trim().to_string())
-            .collect();
+        let mut header = vec![];
         let mut rows = vec![];
-        for (line, fields) in it {
-            if fields.len() == 1 && fields[0].is_empty() {
-                continue; // a blank line
-            }
-            if fields.len() != header.len() {
-                return Err(syntax(
-                    line,
-                    format!(
-                        "{} fields but the header has {}",
-                        fields.len(),
-                        header.len()
-                    ),
-                ));
-            }
-            rows.push((line, fields));
-        }
+        scan(
+            text.as_bytes(),
+            path,
+            |h| {
+                header = h.to_vec();
+                Ok::<_, CsvError>(())
+            },
+            |line, fields| {
+                rows.push((line, fields.to_vec()));
+                Ok(())
+            },
+        )?;
         Ok(Self {
             path: path.to_path_buf(),
             header,
@@ -100,52 +83,139 @@ impl Csv {
     }
 }
 
-/// Records with the line each starts on.
-type Records = Vec<(usize, Vec<String>)>;
+/// Reads the rows of a CSV as [`Csv::parse`] does (the header's byte-order mark and spaces
+/// trimmed, blank lines skipped, a row with another field count an error naming its line), one
+/// row at a time: a table of millions of rows (a screen's object table) is never held whole.
+/// `header` sees the header, then `row` each row with the line it starts on; the field
+/// buffers are reused from row to row.
+pub fn scan<E: From<CsvError>>(
+    input: impl std::io::BufRead,
+    path: &Path,
+    header: impl FnOnce(&[String]) -> Result<(), E>,
+    mut row: impl FnMut(usize, &[String]) -> Result<(), E>,
+) -> Result<(), E> {
+    let syntax = |line: usize, what: String| CsvError::Syntax {
+        path: path.to_path_buf(),
+        line,
+        what,
+    };
+    let failed = |failure| match failure {
+        Failure::Syntax(line, what) => syntax(line, what),
+        Failure::Io(source) => CsvError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+    };
+    let mut records = Records::new(input);
+    let mut fields = vec![];
+    if records.next_into(&mut fields).map_err(failed)?.is_none() {
+        return Err(syntax(1, "empty file: a header row is needed".into()).into());
+    }
+    for h in &mut fields {
+        *h = h.trim_start_matches('\u{feff}').trim().to_string();
+    }
+    let width = fields.len();
+    header(&fields)?;
+    while let Some(line) = records.next_into(&mut fields).map_err(failed)? {
+        if fields.len() == 1 && fields[0].is_empty() {
+            continue; // a blank line
+        }
+        if fields.len() != width {
+            return Err(syntax(
+                line,
+                format!("{} fields but the header has {width}", fields.len()),
+            )
+            .into());
+        }
+        row(line, &fields)?;
+    }
+    Ok(())
+}
 
-/// The records of `text` with the line each starts on; an unterminated quote is an error
-/// naming the line it opened on.
-fn records(text: &str) -> Result<Records, (usize, String)> {
-    let mut out = vec![];
-    let (mut fields, mut field) = (vec![], String::new());
-    let (mut line, mut start, mut quoted, mut quote_line) = (1, 1, false, 1);
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (quoted, c) {
-            (true, '"') if chars.peek() == Some(&'"') => {
-                chars.next();
-                field.push('"');
-            }
-            (true, '"') => quoted = false,
-            (true, c) => {
-                if c == '\n' {
-                    line += 1;
-                }
-                field.push(c);
-            }
-            (false, '"') if field.is_empty() => {
-                quoted = true;
-                quote_line = line;
-            }
-            (false, ',') => fields.push(std::mem::take(&mut field)),
-            (false, '\r') if chars.peek() == Some(&'\n') => {}
-            (false, '\n') => {
-                fields.push(std::mem::take(&mut field));
-                out.push((start, std::mem::take(&mut fields)));
-                line += 1;
-                start = line;
-            }
-            (false, c) => field.push(c),
+enum Failure {
+    Syntax(usize, String),
+    Io(std::io::Error),
+}
+
+/// The records of a text read line by line; a quoted field may span lines.
+struct Records<R> {
+    input: R,
+    buf: String,
+    /// The line the next text read starts on.
+    line: usize,
+}
+
+impl<R: std::io::BufRead> Records<R> {
+    fn new(input: R) -> Self {
+        Self {
+            input,
+            buf: String::new(),
+            line: 1,
         }
     }
-    if quoted {
-        return Err((quote_line, "a quoted field is never closed".into()));
+
+    /// The next record into `fields` (its strings reused), with the line it starts on;
+    /// `None` at the end of the text. An unterminated quote is an error naming the line it
+    /// opened on.
+    fn next_into(&mut self, fields: &mut Vec<String>) -> Result<Option<usize>, Failure> {
+        let start = self.line;
+        let mut n = 0; // fields finished
+        let (mut quoted, mut quote_line) = (false, start);
+        let field = |fields: &mut Vec<String>, n: usize| {
+            if fields.len() == n {
+                fields.push(String::new());
+            }
+            fields[n].clear();
+        };
+        field(fields, 0);
+        loop {
+            self.buf.clear();
+            if self.input.read_line(&mut self.buf).map_err(Failure::Io)? == 0 {
+                if quoted {
+                    return Err(Failure::Syntax(
+                        quote_line,
+                        "a quoted field is never closed".into(),
+                    ));
+                }
+                if n == 0 && fields[0].is_empty() {
+                    return Ok(None);
+                }
+                fields.truncate(n + 1);
+                return Ok(Some(start));
+            }
+            let mut chars = self.buf.chars().peekable();
+            while let Some(c) = chars.next() {
+                match (quoted, c) {
+                    (true, '"') if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        fields[n].push('"');
+                    }
+                    (true, '"') => quoted = false,
+                    (true, c) => {
+                        if c == '\n' {
+                            self.line += 1;
+                        }
+                        fields[n].push(c);
+                    }
+                    (false, '"') if fields[n].is_empty() => {
+                        quoted = true;
+                        quote_line = self.line;
+                    }
+                    (false, ',') => {
+                        n += 1;
+                        field(fields, n);
+                    }
+                    (false, '\r') if chars.peek() == Some(&'\n') => {}
+                    (false, '\n') => {
+                        self.line += 1;
+                        fields.truncate(n + 1);
+                        return Ok(Some(start));
+                    }
+                    (false, c) => fields[n].push(c),
+                }
+            }
+        }
     }
-    if !field.is_empty() || !fields.is_empty() {
-        fields.push(field);
-        out.push((start, fields));
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

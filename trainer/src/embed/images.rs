@@ -60,19 +60,24 @@ pub enum Root {
     },
 }
 
-/// One image: its path relative to the root ('/'-separated, the key metadata is joined on)
-/// and, for a listed object, the store's own path and size; for a screen's cell, its index
-/// in the screen.
-pub struct Entry {
-    pub rel: String,
+/// One image file: its path relative to the root ('/'-separated, the key metadata is joined
+/// on) and, for a listed object, the store's own path and size.
+struct Entry {
+    rel: String,
     location: Option<(ObjPath, u64)>,
-    cell: Option<usize>,
 }
 
 /// The images of one job, sorted by relative path.
 pub struct ImageList {
     pub root: Root,
-    pub entries: Vec<Entry>,
+    entries: Entries,
+}
+
+enum Entries {
+    Files(Vec<Entry>),
+    /// A screen's cells by their index in it, in the order of their paths: a screen of
+    /// millions of cells keeps one number a cell, its paths made when asked.
+    Cells(Arc<ScreenSource>, Vec<usize>),
 }
 
 impl Root {
@@ -171,67 +176,85 @@ impl ImageList {
     /// Every TIFF below `root` (recursively, hidden files and folders skipped), or, with
     /// `list`, the paths in its `path` column (relative to `root`).
     pub fn open(root: Root, list: Option<&Path>) -> Result<Self, ImagesError> {
-        let mut entries = match list {
-            Some(csv) => listed(csv)?,
-            None => match &root {
-                Root::Local(dir) => {
-                    let mut out = vec![];
-                    walk(dir, "", &mut out)?;
-                    out
+        let mut files = match (list, &root) {
+            (Some(csv), _) => listed(csv)?,
+            (None, Root::Local(dir)) => {
+                let mut out = vec![];
+                walk(dir, "", &mut out)?;
+                out
+            }
+            (None, Root::Remote { remote, .. }) => remote
+                .list()?
+                .into_iter()
+                .filter(|l| is_tiff(&l.rel) && !l.rel.split('/').any(|p| p.starts_with('.')))
+                .map(|l| Entry {
+                    rel: l.rel,
+                    location: Some((l.location, l.size)),
+                })
+                .collect(),
+            // `{plate}/{well}/{site}/{object}`: sorted, a site's cells stay together.
+            (None, Root::Screen { source, .. }) => {
+                let mut cells: Vec<usize> = (0..source.cells().len()).collect();
+                cells.sort_by(|&a, &b| source.cmp_paths(a, b));
+                if cells.is_empty() {
+                    return Err(ImagesError::NoImages(root.describe()));
                 }
-                Root::Remote { remote, .. } => remote
-                    .list()?
-                    .into_iter()
-                    .filter(|l| is_tiff(&l.rel) && !l.rel.split('/').any(|p| p.starts_with('.')))
-                    .map(|l| Entry {
-                        rel: l.rel,
-                        location: Some((l.location, l.size)),
-                        cell: None,
-                    })
-                    .collect(),
-                // `{plate}/{well}/{site}/{object}`: sorted, a site's cells stay together.
-                Root::Screen { source, .. } => {
-                    let root = &source.index().root;
-                    source
-                        .index()
-                        .samples
-                        .iter()
-                        .enumerate()
-                        .map(|(i, s)| Entry {
-                            rel: s
-                                .path
-                                .strip_prefix(root)
-                                .unwrap_or(&s.path)
-                                .to_string_lossy()
-                                .into_owned(),
-                            location: None,
-                            cell: Some(i),
-                        })
-                        .collect()
-                }
-            },
+                let source = source.clone();
+                return Ok(Self {
+                    root,
+                    entries: Entries::Cells(source, cells),
+                });
+            }
         };
-        entries.sort_by(|a, b| a.rel.cmp(&b.rel));
-        if entries.is_empty() {
+        files.sort_by(|a, b| a.rel.cmp(&b.rel));
+        if files.is_empty() {
             return Err(ImagesError::NoImages(root.describe()));
         }
-        Ok(Self { root, entries })
+        Ok(Self {
+            root,
+            entries: Entries::Files(files),
+        })
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        match &self.entries {
+            Entries::Files(f) => f.len(),
+            Entries::Cells(_, c) => c.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
+    }
+
+    /// Image `i`'s path relative to the root.
+    pub fn rel(&self, i: usize) -> std::borrow::Cow<'_, str> {
+        match &self.entries {
+            Entries::Files(f) => f[i].rel.as_str().into(),
+            Entries::Cells(source, c) => source.cell_path(c[i]).into(),
+        }
+    }
+
+    /// Every image's path relative to the root, in order.
+    pub fn rels(&self) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
+        (0..self.len()).map(|i| self.rel(i))
+    }
+
+    /// For a screen's image: its index among the screen's cells.
+    pub fn cell(&self, i: usize) -> Option<usize> {
+        match &self.entries {
+            Entries::Cells(_, c) => Some(c[i]),
+            Entries::Files(_) => None,
+        }
     }
 
     /// For a screen whose cells bring their own channels: the names of image `i`'s, in the
     /// order [`Self::read`] returns them; `None` where every image has every channel.
     pub fn cell_channel_names(&self, i: usize) -> Option<Vec<String>> {
-        let (Root::Screen { source, .. }, Some(cell)) = (&self.root, self.entries[i].cell) else {
+        let Entries::Cells(source, cells) = &self.entries else {
             return None;
         };
+        let cell = cells[i];
         let names = source.layout().channels();
         source
             .cell_channels(cell)
@@ -240,11 +263,11 @@ impl ImageList {
 
     /// Image `i` decoded (the pipeline's decoder), `bytes` reused as the read buffer.
     pub fn read(&self, i: usize, bytes: &mut Vec<u8>) -> Result<ImageChw, DataError> {
-        let e = &self.entries[i];
+        let e = match &self.entries {
+            Entries::Cells(source, c) => return Ok(source.read_cell(c[i])?),
+            Entries::Files(f) => &f[i],
+        };
         let shown = PathBuf::from(self.root.full_path(&e.rel));
-        if let (Root::Screen { source, .. }, Some(cell)) = (&self.root, e.cell) {
-            return Ok(source.read_cell(cell)?);
-        }
         match &self.root {
             Root::Local(dir) => {
                 use std::io::Read;
@@ -308,7 +331,6 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Entry>) -> Result<(), ImagesErro
             out.push(Entry {
                 rel,
                 location: None,
-                cell: None,
             });
         }
     }
@@ -338,7 +360,6 @@ fn listed(csv: &Path) -> Result<Vec<Entry>, ImagesError> {
         out.push(Entry {
             rel,
             location: None,
-            cell: None,
         });
     }
     if !dups.is_empty() {

@@ -286,38 +286,21 @@ pub struct Metadata {
     pub screen: Option<ScreenMetadata>,
 }
 
-/// The cells of a screen by their path relative to it (`{plate}/{well}/{site}/{object}`).
+/// The metadata of a screen's cells, asked by the cell's index in the screen.
 pub struct ScreenMetadata {
     source: std::sync::Arc<crate::data::screen::cell_source::ScreenSource>,
-    by_rel: std::collections::HashMap<String, usize>,
     columns: Vec<String>,
 }
 
 impl ScreenMetadata {
     pub fn new(source: std::sync::Arc<crate::data::screen::cell_source::ScreenSource>) -> Self {
-        use crate::data::ImageSource;
-        let root = source.index().root.clone();
-        let by_rel = source
-            .index()
-            .samples
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let rel = s.path.strip_prefix(&root).unwrap_or(&s.path);
-                (rel.to_string_lossy().into_owned(), i)
-            })
-            .collect();
         // Every site of a layout has the same columns (a table's header, a plate's keys).
         let columns = if source.cells().is_empty() {
             vec![]
         } else {
             source.metadata(0).into_iter().map(|(k, _)| k).collect()
         };
-        Self {
-            source,
-            by_rel,
-            columns,
-        }
+        Self { source, columns }
     }
 }
 
@@ -356,11 +339,10 @@ impl Metadata {
             }
         }
         if let Some(screen) = &self.screen {
-            use crate::data::ImageSource;
             for column in &screen.columns {
                 add(
                     column.clone(),
-                    format!("the screen {}", screen.source.index().root.display()),
+                    format!("the screen {}", screen.source.root().display()),
                 )?;
             }
         }
@@ -380,8 +362,9 @@ impl Metadata {
         }
     }
 
-    /// The values of the columns for the image at `rel` (empty where unknown).
-    pub fn values(&self, rel: &str) -> Vec<String> {
+    /// The values of the columns for the image at `rel`, `cell` of the screen where the
+    /// images are a screen's cells (empty where unknown).
+    pub fn values(&self, rel: &str, cell: Option<usize>) -> Vec<String> {
         let mut out = vec![];
         if let Some(p) = &self.pattern {
             let n = p.columns().len();
@@ -394,8 +377,8 @@ impl Metadata {
             }
         }
         if let Some(screen) = &self.screen {
-            match screen.by_rel.get(rel) {
-                Some(&i) => out.extend(screen.source.metadata(i).into_iter().map(|(_, v)| v)),
+            match cell {
+                Some(i) => out.extend(screen.source.metadata(i).into_iter().map(|(_, v)| v)),
                 None => out.extend(std::iter::repeat_n(String::new(), screen.columns.len())),
             }
         }
@@ -403,10 +386,14 @@ impl Metadata {
     }
 
     /// What does not line up between the images `rels` (sorted) and the metadata.
-    pub fn report<'a>(&self, rels: impl Iterator<Item = &'a str>) -> Report {
+    pub fn report<S: AsRef<str>>(&self, rels: impl Iterator<Item = S>) -> Report {
         let mut r = Report::default();
         let mut seen = std::collections::HashSet::new();
+        if self.pattern.is_none() && self.csv.is_none() {
+            return r;
+        }
         for rel in rels {
+            let rel = rel.as_ref();
             if let Some(p) = &self.pattern {
                 if p.parse_path(rel).is_none() {
                     r.unmatched_paths.add(rel);

@@ -149,7 +149,7 @@ pub fn run(opts: &EmbedOptions) -> Result<EmbedSummary, EmbedError> {
             .transpose()?,
     };
     let columns = metadata.columns()?;
-    let report = metadata.report(list.entries.iter().map(|e| e.rel.as_str()));
+    let report = metadata.report(list.rels());
     let lines = report.lines(opts.path_pattern.as_deref(), opts.metadata.as_deref());
     let leader = env.rank == 0 && (shard == 0 || opts.merge_only);
     if leader {
@@ -274,12 +274,11 @@ fn rejoin_metadata(
         e.errors.iter().map(|(p, _)| p.as_str()).collect();
     // Its rows: each image of its range with its path as this run spells `--images` (the
     // image list is the parts' own: the manifest holds its SHA-256), less its errors.
-    let (rels, paths): (Vec<&str>, Vec<String>) = list
-        .entries
-        .get(e.first..e.first + e.images)
-        .ok_or_else(|| invalid("its images are beyond the image list".into()))?
-        .iter()
-        .map(|x| (x.rel.as_str(), list.root.full_path(&x.rel)))
+    if e.first + e.images > list.len() {
+        return Err(invalid("its images are beyond the image list".into()));
+    }
+    let (rels, paths): (Vec<usize>, Vec<String>) = (e.first..e.first + e.images)
+        .map(|i| (i, list.root.full_path(&list.rel(i))))
         .filter(|(_, path)| !failed.contains(path.as_str()))
         .unzip();
     let find = |name: &str| part.columns.iter().position(|c| c.name() == name);
@@ -291,8 +290,12 @@ fn rejoin_metadata(
         )));
     }
     let mut values: Vec<Vec<String>> = vec![Vec::with_capacity(rels.len()); columns.len()];
-    for rel in &rels {
-        for (c, v) in metadata.values(rel).into_iter().enumerate() {
+    for &i in &rels {
+        for (c, v) in metadata
+            .values(&list.rel(i), list.cell(i))
+            .into_iter()
+            .enumerate()
+        {
             values[c].push(v);
         }
     }
@@ -317,8 +320,8 @@ fn rejoin_metadata(
 
 fn list_sha256(list: &ImageList) -> String {
     let mut h = Sha256::new();
-    for e in &list.entries {
-        h.update(e.rel.as_bytes());
+    for rel in list.rels() {
+        h.update(rel.as_bytes());
         h.update(b"\n");
     }
     format!("{:x}", h.finalize())
@@ -441,8 +444,8 @@ impl Context<'_> {
             part: k,
             first: range.start,
             images: range.len(),
-            first_path: self.reader.list.entries[range.start].rel.clone(),
-            last_path: self.reader.list.entries[range.end - 1].rel.clone(),
+            first_path: self.reader.list.rel(range.start).into_owned(),
+            last_path: self.reader.list.rel(range.end - 1).into_owned(),
             rows: rows.len(),
             sha256: String::new(),
             errors,
@@ -459,11 +462,7 @@ impl Context<'_> {
         reason: String,
         errors: &mut Vec<(String, String)>,
     ) -> Result<(), EmbedError> {
-        let path = self
-            .reader
-            .list
-            .root
-            .full_path(&self.reader.list.entries[i].rel);
+        let path = self.reader.list.root.full_path(&self.reader.list.rel(i));
         if self.opts.on_error == OnError::Fail {
             return Err(EmbedError::Image { path, reason });
         }
@@ -482,9 +481,15 @@ impl Context<'_> {
         let n = rows.len();
         let mut strings: Vec<Vec<String>> = vec![Vec::with_capacity(n); self.columns.len() + 1];
         for &i in rows {
-            let rel = &self.reader.list.entries[i].rel;
-            strings[0].push(self.reader.list.root.full_path(rel));
-            for (c, v) in self.metadata.values(rel).into_iter().enumerate() {
+            let list = self.reader.list;
+            let rel = list.rel(i);
+            strings[0].push(list.root.full_path(&rel));
+            for (c, v) in self
+                .metadata
+                .values(&rel, list.cell(i))
+                .into_iter()
+                .enumerate()
+            {
                 strings[c + 1].push(v);
             }
         }
@@ -573,7 +578,7 @@ impl Reader<'_> {
     }
 
     fn prepare_one(&self, i: usize, bytes: &mut Vec<u8>) -> Result<Tensor, String> {
-        let path = PathBuf::from(self.list.root.full_path(&self.list.entries[i].rel));
+        let path = PathBuf::from(self.list.root.full_path(&self.list.rel(i)));
         let raw = self.list.read(i, bytes).map_err(|e| e.to_string())?;
         // A cell with its own channels (`cell_channels: own`): the wanted ones among them.
         let within = match self.list.cell_channel_names(i) {

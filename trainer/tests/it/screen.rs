@@ -363,6 +363,38 @@ fn bad_screens_name_the_file_and_row() {
         e.contains("orphan.csv: row 2") && e.contains("ImageNumber 99"),
         "{e}"
     );
+    // A centre outside its site: refused when the screen opens (`border: skip`), or when the
+    // cell is read (`pad`: an error for that cell alone, naming its site and object).
+    let outside = dir.path().join("outside.csv");
+    std::fs::write(
+        &outside,
+        "ImageNumber,ObjectNumber,Location_Center_X,Location_Center_Y\n1,1,5,5\n1,2,5000,5\n",
+    )
+    .unwrap();
+    let outside_screen = ScreenSection {
+        objects: Some(outside.display().to_string()),
+        ..with_objects.clone()
+    };
+    let e = open(&s.load_data, &names, outside_screen.clone())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("site P1/A01/1") && e.contains("object 2 has its centre (X 5000, Y 5) outside"),
+        "{e}"
+    );
+    let src = open(
+        &s.load_data,
+        &names,
+        ScreenSection {
+            border: ScreenBorder::Pad,
+            ..outside_screen
+        },
+    )
+    .unwrap();
+    assert!(src.read(0).is_ok());
+    let e = src.read(1).unwrap_err().to_string();
+    assert!(e.contains("object 2 has its centre"), "{e}");
     // A label image of another size than its site, with mask_objects.
     let label = dir.path().join("labels/P1/r01c01f01-nuclei.tiff");
     let small = trainer::data::Chw::new(1, 10, 10, vec![1u16; 100]).unwrap();
@@ -485,6 +517,82 @@ fn the_sites_order_reads_each_site_once_per_epoch() {
         .to_string();
     assert!(
         e.contains("data.order: sites") && e.contains("load_data.csv"),
+        "{e}"
+    );
+}
+
+/// An object table of a plate has many rows and many feature columns, of which a screen
+/// reads four: 140,000 objects with 40 feature columns (NaNs among them), written by pandas
+/// as `.csv.gz` and by pyarrow as Parquet in row groups of 100,000 (so the streamed reader
+/// crosses both a chunk and a row group), list exactly the cells pandas lists. An object
+/// listed twice is named by its second row and its first.
+#[test]
+fn large_object_tables_stream_alike_from_csv_gz_and_parquet_row_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = synth(dir.path());
+    let script = r#"
+import sys, json, numpy as np, pandas as pd, pyarrow as pa, pyarrow.parquet as pq
+d, load_data = sys.argv[1], sys.argv[2]
+numbers = pd.read_csv(load_data)["ImageNumber"].tolist()
+rng = np.random.default_rng(3)
+n = 140_000
+image = np.array([numbers[i % len(numbers)] for i in range(n)])
+obj = np.arange(n) // len(numbers) + 1
+x = np.round(rng.random(n) * 10 + 5, 3)
+y = np.round(rng.random(n) * 10 + 5, 3)
+df = pd.DataFrame({"ImageNumber": image, "ObjectNumber": obj,
+                   "Nuclei_Location_Center_X": x, "Nuclei_Location_Center_Y": y})
+for k in range(40):
+    f = rng.random(n); f[rng.random(n) < 0.1] = np.nan
+    df[f"Nuclei_Feature_{k}"] = f
+df = df.sample(frac=1.0, random_state=0)  # rows in no particular order
+df.to_csv(f"{d}/big.csv.gz", index=False)
+pq.write_table(pa.Table.from_pandas(df, preserve_index=False), f"{d}/big.parquet", row_group_size=100_000)
+site = {num: i for i, num in enumerate(numbers)}
+order = sorted(zip(df["ImageNumber"], df["ObjectNumber"], df["Nuclei_Location_Center_X"], df["Nuclei_Location_Center_Y"]),
+               key=lambda r: (site[r[0]], r[1]))
+json.dump([[site[a], int(b), float(c), float(e)] for a, b, c, e in order], open(f"{d}/expected.json", "w"))
+"#;
+    let d = dir.path();
+    run_python(
+        script,
+        &[d.to_str().unwrap(), s.load_data.to_str().unwrap()],
+    );
+    let expected: Vec<(usize, u64, f64, f64)> =
+        serde_json::from_slice(&std::fs::read(d.join("expected.json")).unwrap()).unwrap();
+    assert_eq!(expected.len(), 140_000);
+    let names: Vec<&str> = s.channel_names.iter().map(String::as_str).collect();
+    let screen = |objects: &Path| ScreenSection {
+        objects: Some(objects.display().to_string()),
+        box_size: 20,
+        border: ScreenBorder::Pad,
+        ..ScreenSection::default()
+    };
+    for table in ["big.csv.gz", "big.parquet"] {
+        let sec = screen(&d.join(table));
+        let src = open_screen(&screen_data(&s.load_data, &names, sec.clone()), &sec).unwrap();
+        let got: Vec<(usize, u64, f64, f64)> = src
+            .cells()
+            .iter()
+            .map(|c| (c.site, c.object, c.x, c.y))
+            .collect();
+        assert!(got == expected, "{table}: the cells differ from pandas'");
+    }
+    std::fs::write(
+        d.join("twice.csv"),
+        "ImageNumber,ObjectNumber,Location_Center_X,Location_Center_Y\n\
+         1,1,5,5\n2,1,5,5\n2,2,6,6\n1,1,7,7\n2,1,8,8\n",
+    )
+    .unwrap();
+    let sec = screen(&d.join("twice.csv"));
+    let e = open_screen(&screen_data(&s.load_data, &names, sec.clone()), &sec)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("twice.csv: row 4")
+            && e.contains("object 1 of site")
+            && e.contains("first in row 1"),
         "{e}"
     );
 }

@@ -13,7 +13,7 @@ use crate::data::chw::ImageChw;
 use crate::data::index::{DatasetIndex, Sample};
 use crate::data::{DataError, ImageSource};
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -52,7 +52,11 @@ type Slot = Arc<OnceLock<Option<Arc<SiteData>>>>;
 pub struct ScreenSource {
     layout: Arc<dyn FieldLayout>,
     cells: Vec<Cell>,
-    index: DatasetIndex,
+    /// The table or plate, naming the screen in each cell's path.
+    root: PathBuf,
+    /// Built on first use: `trainer embed` never asks for it, and a path and a label string
+    /// per cell would be most of what a screen of millions of cells holds.
+    index: OnceLock<DatasetIndex>,
     opts: CropOptions,
     skipped: Skipped,
     cache: Mutex<VecDeque<(usize, Slot)>>,
@@ -89,6 +93,7 @@ impl ScreenSource {
                     Some(s) => s,
                     None => *shapes[cell.site].insert(layout.site_shape(cell.site)?),
                 };
+                centre_in_site(&*layout, &cell, shape)?;
                 if !inside(region, shape.0, shape.1) {
                     skipped.at_border += 1;
                     continue;
@@ -96,13 +101,6 @@ impl ScreenSource {
             }
             kept.push(cell);
         }
-        let index = index_of(
-            &*layout,
-            &kept,
-            opts.label_column.as_deref(),
-            opts.split_by.as_deref(),
-            root,
-        )?;
         let mut by_site: Vec<Vec<usize>> = Vec::new();
         for (i, cell) in kept.iter().enumerate() {
             match by_site.last_mut() {
@@ -110,10 +108,18 @@ impl ScreenSource {
                 _ => by_site.push(vec![i]),
             }
         }
+        check_columns(
+            &*layout,
+            &by_site,
+            &kept,
+            opts.label_column.as_deref(),
+            opts.split_by.as_deref(),
+        )?;
         Ok(Self {
             layout,
             cells: kept,
-            index,
+            root: root.to_path_buf(),
+            index: OnceLock::new(),
             opts,
             skipped,
             cache: Mutex::new(VecDeque::new()),
@@ -124,6 +130,49 @@ impl ScreenSource {
 
     pub fn cells(&self) -> &[Cell] {
         &self.cells
+    }
+
+    /// The table or plate the cells are cut from, as the config names it.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Cell `i`'s path below [`Self::root`]: `{plate}/{well}/{site}/{object}` (the site's
+    /// name for layouts whose sites are cells).
+    pub fn cell_path(&self, i: usize) -> String {
+        let cell = &self.cells[i];
+        let site = &self.layout.sites()[cell.site].name;
+        if self.layout.cells_are_sites() {
+            site.clone()
+        } else {
+            format!("{site}/{}", cell.object)
+        }
+    }
+
+    /// Orders cells `a` and `b` as their [`Self::cell_path`]s sort as text, without
+    /// building either.
+    pub fn cmp_paths(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        let sites = self.layout.sites();
+        let whole = self.layout.cells_are_sites();
+        let (ca, cb) = (&self.cells[a], &self.cells[b]);
+        let (da, db) = (Digits::of(ca.object), Digits::of(cb.object));
+        let sep: &[u8] = if whole { &[] } else { b"/" };
+        let (ta, tb): (&[u8], &[u8]) = if whole {
+            (&[], &[])
+        } else {
+            (da.as_bytes(), db.as_bytes())
+        };
+        let pa = sites[ca.site]
+            .name
+            .bytes()
+            .chain(sep.iter().copied())
+            .chain(ta.iter().copied());
+        let pb = sites[cb.site]
+            .name
+            .bytes()
+            .chain(sep.iter().copied())
+            .chain(tb.iter().copied());
+        pa.cmp(pb)
     }
 
     pub fn skipped(&self) -> &Skipped {
@@ -159,6 +208,10 @@ impl ScreenSource {
         if self.layout.cells_are_sites() {
             // Each site is read once per pass anyway: nothing to keep for the next cell.
             return self.layout.read_site(cell.site);
+        }
+        if self.opts.border == Border::Pad {
+            // `skip` checked every centre when the screen opened.
+            centre_in_site(&*self.layout, &cell, self.layout.site_shape(cell.site)?)?;
         }
         let region = box_around(cell.x, cell.y, self.opts.box_size);
         if !self.cuts_from_whole_sites() {
@@ -267,25 +320,69 @@ fn object_label(cell: &Cell, labels: &Labels) -> u32 {
     }
 }
 
-/// The `ImageFolder`-like index of the cells: `{table or plate}/{site}/{object}` as each
-/// cell's path (so an error or a feature row names the screen and the cell, and the cell's
-/// path relative to the screen is `{plate}/{well}/{site}/{object}`), its `label_column` value
-/// as its class.
-fn index_of(
+/// Refuses a cell whose centre lies outside its site, `shape` (height, width): a box over the
+/// border is a cell at the edge, but a centre outside is a table joined to the wrong sites or
+/// written in other units, and no box around it holds the cell.
+fn centre_in_site(
     layout: &dyn FieldLayout,
+    cell: &Cell,
+    (height, width): (usize, usize),
+) -> Result<(), ScreenError> {
+    let inside = |v: f64, n: usize| v >= 0.0 && v < n as f64;
+    if inside(cell.x, width) && inside(cell.y, height) {
+        return Ok(());
+    }
+    Err(ScreenError::Site {
+        site: layout.sites()[cell.site].name.clone(),
+        reason: format!(
+            "object {} has its centre (X {}, Y {}) outside the site ({width}×{height} px): \
+             is the object table joined to the right sites, and in pixels?",
+            cell.object, cell.x, cell.y
+        ),
+    })
+}
+
+/// A whole number's decimal digits, on the stack.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn of(mut n: u64) -> Self {
+        let mut buf = [0u8; 20];
+        let mut start = buf.len();
+        loop {
+            start -= 1;
+            buf[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Self { buf, start }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+/// Refuses a `label_column` or `split_by` that a site with cells lacks (or, for the label,
+/// leaves empty), naming the site: checked once per site when the screen opens, so that the
+/// index built later cannot fail.
+fn check_columns(
+    layout: &dyn FieldLayout,
+    by_site: &[Vec<usize>],
     cells: &[Cell],
     label_column: Option<&str>,
     split_by: Option<&str>,
-    root: &Path,
-) -> Result<DatasetIndex, ScreenError> {
-    let sites = layout.sites();
-    let mut labels = Vec::with_capacity(cells.len());
-    for cell in cells {
-        let site = &sites[cell.site];
-        let label = match label_column {
-            None => "cells".to_string(),
-            Some(col) => match site.get(col) {
-                Some(v) if !v.trim().is_empty() => v.to_string(),
+) -> Result<(), ScreenError> {
+    for run in by_site {
+        let site = &layout.sites()[cells[run[0]].site];
+        if let Some(col) = label_column {
+            match site.get(col) {
+                Some(v) if !v.trim().is_empty() => {}
                 Some(_) => {
                     return Err(ScreenError::Site {
                         site: site.name.clone(),
@@ -305,48 +402,48 @@ fn index_of(
                         ),
                     })
                 }
-            },
-        };
-        labels.push(label);
+            }
+        }
+        if let Some(col) = split_by {
+            if site.get(col).is_none() {
+                return Err(ScreenError::Site {
+                    site: site.name.clone(),
+                    reason: format!("no metadata column {col} to split by (data.screen.split_by)"),
+                });
+            }
+        }
     }
+    Ok(())
+}
+
+/// The `ImageFolder`-like index of the cells: `{table or plate}/{site}/{object}` as each
+/// cell's path (so an error or a feature row names the screen and the cell, and the cell's
+/// path relative to the screen is `{plate}/{well}/{site}/{object}`), its `label_column` value
+/// as its class.
+fn index_of(source: &ScreenSource) -> DatasetIndex {
+    let sites = source.layout.sites();
+    let value = |c: &Cell, col: &str| sites[c.site].get(col).unwrap_or_default().to_string();
+    let label_column = source.opts.label_column.as_deref();
     let mut index = DatasetIndex {
-        root: root.to_path_buf(),
+        root: source.root.clone(),
         classes: vec![],
-        samples: vec![],
+        samples: (0..source.cells.len())
+            .map(|i| Sample {
+                path: source.root.join(source.cell_path(i)),
+                class_index: 0,
+                label: label_column
+                    .map_or_else(|| "cells".to_string(), |col| value(&source.cells[i], col)),
+            })
+            .collect(),
         skipped_other_images: vec![],
         groups: None,
     };
-    index.samples = cells
-        .iter()
-        .zip(labels)
-        .map(|(c, label)| Sample {
-            path: if layout.cells_are_sites() {
-                root.join(&sites[c.site].name)
-            } else {
-                root.join(format!("{}/{}", sites[c.site].name, c.object))
-            },
-            class_index: 0,
-            label,
-        })
-        .collect();
     index.classes = index.label_names();
-    if let Some(col) = split_by {
-        let groups = cells
-            .iter()
-            .map(|c| {
-                let site = &sites[c.site];
-                site.get(col)
-                    .map(str::to_string)
-                    .ok_or_else(|| ScreenError::Site {
-                        site: site.name.clone(),
-                        reason: format!(
-                            "no metadata column {col} to split by (data.screen.split_by)"
-                        ),
-                    })
-            })
-            .collect::<Result<_, _>>()?;
-        index.groups = Some(groups);
-    }
+    index.groups = source
+        .opts
+        .split_by
+        .as_deref()
+        .map(|col| source.cells.iter().map(|c| value(c, col)).collect());
     for s in &mut index.samples {
         s.class_index = index
             .classes
@@ -354,12 +451,12 @@ fn index_of(
             .position(|c| *c == s.label)
             .unwrap_or(0);
     }
-    Ok(index)
+    index
 }
 
 impl ImageSource for ScreenSource {
     fn index(&self) -> &DatasetIndex {
-        &self.index
+        self.index.get_or_init(|| index_of(self))
     }
 
     /// A screen's cells are cut from sites, not stored as files: there are no bytes to hand
@@ -411,7 +508,7 @@ impl ImageSource for ScreenSource {
         format!(
             "{} cells ({boxes}{border}) in {} classes: {}",
             self.cells.len(),
-            self.index.classes.len(),
+            self.index().classes.len(),
             self.layout.describe()
         )
     }

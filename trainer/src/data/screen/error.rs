@@ -8,6 +8,10 @@ pub enum ScreenError {
     #[error(transparent)]
     Data(#[from] DataError),
 
+    /// A CSV table that does not parse (the error names the file and line).
+    #[error(transparent)]
+    Csv(#[from] crate::data::csv::CsvError),
+
     /// A table (LoadData, object table, CHAMMI metadata) that cannot be read at all.
     #[error("{}: {reason}", path.display())]
     Table { path: PathBuf, reason: String },

@@ -94,6 +94,26 @@ impl Files {
             .map_err(|e| ScreenError::table(address, format!("not UTF-8 text: {e}")))
     }
 
+    /// The text of `address` (`.gz` decompressed) as a stream: a local file is read as it is
+    /// parsed, never whole (an object table of a plate can hold millions of rows and
+    /// thousands of columns); a store object is fetched whole, then streamed.
+    pub fn open_text(&self, address: &str) -> Result<Box<dyn std::io::BufRead>, ScreenError> {
+        use std::io::BufReader;
+        let input: Box<dyn std::io::Read> = if is_url(address) {
+            Box::new(std::io::Cursor::new(self.read(address)?))
+        } else {
+            Box::new(
+                std::fs::File::open(address)
+                    .map_err(|e| ScreenError::from(DataError::io(address, "reading", e)))?,
+            )
+        };
+        Ok(if address.ends_with(".gz") {
+            Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(input)))
+        } else {
+            Box::new(BufReader::new(input))
+        })
+    }
+
     /// The client of `url`'s bucket, opened once.
     fn remote(&self, url: &StoreUrl) -> Result<Arc<Remote>, ScreenError> {
         let bucket = format!("{}://{}", url.scheme().as_str(), url.bucket());

@@ -31,10 +31,74 @@ const CENTERS: [(&str, &str); 2] = [
     ("Location_Center_X", "Location_Center_Y"),
 ];
 
+/// Which of an object table's columns a screen reads, and where they are among the values
+/// [`scan_table`](super::table::scan_table) hands over: the centre's X and Y, then the site
+/// keys (or `ImageNumber`), then `ObjectNumber` where the table has it.
+struct Columns {
+    x: String,
+    y: String,
+    /// The `Metadata_*` keys joining a row to its site; empty = joined by `ImageNumber`.
+    keys: Vec<&'static str>,
+    object: bool,
+    /// Positions in the header, in the order above.
+    positions: Vec<usize>,
+}
+
+impl Columns {
+    fn of(
+        table: &ObjectTable,
+        header: &[String],
+        sites: &[Site],
+        address: &str,
+    ) -> Result<Self, ScreenError> {
+        let col = |name: &str| header.iter().position(|h| h == name);
+        let (x, y) = match &table.center {
+            Some((x, y)) => (x.clone(), y.clone()),
+            None => CENTERS
+                .iter()
+                .find(|(x, y)| col(x).is_some() && col(y).is_some())
+                .map(|(x, y)| (x.to_string(), y.to_string()))
+                .unwrap_or_else(|| (CENTERS[0].0.into(), CENTERS[0].1.into())),
+        };
+        let need = |name: &str| {
+            col(name).ok_or_else(|| {
+                ScreenError::table(
+                    address,
+                    format!("no `{name}` column (the header is: {})", header.join(",")),
+                )
+            })
+        };
+        let mut positions = vec![need(&x)?, need(&y)?];
+        let keys: Vec<&'static str> = [PLATE, WELL, SITE]
+            .into_iter()
+            .filter(|k| col(k).is_some() && sites.first().is_some_and(|s| s.get(k).is_some()))
+            .collect();
+        positions.extend(keys.iter().filter_map(|k| col(k)));
+        if keys.is_empty() {
+            positions.push(need("ImageNumber").map_err(|_| {
+                ScreenError::table(
+                    address,
+                    "no column to join the objects to the sites: the table needs Metadata_Plate/Well/Site or ImageNumber",
+                )
+            })?);
+        }
+        let object = col("ObjectNumber");
+        positions.extend(object);
+        Ok(Self {
+            x,
+            y,
+            keys,
+            object: object.is_some(),
+            positions,
+        })
+    }
+}
+
 /// The cells an object table lists. A row belongs to the site with the same
 /// `Metadata_Plate`/`Metadata_Well`/`Metadata_Site` values (those of the three both the table
 /// and the sites have), or else the same `ImageNumber` (`image_numbers[i]` of site `i`).
-/// `ObjectNumber` numbers the cells (their order in the site where the table has none).
+/// `ObjectNumber` numbers the cells (their order in the site where the table has none). The
+/// table is streamed, its other columns never held: what stays is the cells.
 pub fn from_table(
     table: &ObjectTable,
     files: &Files,
@@ -42,108 +106,106 @@ pub fn from_table(
     image_numbers: &[u64],
 ) -> Result<Vec<Cell>, ScreenError> {
     let address = table.address.as_str();
-    let csv = super::table::read_table(files, address)?;
-    let col = |name: &str| csv.header.iter().position(|h| h == name);
-    let (cx, cy) = match &table.center {
-        Some((x, y)) => (x.clone(), y.clone()),
-        None => CENTERS
-            .iter()
-            .find(|(x, y)| col(x).is_some() && col(y).is_some())
-            .map(|(x, y)| (x.to_string(), y.to_string()))
-            .unwrap_or_else(|| (CENTERS[0].0.into(), CENTERS[0].1.into())),
-    };
-    let need = |name: &str| {
-        col(name).ok_or_else(|| {
-            ScreenError::table(
-                address,
-                format!(
-                    "no `{name}` column (the header is: {})",
-                    csv.header.join(",")
-                ),
-            )
-        })
-    };
-    let (xi, yi) = (need(&cx)?, need(&cy)?);
-    let keys: Vec<&str> = [PLATE, WELL, SITE]
-        .into_iter()
-        .filter(|k| col(k).is_some() && sites.first().is_some_and(|s| s.get(k).is_some()))
-        .collect();
-    let key_cols: Vec<usize> = keys.iter().filter_map(|k| col(k)).collect();
-    let by_key: HashMap<Vec<Cow<str>>, usize> = sites
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let key = keys.iter().map(|k| key_text(s.get(k).unwrap_or("")));
-            (key.collect(), i)
-        })
-        .collect();
+    let columns = std::cell::OnceCell::new();
+    let by_key: HashMap<Vec<Cow<str>>, usize> = HashMap::new();
+    let by_key = std::cell::RefCell::new(by_key);
     let by_number: HashMap<u64, usize> = image_numbers
         .iter()
         .enumerate()
         .map(|(i, &n)| (n, i))
         .collect();
-    let number_col = if keys.is_empty() {
-        Some(need("ImageNumber").map_err(|_| {
-            ScreenError::table(
-                address,
-                "no column to join the objects to the sites: the table needs Metadata_Plate/Well/Site or ImageNumber",
-            )
-        })?)
-    } else {
-        None
-    };
-    let object_col = col("ObjectNumber");
-    let mut per_site: HashMap<usize, u64> = HashMap::new();
-    let mut seen: HashMap<(usize, u64), usize> = HashMap::new();
-    let mut cells = Vec::with_capacity(csv.rows.len());
-    for (row, (_, f)) in csv.rows.iter().enumerate() {
-        let row = row + 1;
-        let err = |reason: String| ScreenError::row(address, row, reason);
-        let site = match number_col {
-            Some(n) => {
-                let number = whole_number(&f[n])
-                    .ok_or_else(|| err(format!("ImageNumber {:?} is not a whole number", f[n])))?;
+    let mut per_site = vec![0u64; sites.len()];
+    // Each cell with the row listing it, to name both rows of an object listed twice.
+    let mut listed: Vec<(Cell, usize)> = vec![];
+    super::table::scan_table(
+        files,
+        address,
+        |header| {
+            let c = Columns::of(table, header, sites, address)?;
+            *by_key.borrow_mut() = sites
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let key = c.keys.iter().map(|k| key_text(s.get(k).unwrap_or("")));
+                    (key.collect(), i)
+                })
+                .collect();
+            let positions = c.positions.clone();
+            let _ = columns.set(c);
+            Ok(positions)
+        },
+        |row, v| {
+            let c = columns
+                .get()
+                .ok_or_else(|| ScreenError::row(address, row, "a row before the header"))?;
+            let err = |reason: String| ScreenError::row(address, row, reason);
+            let site = if c.keys.is_empty() {
+                let number = whole_number(v[2])
+                    .ok_or_else(|| err(format!("ImageNumber {:?} is not a whole number", v[2])))?;
                 *by_number.get(&number).ok_or_else(|| {
                     err(format!(
                         "ImageNumber {number} is no site of the image table"
                     ))
                 })?
-            }
-            None => {
-                let key: Vec<Cow<str>> = key_cols.iter().map(|&i| key_text(&f[i])).collect();
-                *by_key.get(&key).ok_or_else(|| {
+            } else {
+                let key: Vec<Cow<str>> =
+                    v[2..2 + c.keys.len()].iter().map(|k| key_text(k)).collect();
+                *by_key.borrow().get(&key).ok_or_else(|| {
                     err(format!(
                         "{} = {key:?} is no site of the image table",
-                        keys.join("/")
+                        c.keys.join("/")
                     ))
                 })?
-            }
-        };
-        let coord = |i: usize, name: &str| -> Result<f64, ScreenError> {
-            f[i].trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())
-                .ok_or_else(|| err(format!("{name} {:?} is not a finite number", f[i])))
-        };
-        let (x, y) = (coord(xi, &cx)?, coord(yi, &cy)?);
-        let counter = per_site.entry(site).or_default();
-        *counter += 1;
-        let object = match object_col {
-            Some(o) => whole_number(&f[o])
-                .ok_or_else(|| err(format!("ObjectNumber {:?} is not a whole number", f[o])))?,
-            None => *counter,
-        };
-        if let Some(first) = seen.insert((site, object), row) {
-            return Err(err(format!(
-                "object {object} of site {} is listed again (first in row {first})",
-                sites[site].name
-            )));
-        }
-        cells.push(Cell { site, object, x, y });
+            };
+            let coord = |value: &str, name: &str| -> Result<f64, ScreenError> {
+                value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite())
+                    .ok_or_else(|| err(format!("{name} {value:?} is not a finite number")))
+            };
+            let (x, y) = (coord(v[0], &c.x)?, coord(v[1], &c.y)?);
+            per_site[site] += 1;
+            let object = match c.object {
+                true => {
+                    let o = v[v.len() - 1];
+                    whole_number(o)
+                        .ok_or_else(|| err(format!("ObjectNumber {o:?} is not a whole number")))?
+                }
+                false => per_site[site],
+            };
+            listed.push((Cell { site, object, x, y }, row));
+            Ok(())
+        },
+    )?;
+    // Stable: an object's rows stay in table order, so the first repeat is its second row.
+    listed.sort_by_key(|(c, _)| (c.site, c.object));
+    let repeat = listed
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| (w[0].0.site, w[0].0.object) == (w[1].0.site, w[1].0.object))
+        .map(|(i, w)| {
+            let first = listed[..=i]
+                .iter()
+                .rev()
+                .take_while(|(c, _)| (c.site, c.object) == (w[1].0.site, w[1].0.object))
+                .last()
+                .map_or(w[0].1, |(_, r)| *r);
+            (w[1].1, first, w[1].0)
+        })
+        .min_by_key(|(row, _, _)| *row);
+    if let Some((row, first, cell)) = repeat {
+        return Err(ScreenError::row(
+            address,
+            row,
+            format!(
+                "object {} of site {} is listed again (first in row {first})",
+                cell.object, sites[cell.site].name
+            ),
+        ));
     }
-    cells.sort_by_key(|c| (c.site, c.object));
-    Ok(cells)
+    Ok(listed.into_iter().map(|(c, _)| c).collect())
 }
 
 /// The cells of every site's label image, one per label, at its centre of mass.

@@ -3,11 +3,12 @@
 //! or pandas/polars/pyarrow as Parquet: the layouts read one record type and never ask which.
 use std::path::Path;
 
-use parquet::file::reader::SerializedFileReader;
+use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use super::files::Files;
 use super::ScreenError;
 use crate::data::csv::Csv;
+use crate::parquet_columns::LeafCursor;
 
 /// Reads the table at `address` (a path or store URL): Parquet when the name ends in
 /// `.parquet` or `.pq`, CSV otherwise. A Parquet table's values are text as
@@ -47,6 +48,108 @@ pub fn read_table(files: &Files, address: &str) -> Result<Csv, ScreenError> {
         rows,
         sha256,
     })
+}
+
+/// Streams the table at `address` (CSV or Parquet, as [`read_table`] tells them apart) row by
+/// row, holding only the columns `select` picks from the header: an object table of a plate
+/// can have millions of rows and thousands of feature columns, of which a screen needs four.
+/// `select` returns the positions wanted; `row` then sees each row's number (from 1, as
+/// [`ScreenError::Row`] counts them) and its values of those columns in that order, nulls
+/// empty. A CSV is parsed as it is read; a Parquet table is read a row group at a time, the
+/// selected columns only.
+pub fn scan_table(
+    files: &Files,
+    address: &str,
+    select: impl FnOnce(&[String]) -> Result<Vec<usize>, ScreenError>,
+    mut row: impl FnMut(usize, &[&str]) -> Result<(), ScreenError>,
+) -> Result<(), ScreenError> {
+    let lower = address.to_ascii_lowercase();
+    if !(lower.ends_with(".parquet") || lower.ends_with(".pq")) {
+        let input = files.open_text(address)?;
+        let picked = std::cell::OnceCell::new();
+        let mut number = 0;
+        return crate::data::csv::scan(
+            input,
+            Path::new(address),
+            |header| {
+                let _ = picked.set(select(header)?);
+                Ok(())
+            },
+            |_, fields| {
+                number += 1;
+                let values: Vec<&str> = picked
+                    .get()
+                    .map_or(&[][..], Vec::as_slice)
+                    .iter()
+                    .map(|&i| fields[i].as_str())
+                    .collect();
+                row(number, &values)
+            },
+        );
+    }
+    let bytes = files.read(address)?;
+    let parquet = |e: parquet::errors::ParquetError| {
+        ScreenError::table(address, format!("not a readable Parquet table: {e}"))
+    };
+    let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).map_err(parquet)?;
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    let header: Vec<String> = schema
+        .columns()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    let picked = select(&header)?;
+    let mut number = 0;
+    // Rows held at a time, of the selected columns only.
+    const CHUNK_ROWS: usize = 65_536;
+    for g in 0..reader.metadata().num_row_groups() {
+        let mut cursors = Vec::with_capacity(picked.len());
+        for &i in &picked {
+            let col = schema.column(i);
+            if col.max_rep_level() > 0 || col.path().parts().len() > 1 {
+                return Err(ScreenError::table(
+                    address,
+                    format!(
+                        "column `{}` is nested (a list, struct or map); flatten it to plain columns",
+                        col.path()
+                    ),
+                ));
+            }
+            cursors.push(LeafCursor::new(&reader, g, i, &col).map_err(parquet)?);
+        }
+        let mut left = reader.metadata().row_group(g).num_rows().max(0) as usize;
+        while left > 0 {
+            let want = CHUNK_ROWS.min(left);
+            let mut columns = Vec::with_capacity(cursors.len());
+            for (cursor, &i) in cursors.iter_mut().zip(&picked) {
+                let values = cursor
+                    .next(want)
+                    .map_err(parquet)?
+                    .map_or_else(Vec::new, |leaf| leaf.into_text());
+                if values.len() != want {
+                    return Err(ScreenError::table(
+                        address,
+                        format!(
+                            "column `{}` ends {} rows short of row group {g} (damaged file?)",
+                            header[i],
+                            left - values.len()
+                        ),
+                    ));
+                }
+                columns.push(values);
+            }
+            for r in 0..want {
+                number += 1;
+                let values: Vec<&str> = columns
+                    .iter()
+                    .map(|c| c[r].as_deref().unwrap_or(""))
+                    .collect();
+                row(number, &values)?;
+            }
+            left -= want;
+        }
+    }
+    Ok(())
 }
 
 /// A whole number as a table holds it: `7`, or `7.0` where a writer stored the column as
