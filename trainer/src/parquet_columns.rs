@@ -73,12 +73,7 @@ pub fn read_text_columns<R: ChunkReader + 'static>(
     let schema = reader.metadata().file_metadata().schema_descr();
     let mut out = Vec::with_capacity(schema.num_columns());
     for (i, col) in schema.columns().iter().enumerate() {
-        if col.max_rep_level() > 0 || col.path().parts().len() > 1 {
-            return Err(parquet::errors::ParquetError::General(format!(
-                "column `{}` is nested (a list, struct or map); flatten it to plain columns",
-                col.path()
-            )));
-        }
+        refuse_nested(col)?;
         let values = read_leaf(reader, i, col)?;
         if values.len() != rows {
             return Err(parquet::errors::ParquetError::General(format!(
@@ -90,6 +85,18 @@ pub fn read_text_columns<R: ChunkReader + 'static>(
         out.push((col.name().to_string(), values.into_text()));
     }
     Ok(out)
+}
+
+/// Refuses a nested column (a list, struct or map), naming it: the tables read as records are
+/// flat.
+pub fn refuse_nested(col: &ColumnDescriptor) -> parquet::errors::Result<()> {
+    if col.max_rep_level() > 0 || col.path().parts().len() > 1 {
+        return Err(parquet::errors::ParquetError::General(format!(
+            "column `{}` is nested (a list, struct or map); flatten it to plain columns",
+            col.path()
+        )));
+    }
+    Ok(())
 }
 
 /// What pandas' `astype(float)` makes of a column: a number per row or not.

@@ -277,20 +277,20 @@ fn rejoin_metadata(
     if e.first + e.images > list.len() {
         return Err(invalid("its images are beyond the image list".into()));
     }
-    let (rels, paths): (Vec<usize>, Vec<String>) = (e.first..e.first + e.images)
+    let (kept, paths): (Vec<usize>, Vec<String>) = (e.first..e.first + e.images)
         .map(|i| (i, list.root.full_path(&list.rel(i))))
         .filter(|(_, path)| !failed.contains(path.as_str()))
         .unzip();
     let find = |name: &str| part.columns.iter().position(|c| c.name() == name);
-    if rels.len() != part.rows {
+    if kept.len() != part.rows {
         return Err(invalid(format!(
             "{} rows for {} images without errors",
             part.rows,
-            rels.len()
+            kept.len()
         )));
     }
-    let mut values: Vec<Vec<String>> = vec![Vec::with_capacity(rels.len()); columns.len()];
-    for &i in &rels {
+    let mut values: Vec<Vec<String>> = vec![Vec::with_capacity(kept.len()); columns.len()];
+    for &i in &kept {
         for (c, v) in metadata
             .values(&list.rel(i), list.cell(i))
             .into_iter()

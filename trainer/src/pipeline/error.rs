@@ -91,3 +91,16 @@ pub enum StageError {
         source: Box<StageError>,
     },
 }
+
+/// A JSON file a stage wrote, read back (the report and the stages that gather earlier
+/// outputs); an unreadable or malformed file is an error naming it.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T, StageError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StageError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| StageError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}

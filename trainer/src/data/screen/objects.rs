@@ -34,21 +34,23 @@ const CENTERS: [(&str, &str); 2] = [
 /// Which of an object table's columns a screen reads, and where they are among the values
 /// [`scan_table`](super::table::scan_table) hands over: the centre's X and Y, then the site
 /// keys (or `ImageNumber`), then `ObjectNumber` where the table has it.
-struct Columns {
+struct Columns<'a> {
     x: String,
     y: String,
     /// The `Metadata_*` keys joining a row to its site; empty = joined by `ImageNumber`.
     keys: Vec<&'static str>,
+    /// The sites by their values of `keys`.
+    by_key: HashMap<Vec<Cow<'a, str>>, usize>,
     object: bool,
     /// Positions in the header, in the order above.
     positions: Vec<usize>,
 }
 
-impl Columns {
+impl<'a> Columns<'a> {
     fn of(
         table: &ObjectTable,
         header: &[String],
-        sites: &[Site],
+        sites: &'a [Site],
         address: &str,
     ) -> Result<Self, ScreenError> {
         let col = |name: &str| header.iter().position(|h| h == name);
@@ -84,10 +86,19 @@ impl Columns {
         }
         let object = col("ObjectNumber");
         positions.extend(object);
+        let by_key = sites
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let key = keys.iter().map(|k| key_text(s.get(k).unwrap_or("")));
+                (key.collect(), i)
+            })
+            .collect();
         Ok(Self {
             x,
             y,
             keys,
+            by_key,
             object: object.is_some(),
             positions,
         })
@@ -107,8 +118,6 @@ pub fn from_table(
 ) -> Result<Vec<Cell>, ScreenError> {
     let address = table.address.as_str();
     let columns = std::cell::OnceCell::new();
-    let by_key: HashMap<Vec<Cow<str>>, usize> = HashMap::new();
-    let by_key = std::cell::RefCell::new(by_key);
     let by_number: HashMap<u64, usize> = image_numbers
         .iter()
         .enumerate()
@@ -122,14 +131,6 @@ pub fn from_table(
         address,
         |header| {
             let c = Columns::of(table, header, sites, address)?;
-            *by_key.borrow_mut() = sites
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    let key = c.keys.iter().map(|k| key_text(s.get(k).unwrap_or("")));
-                    (key.collect(), i)
-                })
-                .collect();
             let positions = c.positions.clone();
             let _ = columns.set(c);
             Ok(positions)
@@ -150,7 +151,7 @@ pub fn from_table(
             } else {
                 let key: Vec<Cow<str>> =
                     v[2..2 + c.keys.len()].iter().map(|k| key_text(k)).collect();
-                *by_key.borrow().get(&key).ok_or_else(|| {
+                *c.by_key.get(&key).ok_or_else(|| {
                     err(format!(
                         "{} = {key:?} is no site of the image table",
                         c.keys.join("/")
@@ -179,21 +180,13 @@ pub fn from_table(
             Ok(())
         },
     )?;
-    // Stable: an object's rows stay in table order, so the first repeat is its second row.
+    // Stable: an object's rows stay in table order, so the first repeat of each object listed
+    // more than once is its second row; the error names the earliest such repeat.
     listed.sort_by_key(|(c, _)| (c.site, c.object));
     let repeat = listed
-        .windows(2)
-        .enumerate()
-        .filter(|(_, w)| (w[0].0.site, w[0].0.object) == (w[1].0.site, w[1].0.object))
-        .map(|(i, w)| {
-            let first = listed[..=i]
-                .iter()
-                .rev()
-                .take_while(|(c, _)| (c.site, c.object) == (w[1].0.site, w[1].0.object))
-                .last()
-                .map_or(w[0].1, |(_, r)| *r);
-            (w[1].1, first, w[1].0)
-        })
+        .chunk_by(|(a, _), (b, _)| (a.site, a.object) == (b.site, b.object))
+        .filter(|rows| rows.len() > 1)
+        .map(|rows| (rows[1].1, rows[0].1, rows[0].0))
         .min_by_key(|(row, _, _)| *row);
     if let Some((row, first, cell)) = repeat {
         return Err(ScreenError::row(

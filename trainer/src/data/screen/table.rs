@@ -3,12 +3,12 @@
 //! or pandas/polars/pyarrow as Parquet: the layouts read one record type and never ask which.
 use std::path::Path;
 
-use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::reader::{ChunkReader, FileReader, SerializedFileReader};
 
 use super::files::Files;
 use super::ScreenError;
 use crate::data::csv::Csv;
-use crate::parquet_columns::LeafCursor;
+use crate::parquet_columns::{refuse_nested, LeafCursor};
 
 /// Reads the table at `address` (a path or store URL): Parquet when the name ends in
 /// `.parquet` or `.pq`, CSV otherwise. A Parquet table's values are text as
@@ -55,8 +55,8 @@ pub fn read_table(files: &Files, address: &str) -> Result<Csv, ScreenError> {
 /// can have millions of rows and thousands of feature columns, of which a screen needs four.
 /// `select` returns the positions wanted; `row` then sees each row's number (from 1, as
 /// [`ScreenError::Row`] counts them) and its values of those columns in that order, nulls
-/// empty. A CSV is parsed as it is read; a Parquet table is read a row group at a time, the
-/// selected columns only.
+/// empty. A CSV is parsed as it is read; a Parquet table is read 65,536 rows of the selected
+/// columns at a time. A local file is read as it is parsed; a store object is fetched whole.
 pub fn scan_table(
     files: &Files,
     address: &str,
@@ -87,11 +87,33 @@ pub fn scan_table(
             },
         );
     }
-    let bytes = files.read(address)?;
     let parquet = |e: parquet::errors::ParquetError| {
         ScreenError::table(address, format!("not a readable Parquet table: {e}"))
     };
-    let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).map_err(parquet)?;
+    // A local file is read where the chunks are, never whole; a store object is fetched whole.
+    if super::files::is_url(address) {
+        let bytes = bytes::Bytes::from(files.read(address)?);
+        let reader = SerializedFileReader::new(bytes).map_err(parquet)?;
+        scan_parquet(&reader, address, select, row)
+    } else {
+        let file = std::fs::File::open(address)
+            .map_err(|e| ScreenError::from(crate::data::DataError::io(address, "reading", e)))?;
+        let reader = SerializedFileReader::new(file).map_err(parquet)?;
+        scan_parquet(&reader, address, select, row)
+    }
+}
+
+/// [`scan_table`] of a Parquet table: 65,536 rows of the selected columns at a time, their
+/// column readers side by side.
+fn scan_parquet<R: ChunkReader + 'static>(
+    reader: &SerializedFileReader<R>,
+    address: &str,
+    select: impl FnOnce(&[String]) -> Result<Vec<usize>, ScreenError>,
+    mut row: impl FnMut(usize, &[&str]) -> Result<(), ScreenError>,
+) -> Result<(), ScreenError> {
+    let parquet = |e: parquet::errors::ParquetError| {
+        ScreenError::table(address, format!("not a readable Parquet table: {e}"))
+    };
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
     let header: Vec<String> = schema
         .columns()
@@ -106,16 +128,8 @@ pub fn scan_table(
         let mut cursors = Vec::with_capacity(picked.len());
         for &i in &picked {
             let col = schema.column(i);
-            if col.max_rep_level() > 0 || col.path().parts().len() > 1 {
-                return Err(ScreenError::table(
-                    address,
-                    format!(
-                        "column `{}` is nested (a list, struct or map); flatten it to plain columns",
-                        col.path()
-                    ),
-                ));
-            }
-            cursors.push(LeafCursor::new(&reader, g, i, &col).map_err(parquet)?);
+            refuse_nested(&col).map_err(parquet)?;
+            cursors.push(LeafCursor::new(reader, g, i, &col).map_err(parquet)?);
         }
         let mut left = reader.metadata().row_group(g).num_rows().max(0) as usize;
         while left > 0 {

@@ -80,14 +80,7 @@ fn rebuild_global_knn_txt(t: &Target) -> Result<(), StageError> {
 }
 
 pub fn read_knn_json(path: &Path) -> Result<KnnReport, StageError> {
-    let text = std::fs::read_to_string(path).map_err(|source| StageError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|source| StageError::Json {
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::pipeline::error::read_json(path)
 }
 
 /// The `knn` stage, on rank 0.

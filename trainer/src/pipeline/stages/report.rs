@@ -11,6 +11,7 @@ use crate::analysis::knn::KnnReport;
 use crate::config::Config;
 use crate::config::Stage;
 use crate::data::DataError;
+use crate::pipeline::error::read_json;
 use crate::pipeline::error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage, Scope};
 use crate::pipeline::target::{Dataset, Target};
@@ -743,16 +744,4 @@ fn footer(cfg: &Config) -> String {
         esc(&cfg.to_yaml()),
         env!("CARGO_PKG_VERSION")
     )
-}
-
-/// A JSON file a stage wrote.
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, StageError> {
-    let text = std::fs::read_to_string(path).map_err(|source| StageError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|source| StageError::Json {
-        path: path.to_path_buf(),
-        source,
-    })
 }
