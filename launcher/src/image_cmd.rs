@@ -3,7 +3,7 @@
 //! to stdout, progress to stderr.
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use launcher::image::{builder, engine, inspect, push, reference::ImageRef, run, squash};
+use launcher::image::{builder, engine, inspect, local_run, push, reference::ImageRef, squash};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -94,10 +94,10 @@ pub struct RunArgs {
     image: String,
     /// GPUs as `docker run --gpus`: all, a count, or device=ID[,ID].
     #[arg(long)]
-    gpus: Option<run::Gpus>,
+    gpus: Option<local_run::Gpus>,
     /// HOST:CONTAINER[:ro], repeatable.
     #[arg(long)]
-    mount: Vec<run::Mount>,
+    mount: Vec<local_run::Mount>,
     /// K=V, or K to pass this shell's value; repeatable.
     #[arg(long)]
     env: Vec<String>,
@@ -385,7 +385,7 @@ impl SubmitBuildArgs {
 }
 
 pub fn run_image(a: RunArgs) -> Result<()> {
-    let req = run::RunRequest {
+    let req = local_run::RunRequest {
         image: a.image,
         gpus: a.gpus,
         mounts: a.mount,
@@ -399,11 +399,11 @@ pub fn run_image(a: RunArgs) -> Result<()> {
     let code = rt.block_on(async {
         let docker = engine::connect().await?;
         if a.create_only {
-            let id = run::create(&docker, &req).await?;
+            let id = local_run::create(&docker, &req).await?;
             println!("{id}");
             return Ok::<i64, anyhow::Error>(0);
         }
-        Ok(run::run(&docker, &req).await?)
+        Ok(local_run::run(&docker, &req).await?)
     })?;
     drop(rt);
     if code != 0 {

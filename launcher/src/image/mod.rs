@@ -8,10 +8,10 @@ pub mod engine;
 mod error;
 pub mod ignore;
 pub mod inspect;
+pub mod local_run;
 pub mod provenance;
 pub mod push;
 pub mod reference;
-pub mod run;
 pub mod squash;
 
 pub use error::{

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
-use super::multicrop::{CropParams, MultiCropAugment, SOLARIZE_THRESHOLD};
+use super::multicrop_augment::{CropParams, MultiCropAugment, SOLARIZE_THRESHOLD};
 use super::ops::gaussian_kernel5;
 use super::rng::SampleKey;
 use super::AugmentError;

@@ -28,14 +28,14 @@
 //!   sampler and keys.
 
 pub mod device;
-pub mod multicrop;
+pub mod multicrop_augment;
 pub mod ops;
 pub mod params;
 pub mod resize;
 pub mod rng;
 
 pub use device::DeviceAugment;
-pub use multicrop::{
+pub use multicrop_augment::{
     AugmentOps, AugmentScratch, CropParams, CropPolicy, MultiCropAugment, MultiCropConfig, BLUR_P,
     BLUR_SIGMA_RANGE, BRIGHTNESS_P, BRIGHTNESS_RANGE, FLIP_P, SOLARIZE_P, SOLARIZE_THRESHOLD,
 };

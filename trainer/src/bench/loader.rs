@@ -30,22 +30,44 @@ pub enum LoaderPath {
     Kernels,
 }
 
-/// What `trainer bench loader` measures (its flags, whose `--help` says what each is).
-#[derive(Debug, Clone)]
+/// What `trainer bench loader` measures (its flags).
+#[derive(Debug, Clone, clap::Args)]
 pub struct LoaderOptions {
-    /// An ImageFolder root of TIFFs, or (`config`) a config's data source.
+    /// ImageFolder root of TIFFs (e.g. the `Training/` folder `trainer synth` writes).
+    #[arg(long, conflicts_with = "config", required_unless_present = "config")]
     pub data: Option<PathBuf>,
+    /// Read through the data source of this config instead (`data.dataset_dir`: folder,
+    /// packed shards, s3:// with or without `data.cache.dir`, store settings from `data.object_store`),
+    /// opened with `trainer::data::open_source`.
+    #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Read every image of the timed order once (with `--threads` readers) before the
+    /// loader starts: a warm node-local cache, i.e. the second epoch of an s3:// + cache run.
+    #[arg(long)]
     pub warm: bool,
+    /// Allocate fresh batch tensors for every batch instead of reusing handed-back ones
+    /// (what the loader did before the buffer pool; for measuring it).
+    #[arg(long)]
     pub no_buffer_reuse: bool,
+    #[arg(long, value_enum, default_value = "cpu")]
     pub path: LoaderPath,
+    /// Loader worker threads (and libtorch threads for `--path device`).
+    #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    #[arg(long, default_value_t = 32)]
     pub batch: usize,
+    /// Batches timed after the warm-up ones (at most the dataset's batches minus warm-up).
+    #[arg(long, default_value_t = 16)]
     pub batches: usize,
+    #[arg(long, default_value_t = 2)]
     pub warmup: usize,
+    #[arg(long, default_value_t = 8)]
     pub local_crops: usize,
+    #[arg(long, default_value_t = 224)]
     pub global_size: usize,
+    #[arg(long, default_value_t = 96)]
     pub local_size: usize,
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
 

@@ -1,10 +1,19 @@
-//! The work of `trainer bench step` and `trainer bench loader` (bench/: the PyTorch peers run
-//! the same shapes and threads): what each times and the JSON line it reports, with typed
-//! options and errors, so the command line only parses, calls and prints.
+//! The work of `trainer bench` (bench/: the PyTorch peers run the same shapes and threads):
+//! one module per benchmark, each with its options (the subcommand's flags, declared once
+//! here as `clap::Args`), what it times and the JSON line it reports, so the command line
+//! only parses, calls and prints.
 pub mod loader;
+pub mod matmul;
+pub mod model;
+pub mod probe;
+pub mod profiles;
 pub mod step;
 
+use crate::analysis::features::FeaturesError;
+use crate::analysis::knn::KnnError;
+use crate::analysis::profiles::ProfilesError;
 use crate::augment::AugmentError;
+use crate::config::Arch;
 use crate::config::ConfigError;
 use crate::data::mean_std::MeanStdError;
 use crate::data::DataError;
@@ -12,6 +21,7 @@ use crate::precision::PrecisionError;
 use crate::train::loader::LoadError;
 use crate::train::sampler::OrderError;
 use crate::train::step::StepError;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -39,9 +49,36 @@ pub enum BenchError {
     OutOfBatches,
     #[error("warm-up reader panicked")]
     ReaderPanicked,
+    #[error(transparent)]
+    Tch(#[from] tch::TchError),
+    #[error("{path}: {source}")]
+    Tensors {
+        path: PathBuf,
+        source: tch::TchError,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Features(#[from] FeaturesError),
+    #[error(transparent)]
+    Knn(#[from] KnnError),
+    #[error(transparent)]
+    Profiles(#[from] ProfilesError),
     /// The process's CPU time could not be read (Linux's /proc/self/stat).
     #[error("reading /proc/self/stat: {0}")]
     CpuTime(String),
+}
+
+impl BenchError {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        BenchError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
 }
 
 /// A refusal of the options.
@@ -78,4 +115,38 @@ pub fn yaml_name<T: serde::Serialize>(value: &T) -> String {
         Ok(serde_json::Value::String(s)) => s,
         other => unreachable!("a config enum serialises to its name, not {other:?}"),
     }
+}
+
+/// `values` of a config enum by their config spelling.
+fn config_enum<T: serde::Serialize + Copy>(values: &[T]) -> Vec<(String, T)> {
+    values.iter().map(|v| (yaml_name(v), *v)).collect()
+}
+
+/// `--arch`: the ViT sizes by their config spelling.
+fn parse_arch(s: &str) -> Result<Arch, String> {
+    config_enum(&[Arch::VitTiny, Arch::VitSmall, Arch::VitBase])
+        .into_iter()
+        .find(|(name, _)| name == s)
+        .map(|(_, a)| a)
+        .ok_or_else(|| format!("unknown arch {s:?}: vit_tiny, vit_small or vit_base"))
+}
+
+/// A clap parser that takes exactly `values` of a config enum, by their config spelling
+/// (listed in `--help` and in the error for any other word).
+fn config_values<T>(values: &'static [T]) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: serde::Serialize + Copy + Send + Sync + 'static,
+{
+    use clap::builder::TypedValueParser as _;
+    let names: Vec<&'static str> = config_enum(values)
+        .into_iter()
+        .map(|(name, _)| &*Box::leak(name.into_boxed_str()))
+        .collect();
+    clap::builder::PossibleValuesParser::new(names.clone()).map(move |s| {
+        let i = names
+            .iter()
+            .position(|n| *n == s)
+            .expect("clap admits listed values only");
+        values[i]
+    })
 }

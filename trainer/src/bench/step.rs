@@ -1,7 +1,7 @@
 //! `trainer bench step`: one full DINO iteration (`Learner::step`: teacher on the globals,
 //! student on every crop, loss, backward, clip, AdamW, EMA) timed on random crops made once, or
 //! fed by training's own input pipeline (peer: bench/train_step.py).
-use super::{invalid, yaml_name, BenchError};
+use super::{config_values, invalid, parse_arch, yaml_name, BenchError};
 use crate::augment::{MultiCropAugment, MultiCropConfig};
 use crate::config::{Arch, AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
 use crate::data::mean_std;
@@ -29,29 +29,61 @@ pub enum LoaderMode {
     Real,
 }
 
-/// What `trainer bench step` measures (its flags, whose `--help` says what each is).
-#[derive(Debug, Clone)]
+/// What `trainer bench step` measures (its flags).
+#[derive(Debug, Clone, clap::Args)]
 pub struct StepOptions {
+    #[arg(long, value_parser = parse_arch, default_value = "vit_small")]
     pub arch: Arch,
+    #[arg(long, default_value_t = 16)]
     pub patch: usize,
+    #[arg(long, default_value_t = 5)]
     pub channels: usize,
     /// Images per crop (the per-GPU batch); imgs/s counts these per step.
+    #[arg(long, default_value_t = 4)]
     pub batch: usize,
+    #[arg(long, default_value_t = 8)]
     pub local_crops: usize,
+    #[arg(long, default_value_t = 224)]
     pub global_size: usize,
+    #[arg(long, default_value_t = 96)]
     pub local_size: usize,
+    #[arg(long, default_value_t = 65536)]
     pub out_dim: usize,
+    #[arg(long, default_value_t = 2)]
     pub threads: i32,
+    #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    #[arg(long, default_value_t = 3)]
     pub iters: usize,
+    #[arg(long, value_enum, default_value = "none")]
     pub loader: LoaderMode,
-    /// The ImageFolder root `--loader real` reads.
+    /// ImageFolder root of TIFFs (e.g. the `Training/` folder `trainer synth` writes);
+    /// required with `--loader real`.
+    #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Loader worker threads (`--loader real`); prefetch is 2 batches per worker, as in
+    /// `trainer train`.
+    #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// `model.channels` of the benchmarked model (`--loader none` only): `tokens` draws each
+    /// step's channel subset by hierarchical sampling, as training does; `bag` runs each
+    /// image's channels as single-channel items (batch × channels items per crop), so imgs/s
+    /// counts images for every mode.
+    #[arg(long, value_parser = config_values(crate::model::channels::all_modes()), default_value = "fixed")]
     pub channel_mode: ChannelMode,
+    /// Where the step runs (`--loader none`; the crops are made there). `cuda` needs a
+    /// trainer built with `--features nccl` and takes GPU 0.
+    #[arg(long, value_parser = config_values(&[DeviceChoice::Cpu, DeviceChoice::Cuda]), default_value = "cpu")]
     pub device: DeviceChoice,
+    /// `train.precision` of the step: bf16 autocast, or fp16 with loss scaling (CUDA only).
+    #[arg(long, value_parser = config_values(&[Precision::Fp32, Precision::Bf16, Precision::Fp16]), default_value = "fp32")]
     pub precision: Precision,
+    /// `train.cuda_graphs`: with `--device cuda` the step is captured after 3 eager steps and
+    /// replayed (time replays with `--warmup 4` or more); on the CPU the same static step runs
+    /// eagerly. The output's `losses` then compare with a run without it.
+    #[arg(long)]
     pub cuda_graphs: bool,
 }
 

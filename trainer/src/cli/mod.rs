@@ -1,6 +1,6 @@
 //! Subcommand definitions and dispatch.
 mod analysis_cmd;
-mod bench;
+mod bench_cmd;
 mod checkpoint_cmd;
 mod collectives_cmd;
 mod config_cmd;
@@ -155,7 +155,7 @@ enum Command {
     CollectivesBench(collectives_cmd::CollectivesArgs),
     /// Measure our model against the PyTorch reference (used by bench/).
     #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(bench_cmd::BenchCommand),
 }
 
 impl Cli {

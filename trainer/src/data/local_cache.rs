@@ -9,8 +9,8 @@
 //! cached is not noticed: clear the cache when the dataset changes.
 use super::cache::{NodeCache, Origin};
 use super::error::DataError;
+use super::image_source::{ImageSource, LocalSource};
 use super::index::DatasetIndex;
-use super::source::{ImageSource, LocalSource};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub struct CachedLocalSource {

@@ -27,6 +27,7 @@ pub mod chw;
 pub mod csv;
 pub mod error;
 pub mod group_blocks;
+pub mod image_source;
 pub mod index;
 pub mod local_cache;
 pub mod mean_std;
@@ -37,7 +38,6 @@ pub mod preprocess;
 pub mod quality;
 pub mod screen;
 pub mod shards;
-pub mod source;
 pub mod split;
 pub mod stream;
 pub mod synth;
@@ -45,10 +45,10 @@ pub mod tiff_fast;
 pub mod tiff_reader;
 
 pub use error::DataError;
+pub use image_source::{ImageSource, LocalSource, SharedSource};
 pub use index::{build_index, build_index_from_keys, DatasetIndex, Sample};
 pub use open::open_source;
 pub use preprocess::{MinMaxOutcome, PreprocessOptions, ScaleNotes};
-pub use source::{ImageSource, LocalSource, SharedSource};
 pub use split::{
     configured_split, mean_std_subset, numpy_shuffled_indices, stratified_split,
     train_heldout_split, Split,

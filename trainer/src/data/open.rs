@@ -2,7 +2,7 @@
 //! shards, S3 objects or shards, each with or without the node-local cache), so the sources
 //! themselves know only the [`ImageSource`] trait and not each other.
 use super::error::DataError;
-use super::source::{LocalSource, SharedSource};
+use super::image_source::{LocalSource, SharedSource};
 use crate::config::StoreUrl;
 use std::sync::Arc;
 

@@ -9,9 +9,9 @@
 //! attention) are fetched on the spot.
 use super::cache::{NodeCache, Origin};
 use super::error::DataError;
+use super::image_source::ImageSource;
 use super::index::{build_index_from_keys, DatasetIndex};
 use super::object_store::{Listed, Remote, StoreUrl};
-use super::source::ImageSource;
 use crate::config::DataSection;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};

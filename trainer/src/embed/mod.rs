@@ -10,6 +10,6 @@ pub mod images;
 pub mod metadata;
 pub mod model;
 pub mod parts;
-pub mod run;
+pub mod process;
 
-pub use run::{run, EmbedOptions, EmbedSummary, OnError, ScreenOf};
+pub use process::{run, EmbedOptions, EmbedSummary, OnError, ScreenOf};

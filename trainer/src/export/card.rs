@@ -1,7 +1,7 @@
 //! The export's `README.md` model card: what the model is, what it was trained on and how,
 //! the run's kNN and linear-probe scores for this checkpoint when its analyses are beside it,
 //! and the exact lines that load it.
-use super::source::{arch_name, network_name, Source};
+use super::model_record::{arch_name, network_name, Source};
 use super::Format;
 use crate::layout::ModelLayout;
 use crate::model::backbone::checkpoint_tag;

@@ -4,13 +4,13 @@
 //! it. What a format cannot express (a channel-adaptive model in timm) is refused, never
 //! written approximately.
 mod card;
+mod model_record;
 mod output;
-mod source;
 mod timm;
 mod torchscript;
 
+pub use model_record::{InputSize, InputSizeFrom, ModelRecord, Source};
 pub use output::Staging;
-pub use source::{InputSize, InputSizeFrom, ModelRecord, Source};
 
 use crate::config::CheckpointKey;
 use std::path::{Path, PathBuf};
@@ -105,7 +105,7 @@ pub fn export(req: &ExportRequest) -> Result<Vec<PathBuf>, ExportError> {
     let src = Source::load(&req.checkpoint, req.network, req.image_size)?;
     tracing::info!(
         "exporting the {} backbone of {} ({}) as {}",
-        source::network_name(req.network),
+        model_record::network_name(req.network),
         req.checkpoint.display(),
         src.model.describe(),
         req.format.name()

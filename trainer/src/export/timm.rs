@@ -10,7 +10,7 @@
 //! (`global_pool="token"`, `num_classes=0`). Register tokens follow timm's own DINOv2
 //! conversion (`_convert_dinov2`): `reg_tokens=R`, `no_embed_class=True`, the class token's
 //! position folded into `cls_token` (registers have no position, as in our model).
-use super::source::{arch_name, Source};
+use super::model_record::{arch_name, Source};
 use super::{ExportError, Staging};
 use crate::config::Arch;
 use crate::model::channels;
@@ -125,7 +125,7 @@ pub fn config_json(src: &Source) -> serde_json::Value {
             "classifier": "head",
             "description": format!(
                 "scDINO ViT-DINO {} backbone trained with trainer (scdino-rs) on {k} channels: {}. Input: each channel min-max scaled to [0, 1] per image, then (x - mean) / std per channel.",
-                super::source::network_name(src.network),
+                super::model_record::network_name(src.network),
                 src.model.channel_names.join(", ")
             ),
             "notes": notes,

@@ -5,11 +5,11 @@
 //!
 //! The ViT's forward takes its batch size from tensors (see `model/vit.rs`), so the traced
 //! module takes any batch; the image size is the traced one (the position embeddings are
-//! resampled for it, see `source.rs`). The traced graph sits inside a scripted module whose
+//! resampled for it, see `model_record.rs`). The traced graph sits inside a scripted module whose
 //! `forward` refuses any other shape or dtype with the shape it takes (csrc/jit.cpp), since
 //! a trace keeps no checks. The weights are constants of the graph:
 //! `torch.jit.load(path, map_location=...)` places them.
-use super::source::{network_name, Source};
+use super::model_record::{network_name, Source};
 use super::{ExportError, Staging};
 use crate::model::channels;
 use std::path::Path;
@@ -143,7 +143,7 @@ pub fn config_json(src: &Source) -> serde_json::Value {
         "file": FILE,
         super::MARKER: {"format": "torchscript", "input_size": src.input.json()},
         "network": network_name(src.network),
-        "arch": super::source::arch_name(src.model.arch),
+        "arch": super::model_record::arch_name(src.model.arch),
         "patch_size": cfg.patch_size,
         "embed_dim": cfg.embed_dim,
         "depth": cfg.depth,

@@ -4,7 +4,7 @@ pub mod backbone;
 pub mod channels;
 mod head;
 mod init;
-mod multicrop;
+mod multicrop_net;
 mod pos_embed;
 pub mod timm;
 mod units;
@@ -12,7 +12,7 @@ mod vit;
 
 pub use channels::bag_cls;
 pub use head::{DinoHead, HeadConfig};
-pub use multicrop::{IbotForward, MultiCropNet};
+pub use multicrop_net::{IbotForward, MultiCropNet};
 pub use pos_embed::PosResample;
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig, TRAINING_ONLY};

@@ -18,7 +18,7 @@ pub enum StageError {
     Attention(#[from] crate::analysis::attention::AttentionError),
     /// The profiling stage's embedding of a screen.
     #[error(transparent)]
-    Embed(#[from] crate::embed::run::EmbedError),
+    Embed(#[from] crate::embed::process::EmbedError),
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
     #[error(transparent)]

@@ -12,7 +12,7 @@ use super::{
     ShardIndexFile, FORMAT, INDEX_FILE, JOURNAL_FILE,
 };
 use crate::data::error::DataError;
-use crate::data::source::ImageSource;
+use crate::data::image_source::ImageSource;
 use scdino_base::fs::write_atomic;
 use scdino_base::rng::SplitMix64;
 use serde::{Deserialize, Serialize};

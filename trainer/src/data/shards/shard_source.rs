@@ -2,8 +2,8 @@
 use super::store::{PlannedRead, ShardStore};
 use super::{join_root, ShardIndexFile, FORMAT, INDEX_FILE};
 use crate::data::error::DataError;
+use crate::data::image_source::ImageSource;
 use crate::data::index::{label_for, DatasetIndex, Sample};
-use crate::data::source::ImageSource;
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -1,32 +1,34 @@
 //! `trainer bench profiles`: the features of `--rows` images written and read back as scDINO's
 //! `%.18e` CSV and as the Parquet profile table, timed and sized; bench/profiles.sh runs the
 //! Python side (numpy/pandas/polars) on the same files and sizes.
-use anyhow::Result;
-use clap::Args;
-use std::path::PathBuf;
+use super::BenchError;
+use crate::analysis::features::{self, FeatureSet};
+use crate::analysis::knn::read_features_csv;
+use crate::analysis::profiles::{self, ProfileRows};
+use crate::config::DatasetLocation;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::Tensor;
-use trainer::analysis::features::{self, FeatureSet};
-use trainer::analysis::knn::read_features_csv;
-use trainer::analysis::profiles::{self, ProfileRows};
-use trainer::config::DatasetLocation;
 
-#[derive(Debug, Args)]
-pub struct ProfilesBench {
+/// What `trainer bench profiles` measures.
+#[derive(Debug, Clone, clap::Args)]
+
+pub struct ProfilesOptions {
     /// Images (rows); 90,851 is the size of scDINO's full PBMC dataset.
     #[arg(long, default_value_t = 90_851)]
-    rows: usize,
+    pub rows: usize,
     /// Feature dimension (384: vit_small).
     #[arg(long, default_value_t = 384)]
-    dim: usize,
+    pub dim: usize,
     /// Folder the files are written to (kept for the peer script).
     #[arg(long)]
-    out: PathBuf,
+    pub out: PathBuf,
 }
 
-impl ProfilesBench {
-    pub fn run(self) -> Result<()> {
-        std::fs::create_dir_all(&self.out)?;
+impl ProfilesOptions {
+    /// Both formats written and read back (each checked equal to what was written), timed.
+    pub fn run(&self) -> Result<serde_json::Value, BenchError> {
+        std::fs::create_dir_all(&self.out).map_err(|e| BenchError::io(&self.out, e))?;
         let set = synthetic_set(self.rows, self.dim);
         let csv = self.out.join("bench_features.csv");
         let table = self.out.join("bench_profiles.parquet");
@@ -47,27 +49,36 @@ impl ProfilesBench {
         let t = Instant::now();
         let from_table = profiles::read(&table)?;
         let parquet_read = t.elapsed().as_secs_f64();
-        anyhow::ensure!(
-            from_table.features.equal(&set.features),
-            "the table did not read back bit for bit"
-        );
+        if !from_table.features.equal(&set.features) {
+            return Err(BenchError::Invalid(format!(
+                "{}: the table did not read back bit for bit",
+                table.display()
+            )));
+        }
         let csv_err = (from_csv.to_kind(tch::Kind::Float) - &set.features)
             .abs()
             .max()
             .double_value(&[]);
-        anyhow::ensure!(csv_err == 0.0, "the CSV read back with error {csv_err}");
-        println!(
-            "{}",
-            serde_json::json!({
-                "rows": self.rows, "dim": self.dim,
-                "csv_bytes": std::fs::metadata(&csv)?.len(),
-                "parquet_bytes": std::fs::metadata(&table)?.len(),
-                "csv_write_s": csv_write, "parquet_write_s": parquet_write,
-                "csv_read_s": csv_read, "parquet_read_s": parquet_read,
-            })
-        );
-        Ok(())
+        if csv_err != 0.0 {
+            return Err(BenchError::Invalid(format!(
+                "{}: the CSV read back with error {csv_err}",
+                csv.display()
+            )));
+        }
+        Ok(serde_json::json!({
+            "rows": self.rows, "dim": self.dim,
+            "csv_bytes": file_bytes(&csv)?,
+            "parquet_bytes": file_bytes(&table)?,
+            "csv_write_s": csv_write, "parquet_write_s": parquet_write,
+            "csv_read_s": csv_read, "parquet_read_s": parquet_read,
+        }))
     }
+}
+
+fn file_bytes(path: &Path) -> Result<u64, BenchError> {
+    Ok(std::fs::metadata(path)
+        .map_err(|e| BenchError::io(path, e))?
+        .len())
 }
 
 /// Unit rows of deterministic values, with labels and paths as long as real ones.
