@@ -229,6 +229,7 @@ fn tokens_trains_and_embeds_chammi_cells_with_their_own_channels() {
         held_out += paths.len();
     }
     assert_eq!(held_out, 21);
+    stages_alone_run_for_every_combination(dir.path(), &cfg);
     let ckpt = dir.path().join(
         "out/own/scDINO_ViTs/m_tokens_channel_nucleus_membrane_protein_microtubules_er_rna_golgi_mito/checkpoint.safetensors",
     );
@@ -262,6 +263,71 @@ assert err.reason.str.contains(r"holds the channels \[nucleus, er, rna, golgi, m
     let err = text(&out.stderr);
     assert!(
         !out.status.success() && err.contains("cell_channels: own"),
+        "{err}"
+    );
+}
+
+/// A stage's subcommand without `--combination` works on every channel combination, as the
+/// launcher's jobs run it (`trainer knn --config FILE`); `trainer report` (a stage without a
+/// subcommand of its own) runs that stage alone through the pipeline's runner; an input that
+/// belongs to one model needs `--combination`.
+fn stages_alone_run_for_every_combination(dir: &Path, cfg: &Path) {
+    let cfg = cfg.to_str().unwrap();
+    let analyses: Vec<PathBuf> = [
+        "nucleus_membrane_protein",
+        "nucleus_protein_microtubules_er",
+        "nucleus_er_rna_golgi_mito",
+    ]
+    .iter()
+    .map(|names| dir.join(format!("out/own/m_tokens_channel_{names}_analyses")))
+    .collect();
+    let knn_files = |a: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(a.join("kNN"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with("_knn_metrics.json"))
+            .collect()
+    };
+    for a in &analyses {
+        let files = knn_files(a);
+        assert!(!files.is_empty(), "{}", a.display());
+        for f in files {
+            std::fs::remove_file(f).unwrap();
+        }
+        std::fs::remove_file(a.join("report.html")).unwrap();
+    }
+    ok("trainer", &["knn", "--config", cfg, "--threads", "1"]);
+    for a in &analyses {
+        assert!(!knn_files(a).is_empty(), "{}", a.display());
+        assert!(!a.join("report.html").exists());
+    }
+    let out = run("trainer", &["report", "--config", cfg, "--threads", "1"]);
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    assert_eq!(
+        log.matches("[pipeline] report: running").count(),
+        3,
+        "{log}"
+    );
+    assert!(!log.contains("knn epoch"), "{log}");
+    for a in &analyses {
+        assert!(a.join("report.html").is_file(), "{}", a.display());
+    }
+    let out = run(
+        "trainer",
+        &[
+            "attention",
+            "--config",
+            cfg,
+            "--checkpoint",
+            "x.safetensors",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success()
+            && err.contains("add --combination N")
+            && err.contains("3 channel combinations"),
         "{err}"
     );
 }

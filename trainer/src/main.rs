@@ -3,11 +3,10 @@ extern crate trainer;
 
 mod cli;
 
-use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::parse();
     if let Err(e) = trainer::logging::init(cli.log_format) {
         eprintln!("Error: {e}");
         return ExitCode::FAILURE;

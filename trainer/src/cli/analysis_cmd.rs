@@ -1,4 +1,4 @@
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 use trainer::config::Config;
@@ -38,9 +38,10 @@ impl MeanStdArgs {
 pub struct ModelArgs {
     #[command(flatten)]
     config: super::ConfigArg,
-    /// Index into data.channel_combinations.
-    #[arg(long, default_value_t = 0)]
-    combination: usize,
+    /// Index into data.channel_combinations (default: every combination, in order, as
+    /// `trainer pipeline` runs them).
+    #[arg(long)]
+    combination: Option<usize>,
     /// Threads for libtorch's intra-op pool (default: libtorch's choice).
     #[arg(long)]
     threads: Option<i32>,
@@ -52,6 +53,24 @@ impl ModelArgs {
             tch::set_num_threads(t);
         }
         self.config.load()
+    }
+
+    /// The models to work on: the combination asked for, else every one. `one_input` is the
+    /// flag given that names one model's input (`--checkpoint`, `--profiles`), which needs
+    /// `--combination` when the config has several combinations.
+    fn targets<'a>(&self, cfg: &'a Config, one_input: Option<&str>) -> Result<Vec<Target<'a>>> {
+        let combinations = match (self.combination, one_input) {
+            (Some(c), _) => vec![c],
+            (None, Some(flag)) if cfg.channel_sets.len() > 1 => bail!(
+                "{flag} names one model's input, and the config has {} channel combinations: add --combination N",
+                cfg.channel_sets.len()
+            ),
+            (None, _) => (0..cfg.channel_sets.len()).collect(),
+        };
+        Ok(combinations
+            .into_iter()
+            .map(|c| Target::new(cfg, c))
+            .collect::<Result<_, _>>()?)
     }
 }
 
@@ -142,12 +161,15 @@ pub struct FeaturesArgs {
 impl FeaturesArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
-        let t = Target::new(&cfg, self.model.combination)?;
-        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, |tag| t.files.bundle(tag))? {
-            let written = stages::run_features(&t, &ckpt, &tag)
-                .with_context(|| format!("features with {}", ckpt.display()))?;
-            let Some(rows) = written else { continue };
-            println!("{rows} rows -> {}", t.files.features_csv(&tag).display());
+        let given = self.checkpoint.as_ref().map(|_| "--checkpoint");
+        for t in self.model.targets(&cfg, given)? {
+            let bundle = |tag: &str| t.files.bundle(tag);
+            for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint.clone(), bundle)? {
+                let written = stages::run_features(&t, &ckpt, &tag)
+                    .with_context(|| format!("features with {}", ckpt.display()))?;
+                let Some(rows) = written else { continue };
+                println!("{rows} rows -> {}", t.files.features_csv(&tag).display());
+            }
         }
         Ok(())
     }
@@ -171,11 +193,18 @@ pub struct KnnArgs {
 impl KnnArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
-        let t = Target::new(&cfg, self.model.combination)?;
-        for (tag, given) in inputs(&t, self.tag, self.profiles.as_deref())? {
+        let one = self.profiles.as_ref().map(|_| "--profiles");
+        for t in self.model.targets(&cfg, one)? {
+            self.knn(&cfg, &t)?;
+        }
+        Ok(())
+    }
+
+    fn knn(&self, cfg: &Config, t: &Target) -> Result<()> {
+        for (tag, given) in inputs(t, self.tag.clone(), self.profiles.as_deref())? {
             let report = match given {
-                Some(set) => stages::run_knn_on(&t, &tag, set),
-                None => stages::run_knn(&t, &tag),
+                Some(set) => stages::run_knn_on(t, &tag, set),
+                None => stages::run_knn(t, &tag),
             }
             .with_context(|| format!("kNN of {tag}"))?;
             let run_name = format!(
@@ -209,17 +238,30 @@ pub struct EvaluateArgs {
 impl EvaluateArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
-        let t = Target::new(&cfg, self.model.combination)?;
+        let one = match (&self.checkpoint, &self.profiles) {
+            (Some(_), _) => Some("--checkpoint"),
+            (_, Some(_)) => Some("--profiles"),
+            _ => None,
+        };
+        for t in self.model.targets(&cfg, one)? {
+            self.evaluate(&t)?;
+        }
+        Ok(())
+    }
+
+    fn evaluate(&self, t: &Target) -> Result<()> {
         let runs = match &self.profiles {
             Some(path) => vec![(trainer::analysis::profiles::tag_of(path), path.clone())],
-            None => checkpoints_to_run(&t, self.checkpoint, |tag| t.files.evaluation_json(tag))?,
+            None => checkpoints_to_run(t, self.checkpoint.clone(), |tag| {
+                t.files.evaluation_json(tag)
+            })?,
         };
         for (tag, input) in runs {
             let r = match &self.profiles {
                 Some(path) => read_profiles(path).and_then(|(_, table)| {
-                    Ok(stages::run_evaluate_profiles(&t, table, path, &tag)?)
+                    Ok(stages::run_evaluate_profiles(t, table, path, &tag)?)
                 }),
-                None => stages::run_evaluate(&t, &input, &tag).map_err(Into::into),
+                None => stages::run_evaluate(t, &input, &tag).map_err(Into::into),
             }
             .with_context(|| format!("evaluation with {}", input.display()))?;
             for k in &r.knn {
@@ -267,17 +309,19 @@ pub struct UmapArgs {
 impl UmapArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
-        let t = Target::new(&cfg, self.model.combination)?;
-        for (tag, given) in inputs(&t, self.tag, self.profiles.as_deref())? {
-            let u = match given {
-                Some(set) => stages::run_umap_on(&t, &tag, set),
-                None => stages::run_umap(&t, &tag),
+        let one = self.profiles.as_ref().map(|_| "--profiles");
+        for t in self.model.targets(&cfg, one)? {
+            for (tag, given) in inputs(&t, self.tag.clone(), self.profiles.as_deref())? {
+                let u = match given {
+                    Some(set) => stages::run_umap_on(&t, &tag, set),
+                    None => stages::run_umap(&t, &tag),
+                }
+                .with_context(|| format!("UMAP of {tag}"))?;
+                println!(
+                    "{tag}: {} rows, trustworthiness@{} {:.3} -> {}",
+                    u.rows, u.trust_k, u.trustworthiness, u.png
+                );
             }
-            .with_context(|| format!("UMAP of {tag}"))?;
-            println!(
-                "{tag}: {} rows, trustworthiness@{} {:.3} -> {}",
-                u.rows, u.trust_k, u.trustworthiness, u.png
-            );
         }
         Ok(())
     }
@@ -297,76 +341,18 @@ pub struct AttentionArgs {
 impl AttentionArgs {
     pub fn run(self) -> Result<()> {
         let cfg = self.model.load()?;
-        let t = Target::new(&cfg, self.model.combination)?;
-        let manifest = |tag: &str| t.files.attention_manifest(tag);
-        for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint, manifest)? {
-            let images = stages::run_attention(&t, &ckpt, &tag)
-                .with_context(|| format!("attention maps with {}", ckpt.display()))?;
-            println!(
-                "{} images -> {}",
-                images.len(),
-                t.files.attention_dir(&tag).display()
-            );
-        }
-        Ok(())
-    }
-}
-
-/// `trainer profiling`: the pipeline's profiling stage on its own (`downstream.profiling`):
-/// embeds the screen with each checkpoint the section names and runs the recipe on it,
-/// skipping the checkpoints whose outputs match the config.
-#[derive(Debug, Args)]
-pub struct ProfilingArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-}
-
-impl ProfilingArgs {
-    pub fn run(self) -> Result<()> {
-        use trainer::pipeline::profiling;
-        let cfg = self.model.load()?;
-        if !cfg.downstream.profiling.enabled {
-            println!("downstream.profiling.enabled is false: nothing to profile");
-            return Ok(());
-        }
-        let t = Target::new(&cfg, self.model.combination)?;
-        let recipe = profiling::configured_recipe(&cfg)?;
-        let checkpoints = t.numbered_checkpoints();
-        if checkpoints.is_empty() {
-            anyhow::bail!(
-                "{} has no numbered checkpoint to profile (train first)",
-                t.files.dir().display()
-            );
-        }
-        for p in profiling::plan(&t, &checkpoints, &recipe) {
-            let out = t.files.profile_dir(&p.tag);
-            if p.done {
-                println!("{}: up to date ({})", p.tag, out.display());
-                continue;
+        let given = self.checkpoint.as_ref().map(|_| "--checkpoint");
+        for t in self.model.targets(&cfg, given)? {
+            let manifest = |tag: &str| t.files.attention_manifest(tag);
+            for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint.clone(), manifest)? {
+                let images = stages::run_attention(&t, &ckpt, &tag)
+                    .with_context(|| format!("attention maps with {}", ckpt.display()))?;
+                println!(
+                    "{} images -> {}",
+                    images.len(),
+                    t.files.attention_dir(&tag).display()
+                );
             }
-            profiling::run_profiling(&t, &p.tag, &p.checkpoint, &recipe)
-                .with_context(|| format!("profiling with {}", p.checkpoint.display()))?;
-            println!("{} -> {}", p.tag, out.join("index.html").display());
-        }
-        Ok(())
-    }
-}
-
-/// `trainer report`: one self-contained HTML page of everything the stages wrote.
-#[derive(Debug, Args)]
-pub struct ReportArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-}
-
-impl ReportArgs {
-    pub fn run(self) -> Result<()> {
-        let cfg = self.model.load()?;
-        let t = Target::new(&cfg, self.model.combination)?;
-        let path = trainer::pipeline::report::write_report(&t, t.dataset()?)?;
-        println!("{}", path.display());
-        if let Some(table) = trainer::pipeline::combinations::write_table(&cfg)? {
-            println!("{}", table.display());
         }
         Ok(())
     }

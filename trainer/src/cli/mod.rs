@@ -16,9 +16,10 @@ mod selftest_cmd;
 mod train_cmd;
 
 use anyhow::{anyhow, bail, Result};
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use trainer::config::{Config, BAKED_CONFIG_PATH};
+use trainer::pipeline::Stage;
 
 /// `--config FILE`, or the run config baked into the image (`launcher image build --config`)
 /// when it is absent: an image carries its run, so `trainer pipeline` alone runs it.
@@ -65,12 +66,12 @@ fn resolve_config(given: Option<&Path>, baked: &Path) -> Result<PathBuf> {
 /// own parse of the line, so it is the file the command itself loads.
 pub fn launched_config(args: &[String]) -> Result<Option<PathBuf>> {
     let line = std::iter::once("trainer").chain(args.iter().map(String::as_str));
-    let matches = Cli::command()
+    let matches = command()
         .try_get_matches_from(line)
         .map_err(|e| anyhow!("`{}` is not a trainer command: {e}", args.join(" ")))?;
     // The leaf subcommand's definition says whether it takes `--config` (its matches cannot:
     // release builds of clap answer an unknown argument with "not given").
-    let (mut leaf, mut command) = (&matches, Cli::command());
+    let (mut leaf, mut command) = (&matches, command());
     while let Some((name, sub)) = leaf.subcommand() {
         command = command
             .find_subcommand(name)
@@ -83,6 +84,79 @@ pub fn launched_config(args: &[String]) -> Result<Option<PathBuf>> {
     }
     let given = leaf.get_one::<PathBuf>("config");
     resolve_config(given.map(PathBuf::as_path), Path::new(BAKED_CONFIG_PATH)).map(Some)
+}
+
+/// The command line: [`Cli`]'s subcommands, and `trainer <stage>` for every pipeline stage
+/// without a subcommand of its own (the stage alone through the pipeline's runner,
+/// [`pipeline_cmd::RunArgs`], with its `about` line as help), so a new stage needs nothing here.
+pub fn command() -> clap::Command {
+    let names: Vec<&str> = Stage::ALL.iter().map(|s| s.name()).collect();
+    let mut cmd = Cli::command().mut_subcommand("pipeline", |p| {
+        p.about(format!(
+            "Everything: {} (skips what is up to date, resumes after interruption).",
+            names.join(", ")
+        ))
+    });
+    for stage in trainer::pipeline::stages::STAGES {
+        let name = stage.stage().name();
+        if cmd.find_subcommand(name).is_none() {
+            let sub = pipeline_cmd::RunArgs::augment_args(clap::Command::new(name));
+            cmd = cmd.subcommand(sub.about(stage.about()));
+        }
+    }
+    cmd
+}
+
+/// A parsed command line.
+pub struct Invocation {
+    pub log_format: Option<scdino_base::log::LogFormat>,
+    what: What,
+}
+
+enum What {
+    Command(Box<Cli>),
+    Stage(Stage, pipeline_cmd::RunArgs),
+}
+
+/// The process's command line, parsed (clap's own exit on `--help` or a usage error).
+pub fn parse() -> Invocation {
+    parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+}
+
+fn parse_from<I, T>(args: I) -> Result<Invocation, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = command().try_get_matches_from(args)?;
+    let generic = matches.subcommand().and_then(|(name, sub)| {
+        let stage = name.parse::<Stage>().ok()?;
+        (Cli::command().find_subcommand(name).is_none()).then_some((stage, sub))
+    });
+    Ok(match generic {
+        Some((stage, sub)) => Invocation {
+            log_format: matches
+                .get_one::<scdino_base::log::LogFormat>("log_format")
+                .copied(),
+            what: What::Stage(stage, pipeline_cmd::RunArgs::from_arg_matches(sub)?),
+        },
+        None => {
+            let cli = Cli::from_arg_matches(&matches)?;
+            Invocation {
+                log_format: cli.log_format,
+                what: What::Command(Box::new(cli)),
+            }
+        }
+    })
+}
+
+impl Invocation {
+    pub fn run(self) -> Result<()> {
+        match self.what {
+            What::Command(cli) => cli.run(),
+            What::Stage(stage, args) => args.run(Some(stage)),
+        }
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -131,13 +205,8 @@ enum Command {
     Umap(analysis_cmd::UmapArgs),
     /// Last-block CLS attention maps of a few held-out images per class (PNG).
     Attention(analysis_cmd::AttentionArgs),
-    /// A screen's profiling recipe with the kept checkpoints (`downstream.profiling`): embed
-    /// its cells, then `metrics profile` (replicate and activity mAP).
-    Profiling(analysis_cmd::ProfilingArgs),
-    /// One self-contained HTML report of a model's training and analyses.
-    Report(analysis_cmd::ReportArgs),
-    /// Everything: mean-std, train, features, knn, evaluate, umap, attention, profiling, report
-    /// (skips what is up to date, resumes after interruption).
+    /// Every stage, in order (skips what is up to date, resumes after interruption); the
+    /// stages are listed in its help by `command()`.
     Pipeline(pipeline_cmd::PipelineArgs),
     /// DINO pretraining of one channel combination (resumes automatically).
     Train(train_cmd::TrainArgs),
@@ -177,8 +246,6 @@ impl Cli {
             Command::Evaluate(e) => e.run(),
             Command::Umap(u) => u.run(),
             Command::Attention(a) => a.run(),
-            Command::Profiling(p) => p.run(),
-            Command::Report(r) => r.run(),
             Command::Pipeline(p) => p.run(),
             Command::Checkpoint(c) => c.run(),
             Command::Export(e) => e.run(),
@@ -210,6 +277,54 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("is not a trainer command"), "{e}");
+    }
+
+    #[test]
+    fn every_stage_is_a_subcommand_and_one_without_its_own_runs_alone() {
+        use super::{parse_from, What};
+        let cmd = super::command();
+        for stage in trainer::pipeline::Stage::ALL {
+            let sub = cmd.find_subcommand(stage.name()).unwrap();
+            assert!(sub.get_arguments().any(|a| a.get_id() == "config"));
+        }
+        let pipeline = cmd.find_subcommand("pipeline").unwrap();
+        let about = pipeline.get_about().unwrap().to_string();
+        assert!(about.contains("mean-std, train, features,") && about.contains(", report"));
+        // `profiling` and `report` have no subcommand of their own: the stage alone, with the
+        // flags the launcher renders and its about line.
+        for name in ["profiling", "report"] {
+            let inv = parse_from([
+                "trainer",
+                "--log-format",
+                "json",
+                name,
+                "--config",
+                "c.yaml",
+            ])
+            .unwrap();
+            assert!(matches!(inv.what, What::Stage(s, _) if s.name() == name));
+            assert_eq!(inv.log_format, Some(scdino_base::log::LogFormat::Json));
+            let about = cmd.find_subcommand(name).unwrap().get_about().unwrap();
+            let stage = trainer::pipeline::stages::STAGES
+                .iter()
+                .find(|s| s.stage().name() == name)
+                .unwrap();
+            assert_eq!(about.to_string(), stage.about());
+        }
+        let inv =
+            parse_from(["trainer", "report", "--combination", "1", "--threads", "2"]).unwrap();
+        assert!(matches!(
+            inv.what,
+            What::Stage(trainer::pipeline::Stage::Report, _)
+        ));
+        assert!(parse_from(["trainer", "report", "--checkpoint", "x"]).is_err());
+        // A stage with its own subcommand parses as that command.
+        let inv = parse_from(["trainer", "knn", "--config", "c.yaml", "--tag", "epoch4"]).unwrap();
+        assert!(matches!(inv.what, What::Command(_)));
+        assert_eq!(
+            super::launched_config(&["report".into(), "--config".into(), "r.yaml".into()]).unwrap(),
+            Some("r.yaml".into())
+        );
     }
 
     #[test]

@@ -60,7 +60,21 @@ impl Runner<'_> {
         let mut i = 0;
         while i < STAGES.len() {
             if STAGES[i].scope() == Scope::Model {
-                let reported = reported(t, options, &STAGES[..i], checkpoints.as_deref());
+                if !options.runs(STAGES[i].stage()) {
+                    i += 1;
+                    continue;
+                }
+                // The checkpoints are listed once the first per-checkpoint stage runs (after
+                // training); a stage run alone lists them here.
+                let listed;
+                let known = match &checkpoints {
+                    Some(all) => all.as_slice(),
+                    None => {
+                        listed = t.numbered_checkpoints();
+                        listed.as_slice()
+                    }
+                };
+                let reported = reported(t, options, &STAGES[..i], known);
                 let at = At {
                     t,
                     options,
@@ -77,13 +91,22 @@ impl Runner<'_> {
                 .iter()
                 .take_while(|s| s.scope() == Scope::Checkpoint)
                 .count();
+            let chosen: Vec<&dyn PipelineStage> = STAGES[i..end]
+                .iter()
+                .copied()
+                .filter(|s| options.runs(s.stage()))
+                .collect();
+            if chosen.is_empty() {
+                i = end;
+                continue;
+            }
             let all = match &checkpoints {
                 Some(all) => all,
                 None => checkpoints.insert(numbered_checkpoints(t)?),
             };
-            let group: Vec<(&dyn PipelineStage, Vec<Checkpoint>)> = STAGES[i..end]
-                .iter()
-                .map(|&s| (s, s.checkpoints(t, all)))
+            let group: Vec<(&dyn PipelineStage, Vec<Checkpoint>)> = chosen
+                .into_iter()
+                .map(|s| (s, s.checkpoints(t, all)))
                 .collect();
             for checkpoint in all.iter() {
                 for (stage, theirs) in &group {
@@ -173,7 +196,7 @@ fn reported(
     t: &Target,
     options: &PipelineOptions,
     stages: &[&dyn PipelineStage],
-    checkpoints: Option<&[Checkpoint]>,
+    checkpoints: &[Checkpoint],
 ) -> Vec<PathBuf> {
     let at = |checkpoint| At {
         t,
@@ -186,7 +209,7 @@ fn reported(
         match stage.scope() {
             Scope::Model => files.extend(stage.reported(&at(None))),
             Scope::Checkpoint => {
-                for c in &stage.checkpoints(t, checkpoints.unwrap_or_default()) {
+                for c in &stage.checkpoints(t, checkpoints) {
                     files.extend(stage.reported(&At {
                         checkpoint: Some(c),
                         ..at(None)
@@ -279,7 +302,7 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
             return Ok(PipelineOutcome::Preempted(r.runs));
         }
     }
-    if r.lead {
+    if r.lead && opts.runs(Stage::Report) {
         if let Some(path) = combinations::write_table(cfg)? {
             r.log(&format!("combinations: {}", path.display()));
         }

@@ -21,6 +21,17 @@ pub struct PipelineOptions {
     /// Training may resume on another dataset than its checkpoint's (see
     /// [`crate::train::run::TrainOptions::allow_new_data`]).
     pub allow_new_data: bool,
+    /// Run this stage alone (for every checkpoint it is due for, skipping what is up to date),
+    /// as `trainer <stage>` does for a stage without a subcommand of its own; default: every
+    /// stage.
+    pub only: Option<Stage>,
+}
+
+impl PipelineOptions {
+    /// Whether `stage` runs under these options.
+    pub fn runs(&self, stage: Stage) -> bool {
+        self.only.is_none_or(|only| only == stage)
+    }
 }
 
 /// Which ranks run a stage when the pipeline runs on several (`trainer launch`, srun).
@@ -81,6 +92,10 @@ pub enum Flow {
 pub trait PipelineStage: Sync {
     /// Which stage it is (its name, needs and kind of job: `scdino_config::STAGES`).
     fn stage(&self) -> Stage;
+
+    /// One line on what it makes: `trainer <stage> --help` says it for a stage without a
+    /// subcommand of its own.
+    fn about(&self) -> &'static str;
 
     fn ranks(&self) -> Ranks {
         Ranks::Lead

@@ -30,6 +30,10 @@ impl PipelineStage for Attention {
         Stage::Attention
     }
 
+    fn about(&self) -> &'static str {
+        "Last-block CLS attention maps of a few held-out images per class (PNG)."
+    }
+
     fn inputs(&self, at: &At) -> Vec<PathBuf> {
         vec![at.checkpoint().1.to_path_buf(), at.t.run.mean_std()]
     }

@@ -242,6 +242,10 @@ impl PipelineStage for Evaluate {
         Stage::Evaluate
     }
 
+    fn about(&self) -> &'static str {
+        "kNN and a linear probe from the training images to the test folder or held-out split."
+    }
+
     fn inputs(&self, at: &At) -> Vec<PathBuf> {
         let mut inputs = vec![at.checkpoint().1.to_path_buf(), at.t.run.mean_std()];
         // A local test folder is an input (its change reruns the evaluation); one in an object

@@ -84,6 +84,10 @@ impl PipelineStage for Features {
         Stage::Features
     }
 
+    fn about(&self) -> &'static str {
+        "CLS features, labels and image paths of the held-out split, per kept checkpoint."
+    }
+
     fn ranks(&self) -> Ranks {
         Ranks::All
     }

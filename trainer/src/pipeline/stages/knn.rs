@@ -91,6 +91,10 @@ impl PipelineStage for Knn {
         Stage::Knn
     }
 
+    fn about(&self) -> &'static str {
+        "scDINO's global weighted kNN on the extracted features (+ per-class metrics)."
+    }
+
     fn inputs(&self, at: &At) -> Vec<PathBuf> {
         vec![at.t.files.bundle(at.checkpoint().0)]
     }

@@ -13,6 +13,10 @@ impl PipelineStage for MeanStd {
         Stage::MeanStd
     }
 
+    fn about(&self) -> &'static str {
+        "Per-channel mean/std of the dataset (scDINO's mean_and_std_of_dataset.txt)."
+    }
+
     fn scope(&self) -> Scope {
         Scope::Model
     }

@@ -256,6 +256,10 @@ impl PipelineStage for Profiling {
         Stage::Profiling
     }
 
+    fn about(&self) -> &'static str {
+        "A screen's profiling recipe with the kept checkpoints (`downstream.profiling`): embeds its cells, then `metrics profile` (replicate and activity mAP)."
+    }
+
     fn ranks(&self) -> Ranks {
         Ranks::All
     }

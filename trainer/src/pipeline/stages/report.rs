@@ -153,6 +153,10 @@ impl PipelineStage for Report {
         Stage::Report
     }
 
+    fn about(&self) -> &'static str {
+        "One self-contained HTML report of the model's training and analyses."
+    }
+
     fn scope(&self) -> Scope {
         Scope::Model
     }

@@ -13,6 +13,10 @@ impl PipelineStage for Train {
         Stage::Train
     }
 
+    fn about(&self) -> &'static str {
+        "DINO pretraining of the model (resumes from its own checkpoints)."
+    }
+
     fn ranks(&self) -> Ranks {
         Ranks::All
     }

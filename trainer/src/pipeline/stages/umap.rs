@@ -141,6 +141,10 @@ impl PipelineStage for Umap {
         Stage::Umap
     }
 
+    fn about(&self) -> &'static str {
+        "2-D UMAP of the features, coloured by class (PNG + CSV + trustworthiness)."
+    }
+
     fn inputs(&self, at: &At) -> Vec<PathBuf> {
         vec![at.t.files.bundle(at.checkpoint().0)]
     }
