@@ -5,7 +5,7 @@ pub mod builder;
 pub mod context;
 pub mod credentials;
 pub mod engine;
-mod error;
+mod image_error;
 pub mod ignore;
 pub mod inspect;
 pub mod local_run;
@@ -14,7 +14,7 @@ pub mod push;
 pub mod reference;
 pub mod squash;
 
-pub use error::{
+pub use image_error::{
     BuildError, CredentialsError, EngineError, ReferenceError, RegistryError, SquashError,
 };
 use std::path::PathBuf;

@@ -11,7 +11,7 @@
 //! Several processes of a node share one cache. They never corrupt it (atomic renames of
 //! identical content), and a `{key}.lock` file created with `O_EXCL` makes the others wait
 //! for the one already fetching an object instead of fetching it again.
-use super::error::DataError;
+use super::data_error::DataError;
 use scdino_base::fs::write_atomic;
 use sha2::{Digest, Sha256};
 use std::fs;

@@ -1,7 +1,7 @@
 //! The decoded image type every reader produces and every stage consumes (C×H×W), kept apart
 //! from the TIFF readers so the fast and the general decoder both depend on it and not on each
 //! other.
-use super::error::DataError;
+use super::data_error::DataError;
 
 /// A multi-channel image stored channel-major (C×H×W, row-major), the layout
 /// the model consumes (`torch.from_numpy(x).permute(2, 0, 1)` in scDINO).

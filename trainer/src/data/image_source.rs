@@ -5,7 +5,7 @@
 //! store and packed shards are interchangeable. Whatever the source, [`ImageSource::index`]
 //! is the same `ImageFolder` enumeration (order, classes, labels), so seeded splits pick the
 //! same images from every source.
-use super::error::DataError;
+use super::data_error::DataError;
 use super::index::{build_index, DatasetIndex};
 use super::tiff_reader::{decode_tiff_into, ImageChw};
 use std::path::Path;

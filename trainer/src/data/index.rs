@@ -32,7 +32,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::error::DataError;
+use super::data_error::DataError;
 
 /// File extensions we index (compared on the lower-cased name, like
 /// torchvision's `has_file_allowed_extension`).

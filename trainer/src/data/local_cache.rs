@@ -8,7 +8,7 @@
 //! original file at all, so an image changed in place on the shared file system after it was
 //! cached is not noticed: clear the cache when the dataset changes.
 use super::cache::{NodeCache, Origin};
-use super::error::DataError;
+use super::data_error::DataError;
 use super::image_source::{ImageSource, LocalSource};
 use super::index::DatasetIndex;
 use std::sync::atomic::{AtomicU64, Ordering};

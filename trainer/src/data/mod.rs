@@ -25,7 +25,7 @@ pub mod cache;
 pub mod cell_channels;
 pub mod chw;
 pub mod csv;
-pub mod error;
+pub mod data_error;
 pub mod group_blocks;
 pub mod image_source;
 pub mod index;
@@ -44,7 +44,7 @@ pub mod synth;
 pub mod tiff_fast;
 pub mod tiff_reader;
 
-pub use error::DataError;
+pub use data_error::DataError;
 pub use image_source::{ImageSource, LocalSource, SharedSource};
 pub use index::{build_index, build_index_from_keys, DatasetIndex, Sample};
 pub use open::open_source;

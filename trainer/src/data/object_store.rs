@@ -19,7 +19,7 @@
 mod build;
 mod credentials;
 
-use super::error::DataError;
+use super::data_error::DataError;
 use crate::config::ObjectStoreSection;
 pub use crate::config::{Scheme, StoreUrl};
 use ::object_store::path::Path as ObjPath;

@@ -1,7 +1,7 @@
 //! Which source reads a dataset: the one place that knows every kind (local folder, packed
 //! shards, S3 objects or shards, each with or without the node-local cache), so the sources
 //! themselves know only the [`ImageSource`] trait and not each other.
-use super::error::DataError;
+use super::data_error::DataError;
 use super::image_source::{LocalSource, SharedSource};
 use crate::config::StoreUrl;
 use std::sync::Arc;

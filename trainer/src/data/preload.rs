@@ -4,7 +4,7 @@
 //! the entries that verify, so an interrupted copy continues where it stopped. The copy is
 //! the dataset's tree, usable as `data.dataset_dir` with the same index and splits.
 use super::cache::{is_verified, safe_rel, write_verified};
-use super::error::DataError;
+use super::data_error::DataError;
 use super::object_store::{Remote, StoreUrl};
 use crate::config::DataSection;
 use std::path::Path;

@@ -12,7 +12,7 @@
 //!    image 0 in the features; a padded stain made every image NaN, its issue #5). Every
 //!    image is used; the outcome tells what was guarded so the caller can warn.
 
-use super::error::DataError;
+use super::data_error::DataError;
 use super::tiff_reader::{Chw, ImageChw};
 
 /// Keep `channels` (in that order; repeats allowed, as with numpy fancy

@@ -18,7 +18,7 @@
 //! `split = floor((1 - train_fraction) * n)`, where `1 - 0.8` is
 //! `0.19999999999999996`, so n = 100 gives a held-out set of 19, not 20.
 
-use super::error::DataError;
+use super::data_error::DataError;
 
 const N: usize = 624;
 const M: usize = 397;

@@ -8,7 +8,7 @@
 //! never download each other's samples. Reads of indices not announced (features,
 //! attention) are fetched on the spot.
 use super::cache::{NodeCache, Origin};
-use super::error::DataError;
+use super::data_error::DataError;
 use super::image_source::ImageSource;
 use super::index::{build_index_from_keys, DatasetIndex};
 use super::object_store::{Listed, Remote, StoreUrl};

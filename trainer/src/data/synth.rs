@@ -69,7 +69,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::error::DataError;
+use super::data_error::DataError;
 use super::tiff_reader::{write_tiff_u16_chunky, Chw};
 use scdino_base::rng::{mix64, SplitMix64};
 

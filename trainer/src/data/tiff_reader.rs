@@ -27,7 +27,7 @@ use tiff::ColorType;
 
 use super::chw::checked_len;
 pub use super::chw::{Chw, ImageChw, ImageChwU16};
-use super::error::DataError;
+use super::data_error::DataError;
 
 /// Read a TIFF file into a C×H×W `f32` image (see the module docs for the
 /// supported layouts). Every failure names `path`.

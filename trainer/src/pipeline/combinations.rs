@@ -4,7 +4,7 @@
 //! comes from the same checkpoint (what one adaptive model scores on each subset); with `fixed`
 //! each combination's own model. Written next to the run's models, as HTML for people and JSON
 //! for scripts, by the pipeline and `trainer report` once the combinations' evaluations exist.
-use super::error::StageError;
+use super::stage_error::StageError;
 use super::target::Target;
 use crate::config::Config;
 use crate::layout::RunLayout;

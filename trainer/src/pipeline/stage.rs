@@ -4,7 +4,7 @@
 //! in [`super::stages::STAGES`]; the facts the launcher shares (name, needs, kind of job) are
 //! its line in `scdino_config::STAGES`. This file imports no stage, so the stages and the
 //! registry import it without a cycle.
-use super::error::StageError;
+use super::stage_error::StageError;
 use super::target::Target;
 use crate::config::Stage;
 use std::path::{Path, PathBuf};

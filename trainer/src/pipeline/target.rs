@@ -1,6 +1,6 @@
 //! One trained model of a run (a channel combination of a config, and where its files live)
 //! and its dataset: what every stage works on, the single-stage commands and the pipeline alike.
-use super::error::StageError;
+use super::stage_error::StageError;
 use crate::analysis::features;
 use crate::config::Config;
 use crate::data::mean_std::MeanStd;

@@ -5,7 +5,7 @@ pub mod channel_set_batches;
 pub mod channels;
 pub mod collapse;
 pub mod dichavit;
-pub mod error;
+pub mod train_error;
 pub mod flops;
 pub mod graphed;
 pub mod ibot;

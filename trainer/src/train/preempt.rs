@@ -3,7 +3,7 @@
 //! epoch. So a signal only raises a flag, the epoch loop checkpoints at the next step boundary
 //! once every rank agrees, and the process exits with [`EXIT_PREEMPTED`], which job scripts
 //! and `trainer launch` read as "requeue and resume", not as a failure.
-use super::error::TrainError;
+use super::train_error::TrainError;
 use crate::distributed::Collective;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! which mean the same for every store.
 use super::credentials::CredentialSource;
 use crate::config::{ObjectStoreSection, Scheme, StoreUrl};
-use crate::data::error::DataError;
+use crate::data::data_error::DataError;
 use ::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use ::object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use ::object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};

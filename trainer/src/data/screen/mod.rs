@@ -16,7 +16,7 @@
 pub mod cell_source;
 pub mod chammi;
 pub mod crop;
-pub mod error;
+pub mod screen_error;
 pub mod files;
 pub mod labels;
 pub mod loaddata;
@@ -30,7 +30,7 @@ pub mod synth_zarr;
 pub mod table;
 mod zarr_ranges;
 
-pub use error::ScreenError;
+pub use screen_error::ScreenError;
 
 use super::chw::{Chw, ImageChw};
 

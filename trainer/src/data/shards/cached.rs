@@ -14,7 +14,7 @@
 use super::store::ShardStore;
 use super::{ShardIndexFile, INDEX_FILE};
 use crate::data::cache::{entry_digest, NodeCache};
-use crate::data::error::DataError;
+use crate::data::data_error::DataError;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;

@@ -11,7 +11,7 @@ use super::{
     hex, join_root, sample_key, shard_file_name, MemberMeta, PackSettings, SampleEntry, ShardEntry,
     ShardIndexFile, FORMAT, INDEX_FILE, JOURNAL_FILE,
 };
-use crate::data::error::DataError;
+use crate::data::data_error::DataError;
 use crate::data::image_source::ImageSource;
 use scdino_base::fs::write_atomic;
 use scdino_base::rng::SplitMix64;

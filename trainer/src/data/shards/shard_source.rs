@@ -1,7 +1,7 @@
 //! [`ShardSource`]: a packed dataset behind the same [`ImageSource`] as the original tree.
 use super::store::{PlannedRead, ShardStore};
 use super::{join_root, ShardIndexFile, FORMAT, INDEX_FILE};
-use crate::data::error::DataError;
+use crate::data::data_error::DataError;
 use crate::data::image_source::ImageSource;
 use crate::data::index::{label_for, DatasetIndex, Sample};
 use std::path::PathBuf;

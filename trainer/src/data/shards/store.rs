@@ -1,7 +1,7 @@
 //! Where shard bytes live: the reader needs only whole small objects (the index) and byte
 //! ranges of large ones, which both local files (`pread`) and object stores (ranged GET)
 //! provide. A remote store plugs in by implementing [`ShardStore`].
-use crate::data::error::DataError;
+use crate::data::data_error::DataError;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;

@@ -16,7 +16,7 @@
 //! window is simulated over the plan ([`simulate`]) and the plan is streamed only if that at
 //! least halves the number of requests; otherwise every read stays a ranged GET.
 use super::store::{PlannedRead, ShardStore};
-use crate::data::error::DataError;
+use crate::data::data_error::DataError;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -6,7 +6,7 @@
 //! already in the bucket that differs from the new one is deleted before any shard is
 //! replaced, so a reader never pairs an old index with new shards.
 use super::{ShardIndexFile, INDEX_FILE};
-use crate::data::error::DataError;
+use crate::data::data_error::DataError;
 use crate::data::object_store::Remote;
 use ::object_store::path::Path as ObjPath;
 use ::object_store::{

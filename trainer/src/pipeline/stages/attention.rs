@@ -1,7 +1,7 @@
 //! The `attention` stage: attention maps of the picked held-out images with each checkpoint.
 use crate::analysis::attention::{self, AttentionImage};
 use crate::config::Stage;
-use crate::pipeline::error::StageError;
+use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage};
 use crate::pipeline::target::Target;
 use std::path::{Path, PathBuf};

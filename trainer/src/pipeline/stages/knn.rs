@@ -3,7 +3,7 @@ use crate::analysis::features::{self, FeatureSet};
 use crate::analysis::knn::{self, KnnReport};
 use crate::config::Stage;
 use crate::data::DataError;
-use crate::pipeline::error::StageError;
+use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage};
 use crate::pipeline::target::Target;
 use crate::plot;
@@ -80,7 +80,7 @@ fn rebuild_global_knn_txt(t: &Target) -> Result<(), StageError> {
 }
 
 pub fn read_knn_json(path: &Path) -> Result<KnnReport, StageError> {
-    crate::pipeline::error::read_json(path)
+    crate::pipeline::stage_error::read_json(path)
 }
 
 /// The `knn` stage, on rank 0.

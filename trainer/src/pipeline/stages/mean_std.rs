@@ -1,7 +1,7 @@
 //! The `mean-std` stage: the dataset's per-channel mean and standard deviation, which training
 //! and every analysis normalise with.
 use crate::config::Stage;
-use crate::pipeline::error::StageError;
+use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage, Scope};
 use std::path::PathBuf;
 

@@ -9,7 +9,7 @@ use crate::config::{Config, ProfiledCheckpoints};
 use crate::embed::parts::{parts_dir, PartsError};
 use crate::embed::process::EmbedError;
 use crate::embed::{EmbedOptions, OnError, ScreenOf};
-use crate::pipeline::error::StageError;
+use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{up_to_date, At, Checkpoint, Flow, PipelineStage, Ranks};
 use crate::pipeline::target::Target;
 use crate::scoring::profile::{self, ProfileSummary};

@@ -3,7 +3,7 @@ use crate::analysis::features::{self, FeatureSet};
 use crate::analysis::umap::{self, UmapParams};
 use crate::config::Stage;
 use crate::data::DataError;
-use crate::pipeline::error::StageError;
+use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage};
 use crate::pipeline::target::Target;
 use crate::plot;

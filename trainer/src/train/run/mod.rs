@@ -15,7 +15,7 @@ mod resume;
 mod run_files;
 mod setup;
 
-pub use super::error::TrainError;
+pub use super::train_error::TrainError;
 pub use super::preempt::EXIT_PREEMPTED;
 pub use batches::training_image_fn;
 pub use resume::{fingerprint, schedule_change_note};

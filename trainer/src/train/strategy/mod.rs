@@ -13,7 +13,7 @@
 pub mod fsdp;
 pub mod fsdp_error;
 
-use super::error::TrainError;
+use super::train_error::TrainError;
 use super::optim::{clip_gradients, ema_update};
 use super::step::{Learner, StepError, StepHooks, StepParams};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, RestoreError};

@@ -6,7 +6,7 @@ pub mod progress;
 pub mod throughput;
 
 use super::collapse::TeacherSnapshot;
-use super::error::TrainError;
+use super::train_error::TrainError;
 use super::flops::Utilisation;
 use super::loss_terms::TermValues;
 use crate::gpu::GpuSample;
