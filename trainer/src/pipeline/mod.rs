@@ -8,13 +8,13 @@
 //! Training resumes from its own checkpoints. A stop signal ends the pipeline at the next stage
 //! or step boundary with [`crate::train::run::EXIT_PREEMPTED`] semantics.
 pub mod combinations;
-pub mod stage_error;
 pub mod stage;
+pub mod stage_error;
 pub mod stages;
 pub mod target;
 
-pub use stage_error::StageError;
 pub use stage::{up_to_date, PipelineOptions};
+pub use stage_error::StageError;
 pub use stages::{profiling, report};
 
 use crate::config::Config;

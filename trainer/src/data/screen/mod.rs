@@ -16,7 +16,6 @@
 pub mod cell_source;
 pub mod chammi;
 pub mod crop;
-pub mod screen_error;
 pub mod files;
 pub mod labels;
 pub mod loaddata;
@@ -24,6 +23,7 @@ pub mod npy;
 pub mod objects;
 pub mod ome_zarr;
 pub mod open;
+pub mod screen_error;
 pub mod site_order;
 pub mod synth;
 pub mod synth_zarr;

@@ -1,8 +1,8 @@
 //! The `attention` stage: attention maps of the picked held-out images with each checkpoint.
 use crate::analysis::attention::{self, AttentionImage};
 use crate::config::Stage;
-use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage};
+use crate::pipeline::stage_error::StageError;
 use crate::pipeline::target::Target;
 use std::path::{Path, PathBuf};
 

@@ -4,8 +4,8 @@ use crate::analysis::profiles::{self, ProfileRows};
 use crate::config::Stage;
 use crate::distributed::env::DistEnv;
 use crate::distributed::group::ProcessGroup;
-use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage, Ranks};
+use crate::pipeline::stage_error::StageError;
 use crate::pipeline::target::Target;
 use std::path::{Path, PathBuf};
 

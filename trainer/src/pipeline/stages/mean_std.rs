@@ -1,8 +1,8 @@
 //! The `mean-std` stage: the dataset's per-channel mean and standard deviation, which training
 //! and every analysis normalise with.
 use crate::config::Stage;
-use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage, Scope};
+use crate::pipeline::stage_error::StageError;
 use std::path::PathBuf;
 
 /// On rank 0 alone: training's ranks wait for it at their rendezvous and read the file.

@@ -1,8 +1,8 @@
 //! The `train` stage: collective (data parallel on every rank), and it decides for itself how
 //! far it is: it resumes from `checkpoint.safetensors`.
 use crate::config::Stage;
-use crate::pipeline::stage_error::StageError;
 use crate::pipeline::stage::{At, Flow, PipelineStage, Ranks, Scope};
+use crate::pipeline::stage_error::StageError;
 use crate::train::run::{train, TrainOptions, TrainOutcome};
 use std::path::PathBuf;
 

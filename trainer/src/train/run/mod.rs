@@ -15,8 +15,8 @@ mod resume;
 mod run_files;
 mod setup;
 
-pub use super::train_error::TrainError;
 pub use super::preempt::EXIT_PREEMPTED;
+pub use super::train_error::TrainError;
 pub use batches::training_image_fn;
 pub use resume::{fingerprint, schedule_change_note};
 pub use run_files::{dataset_mean_std, model_dir};

@@ -13,9 +13,9 @@
 pub mod fsdp;
 pub mod fsdp_error;
 
-use super::train_error::TrainError;
 use super::optim::{clip_gradients, ema_update};
 use super::step::{Learner, StepError, StepHooks, StepParams};
+use super::train_error::TrainError;
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, RestoreError};
 use crate::config::Strategy;
 use crate::distributed::ddp::Ddp;

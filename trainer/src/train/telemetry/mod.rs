@@ -6,9 +6,9 @@ pub mod progress;
 pub mod throughput;
 
 use super::collapse::TeacherSnapshot;
-use super::train_error::TrainError;
 use super::flops::Utilisation;
 use super::loss_terms::TermValues;
+use super::train_error::TrainError;
 use crate::gpu::GpuSample;
 use crate::layout::ModelLayout;
 use crate::monitoring::{Metric, PromTextfile, TensorBoardWriter};
