@@ -206,6 +206,15 @@ fn tokens_trains_and_embeds_chammi_cells_with_their_own_channels() {
     let cfg = config(dir.path(), &table, "own", channels, (screen, model));
     let log = pipeline(&cfg);
     assert!(log.contains("each cell its own"), "{log}");
+    // Each combination's left-out cells are said once, not once per analysis and checkpoint.
+    for names in [
+        "nucleus, membrane, protein",
+        "nucleus, protein, microtubules, er",
+        "nucleus, er, rna, golgi, mito",
+    ] {
+        let said = format!("lack a channel of [{names}]");
+        assert_eq!(log.matches(&said).count(), 1, "{said}:\n{log}");
+    }
     // 72 cells, 21 held out (floor(0.3 · 72)), each set's analyses on its dataset's.
     let mut held_out = 0;
     for (names, dataset) in [

@@ -65,7 +65,15 @@ pub fn combination_split(
 ) -> Result<Split, super::DataError> {
     let split = super::configured_split(source.index(), data, seed)?;
     let (split, left_out) = split_holding(source, split, channels);
-    if left_out > 0 {
+    // Said once per combination: the features, attention and the other analyses each ask,
+    // for every checkpoint.
+    static SAID: std::sync::Mutex<std::collections::BTreeSet<Vec<usize>>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = SAID
+        .lock()
+        .map(|mut said| said.insert(channels.to_vec()))
+        .unwrap_or(true);
+    if left_out > 0 && first {
         let names: Vec<&str> = channels
             .iter()
             .map(|&c| data.channel_names[c].as_str())
