@@ -4,7 +4,7 @@
 //! image per field), reads them back with zarr-python and cuts every region with NumPy. Our
 //! reader must return the same sites, the same crops to the last bit and the same labels, from
 //! disk and from a moto S3 server.
-use super::s3::{fake_credentials, Backend, Proxy, Server, BUCKET, PREFIX};
+use super::s3::{s3_behind_proxy, Proxy, Server, BUCKET, PREFIX};
 use super::util::run_py_file;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -185,22 +185,10 @@ fn the_plate_name_falls_back_to_the_store_name() {
     );
 }
 
-/// The moto server behind the logging proxy of the object-store tests (which counts the
-/// requests a read makes), and the `data.object_store` settings reaching it.
+/// The moto server holding the fixtures behind the logging proxy of the object-store tests
+/// (which counts the requests a read makes), and the `data.object_store` settings reaching it.
 fn s3_server() -> (Server, Proxy, ObjectStoreSection) {
-    fake_credentials();
-    let server = Server::start(Backend::S3, &fixtures().dir);
-    let proxy = Proxy::start(server.port, false);
-    let s3 = ObjectStoreSection {
-        endpoint: Some(format!("http://127.0.0.1:{}", proxy.port)),
-        region: Some("us-east-1".into()),
-        allow_http: true,
-        retry_initial_backoff_ms: 20,
-        retry_max_backoff_ms: 1000,
-        retry_timeout_seconds: 20,
-        ..ObjectStoreSection::default()
-    };
-    (server, proxy, s3)
+    s3_behind_proxy(&fixtures().dir)
 }
 
 fn s3_location(name: &str) -> DatasetLocation {

@@ -306,6 +306,8 @@ impl Drop for Server {
 pub(super) struct Logged {
     pub(super) method: String,
     pub(super) target: String,
+    /// The request's `Range` header (`bytes=a-b`), if any.
+    pub(super) range: Option<String>,
     /// 0: the upstream was unreachable and the client's connection was dropped.
     status: u16,
 }
@@ -386,6 +388,7 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
         );
         let mut headers = Vec::new();
         let mut len = 0usize;
+        let mut range = None;
         loop {
             let mut h = String::new();
             reader.read_line(&mut h)?;
@@ -395,6 +398,9 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
             let lower = h.to_ascii_lowercase();
             if let Some(v) = lower.strip_prefix("content-length:") {
                 len = v.trim().parse().unwrap_or(0);
+            }
+            if let Some(v) = lower.strip_prefix("range:") {
+                range = Some(v.trim().to_string());
             }
             if !lower.starts_with("connection:") {
                 headers.push(h);
@@ -406,6 +412,7 @@ fn handle(client: TcpStream, st: &ProxyState) -> std::io::Result<()> {
             st.log.lock().unwrap().push(Logged {
                 method: method.clone(),
                 target: target.clone(),
+                range: range.clone(),
                 status,
             })
         };
@@ -1908,4 +1915,22 @@ fn s3_shard_sequential_without_cache_streams_chunks_and_trains_like_local_shards
     );
     assert!(shard_gets.iter().all(|r| r.status == 206), "{shard_gets:?}");
     assert_same_weights(&config(&local_out, "x", "", 1), &cfg);
+}
+
+/// A moto server holding `dir`'s files under `s3://{BUCKET}/{PREFIX}/`, behind the logging
+/// proxy, and the `data.object_store` settings reaching it.
+pub(super) fn s3_behind_proxy(dir: &Path) -> (Server, Proxy, trainer::config::ObjectStoreSection) {
+    fake_credentials();
+    let server = Server::start(Backend::S3, dir);
+    let proxy = Proxy::start(server.port, false);
+    let store = trainer::config::ObjectStoreSection {
+        endpoint: Some(format!("http://127.0.0.1:{}", proxy.port)),
+        region: Some("us-east-1".into()),
+        allow_http: true,
+        retry_initial_backoff_ms: 20,
+        retry_max_backoff_ms: 1000,
+        retry_timeout_seconds: 20,
+        ..trainer::config::ObjectStoreSection::default()
+    };
+    (server, proxy, store)
 }

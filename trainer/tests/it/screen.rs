@@ -1,9 +1,12 @@
 //! Screens as they are stored (issue: fields of view + segmentation): cells cut from sites
 //! equal the per-cell images they were made of, and equal NumPy's slices of fields of view
 //! written by tifffile with tables written by pandas; bad input names its file and row.
+use super::s3::{s3_behind_proxy, Backend, PREFIX};
 use crate::util::run_python;
 use std::path::Path;
-use trainer::config::{DataSection, DatasetLocation, ScreenBorder, ScreenSection};
+use trainer::config::{
+    DataSection, DatasetLocation, ObjectStoreSection, ScreenBorder, ScreenSection,
+};
 use trainer::data::screen::open::open_screen;
 use trainer::data::screen::synth::{generate_screen, ScreenSynthOptions};
 use trainer::data::{read_tiff, ImageSource, SynthOptions};
@@ -546,14 +549,15 @@ for k in range(40):
     f = rng.random(n); f[rng.random(n) < 0.1] = np.nan
     df[f"Nuclei_Feature_{k}"] = f
 df = df.sample(frac=1.0, random_state=0)  # rows in no particular order
-df.to_csv(f"{d}/big.csv.gz", index=False)
-pq.write_table(pa.Table.from_pandas(df, preserve_index=False), f"{d}/big.parquet", row_group_size=100_000)
+df.to_csv(f"{d}/store/big.csv.gz", index=False)
+pq.write_table(pa.Table.from_pandas(df, preserve_index=False), f"{d}/store/big.parquet", row_group_size=100_000)
 site = {num: i for i, num in enumerate(numbers)}
 order = sorted(zip(df["ImageNumber"], df["ObjectNumber"], df["Nuclei_Location_Center_X"], df["Nuclei_Location_Center_Y"]),
                key=lambda r: (site[r[0]], r[1]))
 json.dump([[site[a], int(b), float(c), float(e)] for a, b, c, e in order], open(f"{d}/expected.json", "w"))
 "#;
     let d = dir.path();
+    std::fs::create_dir_all(d.join("store")).unwrap();
     run_python(
         script,
         &[d.to_str().unwrap(), s.load_data.to_str().unwrap()],
@@ -568,15 +572,64 @@ json.dump([[site[a], int(b), float(c), float(e)] for a, b, c, e in order], open(
         border: ScreenBorder::Pad,
         ..ScreenSection::default()
     };
-    for table in ["big.csv.gz", "big.parquet"] {
-        let sec = screen(&d.join(table));
-        let src = open_screen(&screen_data(&s.load_data, &names, sec.clone()), &sec).unwrap();
-        let got: Vec<(usize, u64, f64, f64)> = src
-            .cells()
+    let cells = |objects: &str, store: Option<&ObjectStoreSection>| {
+        let sec = ScreenSection {
+            objects: Some(objects.to_string()),
+            ..screen(Path::new(objects))
+        };
+        let mut data = screen_data(&s.load_data, &names, sec.clone());
+        if let Some(store) = store {
+            data.object_store = store.clone();
+        }
+        let src = open_screen(&data, &sec).unwrap();
+        src.cells()
             .iter()
             .map(|c| (c.site, c.object, c.x, c.y))
-            .collect();
+            .collect::<Vec<(usize, u64, f64, f64)>>()
+    };
+    for table in ["big.csv.gz", "big.parquet"] {
+        let got = cells(d.join("store").join(table).to_str().unwrap(), None);
         assert!(got == expected, "{table}: the cells differ from pandas'");
+    }
+    // The same tables in a bucket (moto, behind the logging proxy) give the same cells, read
+    // in ranges, never whole: the CSV front to back in 8 MiB requests, the Parquet table its
+    // footer and the four columns' chunks, a fraction of the file.
+    let (_server, proxy, store) = s3_behind_proxy(&d.join("store"));
+    for table in ["big.csv.gz", "big.parquet"] {
+        proxy.clear();
+        let got = cells(&Backend::S3.url(&format!("{PREFIX}/{table}")), Some(&store));
+        assert!(
+            got == expected,
+            "{table} from S3: the cells differ from pandas'"
+        );
+        let size = std::fs::metadata(d.join("store").join(table))
+            .unwrap()
+            .len();
+        let gets: Vec<_> = proxy
+            .log()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.target.contains(table))
+            .collect();
+        let fetched: u64 = gets
+            .iter()
+            .map(|r| {
+                let range = r
+                    .range
+                    .as_deref()
+                    .unwrap_or_else(|| panic!("{table}: a GET without a range"));
+                let (a, b) = range.trim_start_matches("bytes=").split_once('-').unwrap();
+                b.parse::<u64>().unwrap() + 1 - a.parse::<u64>().unwrap()
+            })
+            .sum();
+        if table.ends_with(".gz") {
+            assert_eq!(fetched, size, "{table}");
+            assert_eq!(gets.len() as u64, size.div_ceil(8 << 20), "{table}");
+        } else {
+            assert!(
+                fetched * 5 < size,
+                "{table}: {fetched} of {size} bytes fetched"
+            );
+        }
     }
     std::fs::write(
         d.join("twice.csv"),

@@ -1,6 +1,7 @@
 //! Reading the files a screen's tables name: local paths (absolute, or relative to the table
 //! that names them) and `s3://`, `gs://`, `az://` URLs, each bucket through one client that
 //! every loader thread shares.
+use super::ranged_object::RangedObject;
 use super::ScreenError;
 use crate::config::{ObjectStoreSection, StoreUrl};
 use crate::data::object_store::Remote;
@@ -94,13 +95,13 @@ impl Files {
             .map_err(|e| ScreenError::table(address, format!("not UTF-8 text: {e}")))
     }
 
-    /// The text of `address` (`.gz` decompressed) as a stream: a local file is read as it is
-    /// parsed, never whole (an object table of a plate can hold millions of rows and
-    /// thousands of columns); a store object is fetched whole, then streamed.
+    /// The text of `address` (`.gz` decompressed) as a stream, never whole (an object table of
+    /// a plate can hold millions of rows and thousands of columns): a local file is read as it
+    /// is parsed, a store object in ranges as it is parsed.
     pub fn open_text(&self, address: &str) -> Result<Box<dyn std::io::BufRead>, ScreenError> {
         use std::io::BufReader;
         let input: Box<dyn std::io::Read> = if is_url(address) {
-            Box::new(std::io::Cursor::new(self.read(address)?))
+            Box::new(self.open_object(address)?.reader(0))
         } else {
             Box::new(
                 std::fs::File::open(address)
@@ -112,6 +113,15 @@ impl Files {
         } else {
             Box::new(BufReader::new(input))
         })
+    }
+
+    /// The store object `address` (a store URL), read in ranges as it is consumed.
+    pub fn open_object(&self, address: &str) -> Result<RangedObject, ScreenError> {
+        let url = StoreUrl::parse(address).map_err(|e| DataError::StoreConfig {
+            url: address.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(RangedObject::open(self.remote(&url)?, url.prefix())?)
     }
 
     /// The client of `url`'s bucket, opened once.

@@ -23,6 +23,7 @@ pub mod npy;
 pub mod objects;
 pub mod ome_zarr;
 pub mod open;
+pub mod ranged_object;
 pub mod screen_error;
 pub mod site_order;
 pub mod synth;

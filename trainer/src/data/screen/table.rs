@@ -56,7 +56,7 @@ pub fn read_table(files: &Files, address: &str) -> Result<Csv, ScreenError> {
 /// `select` returns the positions wanted; `row` then sees each row's number (from 1, as
 /// [`ScreenError::Row`] counts them) and its values of those columns in that order, nulls
 /// empty. A CSV is parsed as it is read; a Parquet table is read 65,536 rows of the selected
-/// columns at a time. A local file is read as it is parsed; a store object is fetched whole.
+/// columns at a time. Neither is ever held whole, on disk or in a store.
 pub fn scan_table(
     files: &Files,
     address: &str,
@@ -90,17 +90,40 @@ pub fn scan_table(
     let parquet = |e: parquet::errors::ParquetError| {
         ScreenError::table(address, format!("not a readable Parquet table: {e}"))
     };
-    // A local file is read where the chunks are, never whole; a store object is fetched whole.
+    // Read where the chunks are, never whole: a local file by seeking, a store object by
+    // ranges.
     if super::files::is_url(address) {
-        let bytes = bytes::Bytes::from(files.read(address)?);
-        let reader = SerializedFileReader::new(bytes).map_err(parquet)?;
-        scan_parquet(&reader, address, select, row)
+        let object = files.open_object(address)?;
+        let reader = SerializedFileReader::new(object.clone()).map_err(parquet)?;
+        let header = column_names(&reader);
+        let picked = select(&header)?;
+        let chunks = (0..reader.metadata().num_row_groups())
+            .flat_map(|g| {
+                let group = reader.metadata().row_group(g);
+                picked.iter().map(move |&i| {
+                    let (start, len) = group.column(i).byte_range();
+                    start..start + len
+                })
+            })
+            .collect();
+        object.expect_chunks(chunks, picked.len());
+        scan_parquet(&reader, address, |_| Ok(picked), row)
     } else {
         let file = std::fs::File::open(address)
             .map_err(|e| ScreenError::from(crate::data::DataError::io(address, "reading", e)))?;
         let reader = SerializedFileReader::new(file).map_err(parquet)?;
         scan_parquet(&reader, address, select, row)
     }
+}
+
+/// The leaf column names of a Parquet table, in its order.
+fn column_names<R: ChunkReader + 'static>(reader: &SerializedFileReader<R>) -> Vec<String> {
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    schema
+        .columns()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect()
 }
 
 /// [`scan_table`] of a Parquet table: 65,536 rows of the selected columns at a time, their
@@ -115,11 +138,7 @@ fn scan_parquet<R: ChunkReader + 'static>(
         ScreenError::table(address, format!("not a readable Parquet table: {e}"))
     };
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
-    let header: Vec<String> = schema
-        .columns()
-        .iter()
-        .map(|c| c.name().to_string())
-        .collect();
+    let header = column_names(reader);
     let picked = select(&header)?;
     let mut number = 0;
     // Rows held at a time, of the selected columns only.
