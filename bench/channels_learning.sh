@@ -6,7 +6,9 @@
 #           16 px, patch 4 (the default)
 #   interaction  scripts/interaction.py's 3 channels (a, b, c: a disk and a dot each), 6
 #           classes defined by which channel's dot lies in which other channel's disk, so no
-#           single channel decides the class; 1200 training and 300 test images, 16 px, patch 4
+#           single channel decides the class; 1200 training and 300 test images, 16 px, patch 4;
+#           every approach gets model.img_size: 16 (a 4 × 4 position table, the crops' grid,
+#           instead of a 56 × 56 one resampled in every forward)
 #   pbmc    `trainer synth`'s PBMC-like cells, 5 channels (APC, BF, DAPI, GREEN, PE: the
 #           class is spread over the marker stains, the cell size and the nucleus shape),
 #           8 classes of 96 training images, 32 px, patch 8 (the same 4×4 patch grid)
@@ -23,6 +25,10 @@
 #               the same with configs/small-data.yaml (the digits recipe + DINOv2's four
 #               stabilisers: KoLeo, Sinkhorn-Knopp centring, iBOT, 4 registers; not run unless
 #               named in RUNS)
+#   tokens_mix  tokens_small with the two settings that made a supervised tokens ViT learn the
+#               interaction task (BENCHMARKS.md run 9): model.channel_mixing_blocks: 1 (the
+#               first block attends within a position) and model.channel_embed_std: 1.0 (not run
+#               unless named in RUNS)
 #   tokens_dichavit
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
@@ -47,6 +53,7 @@ SEEDS=${SEEDS:-0}
 RUNS=${RUNS:-untrained tokens bag fixed fixed_zeros}
 DATA=$(realpath -m "${DATA:-$OUT/data}")
 DATASET=${DATASET:-digits}
+MODEL_EXTRA=""  # more model keys for every approach (sed's newlines)
 mkdir -p "$OUT"
 case $DATASET in
   digits)
@@ -60,6 +67,7 @@ case $DATASET in
     NAMES="a, b, c" SIZE=16 PATCH=4
     COMBOS='["0", "1", "2", "012", "01"]'
     ALL=3
+    MODEL_EXTRA="\\n  img_size: 16"
     ;;
   pbmc)
     [[ -d $DATA/Training ]] || "$TRAINER" synth --out "$DATA" --size 32 --per-class 96 --channels 5 >/dev/null
@@ -81,11 +89,14 @@ config() {
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
+    tokens_mix) mode=tokens base=small-data ;;
     # configs/dichavit.yaml says channels: tokens itself.
     tokens_dichavit) mode="" base=dichavit ;;
   esac
   local channels=""
   [[ -z $mode ]] || channels="\\n  channels: $mode"  # sed's newline
+  [[ $run != tokens_mix ]] || channels+="\\n  channel_mixing_blocks: 1\\n  channel_embed_std: 1.0"
+  channels+=$MODEL_EXTRA
   sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
     -e "s|dataset_dir: digits/data/Training|dataset_dir: $DATA/Training|" \
     -e "s|test_dir: digits/data/Test|test_dir: $DATA/Test|" \
@@ -160,7 +171,7 @@ out, seeds = sys.argv[1], sys.argv[2].split()
 names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
-        "tokens_dichavit"]
+        "tokens_mix", "tokens_dichavit"]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:

@@ -40,6 +40,18 @@ pub struct ModelSection {
     /// `model.init` it is the source's (DINOv2: 518), so the run computes what the source did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub img_size: Option<usize>,
+    /// `model.channels: tokens` only: the standard deviation the channel embeddings start at
+    /// (orthogonal rows of norm std·√D, DiChaViT's init; 0.02 = DINO's trunc-normal scale).
+    /// At 0.02 a channel's embedding is ~1–2 % of a token after LayerNorm, too little for the
+    /// first blocks to tell "a's dot on b's disk" from "b's dot on a's disk" (BENCHMARKS.md
+    /// run 9: 1.0 with `channel_mixing_blocks: 1` learned the interaction task). Init only.
+    pub channel_embed_std: f64,
+    /// `model.channels: tokens` only: the first N blocks attend within a position: a patch
+    /// token (channel c, patch p) attends only to the tokens (c′, p) of every channel the
+    /// input holds and to the CLS and register tokens, which attend to everything. It keeps
+    /// those blocks reading how the channels meet at each place, which plain attention at
+    /// DINO's init does not find (BENCHMARKS.md run 9). At most the depth; 0 = ChannelViT.
+    pub channel_mixing_blocks: usize,
     /// Start training from pretrained weights (once, when a run starts; a resumed run
     /// continues from its own checkpoint).
     pub init: ModelInit,
@@ -172,6 +184,8 @@ impl Default for ModelSection {
             layer_scale: None,
             pos_embed: PosEmbed::Dino,
             img_size: None,
+            channel_embed_std: Self::DEFAULT_CHANNEL_EMBED_STD,
+            channel_mixing_blocks: 0,
             init: ModelInit::default(),
             dichavit: crate::DiChaViTSection::default(),
         }
@@ -181,6 +195,9 @@ impl Default for ModelSection {
 impl ModelSection {
     /// The position grid's resolution of a model that does not say (scDINO's, DINO's).
     pub const DEFAULT_IMG_SIZE: usize = 224;
+
+    /// The channel embeddings' init scale of ChannelViT / DiChaViT (`channel_embed_std`).
+    pub const DEFAULT_CHANNEL_EMBED_STD: f64 = 0.02;
 
     /// `img_size`, 224 when unset. Unset is not written back (`skip_serializing_if`), so the
     /// recorded config of a run at the default grid is byte for byte what it was before the
@@ -201,6 +218,14 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// The number of transformer blocks of the preset.
+    pub fn depth(&self) -> usize {
+        match self {
+            Arch::VitLarge => 24,
+            _ => 12,
+        }
+    }
+
     /// The YAML spelling.
     pub fn name(&self) -> &'static str {
         match self {

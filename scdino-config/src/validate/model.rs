@@ -55,6 +55,34 @@ impl ModelSection {
         if let Some(ls) = self.layer_scale {
             v.positive(ls, "model.layer_scale")?;
         }
+        v.positive(self.channel_embed_std, "model.channel_embed_std")?;
+        let tokens = self.channels == ChannelMode::Tokens;
+        v.check(
+            tokens || self.channel_embed_std == Self::DEFAULT_CHANNEL_EMBED_STD,
+            "model.channel_embed_std",
+            &format!(
+                "sets the init of ChannelViT's channel embeddings: it needs model.channels: tokens (this run has {}); remove the key",
+                self.channels.name()
+            ),
+        )?;
+        v.check(
+            tokens || self.channel_mixing_blocks == 0,
+            "model.channel_mixing_blocks",
+            &format!(
+                "restricts the attention of per-channel tokens to their own position: it needs model.channels: tokens (this run has {}); remove the key",
+                self.channels.name()
+            ),
+        )?;
+        v.check(
+            self.channel_mixing_blocks <= self.arch.depth(),
+            "model.channel_mixing_blocks",
+            &format!(
+                "is {} but {} has {} blocks",
+                self.channel_mixing_blocks,
+                self.arch.name(),
+                self.arch.depth()
+            ),
+        )?;
         self.dichavit.validate(v, self.channels)?;
         let init = &self.init;
         if let Some(from) = &init.from {
@@ -104,5 +132,75 @@ impl crate::DiChaViTSection {
             self.sampling_temperature,
             "model.dichavit.sampling_temperature",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, ConfigError};
+
+    const TOKENS: &str = "data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  arch: vit_tiny\n  channels: tokens\n";
+
+    fn refused(yaml: &str) -> (String, String) {
+        match Config::from_yaml(yaml, "t.yaml") {
+            Err(ConfigError::Invalid { key, message, .. }) => (key, message),
+            other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    /// The two keys that make `tokens` learn where channels interact are read, written back,
+    /// and refused by name where they cannot act: another channel mode, a scale that is not
+    /// positive, more masked blocks than the model has.
+    #[test]
+    fn channel_mixing_keys_need_tokens_and_are_checked() {
+        let c = Config::from_yaml(
+            &format!("{TOKENS}  channel_embed_std: 1.0\n  channel_mixing_blocks: 12\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.model.channel_embed_std, c.model.channel_mixing_blocks),
+            (1.0, 12)
+        );
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        let plain = Config::from_yaml(TOKENS, "t").unwrap();
+        assert_eq!(
+            (
+                plain.model.channel_embed_std,
+                plain.model.channel_mixing_blocks
+            ),
+            (0.02, 0)
+        );
+        for mode in ["fixed", "bag"] {
+            let text = TOKENS.replace("tokens", mode);
+            for (key, line) in [
+                ("model.channel_embed_std", "  channel_embed_std: 1.0\n"),
+                (
+                    "model.channel_mixing_blocks",
+                    "  channel_mixing_blocks: 1\n",
+                ),
+            ] {
+                let (k, msg) = refused(&format!("{text}{line}"));
+                assert_eq!(k, key);
+                assert!(
+                    msg.contains("model.channels: tokens") && msg.contains(mode),
+                    "{msg}"
+                );
+            }
+            // The defaults written out (as `config show` does) are accepted.
+            let shown = Config::from_yaml(&text, "t").unwrap().to_yaml();
+            assert!(Config::from_yaml(&shown, "shown").is_ok());
+        }
+        for bad in ["0", "-1.0", ".nan"] {
+            let (k, _) = refused(&format!("{TOKENS}  channel_embed_std: {bad}\n"));
+            assert_eq!(k, "model.channel_embed_std");
+        }
+        let (k, msg) = refused(&format!("{TOKENS}  channel_mixing_blocks: 13\n"));
+        assert_eq!(k, "model.channel_mixing_blocks");
+        assert!(msg.contains("13") && msg.contains("12 blocks"), "{msg}");
+        let e = Config::from_yaml(&format!("{TOKENS}  channel_mixing_blocks: -1\n"), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("channel_mixing_blocks"), "{e}");
     }
 }

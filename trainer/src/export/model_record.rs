@@ -28,6 +28,9 @@ pub struct ModelRecord {
     /// The resolution of the position grid (`model.img_size`; absent from the fingerprints of
     /// runs at the default grid, and of every run before the key existed: 224).
     pub img_size: usize,
+    /// `model.channel_mixing_blocks` of a `tokens` run (absent from the fingerprints of runs
+    /// without: 0).
+    pub channel_mixing_blocks: usize,
     /// The exact network when the source is a timm folder (its sizes need not be one of
     /// our presets, and it may have LayerScale or no class position); None: the preset.
     pub layout: Option<VitConfig>,
@@ -96,6 +99,14 @@ impl ModelRecord {
                     .filter(|&s| s as usize >= patch_size)
                     .ok_or_else(|| field("img_size"))? as usize,
             },
+            channel_mixing_blocks: match v.get("channel_mixing_blocks") {
+                None => 0,
+                Some(n) => {
+                    n.as_u64()
+                        .filter(|&n| n as usize <= arch.depth())
+                        .ok_or_else(|| field("channel_mixing_blocks"))? as usize
+                }
+            },
             layout: None,
         })
     }
@@ -113,6 +124,7 @@ impl ModelRecord {
             layer_scale: self.layer_scale,
             pos_embed: self.pos_embed,
             img_size: Some(self.img_size),
+            channel_mixing_blocks: self.channel_mixing_blocks,
             ..ModelSection::default()
         };
         crate::model::with_layout(vit, &section)
@@ -124,8 +136,12 @@ impl ModelRecord {
             0 => String::new(),
             r => format!(", {r} register tokens"),
         };
+        let mixing = match self.channel_mixing_blocks {
+            0 => String::new(),
+            n => format!(", model.channel_mixing_blocks: {n}"),
+        };
         format!(
-            "{}, patch {}, {} channels ({}), model.channels: {}{registers}",
+            "{}, patch {}, {} channels ({}), model.channels: {}{registers}{mixing}",
             arch_name(self.arch),
             self.patch_size,
             self.channel_names.len(),
@@ -450,6 +466,7 @@ impl Source {
             layer_scale: cfg.layer_scale,
             pos_embed: PosEmbed::Dino,
             img_size: cfg.img_size as usize,
+            channel_mixing_blocks: 0,
             layout: Some(cfg),
         };
         let trained_vs = nn::VarStore::new(tch::Device::Cpu);

@@ -44,6 +44,12 @@ pub struct VitConfig {
     pub no_embed_class: bool,
     /// Whose code the position embeddings are resampled with for other input sizes.
     pub pos_resample: PosResample,
+    /// Channel tokens: the standard deviation the channel embeddings start at
+    /// (`model.channel_embed_std`; init only).
+    pub channel_embed_std: f64,
+    /// Channel tokens: the first N blocks attend within a position
+    /// (`model.channel_mixing_blocks`, see [`VisionTransformer::mixing_mask`]).
+    pub channel_mixing_blocks: i64,
 }
 
 impl VitConfig {
@@ -70,6 +76,8 @@ impl VitConfig {
             layer_scale: None,
             no_embed_class: false,
             pos_resample: PosResample::Dino,
+            channel_embed_std: 0.02,
+            channel_mixing_blocks: 0,
         }
     }
 
@@ -210,11 +218,12 @@ impl ChannelPatchEmbed {
             &[1, cfg.embed_dim, cfg.in_chans, 1, 1],
             nn::Init::Const(0.0),
         );
-        // DiChaViT: orthogonal channel embeddings (distinct channels start distinguishable).
+        // DiChaViT: orthogonal channel embeddings (distinct channels start distinguishable),
+        // each as long as a trunc-normal row of `channel_embed_std` on average.
         let rows = orthogonal_rows(
             cfg.in_chans,
             cfg.embed_dim,
-            0.02 * (cfg.embed_dim as f64).sqrt(),
+            cfg.channel_embed_std * (cfg.embed_dim as f64).sqrt(),
             channel_embed.device(),
         );
         tch::no_grad(|| {
@@ -362,27 +371,25 @@ impl Attention {
         (qkv.get(0), qkv.get(1), qkv.get(2))
     }
 
-    fn forward(&self, x: &Tensor) -> Tensor {
+    /// `mask`: `[N, N]` bool, true where a token (row) may attend to another (column).
+    fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Tensor {
         let (q, k, v) = self.qkv(x);
         // Fused kernel; its default scale is head_dim^-0.5, as in DINO.
-        let out = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            None::<Tensor>,
-            0.0,
-            false,
-            None,
-            false,
-        );
+        let out = Tensor::scaled_dot_product_attention(&q, &k, &v, mask, 0.0, false, None, false);
         self.proj.forward(&out.transpose(1, 2).flatten(2, 3))
     }
 
-    /// softmax(q·kᵀ·scale): `[B, heads, N, N]`, for attention maps.
-    fn attention_weights(&self, x: &Tensor) -> Tensor {
+    /// softmax(q·kᵀ·scale): `[B, heads, N, N]`, for attention maps; where `mask` forbids a
+    /// pair its weight is 0, as in [`Attention::forward`].
+    fn attention_weights(&self, x: &Tensor, mask: Option<&Tensor>) -> Tensor {
         let (q, k, _) = self.qkv(x);
         let head_dim = q.size()[3] as f64;
-        (q.matmul(&k.transpose(-2, -1)) * head_dim.powf(-0.5)).softmax(-1, Kind::Float)
+        let scores = q.matmul(&k.transpose(-2, -1)) * head_dim.powf(-0.5);
+        let scores = match mask {
+            Some(m) => scores.masked_fill(&m.logical_not(), f64::NEG_INFINITY),
+            None => scores,
+        };
+        scores.softmax(-1, Kind::Float)
     }
 }
 
@@ -483,8 +490,9 @@ impl Block {
         out
     }
 
-    fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let attn = scaled(&self.ls1, self.attn.forward(&self.norm1.forward(x)));
+    /// `mask`: the attention mask of this block (None: every token attends to every token).
+    fn forward_t(&self, x: &Tensor, train: bool, mask: Option<&Tensor>) -> Tensor {
+        let attn = scaled(&self.ls1, self.attn.forward(&self.norm1.forward(x), mask));
         let x = x + drop_path(&attn, self.drop_path, train);
         let mlp = scaled(&self.ls2, self.mlp.forward(&self.norm2.forward(&x)));
         &x + drop_path(&mlp, self.drop_path, train)
@@ -782,7 +790,8 @@ impl VisionTransformer {
     /// [`VisionTransformer::forward_t`] on an input holding the model's channels `channels`
     /// (channel tokens only; None: all of them, in order).
     pub fn forward_channels_t(&self, x: &Tensor, channels: Option<&[i64]>, train: bool) -> Tensor {
-        self.blocks_and_norm(self.prepare_tokens(x, channels), train)
+        let mask = self.mixing_mask(x);
+        self.blocks_and_norm(self.prepare_tokens(x, channels), train, mask.as_ref())
             .select(1, 0)
     }
 
@@ -796,26 +805,71 @@ impl VisionTransformer {
         masks: Option<&Tensor>,
         train: bool,
     ) -> (Tensor, Tensor) {
-        let t = self.blocks_and_norm(self.prepare_tokens_with_masks(x, channels, masks), train);
+        let mask = self.mixing_mask(x);
+        let t = self.blocks_and_norm(
+            self.prepare_tokens_with_masks(x, channels, masks),
+            train,
+            mask.as_ref(),
+        );
         let skip = 1 + self.cfg.num_register_tokens;
         let n = t.size()[1];
         (t.select(1, 0), t.narrow(1, skip, n - skip))
     }
 
-    /// Every block (with the installed hooks around each), then the final norm.
-    fn blocks_and_norm(&self, mut t: Tensor, train: bool) -> Tensor {
+    /// Every block (with the installed hooks around each), then the final norm; `mask`
+    /// ([`VisionTransformer::mixing_mask`]) restricts the attention of the first
+    /// `channel_mixing_blocks` blocks.
+    fn blocks_and_norm(&self, mut t: Tensor, train: bool, mask: Option<&Tensor>) -> Tensor {
         for (i, block) in self.blocks.iter().enumerate() {
+            let mask = self.block_mask(i, mask);
             match &self.hooks.0 {
                 Some(h) => {
                     h.before(i);
-                    let out = block.forward_t(&t, train);
+                    let out = block.forward_t(&t, train, mask);
                     h.after(i, &t, &out);
                     t = out;
                 }
-                None => t = block.forward_t(&t, train),
+                None => t = block.forward_t(&t, train, mask),
             }
         }
         self.norm.forward(&t)
+    }
+
+    /// The mask of block `i`: `mask` for the first `channel_mixing_blocks` blocks.
+    fn block_mask<'a>(&self, i: usize, mask: Option<&'a Tensor>) -> Option<&'a Tensor> {
+        mask.filter(|_| (i as i64) < self.cfg.channel_mixing_blocks)
+    }
+
+    /// The attention mask of the channel-mixing blocks for the input `x` (`[B, k, H, W]`), or
+    /// None when the model has none (`channel_mixing_blocks` 0, or no channel tokens):
+    /// `[L, L]` bool over the tokens `1 + R + k·n` (CLS, R registers, then the k channels'
+    /// n patches each, channel-major), true where a row may attend to a column. A patch token
+    /// (c, p) may attend to the tokens (c′, p) of every channel of the input and to the CLS
+    /// and register tokens; the CLS and register rows attend to everything. Built per forward
+    /// because k changes per step (hierarchical channel sampling) and n with the crop size.
+    pub fn mixing_mask(&self, x: &Tensor) -> Option<Tensor> {
+        if !self.cfg.channel_tokens || self.cfg.channel_mixing_blocks == 0 {
+            return None;
+        }
+        let (_, k, h, w) = x.size4().expect("images are [B, C, H, W]");
+        let p = self.cfg.patch_size;
+        let n = (h / p) * (w / p);
+        let special = 1 + self.cfg.num_register_tokens;
+        let opts = (Kind::Int64, x.device());
+        // Each token's patch index; −1 for the CLS and register tokens.
+        let place = Tensor::cat(
+            &[
+                Tensor::full([special], -1, opts),
+                Tensor::arange(n, opts).repeat([k]),
+            ],
+            0,
+        );
+        let same = place.unsqueeze(1).eq_tensor(&place.unsqueeze(0));
+        let free = place.lt(0);
+        Some(
+            same.logical_or(&free.unsqueeze(0))
+                .logical_or(&free.unsqueeze(1)),
+        )
     }
 
     /// The last block's softmax attention over the CLS and patch tokens, `[B, heads, N, N]`
@@ -830,14 +884,18 @@ impl VisionTransformer {
     /// `channels` (channel tokens: the tokens after the CLS are channel-major).
     pub fn last_selfattention_channels(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
         let mut t = self.prepare_tokens(x, channels);
+        let mask = self.mixing_mask(x);
         let (last, rest) = self
             .blocks
             .split_last()
             .expect("a ViT has at least one block");
-        for block in rest {
-            t = block.forward_t(&t, false);
+        for (i, block) in rest.iter().enumerate() {
+            t = block.forward_t(&t, false, self.block_mask(i, mask.as_ref()));
         }
-        let attn = last.attn.attention_weights(&last.norm1.forward(&t));
+        let last_mask = self.block_mask(rest.len(), mask.as_ref());
+        let attn = last
+            .attn
+            .attention_weights(&last.norm1.forward(&t), last_mask);
         let r = self.cfg.num_register_tokens;
         if r == 0 {
             return attn;

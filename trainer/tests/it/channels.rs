@@ -296,6 +296,35 @@ fn resume_refuses_another_channel_mode() {
     );
 }
 
+/// A `tokens` checkpoint trained with `model.channel_mixing_blocks: 1` records it in its
+/// fingerprint, so a run of the same name without the mask refuses to resume from it, naming
+/// the key (the weights would compute something else without the mask).
+#[test]
+fn resume_refuses_other_channel_mixing_blocks() {
+    let (_rng, dir) = setup();
+    let mixing = |n: usize| {
+        let cfg = config(dir.path(), "s", "tokens", "a, b, c", "\"012\"");
+        let mut sections = cfg.sections();
+        sections.model.channel_mixing_blocks = n;
+        sections.model.channel_embed_std = 1.0;
+        Config::from_sections(sections, "test").unwrap()
+    };
+    let cfg = mixing(1);
+    train(&cfg, &TrainOptions::default()).unwrap();
+    // What export and `model.init: {format: run}` read back from the checkpoint.
+    let ck = RunLayout::new(&cfg)
+        .model(&cfg, &[0, 1, 2])
+        .latest_checkpoint();
+    let meta = trainer::checkpoint::read_meta(&ck).unwrap();
+    let record = trainer::export::ModelRecord::from_fingerprint(&meta.fingerprint, &ck).unwrap();
+    assert_eq!(record.vit_config().channel_mixing_blocks, 1);
+    assert!(record.describe().contains("channel_mixing_blocks: 1"));
+    let e = train(&mixing(0), &TrainOptions::default()).err().unwrap();
+    let text = e.to_string();
+    assert!(matches!(e, TrainError::Resume { .. }), "{text}");
+    assert!(text.contains("\"channel_mixing_blocks\":1"), "{text}");
+}
+
 /// `trainer pipeline` with one `tokens` model: trained once, every combination analysed from
 /// its checkpoint, and the run's combination table lists each combination with its kNN,
 /// probe top-1 and macro-F1 (read back from the JSON and present in the HTML).

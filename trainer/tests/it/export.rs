@@ -8,7 +8,7 @@ use std::process::Command;
 use tch::{nn, Kind, Tensor};
 use trainer::checkpoint::{self, CheckpointMeta, EpochTotals};
 use trainer::config::{Arch, ChannelMode, CheckpointKey, Config};
-use trainer::export::{export, ExportRequest, Format};
+use trainer::export::{export, ExportError, ExportRequest, Format};
 use trainer::model::{bag_cls, VisionTransformer, VitConfig};
 
 const CHANNELS: [&str; 5] = ["DAPI", "CD3", "CD19", "CD56", "Actin"];
@@ -22,6 +22,17 @@ fn checkpoint(
     mode: ChannelMode,
     registers: usize,
 ) -> (PathBuf, nn::VarStore, VisionTransformer) {
+    checkpoint_mixing(dir, mode, registers, 0)
+}
+
+/// [`checkpoint`] of a model whose first `mixing` blocks attend within a position
+/// (`model.channel_mixing_blocks`, `tokens` only), recorded in its fingerprint.
+fn checkpoint_mixing(
+    dir: &Path,
+    mode: ChannelMode,
+    registers: usize,
+    mixing: i64,
+) -> (PathBuf, nn::VarStore, VisionTransformer) {
     let _rng = torch_rng_lock();
     tch::manual_seed(7);
     let k = CHANNELS.len();
@@ -31,6 +42,10 @@ fn checkpoint(
         ChannelMode::Tokens => VitConfig::new(Arch::VitTiny, 16, k).with_channel_tokens(),
     }
     .with_registers(registers);
+    let cfg = VitConfig {
+        channel_mixing_blocks: mixing,
+        ..cfg
+    };
     let mut vs = nn::VarStore::new(tch::Device::Cpu);
     let vit = VisionTransformer::new(vs.root() / "backbone", cfg);
     let mut tensors = Vec::new();
@@ -58,6 +73,9 @@ fn checkpoint(
     }
     if registers > 0 {
         fp["num_register_tokens"] = registers.into();
+    }
+    if mixing > 0 {
+        fp["channel_mixing_blocks"] = mixing.into();
     }
     let meta = CheckpointMeta {
         format: checkpoint::FORMAT.into(),
@@ -254,6 +272,26 @@ fn export_student_differs_from_teacher() {
     assert!(max_abs_diff(&(t * 0.5), &s) < 1e-7);
     let card = std::fs::read_to_string(dir.path().join("student/README.md")).unwrap();
     assert!(card.contains("student backbone"), "{card}");
+}
+
+/// A `tokens` model with channel-mixing blocks is refused by both formats, naming why (timm's
+/// ViT has no per-channel tokens; a trace would fix the mask on the tracing device), and no
+/// folder is left behind.
+#[test]
+fn export_refuses_channel_mixing_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, _vs, _vit) = checkpoint_mixing(dir.path(), ChannelMode::Tokens, 2, 1);
+    for (format, why) in [
+        (Format::Torchscript, "model.channel_mixing_blocks"),
+        (Format::Timm, "channel-adaptive"),
+    ] {
+        let out = dir.path().join(format.name());
+        let e = export(&request(&ckpt, format, &out)).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, ExportError::Unsupported { .. }), "{text}");
+        assert!(text.contains(why), "{text}");
+        assert!(!out.exists(), "{}", out.display());
+    }
 }
 
 #[test]

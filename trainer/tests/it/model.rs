@@ -386,6 +386,150 @@ fn channel_adaptive_backbones_match_pytorch() {
     }
 }
 
+/// `model.channel_mixing_blocks` against the PyTorch reference (tests/py/channel_reference.py,
+/// whose mask is written token by token from the definition) on the same weights, in float64:
+/// the CLS output and every parameter's gradient of sum(CLS · w), on 2 and 3 of 4 channels,
+/// with one mixing block, and with two blocks and two register tokens; with every block
+/// mixing, the last attention (masked as the blocks are). The same weights without the mask
+/// give another output, so the comparison sees the mask.
+#[test]
+fn channel_mixing_blocks_match_pytorch() {
+    use trainer::model::VisionTransformer;
+    let _rng = super::util::torch_rng_lock();
+    tch::set_num_threads(2);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("mixing.safetensors");
+    let out_s = out.to_str().unwrap();
+    run_py_file("channel_mixing_parity.py", &[out_s]);
+    let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let build = |case: &str, registers: usize, mixing: i64| {
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        let cfg = VitConfig {
+            channel_mixing_blocks: mixing,
+            ..VitConfig::new(Arch::VitTiny, 16, 4)
+                .with_drop_path(0.1)
+                .with_channel_tokens()
+                .with_registers(registers)
+        };
+        let vit = VisionTransformer::new(vs.root(), cfg);
+        vs.double();
+        load_safetensors_strict(
+            &mut vs,
+            &dir.path()
+                .join(format!("mixing.safetensors.{case}.safetensors")),
+        )
+        .expect("the reference's state dict loads by name");
+        (vs, vit)
+    };
+    let tol = 1e-5;
+    let mut worst: f64 = 0.0;
+    for (case, registers, mixing) in [("mix1", 0, 1), ("mix2reg", 2, 2)] {
+        let (vs, vit) = build(case, registers, mixing);
+        for k in ["k2", "k3"] {
+            let x = &t[&format!("in.x_{k}")];
+            let channels = Vec::<i64>::try_from(&t[&format!("in.channels_{k}")]).unwrap();
+            let cls = vit.forward_channels_t(x, Some(&channels), false);
+            let err = max_abs_diff(&cls, &t[&format!("out.{case}.cls_{k}")]);
+            assert!(
+                err <= tol,
+                "{case} {k} CLS: max abs error {err:e} > {tol:e}"
+            );
+            worst = worst.max(err);
+            (&cls * &t["in.w"]).sum(Kind::Double).backward();
+            let vars = vs.variables();
+            let prefix = format!("grad.{case}.{k}.");
+            let mut compared = 0;
+            for (name, want) in t.iter().filter(|(n, _)| n.starts_with(&prefix)) {
+                let name = &name[prefix.len()..];
+                let err = max_abs_diff(&vars[name].grad(), want);
+                assert!(
+                    err <= tol,
+                    "{case} {k} grad {name}: max abs error {err:e} > {tol:e}"
+                );
+                worst = worst.max(err);
+                compared += 1;
+            }
+            // Every parameter has the reference's gradient to compare with.
+            assert_eq!(compared, vars.len(), "{case} {k}: gradients compared");
+            for (_, mut v) in vars {
+                v.zero_grad();
+            }
+        }
+    }
+    // Every block mixing: the CLS and the last attention, which must apply the mask too.
+    let (_vs, vit) = build("mix1", 0, 12);
+    tch::no_grad(|| {
+        for k in ["k2", "k3"] {
+            let x = &t[&format!("in.x_{k}")];
+            let channels = Vec::<i64>::try_from(&t[&format!("in.channels_{k}")]).unwrap();
+            for (what, ours) in [
+                ("cls", vit.forward_channels_t(x, Some(&channels), false)),
+                ("attn", vit.last_selfattention_channels(x, Some(&channels))),
+            ] {
+                let err = max_abs_diff(&ours, &t[&format!("out.mixall.{what}_{k}")]);
+                assert!(
+                    err <= tol,
+                    "mixall {k} {what}: max abs error {err:e} > {tol:e}"
+                );
+                worst = worst.max(err);
+            }
+        }
+        // Without the mask the same weights compute something else.
+        let (_vs, plain) = build("mix1", 0, 0);
+        let channels = Vec::<i64>::try_from(&t["in.channels_k2"]).unwrap();
+        let cls = plain.forward_channels_t(&t["in.x_k2"], Some(&channels), false);
+        assert!(max_abs_diff(&cls, &t["out.mix1.cls_k2"]) > 1e-3);
+    });
+    println!("channel mixing vs PyTorch (float64): max abs error {worst:e}");
+}
+
+/// `model.channel_embed_std` scales the orthogonal channel embeddings (each row of norm
+/// std·√D), and the default is the 0.02 of before, draw for draw.
+#[test]
+fn channel_embed_std_scales_the_initial_channel_embeddings() {
+    let _rng = super::util::torch_rng_lock();
+    let embed = |std: Option<f64>| {
+        tch::manual_seed(5);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let mut cfg = VitConfig::new(Arch::VitSmall, 16, 5).with_channel_tokens();
+        if let Some(std) = std {
+            cfg.channel_embed_std = std;
+        }
+        let _ = trainer::model::VisionTransformer::new(vs.root(), cfg);
+        let v = vs.variables();
+        (
+            v["patch_embed.channel_embed"]
+                .reshape([384, 5])
+                .transpose(0, 1),
+            v,
+        )
+    };
+    let (e, _) = embed(Some(1.0));
+    let gram = e.matmul(&e.transpose(0, 1));
+    let eye = Tensor::eye(5, (Kind::Float, Device::Cpu)) * 384.0;
+    assert!(
+        max_abs_diff(&gram, &eye) < 1e-3,
+        "channel embeddings are not orthogonal rows of norm² 384: {gram}"
+    );
+    let row_std = e.std_dim(1, true, false);
+    assert!(max_abs_diff(&row_std, &Tensor::ones([5], (Kind::Float, Device::Cpu))) < 0.01);
+    // The default draws exactly what an explicit 0.02 does, and every other tensor is the
+    // same draw as at std 1.0 (the scale is the only change).
+    let (default, dv) = embed(None);
+    let (explicit, _) = embed(Some(0.02));
+    assert_eq!(max_abs_diff(&default, &explicit), 0.0);
+    assert!(max_abs_diff(&(&default * 50.0), &e) < 1e-5);
+    let (_, v1) = embed(Some(1.0));
+    for (name, x) in &dv {
+        if name != "patch_embed.channel_embed" {
+            assert_eq!(max_abs_diff(x, &v1[name]), 0.0, "{name}");
+        }
+    }
+}
+
 /// The channel embeddings start orthogonal (DiChaViT), each as long as a trunc-normal(0.02)
 /// row on average; the shared projection keeps PyTorch's conv init with fan-in P·P.
 #[test]

@@ -7,6 +7,10 @@ oracles for the Rust `model.channels: tokens | bag`.
   by the channels. Positions: DINO's `interpolate_pos_encoding` of one channel's grid (exact
   at the training grid), repeated for each channel. (insitro's own code compares C·N tokens
   with N and so always resamples, even at the training grid: a quirk not copied.)
+- Channel-mixing blocks (this project's `model.channel_mixing_blocks`, BENCHMARKS.md run 9): in
+  the first N blocks a patch token (channel c, patch p) attends only to the tokens (c', p) of
+  every channel of the input and to the CLS and register tokens, which attend to everything.
+  The mask is written here from that definition token by token.
 - DINO Bag-of-Channels (De Lorenci et al., TMLR 2025): a single-channel ViT; at inference
   the channels go through the batch dimension and the per-channel CLS tokens are
   concatenated in channel order (and averaged).
@@ -15,6 +19,20 @@ import torch
 import torch.nn as nn
 
 from dino_reference import VisionTransformer
+
+
+def mixing_mask(k, n, registers):
+    """[L, L] bool over CLS, the registers, then k channels' n patches (channel-major)."""
+    special = 1 + registers
+    L = special + k * n
+    mask = torch.zeros(L, L, dtype=torch.bool)
+    for i in range(L):
+        for j in range(L):
+            if i < special or j < special:
+                mask[i, j] = True
+            else:
+                mask[i, j] = (i - special) % n == (j - special) % n
+    return mask
 
 
 class PatchEmbedPerChannel(nn.Module):
@@ -33,9 +51,12 @@ class PatchEmbedPerChannel(nn.Module):
 
 
 class ChannelVisionTransformer(VisionTransformer):
-    def __init__(self, arch="vit_tiny", patch_size=16, in_chans=5, drop_path_rate=0.0, mask_token=False):
-        super().__init__(arch, patch_size, in_chans, drop_path_rate, mask_token=mask_token)
+    def __init__(self, arch="vit_tiny", patch_size=16, in_chans=5, drop_path_rate=0.0, mask_token=False,
+                 num_register_tokens=0, mixing_blocks=0):
+        super().__init__(arch, patch_size, in_chans, drop_path_rate, mask_token=mask_token,
+                         num_register_tokens=num_register_tokens)
         self.patch_embed = PatchEmbedPerChannel(patch_size, in_chans, self.embed_dim)
+        self.mixing_blocks = mixing_blocks
         # The channels the inputs of the next forwards hold when none are passed (hierarchical
         # channel sampling sets them per step; MultiCropWrapper passes images only).
         self.channels = None
@@ -54,30 +75,46 @@ class ChannelVisionTransformer(VisionTransformer):
         pos = self.interpolate_pos_encoding(one, w, h)
         patch_pos = pos[:, 1:].repeat(1, k, 1)
         cls = self.cls_token.expand(B, -1, -1) + pos[:, :1]
-        return torch.cat((cls, patches + patch_pos), dim=1)
+        x = torch.cat((cls, patches + patch_pos), dim=1)
+        if self.register_tokens is not None:  # DINOv2: after the CLS token, no position
+            x = torch.cat((x[:, :1], self.register_tokens.expand(B, -1, -1), x[:, 1:]), dim=1)
+        return x
+
+    def block_masks(self, x):
+        """The mask of each block for the input x [B, k, H, W] (None: unrestricted)."""
+        if self.mixing_blocks == 0:
+            return [None] * len(self.blocks)
+        B, k, h, w = x.shape
+        p = self.patch_embed.patch_size
+        mask = mixing_mask(k, (h // p) * (w // p), self.num_register_tokens)
+        return [mask if i < self.mixing_blocks else None for i in range(len(self.blocks))]
 
     def forward(self, x, channels=None):
+        masks = self.block_masks(x)
         x = self.prepare_tokens(x, channels)
-        for blk in self.blocks:
-            x = blk(x)
+        for blk, mask in zip(self.blocks, masks):
+            x = blk(x, mask=mask)
         return self.norm(x)[:, 0]
 
     def forward_features(self, x, masks=None):
         """x_norm_clstoken and x_norm_patchtokens (iBOT), the student's masked tokens replaced
         by the mask token before the positions are added."""
+        block_masks = self.block_masks(x)
         x = self.prepare_tokens(x, None, masks)
-        for blk in self.blocks:
-            x = blk(x)
+        for blk, mask in zip(self.blocks, block_masks):
+            x = blk(x, mask=mask)
         x = self.norm(x)
-        return x[:, 0], x[:, 1:]
+        return x[:, 0], x[:, 1 + self.num_register_tokens:]
 
     def get_last_selfattention(self, x, channels=None):
+        """The last block's attention over every token (registers included)."""
+        masks = self.block_masks(x)
         x = self.prepare_tokens(x, channels)
-        for i, blk in enumerate(self.blocks):
+        for i, (blk, mask) in enumerate(zip(self.blocks, masks)):
             if i < len(self.blocks) - 1:
-                x = blk(x)
+                x = blk(x, mask=mask)
             else:
-                return blk(x, return_attention=True)
+                return blk(x, return_attention=True, mask=mask)
 
 
 def bag_features(vit, x):

@@ -57,10 +57,16 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=True)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
+        """mask: [N, N] bool, True where a token (row) may attend to another (column)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
+        if mask is not None:  # explicit softmax with the forbidden pairs at -inf
+            scores = (q @ k.transpose(-2, -1)) * self.scale
+            attn = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+            return self.proj(x), attn
         if USE_SDPA:
             x = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, C)
             return self.proj(x), None
@@ -78,8 +84,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, dim * 4)
 
-    def forward(self, x, return_attention=False):
-        y, attn = self.attn(self.norm1(x))
+    def forward(self, x, return_attention=False, mask=None):
+        y, attn = self.attn(self.norm1(x), mask)
         if return_attention:
             return attn
         x = x + self.drop_path(y)

@@ -51,6 +51,10 @@ pub fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     if let Some(ls) = m.layer_scale {
         fp["layer_scale"] = ls.into();
     }
+    // The channel-mixing blocks change what the weights compute (written only when set).
+    if m.channel_mixing_blocks > 0 {
+        fp["channel_mixing_blocks"] = m.channel_mixing_blocks.into();
+    }
     if m.pos_embed != crate::config::PosEmbed::Dino {
         fp["pos_embed"] = m.pos_embed.name().into();
     }
