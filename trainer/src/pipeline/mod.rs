@@ -293,7 +293,8 @@ pub fn run_pipeline(cfg: &Config, opts: &PipelineOptions) -> Result<PipelineOutc
         stop: opts.stop.as_deref(),
         lead: env.rank == 0,
     };
-    if r.lead {
+    // Before a whole pipeline only: a stage run alone (`trainer knn`) is not told again.
+    if r.lead && opts.only.is_none() {
         warn_small_held_out(cfg)?;
     }
     for &combination in &combos {

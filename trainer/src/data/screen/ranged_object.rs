@@ -72,16 +72,22 @@ impl RangedObject {
         else {
             return Ok(None);
         };
-        let at = (offset - chunk.start) as usize;
+        // A chunk the metadata places past the object's end holds what there is: the parquet
+        // reader then reports the short read (a damaged file), never a panic here.
+        let part = |bytes: &Bytes| {
+            let end = ((offset - chunk.start + len) as usize).min(bytes.len());
+            let at = ((offset - chunk.start) as usize).min(end);
+            bytes.slice(at..end)
+        };
         if let Some((_, bytes)) = c.held.iter().find(|(start, _)| *start == chunk.start) {
-            return Ok(Some(bytes.slice(at..at + len as usize)));
+            return Ok(Some(part(bytes)));
         }
         let bytes = self.range(chunk.start, chunk.end - chunk.start)?;
         if c.held.len() >= c.keep {
             c.held.pop_front();
         }
         c.held.push_back((chunk.start, bytes.clone()));
-        Ok(Some(bytes.slice(at..(at + len as usize).min(bytes.len()))))
+        Ok(Some(part(&bytes)))
     }
 
     pub fn size(&self) -> u64 {
