@@ -7,7 +7,10 @@ pub mod matmul;
 pub mod model;
 pub mod probe;
 pub mod profiles;
+mod shape;
 pub mod step;
+
+pub use shape::BatchShape;
 
 use crate::analysis::features::FeaturesError;
 use crate::analysis::knn::KnnError;

@@ -1,9 +1,9 @@
 //! `trainer bench step`: one full DINO iteration (`Learner::step`: teacher on the globals,
 //! student on every crop, loss, backward, clip, AdamW, EMA) timed on random crops made once, or
 //! fed by training's own input pipeline (peer: bench/train_step.py).
-use super::{config_values, invalid, parse_arch, yaml_name, BenchError};
+use super::{config_values, invalid, yaml_name, BatchShape, BenchError};
 use crate::augment::{MultiCropAugment, MultiCropConfig};
-use crate::config::{Arch, AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
+use crate::config::{AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
 use crate::data::mean_std;
 use crate::data::{LocalSource, PreprocessOptions, SharedSource};
 use crate::model::channels::{for_mode, ChannelModeKind};
@@ -32,29 +32,12 @@ pub enum LoaderMode {
 /// What `trainer bench step` measures (its flags).
 #[derive(Debug, Clone, clap::Args)]
 pub struct StepOptions {
-    #[arg(long, value_parser = parse_arch, default_value = "vit_small")]
-    pub arch: Arch,
-    #[arg(long, default_value_t = 16)]
-    pub patch: usize,
-    #[arg(long, default_value_t = 5)]
-    pub channels: usize,
-    /// Images per crop (the per-GPU batch); imgs/s counts these per step.
-    #[arg(long, default_value_t = 4)]
-    pub batch: usize,
-    #[arg(long, default_value_t = 8)]
-    pub local_crops: usize,
+    #[command(flatten)]
+    pub shape: BatchShape,
     #[arg(long, default_value_t = 224)]
     pub global_size: usize,
     #[arg(long, default_value_t = 96)]
     pub local_size: usize,
-    #[arg(long, default_value_t = 65536)]
-    pub out_dim: usize,
-    #[arg(long, default_value_t = 2)]
-    pub threads: i32,
-    #[arg(long, default_value_t = 1)]
-    pub warmup: usize,
-    #[arg(long, default_value_t = 3)]
-    pub iters: usize,
     #[arg(long, value_enum, default_value = "none")]
     pub loader: LoaderMode,
     /// ImageFolder root of TIFFs (e.g. the `Training/` folder `trainer synth` writes);
@@ -104,15 +87,15 @@ impl StepOptions {
     fn config(&self) -> Result<Config, BenchError> {
         let mut s = Sections::default();
         s.run.seed = self.seed;
-        s.model.arch = self.arch;
-        s.model.patch_size = self.patch;
-        s.model.out_dim = self.out_dim;
+        s.model.arch = self.shape.arch;
+        s.model.patch_size = self.shape.patch;
+        s.model.out_dim = self.shape.out_dim;
         s.model.channels = self.channel_mode;
         s.train.precision = self.precision;
-        s.train.batch_size_per_gpu = self.batch;
+        s.train.batch_size_per_gpu = self.shape.batch;
         s.augment.global_crop_size = self.global_size;
         s.augment.local_crop_size = self.local_size;
-        s.augment.local_crops_number = self.local_crops;
+        s.augment.local_crops_number = self.shape.local_crops;
         // scDINO's argparse defaults (also the published model and the AWS runs).
         s.augment.global_crops_scale = (0.4, 1.0);
         s.augment.local_crops_scale = (0.05, 0.4);
@@ -160,7 +143,7 @@ impl StepOptions {
 
     /// Times the steps; returns the JSON line `trainer bench step` prints.
     pub fn run(&self) -> Result<serde_json::Value, BenchError> {
-        if self.iters == 0 {
+        if self.shape.iters == 0 {
             return Err(invalid("--iters must be at least 1"));
         }
         if self.channel_mode.is_adaptive() && self.loader != LoaderMode::None {
@@ -176,11 +159,11 @@ impl StepOptions {
             )));
         }
         let device = self.device()?;
-        tch::set_num_threads(self.threads);
+        tch::set_num_threads(self.shape.threads);
         let cfg = self.config()?;
-        let ncrops = 2 + self.local_crops;
-        let mut learner = Learner::from_config(&cfg, self.channels, device)?;
-        let lr = scaled_lr(cfg.train.lr, self.batch, 1);
+        let ncrops = 2 + self.shape.local_crops;
+        let mut learner = Learner::from_config(&cfg, self.shape.channels, device)?;
+        let lr = scaled_lr(cfg.train.lr, self.shape.batch, 1);
         let mode = for_mode(self.channel_mode);
         let params = |it: usize| StepParams {
             lr,
@@ -192,7 +175,7 @@ impl StepOptions {
             clip_grad: cfg.train.clip_grad,
             rng_seed: it as i64,
             channels: mode
-                .step_channels(self.seed, it, self.channels)
+                .step_channels(self.seed, it, self.shape.channels)
                 .map(|c| ChannelSubset::from_indices(&c)),
         };
         let mut group = SingleProcess::default();
@@ -201,7 +184,7 @@ impl StepOptions {
             learner: &mut learner,
             params: &params,
             group: &mut group,
-            timed: Vec::with_capacity(self.iters),
+            timed: Vec::with_capacity(self.shape.iters),
             losses: Vec::new(),
             last_loss: f64::NAN,
         };
@@ -228,9 +211,9 @@ impl StepOptions {
             }
         };
         let (b, c) = if mode.channel_items() {
-            ((self.batch * self.channels) as i64, 1)
+            ((self.shape.batch * self.shape.channels) as i64, 1)
         } else {
-            (self.batch as i64, self.channels as i64)
+            (self.shape.batch as i64, self.shape.channels as i64)
         };
         let opts = (Kind::Float, device);
         let crops: Vec<Tensor> = (0..ncrops)
@@ -243,7 +226,7 @@ impl StepOptions {
                 Tensor::randn([b, c, s, s], opts)
             })
             .collect();
-        for it in 0..self.warmup + self.iters {
+        for it in 0..self.shape.warmup + self.shape.iters {
             let t = Instant::now();
             let out = match &mut graphed {
                 Some(g) => g.step(run.learner, &crops, (run.params)(it), it)?,
@@ -253,8 +236,8 @@ impl StepOptions {
             run.losses.push(out.loss);
             let secs = t.elapsed().as_secs_f64();
             run.last_loss = out.loss;
-            if it >= self.warmup {
-                run.timed.push((secs, 0.0, self.batch));
+            if it >= self.shape.warmup {
+                run.timed.push((secs, 0.0, self.shape.batch));
             }
         }
         Ok(())
@@ -267,7 +250,7 @@ impl StepOptions {
                 "--loader real needs --data DIR (e.g. the Training/ folder of `trainer synth`)",
             ));
         };
-        let total = self.warmup + self.iters;
+        let total = self.shape.warmup + self.shape.iters;
         let pool = BufferPool::new(2 * self.workers.max(1) + 2);
         let mut loader = self.real_loader(cfg, dir, total, pool.clone())?;
         for it in 0..total {
@@ -281,7 +264,7 @@ impl StepOptions {
                 .step(&b.crops, (run.params)(it), it, run.group)?;
             let secs = t.elapsed().as_secs_f64();
             run.last_loss = out.loss;
-            if it >= self.warmup {
+            if it >= self.shape.warmup {
                 run.timed
                     .push((secs, b.wait.as_secs_f64(), b.indices.len()));
             }
@@ -306,19 +289,19 @@ impl StepOptions {
         serde_json::json!({
             "impl": "rust-tch",
             "bench": "step",
-            "arch": yaml_name(&self.arch),
+            "arch": yaml_name(&self.shape.arch),
             "channel_mode": yaml_name(&self.channel_mode),
-            "channels": self.channels,
+            "channels": self.shape.channels,
             "device": yaml_name(&self.device),
             "precision": yaml_name(&self.precision),
             "loader": match self.loader { LoaderMode::None => "none", LoaderMode::Real => "real" },
-            "batch": self.batch,
-            "threads": self.threads,
+            "batch": self.shape.batch,
+            "threads": self.shape.threads,
             "workers": if self.loader == LoaderMode::Real { self.workers } else { 0 },
-            "crops": [self.global_size, self.local_size, self.local_crops],
-            "out_dim": self.out_dim,
+            "crops": [self.global_size, self.local_size, self.shape.local_crops],
+            "out_dim": self.shape.out_dim,
             "median_s": median_s,
-            "imgs_per_s": self.batch as f64 / median_s,
+            "imgs_per_s": self.shape.batch as f64 / median_s,
             "throughput_imgs_per_s": images as f64 / times.iter().sum::<f64>(),
             "times_s": times,
             "data_wait_s": waits,
@@ -341,26 +324,26 @@ impl StepOptions {
     ) -> Result<EpochLoader, BenchError> {
         let source: SharedSource = Arc::new(LocalSource::open(dir, 0)?);
         let index = source.index();
-        if index.len() < steps * self.batch {
+        if index.len() < steps * self.shape.batch {
             return Err(invalid(format!(
                 "{} holds {} images; {steps} steps of batch {} need {} (make more with `trainer synth --per-class N`)",
                 dir.display(),
                 index.len(),
-                self.batch,
-                steps * self.batch
+                self.shape.batch,
+                steps * self.shape.batch
             )));
         }
         // Computed once before training in `trainer train`, so outside the timing here too.
         let ms = mean_std::compute(source.as_ref(), cfg.data.mean_std_fraction, 0, self.workers)?;
-        if ms.mean.len() != self.channels {
+        if ms.mean.len() != self.shape.channels {
             return Err(invalid(format!(
                 "{} has {}-channel images, --channels is {}",
                 dir.display(),
                 ms.mean.len(),
-                self.channels
+                self.shape.channels
             )));
         }
-        let all: Vec<usize> = (0..self.channels).collect();
+        let all: Vec<usize> = (0..self.shape.channels).collect();
         let (mean, std) = ms.select(&all, &cfg.data.channel_names);
         let a = &cfg.augment;
         let augment = Arc::new(MultiCropAugment::new(MultiCropConfig {
@@ -377,7 +360,7 @@ impl StepOptions {
             selected_channels: Some(all),
             center_crop: 0,
         };
-        let (seed, epoch, file_channels) = (self.seed, 0u64, self.channels);
+        let (seed, epoch, file_channels) = (self.seed, 0u64, self.shape.channels);
         let images = training_image_fn(source.clone(), prep, file_channels, Vec::new(), None);
         let order = epoch_order(&(0..index.len()).collect::<Vec<_>>(), seed, epoch, 0, 1);
         let input = TrainInput::new(augment, AugmentOn::Cpu, seed);
@@ -385,7 +368,7 @@ impl StepOptions {
         let workers = self.workers.max(1);
         Ok(EpochLoader::new(
             order,
-            self.batch,
+            self.shape.batch,
             workers,
             2 * workers,
             0,

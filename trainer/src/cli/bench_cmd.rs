@@ -91,10 +91,30 @@ mod tests {
         let BenchCommand::Step(o) = w.b else {
             panic!("not a step bench")
         };
-        assert_eq!(o.arch, trainer::config::Arch::VitTiny);
+        assert_eq!(o.shape.arch, trainer::config::Arch::VitTiny);
         assert_eq!(o.channel_mode, trainer::config::ChannelMode::Tokens);
         assert_eq!(o.precision, trainer::config::Precision::Bf16);
         assert!(Wrap::try_parse_from(["t", "step", "--arch", "vit_huge"]).is_err());
         assert!(Wrap::try_parse_from(["t", "step", "--precision", "fp8"]).is_err());
+        // `bench model` takes the same shape flags (one declaration, flattened into both).
+        let w = Wrap::try_parse_from([
+            "t",
+            "model",
+            "--arch",
+            "vit_tiny",
+            "--batch",
+            "2",
+            "--out-dim",
+            "64",
+        ])
+        .unwrap();
+        let BenchCommand::Model(m) = w.b else {
+            panic!("not a model bench")
+        };
+        assert_eq!(
+            (m.shape.arch, m.shape.batch, m.shape.out_dim),
+            (trainer::config::Arch::VitTiny, 2, 64)
+        );
+        assert!(Wrap::try_parse_from(["t", "model", "--global-size", "96"]).is_err());
     }
 }
