@@ -51,6 +51,19 @@ the smaller C), then refit on all Training features and scored on the Test featu
 (`probe_top1`, percent; `probe_c`, the chosen C). Raw-pixel kNN and linear probe (the same
 eval-transformed pixels, flattened, L2-normalised) are reported once as a baseline.
 
+Channel-adaptive models (`--channel-mode`, the trainer's `model.channels`): `tokens` is
+ChannelViT (trainer/tests/py/channel_reference.py, the oracle of the trainer's tests) with the
+trainer's orthogonal channel embedding (`--channel-embed-std`), optional channel-mixing blocks
+(`--mixing-blocks`), each step on a subset drawn by hierarchical channel sampling (k uniform on
+1..C, then k channels; iBOT masks a position in every channel); `bag` trains a single-channel
+ViT on every channel of every image as its own sample (an epoch is C× the steps), each
+augmented and normalised with its channel's mean/std. Both are probed on every combination
+(`--combinations`): `tokens` by the CLS over the combination's channels, `bag` by the
+concatenated L2-normalised per-channel CLS tokens; the epoch lines hold each combination's
+kNN and probe under `combinations`, and their top-level `knn20` etc. are the all-channel
+combination's. `--img-size` sets the position table's size (the trainer's `model.img_size`,
+224 unless set; this script's default is the global crop size, as before).
+
 Collapse diagnostics, per epoch over the training batches: mean loss; `t_ent`, mean entropy of
 the centred, sharpened teacher distribution of one image (→ ln(out_dim) is the uniform
 collapse: loss → ln(out_dim) too; → 0 with one prototype for all is the other collapse);
@@ -89,6 +102,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
+from channel_reference import ChannelVisionTransformer  # noqa: E402
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
 from ibot_reference import iBOTPatchLoss  # noqa: E402
 from koleo_reference import KoLeoLoss  # noqa: E402
@@ -148,6 +162,22 @@ def parse_args(argv=None):
     p.add_argument("--ibot-mask-probability", type=float, default=0.5)
     p.add_argument("--ibot-mask-ratio", type=pair, default=(0.1, 0.5))
     p.add_argument("--num-register-tokens", type=int, default=0)
+    # channel-adaptive models (model.channels, channel_mixing_blocks, channel_embed_std,
+    # img_size)
+    p.add_argument("--channel-mode", choices=["fixed", "tokens", "bag"], default="fixed",
+                   help="fixed: one ViT over all channels (scDINO); tokens: ChannelViT, each "
+                   "step on a hierarchical channel subset; bag: each channel of each image its "
+                   "own single-channel sample")
+    p.add_argument("--combinations", default=None,
+                   help="tokens/bag: the channel combinations probed, comma-separated strings "
+                   "of channel indices (e.g. 0,1,2,3,0123,02; default: each channel alone and "
+                   "all together); knn20 etc. at the top level are the all-channel one's")
+    p.add_argument("--mixing-blocks", type=int, default=0, help="tokens: channel-mixing blocks")
+    p.add_argument("--channel-embed-std", type=float, default=0.02,
+                   help="tokens: the channel embedding's init scale (orthogonal rows)")
+    p.add_argument("--img-size", type=int, default=None,
+                   help="the position table's image size (model.img_size; the trainer's "
+                   "default is 224); default here: the global crop size")
     # multi-crop (global_crops_scale, global_crop_size, local_crops_number, local_crops_scale,
     # local_crop_size)
     p.add_argument("--global-crop-size", type=int, default=16)
@@ -369,6 +399,40 @@ class Augmented(torch.utils.data.Dataset):
         return self.transform(self.x[i]), i
 
 
+class BagItems(torch.utils.data.Dataset):
+    """Bag-of-Channels' samples: every channel of every image is its own single-channel image,
+    augmented with its channel's mean/std (item j = image j // C, channel j % C, as the
+    trainer's `BagOfChannels::items`)."""
+
+    def __init__(self, x, transforms):
+        self.x, self.transforms = x, transforms
+
+    def __len__(self):
+        return len(self.x) * len(self.transforms)
+
+    def __getitem__(self, j):
+        i, c = divmod(j, len(self.transforms))
+        return self.transforms[c](self.x[i, c:c + 1]), j
+
+
+def hierarchical_subset(rng, channels):
+    """ChannelViT's hierarchical channel sampling as the trainer draws it
+    (model/channels/hierarchical.rs): k uniform on 1..C, then k distinct channels uniformly,
+    ascending (from Python's `random`, not the trainer's stream: the same distribution)."""
+    k = rng.randint(1, channels)
+    return sorted(rng.sample(range(channels), k))
+
+
+def orthogonal_channel_embed(vit, std):
+    """The trainer's (and DiChaViT's) channel embedding at init: orthogonal rows, each of norm
+    std·√D (`model.channel_embed_std`), instead of the reference's trunc-normal."""
+    _, dim, channels, _, _ = vit.patch_embed.channel_embed.shape
+    w = torch.empty(channels, dim)
+    torch.nn.init.orthogonal_(w)
+    with torch.no_grad():
+        vit.patch_embed.channel_embed.copy_((w * std * math.sqrt(dim)).t().reshape(1, dim, channels, 1, 1))
+
+
 def build_augmentation(a, mean, std):
     from torchvision import transforms as T
 
@@ -496,13 +560,40 @@ def main(argv=None):
     ev_test = eval_inputs(test.x, a.global_crop_size, mean, std)
     nc = len(classes)
 
-    def probe(net):
-        ftr_raw = features(net.backbone, ev_train)
-        ftr = F.normalize(ftr_raw, dim=1, p=2)
-        fte = F.normalize(features(net.backbone, ev_test), dim=1, p=2)
+    combos = ([[int(ch) for ch in c] for c in a.combinations.split(",")] if a.combinations
+              else [[c] for c in range(C)] + [list(range(C))])
+
+    def embed(backbone_, x, combo):
+        """A combination's CLS features: tokens, the CLS over its channels' tokens; bag, each
+        channel's CLS L2-normalised, concatenated in channel order (bag_pool: concat)."""
+        if a.channel_mode == "bag":
+            return torch.cat([F.normalize(features(backbone_, x[:, c:c + 1]), dim=1) for c in combo], 1)
+        backbone_.channels = combo
+        try:
+            return features(backbone_, x[:, combo])
+        finally:
+            backbone_.channels = None
+
+    def scores(ftr_raw, fte_raw):
+        ftr, fte = F.normalize(ftr_raw, dim=1, p=2), F.normalize(fte_raw, dim=1, p=2)
         out = {f"knn{k}": knn_top1(ftr, y_train, fte, y_test, k, a.knn_t, nc) for k in (20, 10)}
         out.update(linear_probe(ftr, y_train, fte, y_test, a.seed, a.threads))
-        out.update(prototype_purity(net.head, ftr_raw, y_train, dino_loss.center))
+        return out
+
+    def probe(net):
+        if a.channel_mode == "fixed":
+            ftr_raw = features(net.backbone, ev_train)
+            out = scores(ftr_raw, features(net.backbone, ev_test))
+            out.update(prototype_purity(net.head, ftr_raw, y_train, dino_loss.center))
+            return out
+        per = {"".join(map(str, c)): scores(embed(net.backbone, ev_train, c), embed(net.backbone, ev_test, c))
+               for c in combos}
+        everything = "".join(map(str, range(C)))
+        out = dict(per[everything] if everything in per else next(iter(per.values())))
+        out["combinations"] = per
+        if a.channel_mode == "tokens":
+            out.update(prototype_purity(net.head, embed(net.backbone, ev_train, list(range(C))), y_train,
+                                        dino_loss.center))
         return out
 
     raw_tr = F.normalize(ev_train.flatten(1), dim=1)
@@ -511,14 +602,23 @@ def main(argv=None):
     raw.update(linear_probe(raw_tr, y_train, raw_te, y_test, a.seed, a.threads))
 
     # ---- networks (main_dino.py L232-282) ----
-    img = a.global_crop_size
+    img = a.img_size or a.global_crop_size
     use_ibot = a.ibot_weight > 0
-    extra = {"num_register_tokens": a.num_register_tokens, "mask_token": use_ibot}
-    vit_s = VisionTransformer(a.arch, a.patch_size, C, drop_path_rate=a.drop_path_rate, img_size=img,
-                              **extra)
+    extra = {"num_register_tokens": a.num_register_tokens, "mask_token": use_ibot, "img_size": img}
+
+    def backbone(drop_path_rate):
+        if a.channel_mode == "tokens":
+            v = ChannelVisionTransformer(a.arch, a.patch_size, C, drop_path_rate,
+                                         mixing_blocks=a.mixing_blocks, **extra)
+            orthogonal_channel_embed(v, a.channel_embed_std)
+            return v
+        return VisionTransformer(a.arch, a.patch_size, 1 if a.channel_mode == "bag" else C,
+                                 drop_path_rate=drop_path_rate, **extra)
+
+    vit_s = backbone(a.drop_path_rate)
     student = MultiCropWrapper(vit_s, DINOHead(vit_s.embed_dim, a.out_dim, use_bn=a.use_bn_in_head,
                                                norm_last_layer=a.norm_last_layer))
-    vit_t = VisionTransformer(a.arch, a.patch_size, C, img_size=img, **extra)
+    vit_t = backbone(0.0)
     teacher = MultiCropWrapper(vit_t, DINOHead(vit_t.embed_dim, a.out_dim, use_bn=a.use_bn_in_head))
     teacher.load_state_dict(student.state_dict())
     for q in teacher.parameters():
@@ -527,9 +627,13 @@ def main(argv=None):
     student.return_backbone = True  # (head output, CLS features): KoLeo reads the CLS
     teacher.train()
 
-    aug = build_augmentation(a, mean, std)
+    if a.channel_mode == "bag":
+        samples = BagItems(train.x, [build_augmentation(a, [mean[c]], [std[c]]) for c in range(C)])
+    else:
+        samples = Augmented(train.x, build_augmentation(a, mean, std))
+    channel_rng = random.Random(a.seed ^ 0xC4A7)  # tokens' subsets, apart from the masks' draws
     loader = torch.utils.data.DataLoader(
-        Augmented(train.x, aug), batch_size=a.batch_size, shuffle=True, num_workers=0,
+        samples, batch_size=a.batch_size, shuffle=True, num_workers=0,
         drop_last=a.use_bn_in_head, generator=torch.Generator().manual_seed(a.seed))
     niter = len(loader)
     ncrops = 2 + a.local_crops_number
@@ -575,9 +679,16 @@ def main(argv=None):
                 if i == 0:
                     g["weight_decay"] = wd_schedule[git]
             n_global = 2 * len(images[0])
+            k = 1
+            if a.channel_mode == "tokens":
+                subset = hierarchical_subset(channel_rng, C)
+                student.backbone.channels = teacher.backbone.channels = subset
+                images = [im[:, subset] for im in images]
+                k = len(subset)
             if use_ibot:
+                # tokens: a masked position is masked in every channel (channel-major tokens).
                 masks = draw_masks(n_global, mask_generator, a.ibot_mask_probability,
-                                   a.ibot_mask_ratio)
+                                   a.ibot_mask_ratio).repeat(1, k)
                 with torch.no_grad():
                     teacher_output, _, t_patch = ibot_forward(teacher, images, masks, False)
                 student_output, cls, s_patch = ibot_forward(student, images, masks, True)

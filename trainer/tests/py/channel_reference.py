@@ -52,8 +52,8 @@ class PatchEmbedPerChannel(nn.Module):
 
 class ChannelVisionTransformer(VisionTransformer):
     def __init__(self, arch="vit_tiny", patch_size=16, in_chans=5, drop_path_rate=0.0, mask_token=False,
-                 num_register_tokens=0, mixing_blocks=0):
-        super().__init__(arch, patch_size, in_chans, drop_path_rate, mask_token=mask_token,
+                 num_register_tokens=0, mixing_blocks=0, img_size=224):
+        super().__init__(arch, patch_size, in_chans, drop_path_rate, img_size=img_size, mask_token=mask_token,
                          num_register_tokens=num_register_tokens)
         self.patch_embed = PatchEmbedPerChannel(patch_size, in_chans, self.embed_dim)
         self.mixing_blocks = mixing_blocks
