@@ -29,6 +29,12 @@
 #               interaction task (BENCHMARKS.md run 9): model.channel_mixing_blocks: 1 (the
 #               first block attends within a position) and model.channel_embed_std: 1.0 (not run
 #               unless named in RUNS)
+#   tokens_matched
+#               tokens_small with as many optimizer steps as bag_small: an epoch of bag is
+#               C steps per image (each channel its own sample), of tokens one, so this run
+#               trains C × EPOCHS epochs with C × the warm-up epochs (the same lr, weight-decay,
+#               teacher-momentum schedules over the same steps; configs/tokens-small-data.yaml
+#               is this run on the 4-channel digits; not run unless named in RUNS)
 #   tokens_dichavit
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
@@ -89,7 +95,7 @@ config() {
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
-    tokens_mix) mode=tokens base=small-data ;;
+    tokens_mix | tokens_matched) mode=tokens base=small-data ;;
     # configs/dichavit.yaml says channels: tokens itself.
     tokens_dichavit) mode="" base=dichavit ;;
   esac
@@ -113,6 +119,13 @@ config() {
     if [[ $run == untrained ]]; then
       sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
         -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|"
+    elif [[ $run == tokens_matched ]]; then
+      # C × the epochs and the warm-up (small-data.yaml's is one epoch), every schedule in steps
+      # as bag_small's.
+      local nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1))
+      sed -e "s|  epochs: $EPOCHS|  epochs: $((EPOCHS * nch))|" \
+        -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: $((EPOCHS * nch))|" \
+        -e "s|  warmup_epochs: 1$|  warmup_epochs: $nch|"
     elif [[ $run == fixed_zeros ]]; then
       sed -e "s|^  features:|  features:\n    missing_channels: zeros|"
     else
@@ -171,7 +184,7 @@ out, seeds = sys.argv[1], sys.argv[2].split()
 names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
-        "tokens_mix", "tokens_dichavit"]
+        "tokens_mix", "tokens_matched", "tokens_dichavit"]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:

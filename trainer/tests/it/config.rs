@@ -138,6 +138,30 @@ fn shipped_configs_are_valid() {
     assert!(c.train.ibot.enabled() && c.train.koleo_weight > 0.0);
     assert_eq!(c.train.centering, trainer::config::Centering::SinkhornKnopp);
     assert_eq!(c.model.num_register_tokens, 4);
+    // configs/tokens-small-data.yaml is that recipe for `tokens` with as many optimizer steps
+    // as `bag` gets at 10 epochs (C steps per image): C × the epochs and the warm-up.
+    let t = Config::load(&dir.join("tokens-small-data.yaml")).unwrap();
+    let channels = t.data.channel_names.len();
+    assert_eq!(t.model.channels, trainer::config::ChannelMode::Tokens);
+    assert_eq!(
+        (t.train.epochs, t.train.warmup_epochs),
+        (10 * channels, channels * c.train.warmup_epochs)
+    );
+    assert_eq!(
+        (
+            t.train.lr,
+            t.train.momentum_teacher,
+            t.train.batch_size_per_gpu
+        ),
+        (
+            c.train.lr,
+            c.train.momentum_teacher,
+            c.train.batch_size_per_gpu
+        )
+    );
+    assert!(t.train.ibot.enabled() && t.train.koleo_weight == c.train.koleo_weight);
+    assert_eq!(t.train.centering, c.train.centering);
+    assert_eq!(t.model.num_register_tokens, c.model.num_register_tokens);
 }
 
 #[test]
