@@ -33,7 +33,41 @@ fi
   npm install --silent --prefix target/npm azurite@3.37.0 >/dev/null
 "$ROOT/scripts/slurm-local.sh" start
 "$ROOT/scripts/docker-local.sh" start
-trap '"$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" clean-tests || true
+# Disk. The tests need room where they write: the build in target/ (4.4 GB after the test
+# build), the venv (6 GB), their temporary folders, and the image tests' images, exported root
+# filesystems and squash files in the Docker engine's folder (4.6 GB at their peak). A CI run
+# once ran out of it ("no space left on device" from docker build, mksquashfs and checkpoints)
+# and said nothing of how much there had been; every run now prints the free space of each
+# filesystem the tests write to before they start, and the least seen during the run at the end.
+DISK_PATHS=("$ROOT" "${TMPDIR:-/tmp}" /var/lib/docker)
+DISK_LOW=$(mktemp)
+free_mib() { df --output=avail -B1M "$1" 2>/dev/null | tail -n 1 | tr -d ' '; }
+disk_lines() {
+  local p seen=" " dev
+  for p in "${DISK_PATHS[@]}"; do
+    [[ -e $p ]] || continue
+    dev=$(df --output=source "$p" | tail -n 1)
+    [[ $seen == *" $dev "* ]] && continue
+    seen+="$dev "
+    printf '%s %s\n' "$p" "$(free_mib "$p")"
+  done
+}
+disk_lines >"$DISK_LOW"
+echo "[test] free space before the tests (MiB): $(tr '\n' ' ' <"$DISK_LOW")" >&2
+# Every 5 s: the least free space so far per filesystem, kept in $DISK_LOW.
+(
+  while sleep 5; do
+    disk_lines | awk -v low="$DISK_LOW" 'BEGIN { while ((getline l < low) > 0) { split(l, f, " "); m[f[1]] = f[2] } }
+      { if (!($1 in m) || $2 < m[$1]) m[$1] = $2 } END { for (p in m) print p, m[p] > low }'
+  done
+) &
+DISK_WATCH=$!
+disk_summary() {
+  kill "$DISK_WATCH" 2>/dev/null || true
+  echo "[test] least free space during the tests (MiB): $(tr '\n' ' ' <"$DISK_LOW")" >&2
+  rm -f "$DISK_LOW"
+}
+trap 'disk_summary; "$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" clean-tests || true
   "$ROOT/scripts/docker-local.sh" stop || true' EXIT
 eval "$("$ROOT/scripts/slurm-local.sh" env)"
 eval "$("$ROOT/scripts/docker-local.sh" env)"

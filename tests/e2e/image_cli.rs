@@ -53,6 +53,31 @@ fn docker(args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// The tests that build whole images (libtorch in them: ~0.9 GB each, plus its exported root
+/// filesystem and squash file while squashing) take turns: two of them side by side held 6.2 GB
+/// of disk at their peak, one at a time about half, and a CI run on a machine with less room
+/// failed with "no space left on device" in both and in the trainer tests beside them.
+fn one_image_build_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that panicked while holding its turn leaves nothing the next one depends on.
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Removes the named images when the test ends, passed or not, so that what a test built does
+/// not take disk for the rest of the run (scripts/test.sh's clean-tests only runs at the end).
+struct RemovedAtEnd(Vec<String>);
+
+impl Drop for RemovedAtEnd {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rmi", "--force"])
+            .args(&self.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// The build arguments of the offline build exactly as the Containerfile's header comment
 /// documents them (so the documented command is the tested one), its base image being the
 /// local one the test setup made.
@@ -120,6 +145,8 @@ fn sha256_of(path: &Path) -> String {
 
 #[test]
 fn image_builds_runs_the_baked_pipeline_pushes_inspects_and_squashes() {
+    // First, so that it is released last: after the images and the squash files are gone.
+    let _turn = one_image_build_at_a_time();
     let registry = env("SCDINO_TEST_REGISTRY");
     let base = env("SCDINO_BASE_IMAGE");
     let dir = tempfile::tempdir().unwrap();
@@ -131,6 +158,7 @@ fn image_builds_runs_the_baked_pipeline_pushes_inspects_and_squashes() {
     std::fs::write(&cfg, RUN_CONFIG).unwrap();
     let local = "scdino-e2e:test";
     let remote = format!("{registry}/scdino-e2e/trainer:test");
+    let _images = RemovedAtEnd(vec![local.to_string(), remote.clone()]);
 
     // Build: prebuilt binaries, the config baked, two tags; stdout is the image ID.
     let mut args: Vec<String> = ["image", "build", "--tag", local, "--tag", &remote]
@@ -670,6 +698,8 @@ fn push_to_a_registry_with_auth_uses_the_credentials_and_never_shows_them() {
 /// cancelled: what is checked is everything up to the submitted, `--test-only`-checked script.)
 #[test]
 fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
+    // First, so that it is released last: after the images and the squash files are gone.
+    let _turn = one_image_build_at_a_time();
     let base = env("SCDINO_BASE_IMAGE");
     std::env::var("SLURM_CONF").expect("SLURM_CONF is unset: run through scripts/test.sh");
     let dir = tempfile::tempdir().unwrap();
@@ -689,6 +719,10 @@ fn submit_build_squashes_the_image_and_points_the_jobs_at_it() {
     .unwrap();
     let jobs = dir.path().join("jobs");
     let sq = dir.path().join("images");
+    let _images = RemovedAtEnd(vec![
+        "scdino-e2e:submit".to_string(),
+        format!("{}/scdino-e2e/submit:t", env("SCDINO_TEST_REGISTRY")),
+    ]);
     // Neither --push nor --squash-dir: refused before anything is built.
     let out = launcher(&[
         "submit",
