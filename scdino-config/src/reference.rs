@@ -394,8 +394,13 @@ mod tests {
     #[test]
     fn enum_keys_list_exactly_the_values_validation_accepts() {
         use crate::{Config, ConfigError};
-        // Settings some values need (`bag_pool: mean` pools a bag model's features).
-        let contexts = ["", "model:\n  channels: bag\n"];
+        // Settings some values need (`bag_pool: mean` pools a bag model's features,
+        // `tokens_pool: cls_and_channels` a tokens model's).
+        let contexts = [
+            "",
+            "model:\n  channels: bag\n",
+            "model:\n  channels: tokens\n",
+        ];
         let enum_keys: Vec<KeyDoc> = keys()
             .into_iter()
             .filter(|k| !k.values.is_empty())

@@ -172,6 +172,33 @@ pub struct FeaturesSection {
     /// one feature, for every analysis (the features files and profiles, kNN, evaluate, the
     /// linear probe, UMAP, the combinations table and the report all use it).
     pub bag_pool: BagPool,
+    /// `model.channels: tokens` only: what a combination's feature is made of, for every
+    /// analysis (as `bag_pool` for bag models). The exported model gives the CLS token.
+    pub tokens_pool: TokensPool,
+}
+
+/// `downstream.features.tokens_pool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokensPool {
+    /// The CLS token after the final norm (D): ChannelViT's and DiChaViT's feature.
+    #[default]
+    Cls,
+    /// The CLS token, then for each channel of the combination in order the mean of its patch
+    /// tokens, each part L2-normalised, concatenated ((k+1)·D for k channels): DINO's linear
+    /// evaluation adds the average-pooled patch tokens to the CLS token, here per channel, so a
+    /// combination keeps every channel's own dimensions as bag's `concat` does.
+    ClsAndChannels,
+}
+
+impl TokensPool {
+    /// The YAML spelling.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TokensPool::Cls => "cls",
+            TokensPool::ClsAndChannels => "cls_and_channels",
+        }
+    }
 }
 
 /// `downstream.features.bag_pool`.
@@ -226,6 +253,7 @@ impl Default for FeaturesSection {
             custom_embedding_map: BTreeMap::new(),
             missing_channels: MissingChannels::Refuse,
             bag_pool: BagPool::Concat,
+            tokens_pool: TokensPool::Cls,
         }
     }
 }

@@ -4,7 +4,7 @@
 use crate::{
     AttentionSection, BagPool, ChannelMode, DataSection, DownstreamSection, FeaturesSection,
     Invalid, KnnSection, LinearProbeSection, MetricsSection, MissingChannels, ModelSection,
-    ProfilingSection, UmapSection, Validator,
+    ProfilingSection, TokensPool, UmapSection, Validator,
 };
 
 impl DownstreamSection {
@@ -53,6 +53,15 @@ impl FeaturesSection {
             &format!(
                 "{} pools the per-channel features of model.channels: bag; model.channels: {} gives one feature per image (leave bag_pool out, or train with channels: bag)",
                 self.bag_pool.name(),
+                model.channels.name()
+            ),
+        )?;
+        v.check(
+            self.tokens_pool == TokensPool::Cls || model.channels == ChannelMode::Tokens,
+            "downstream.features.tokens_pool",
+            &format!(
+                "{} pools the channel tokens of model.channels: tokens; model.channels: {} has none (leave tokens_pool out, or train with channels: tokens)",
+                self.tokens_pool.name(),
                 model.channels.name()
             ),
         )?;

@@ -5,7 +5,7 @@
 //! apart (scDINO ran two jobs and relied on the sampler order matching).
 use crate::analysis::pretrained::{self, InputSize, ModelInput};
 use crate::checkpoint;
-use crate::config::{BagPool, ChannelMode, Config, MissingChannels};
+use crate::config::{BagPool, ChannelMode, Config, MissingChannels, TokensPool};
 use crate::data::cell_channels::{combination_split, selection_in_cell};
 use crate::data::mean_std::MeanStd;
 use crate::data::preprocess::preprocess;
@@ -253,6 +253,7 @@ impl Embedder {
                 positions: None,
                 trained,
                 bag_pool: BagPool::default(),
+                tokens_pool: TokensPool::default(),
             },
         }
     }
@@ -378,6 +379,7 @@ pub fn load_embedder(
         positions,
         trained: trained.names.len() as i64,
         bag_pool: cfg.downstream.features.bag_pool,
+        tokens_pool: cfg.downstream.features.tokens_pool,
     };
     Ok((vs, Embedder { kind, vit, input }))
 }
@@ -400,6 +402,7 @@ fn load_per_combination(
             positions,
             trained,
             bag_pool: cfg.downstream.features.bag_pool,
+            tokens_pool: cfg.downstream.features.tokens_pool,
         },
     };
     if let (Some(t), MissingChannels::Zeros) =

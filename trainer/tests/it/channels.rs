@@ -112,6 +112,40 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
         }
         if mode == "tokens" {
             assert!((&sets[0] - &sets[1]).abs().max().double_value(&[]) > 1e-3);
+            // `downstream.features.tokens_pool: cls_and_channels`: (k+1)·D, the CLS part
+            // being the `cls` feature (each part was normalised, then the row); the channel
+            // parts against PyTorch: model.rs `channel_adaptive_backbones_match_pytorch`.
+            let pooled = config_with(
+                dir.path(),
+                mode,
+                mode,
+                "a, b, c",
+                "\"012\", \"0\", \"12\"",
+                ", tokens_pool: cls_and_channels",
+            );
+            for (combination, k) in [(0usize, 3i64), (1, 1), (2, 2)] {
+                let set = features::extract(&pooled, combination, &ck, &ms).unwrap();
+                assert_eq!(set.features.size()[1], 192 * (k + 1));
+                let cls = set.features.narrow(1, 0, 192) * ((k + 1) as f64).sqrt();
+                let diff = (cls - &sets[combination]).abs().max().double_value(&[]);
+                assert!(diff < 1e-5, "combination {combination}: {diff}");
+                for c in 1..=k {
+                    let part = set.features.narrow(1, c * 192, 192);
+                    let norm =
+                        part.norm().double_value(&[]) / (set.features.size()[0] as f64).sqrt();
+                    assert!(
+                        (norm - 1.0 / ((k + 1) as f64).sqrt()).abs() < 1e-5,
+                        "{norm}"
+                    );
+                    assert!(
+                        (&part - set.features.narrow(1, 0, 192))
+                            .abs()
+                            .max()
+                            .double_value(&[])
+                            > 1e-3
+                    );
+                }
+            }
         } else {
             // BoC: the single-channel part of the concatenation is that channel's feature.
             let a_part = sets[0].narrow(1, 0, 192) * 3f64.sqrt();

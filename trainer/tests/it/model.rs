@@ -303,10 +303,13 @@ fn loading_refuses_missing_or_misshaped_weights() {
 /// `model.channels: tokens` (ChannelViT tokens) and `bag` (single-channel ViT, channels
 /// through the batch) against the PyTorch references of tests/py/channel_reference.py, on the
 /// same weights: CLS at the training grid, at another size, non-square, on a subset of the
-/// channels, the last attention, and the bag features (concatenated and mean). The tokens
-/// state dict is ChannelViT's, name for name and shape for shape.
+/// channels, the last attention, the bag features (concatenated and mean) and the tokens
+/// features with `tokens_pool: cls_and_channels`. The tokens state dict is ChannelViT's, name
+/// for name and shape for shape.
 #[test]
 fn channel_adaptive_backbones_match_pytorch() {
+    use trainer::config::{BagPool, ChannelMode, TokensPool};
+    use trainer::model::channels::{for_mode, CombinationInput};
     use trainer::model::{bag_cls, VisionTransformer};
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
@@ -342,6 +345,20 @@ fn channel_adaptive_backbones_match_pytorch() {
     .unwrap();
     let subset: Vec<i64> = Vec::<i64>::try_from(&t["in.subset"]).unwrap();
     let tol = 1e-4;
+    // The features stage's own function (the mode's kind), not a copy of its arithmetic.
+    let pooled = |x: &Tensor, positions: Option<Vec<i64>>| {
+        let input = CombinationInput {
+            positions,
+            trained: 4,
+            bag_pool: BagPool::Concat,
+            tokens_pool: TokensPool::ClsAndChannels,
+        };
+        let kind = for_mode(ChannelMode::Tokens);
+        let k = x.size()[1] as usize;
+        let f = kind.features(&tokens, x, &input);
+        assert_eq!(f.size()[1], kind.feature_dim(192, k, &input));
+        f
+    };
     tch::no_grad(|| {
         let cls = bag_cls(&bag, &t["in.x96"]);
         let (concat, mean) = (cls.flatten(1, 2), cls.mean_dim(1, false, None));
@@ -360,6 +377,11 @@ fn channel_adaptive_backbones_match_pytorch() {
             ),
             ("bag.concat96", concat),
             ("bag.mean96", mean),
+            ("tokens.pool96", pooled(&t["in.x96"], None)),
+            (
+                "tokens.pool_sub",
+                pooled(&t["in.x_sub"], Some(subset.clone())),
+            ),
         ];
         for (name, ours) in cases {
             let err = max_abs_diff(&ours, &t[&format!("out.{name}")]);

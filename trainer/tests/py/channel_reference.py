@@ -117,6 +117,22 @@ class ChannelVisionTransformer(VisionTransformer):
                 return blk(x, return_attention=True, mask=mask)
 
 
+def tokens_pooled_features(vit, x, channels=None):
+    """downstream.features.tokens_pool: cls_and_channels of x [B, k, H, W]: the CLS token and
+    each channel's mean patch token (in the input's channel order), each L2-normalised,
+    concatenated [B, (k+1)·D]."""
+    masks = vit.block_masks(x)
+    t = vit.prepare_tokens(x, channels)
+    for blk, mask in zip(vit.blocks, masks):
+        t = blk(t, mask=mask)
+    t = vit.norm(t)
+    B, k = x.shape[:2]
+    cls, patches = t[:, 0], t[:, 1 + vit.num_register_tokens:]
+    per_channel = patches.reshape(B, k, -1, patches.shape[-1]).mean(dim=2)
+    parts = torch.cat([cls[:, None], per_channel], dim=1)
+    return torch.nn.functional.normalize(parts, dim=-1).reshape(B, -1)
+
+
 def bag_features(vit, x):
     """Bag-of-Channels features of x [B, k, H, W] from a single-channel ViT: (the per-channel
     CLS tokens concatenated in channel order [B, k·D], their mean [B, D])."""

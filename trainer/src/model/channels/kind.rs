@@ -2,7 +2,7 @@
 //! (its backbone, what a training step feeds it, how it embeds a combination and draws its
 //! attention, how it is exported, what the checkpoint records). The modes implement it in
 //! their own files; [`super`] registers them, so this file imports none of them.
-use crate::config::{Arch, BagPool, ChannelMode};
+use crate::config::{Arch, BagPool, ChannelMode, TokensPool};
 use crate::model::{VisionTransformer, VitConfig};
 use tch::Tensor;
 
@@ -17,6 +17,8 @@ pub struct CombinationInput {
     pub trained: i64,
     /// `downstream.features.bag_pool`.
     pub bag_pool: BagPool,
+    /// `downstream.features.tokens_pool`.
+    pub tokens_pool: TokensPool,
 }
 
 /// One value of `model.channels`. Every method is a pure function of its arguments, so one

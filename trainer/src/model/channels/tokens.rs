@@ -3,7 +3,7 @@
 //! trained with hierarchical channel sampling.
 use super::hierarchical::hierarchical_sample;
 use super::kind::{ChannelModeKind, CombinationInput};
-use crate::config::{Arch, ChannelMode};
+use crate::config::{Arch, ChannelMode, TokensPool};
 use crate::model::{VisionTransformer, VitConfig};
 use tch::Tensor;
 
@@ -36,7 +36,26 @@ impl ChannelModeKind for Tokens {
     }
 
     fn features(&self, vit: &VisionTransformer, x: &Tensor, input: &CombinationInput) -> Tensor {
-        vit.forward_channels_t(x, input.positions.as_deref(), false)
+        let channels = input.positions.as_deref();
+        match input.tokens_pool {
+            TokensPool::Cls => vit.forward_channels_t(x, channels, false),
+            TokensPool::ClsAndChannels => {
+                let (cls, patches) = vit.forward_features_t(x, channels, None, false);
+                // The patch tokens are channel-major: k channels of n patches each.
+                let (b, k, d) = (x.size()[0], x.size()[1], cls.size()[1]);
+                let per_channel = patches.reshape([b, k, -1, d]).mean_dim(2, false, None);
+                let parts = Tensor::cat(&[cls.unsqueeze(1), per_channel], 1);
+                let parts = &parts / parts.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-12);
+                parts.flatten(1, 2)
+            }
+        }
+    }
+
+    fn feature_dim(&self, embed_dim: i64, k: usize, input: &CombinationInput) -> i64 {
+        match input.tokens_pool {
+            TokensPool::Cls => embed_dim,
+            TokensPool::ClsAndChannels => embed_dim * (k as i64 + 1),
+        }
     }
 
     /// One map per channel: the CLS attention to that channel's patches, averaged over the
