@@ -46,25 +46,25 @@ disk_lines() {
   local p seen=" " dev
   for p in "${DISK_PATHS[@]}"; do
     [[ -e $p ]] || continue
-    dev=$(df --output=source "$p" | tail -n 1)
+    dev=$(df --output=source "$p" 2>/dev/null | tail -n 1) || continue
     [[ $seen == *" $dev "* ]] && continue
     seen+="$dev "
-    printf '%s %s\n' "$p" "$(free_mib "$p")"
+    printf '%s\t%s\n' "$p" "$(free_mib "$p")"
   done
 }
 disk_lines >"$DISK_LOW"
-echo "[test] free space before the tests (MiB): $(tr '\n' ' ' <"$DISK_LOW")" >&2
+echo "[test] free space before the tests (MiB): $(tr '\t\n' '= ' <"$DISK_LOW")" >&2
 # Every 5 s: the least free space so far per filesystem, kept in $DISK_LOW.
 (
   while sleep 5; do
-    disk_lines | awk -v low="$DISK_LOW" 'BEGIN { while ((getline l < low) > 0) { split(l, f, " "); m[f[1]] = f[2] } }
-      { if (!($1 in m) || $2 < m[$1]) m[$1] = $2 } END { for (p in m) print p, m[p] > low }'
+    disk_lines | awk -F '\t' -v low="$DISK_LOW" 'BEGIN { while ((getline l < low) > 0) { split(l, f, "\t"); m[f[1]] = f[2] } }
+      { if (!($1 in m) || $2 < m[$1]) m[$1] = $2 } END { for (p in m) print p "\t" m[p] > low }'
   done
 ) &
 DISK_WATCH=$!
 disk_summary() {
   kill "$DISK_WATCH" 2>/dev/null || true
-  echo "[test] least free space during the tests (MiB): $(tr '\n' ' ' <"$DISK_LOW")" >&2
+  echo "[test] least free space during the tests (MiB): $(tr '\t\n' '= ' <"$DISK_LOW")" >&2
   rm -f "$DISK_LOW"
 }
 trap 'disk_summary; "$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" clean-tests || true
