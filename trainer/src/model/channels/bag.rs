@@ -2,7 +2,7 @@
 //! channel of every image as its own image; a combination's feature is its channels' CLS
 //! tokens, each L2-normalised (so every channel weighs the same), pooled as
 //! `downstream.features.bag_pool` says.
-use super::kind::{cls_attention_maps, ChannelModeKind, CombinationInput};
+use super::kind::{cls_attention_maps, unit_parts, ChannelModeKind, CombinationInput};
 use crate::config::{Arch, BagPool, ChannelMode};
 use crate::model::{VisionTransformer, VitConfig};
 use tch::{Kind, Tensor};
@@ -39,7 +39,7 @@ impl ChannelModeKind for Bag {
 
     fn features(&self, vit: &VisionTransformer, x: &Tensor, input: &CombinationInput) -> Tensor {
         let cls = bag_cls(vit, x);
-        let cls = &cls / cls.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-12);
+        let cls = unit_parts(&cls);
         match input.bag_pool {
             BagPool::Concat => cls.flatten(1, 2),
             BagPool::Mean => cls.mean_dim(1, false, Kind::Float),

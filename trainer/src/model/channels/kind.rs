@@ -21,6 +21,13 @@ pub struct CombinationInput {
     pub tokens_pool: TokensPool,
 }
 
+/// `[B, k, D]` with every part `[b, i, :]` scaled to unit L2 length: the per-channel parts a
+/// combination's feature concatenates (`bag`'s CLS tokens, `tokens`' CLS and channel means)
+/// weigh the same whatever their scale.
+pub(super) fn unit_parts(parts: &Tensor) -> Tensor {
+    parts / parts.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-12)
+}
+
 /// One value of `model.channels`. Every method is a pure function of its arguments, so one
 /// `&'static` instance serves every run.
 pub trait ChannelModeKind: Send + Sync {

@@ -2,7 +2,7 @@
 //! patch projection, a learned embedding per channel, one token per channel and patch;
 //! trained with hierarchical channel sampling.
 use super::hierarchical::hierarchical_sample;
-use super::kind::{ChannelModeKind, CombinationInput};
+use super::kind::{unit_parts, ChannelModeKind, CombinationInput};
 use crate::config::{Arch, ChannelMode, TokensPool};
 use crate::model::{VisionTransformer, VitConfig};
 use tch::Tensor;
@@ -44,9 +44,7 @@ impl ChannelModeKind for Tokens {
                 // The patch tokens are channel-major: k channels of n patches each.
                 let (b, k, d) = (x.size()[0], x.size()[1], cls.size()[1]);
                 let per_channel = patches.reshape([b, k, -1, d]).mean_dim(2, false, None);
-                let parts = Tensor::cat(&[cls.unsqueeze(1), per_channel], 1);
-                let parts = &parts / parts.norm_scalaropt_dim(2.0, [2], true).clamp_min(1e-12);
-                parts.flatten(1, 2)
+                unit_parts(&Tensor::cat(&[cls.unsqueeze(1), per_channel], 1)).flatten(1, 2)
             }
         }
     }
