@@ -35,6 +35,9 @@
 #               trains C × EPOCHS epochs with C × the warm-up epochs (the same lr, weight-decay,
 #               teacher-momentum schedules over the same steps; configs/tokens-small-data.yaml
 #               is this run on the 4-channel digits; not run unless named in RUNS)
+#   tokens_teacher_all
+#               tokens_matched with train.teacher_channels: all (the teacher sees every
+#               channel, the student the step's subset; not run unless named in RUNS)
 #   tokens_dichavit
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
@@ -95,7 +98,7 @@ config() {
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
-    tokens_mix | tokens_matched) mode=tokens base=small-data ;;
+    tokens_mix | tokens_matched | tokens_teacher_all) mode=tokens base=small-data ;;
     # configs/dichavit.yaml says channels: tokens itself.
     tokens_dichavit) mode="" base=dichavit ;;
   esac
@@ -119,13 +122,14 @@ config() {
     if [[ $run == untrained ]]; then
       sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
         -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|"
-    elif [[ $run == tokens_matched ]]; then
+    elif [[ $run == tokens_matched || $run == tokens_teacher_all ]]; then
       # C × the epochs and the warm-up (small-data.yaml's is one epoch), every schedule in steps
       # as bag_small's.
-      local nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1))
+      local nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1)) teacher=""
+      [[ $run != tokens_teacher_all ]] || teacher="\n  teacher_channels: all"
       sed -e "s|  epochs: $EPOCHS|  epochs: $((EPOCHS * nch))|" \
         -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: $((EPOCHS * nch))|" \
-        -e "s|  warmup_epochs: 1$|  warmup_epochs: $nch|"
+        -e "s|  warmup_epochs: 1$|  warmup_epochs: $nch|" -e "s|^train:|train:$teacher|"
     elif [[ $run == fixed_zeros ]]; then
       sed -e "s|^  features:|  features:\n    missing_channels: zeros|"
     else
@@ -184,7 +188,7 @@ out, seeds = sys.argv[1], sys.argv[2].split()
 names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
-        "tokens_mix", "tokens_matched", "tokens_dichavit"]
+        "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_dichavit"]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:

@@ -924,6 +924,40 @@ mod tests {
         assert!(e.contains("patches") && e.contains("line 3"), "{e}");
     }
 
+    /// `teacher_channels: all` is for tokens models only; `step` is the default everywhere.
+    #[test]
+    fn teacher_channels_is_validated_against_the_channel_mode() {
+        let tokens = "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\", \"1\"]\nmodel:\n  channels: tokens\n";
+        let c =
+            Config::from_yaml(&format!("{tokens}train:\n  teacher_channels: all\n"), "t").unwrap();
+        assert_eq!(c.train.teacher_channels, TeacherChannels::All);
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        for text in ["", tokens] {
+            let d = Config::from_yaml(text, "t").unwrap();
+            assert_eq!(d.train.teacher_channels, TeacherChannels::Step);
+        }
+        for mode in ["fixed", "bag"] {
+            let (key, line, msg) = invalid(&format!(
+                "model:\n  channels: {mode}\ntrain:\n  teacher_channels: all\n"
+            ));
+            assert_eq!((key.as_str(), line), ("train.teacher_channels", Some(4)));
+            assert!(
+                msg.contains(&format!("this run has {mode}"))
+                    && msg.contains("model.channels: tokens"),
+                "{msg}"
+            );
+        }
+        assert!(Config::from_yaml(
+            "model:\n  channels: bag\ntrain:\n  teacher_channels: step\n",
+            "t"
+        )
+        .is_ok());
+        let e = Config::from_yaml("train:\n  teacher_channels: every\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("every") && e.contains("line 2"), "{e}");
+    }
+
     /// `bag_pool: mean` is for bag models only; concat is the default everywhere.
     #[test]
     fn bag_pool_is_validated_against_the_channel_mode() {

@@ -494,6 +494,7 @@ fn selftest_params() -> StepParams {
         clip_grad: 3.0,
         rng_seed: 1,
         channels: None,
+        teacher_channels: None,
     }
 }
 

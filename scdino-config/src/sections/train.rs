@@ -103,6 +103,24 @@ pub struct TrainSection {
     pub centering: Centering,
     /// DINOv2's iBOT masked-patch objective (Zhou et al., ICLR 2022), off by default.
     pub ibot: IbotSection,
+    /// `model.channels: tokens` only: the channels the teacher sees in a step. `step`
+    /// (ChannelViT): the step's sampled subset, as the student. `all`: every channel the
+    /// batch's cells hold, so the student on a subset learns to predict the teacher's view of
+    /// all of them. With `step` nothing asks a subset's tokens to keep what each channel
+    /// carries once another channel is in the image: on the PBMC-like cells a `step` model's
+    /// brightfield+DAPI feature fell below its DAPI-alone one (BENCHMARKS.md, run 12).
+    pub teacher_channels: TeacherChannels,
+}
+
+/// `train.teacher_channels`: the teacher's channels in a `tokens` step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TeacherChannels {
+    /// The step's subset, as the student (ChannelViT's hierarchical channel sampling).
+    #[default]
+    Step,
+    /// Every channel the batch holds; the student still sees the step's subset.
+    All,
 }
 
 /// iBOT (`dinov2/loss/ibot_patch_loss.py`, the `ibot` block of DINOv2's config): the student
@@ -207,6 +225,7 @@ impl Default for TrainSection {
             koleo_weight: 0.0,
             centering: Centering::Ema,
             ibot: IbotSection::default(),
+            teacher_channels: TeacherChannels::Step,
         }
     }
 }

@@ -23,6 +23,15 @@ impl TrainSection {
             "model.dichavit.sampling",
             "diverse reads the student's channel embeddings before each step, which train.strategy: fsdp keeps sharded there; use ddp",
         )?;
+        v.check(
+            self.teacher_channels == crate::TeacherChannels::Step
+                || model.channels == crate::ChannelMode::Tokens,
+            "train.teacher_channels",
+            &format!(
+                "all shows the teacher every channel while the student sees a sampled subset: it needs model.channels: tokens (this run has {}); remove the key",
+                model.channels.name()
+            ),
+        )?;
         self.ibot.validate(v, model, aug, self.batch_size_per_gpu)
     }
 

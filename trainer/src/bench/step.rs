@@ -177,6 +177,7 @@ impl StepOptions {
             channels: mode
                 .step_channels(self.seed, it, self.shape.channels)
                 .map(|c| ChannelSubset::from_indices(&c)),
+            teacher_channels: None,
         };
         let mut group = SingleProcess::default();
         let graphed = self.graphed(&cfg, device)?;

@@ -4,7 +4,7 @@
 //! channels when a batch's cells bring their own ([`step_channels`]). Every draw depends only
 //! on the run's seed, the iteration (and the channel embeddings): every rank takes the same
 //! subset in the same step, and a resumed run draws what a straight one would.
-use crate::config::{ChannelSampling, Config};
+use crate::config::{ChannelSampling, Config, TeacherChannels};
 use crate::model::channels::for_mode;
 use crate::model::VisionTransformer;
 use scdino_base::rng::SplitMix64;
@@ -130,4 +130,22 @@ pub fn step_channels(
         Some(set) => drawn.iter().map(|&c| set[c as usize] as i64).collect(),
         None => drawn,
     })
+}
+
+/// The channels the teacher sees in a step whose student trains on `student`
+/// (`train.teacher_channels`): None where they are the student's (`step`, or a step without
+/// a subset); with `all`, every channel the batch's cells hold (`among`, else all `k`).
+pub fn teacher_channels(
+    cfg: &Config,
+    student: Option<&[i64]>,
+    k: usize,
+    among: Option<&[usize]>,
+) -> Option<Vec<i64>> {
+    match (cfg.train.teacher_channels, student) {
+        (TeacherChannels::All, Some(_)) => Some(match among {
+            Some(set) => set.iter().map(|&c| c as i64).collect(),
+            None => (0..k as i64).collect(),
+        }),
+        _ => None,
+    }
 }

@@ -108,6 +108,9 @@ pub struct StepParams {
     /// `model.channels: tokens`: the channels this step trains on (hierarchical channel
     /// sampling); None: every channel the crops hold.
     pub channels: Option<ChannelSubset>,
+    /// `train.teacher_channels: all`: the channels the teacher sees, a superset of
+    /// `channels`; None: the student's.
+    pub teacher_channels: Option<ChannelSubset>,
 }
 
 /// A set of at most 64 channel indices, ascending (`Copy`, so [`StepParams`] stays plain data).
@@ -125,6 +128,38 @@ impl ChannelSubset {
     pub fn indices(&self) -> Vec<i64> {
         (0..64).filter(|c| self.0 >> c & 1 == 1).collect()
     }
+}
+
+/// The channels `idx` of each crop (`[B, C, H, W]` → `[B, |idx|, H, W]`).
+fn select_channels(crops: &[Tensor], idx: &[i64]) -> Vec<Tensor> {
+    let index = Tensor::from_slice(idx).to_device(crops[0].device());
+    crops.iter().map(|c| c.index_select(1, &index)).collect()
+}
+
+/// The student's patch masks (`[I, k·N]`, channel-major over its channels `student`) laid
+/// out over the teacher's channels `teacher` (a superset, ascending): the same positions
+/// masked in the student's channels, none in the others. The masked tokens come in the same
+/// row-major order on both sides, so the teacher's targets line up with the student's
+/// predictions.
+fn masks_among(masks: &Tensor, student: &[i64], teacher: &[i64]) -> Tensor {
+    let (images, k) = (masks.size()[0], student.len() as i64);
+    let per_channel = masks.reshape([images, k, -1]);
+    let positions: Vec<i64> = student
+        .iter()
+        .map(|c| {
+            teacher
+                .iter()
+                .position(|t| t == c)
+                .expect("the teacher sees every channel of the student") as i64
+        })
+        .collect();
+    let index = Tensor::from_slice(&positions).to_device(masks.device());
+    per_channel
+        .zeros_like()
+        .narrow(1, 0, 1)
+        .repeat([1, teacher.len() as i64, 1])
+        .index_copy(1, &index, &per_channel)
+        .flatten(1, 2)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -229,19 +264,30 @@ impl Learner {
         iteration: usize,
         strategy: &mut dyn StepHooks,
     ) -> Result<StepOutput, StepError> {
-        // Channel tokens: the step's channel subset, for the teacher and every crop alike.
+        // Channel tokens: the step's channel subset, for every crop and (unless
+        // `train.teacher_channels: all` gives it more) the teacher.
         let subset = p.channels.map(|c| c.indices());
+        let teacher_subset = match (p.channels, p.teacher_channels) {
+            (Some(student), Some(teacher)) if student != teacher => Some(teacher.indices()),
+            _ => None,
+        };
+        let teacher_crops: Option<Vec<Tensor>> = teacher_subset
+            .as_deref()
+            .map(|idx| select_channels(&crops[..2], idx));
         let selected: Vec<Tensor>;
         let crops = match &subset {
             Some(idx) => {
-                let index = Tensor::from_slice(idx).to_device(crops[0].device());
-                selected = crops.iter().map(|c| c.index_select(1, &index)).collect();
+                selected = select_channels(crops, idx);
                 &selected[..]
             }
             None => crops,
         };
         let channels = subset.as_deref();
         let masks = self.masks(crops, p, strategy.collective().rank());
+        let teacher_masks = match (&masks, &teacher_subset) {
+            (Some(m), Some(t)) => Some(masks_among(m, channels.unwrap_or(&[]), t)),
+            _ => None,
+        };
         // DiChaViT's terms read the student's channel patch embedding and the step's channels
         // (every channel when the step draws no subset).
         let every: Vec<i64> = match subset {
@@ -266,7 +312,10 @@ impl Learner {
             tokens,
         };
         strategy.before_teacher()?;
-        let teacher = self.teacher_forward(crops, channels, ctx.masks);
+        let teacher = match (&teacher_crops, &teacher_subset) {
+            (Some(c), Some(t)) => self.teacher_forward(c, Some(t), teacher_masks.as_ref()),
+            _ => self.teacher_forward(crops, channels, ctx.masks),
+        };
         self.terms.targets(&teacher, &ctx, strategy.collective())?;
         strategy.before_student()?;
         let loss = self.student_loss(crops, channels, &teacher, &ctx);

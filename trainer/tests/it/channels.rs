@@ -303,6 +303,55 @@ fn checkpoints_refuse_what_they_cannot_embed() {
     assert!(e.contains("channel c was never seen"), "{e}");
 }
 
+/// `train.teacher_channels: all` reaches the run's steps: the same seed and data trained with
+/// the teacher on every channel ends at other weights than with the teacher on the step's
+/// subset (the student's draws are the same), and both checkpoints embed every combination.
+#[test]
+fn an_all_channel_teacher_changes_what_tokens_trains() {
+    let (_rng, dir) = setup();
+    let weights = |teacher: &str| {
+        let cfg = config(dir.path(), teacher, "tokens", "a, b, c", "\"012\", \"1\"");
+        let mut sections = cfg.sections();
+        sections.train.teacher_channels = match teacher {
+            "all" => trainer::config::TeacherChannels::All,
+            _ => trainer::config::TeacherChannels::Step,
+        };
+        let cfg = Config::from_sections(sections, "test").unwrap();
+        assert_eq!(
+            train(&cfg, &TrainOptions::default()).unwrap(),
+            TrainOutcome::Finished
+        );
+        let layout = RunLayout::new(&cfg);
+        let ck = layout.model(&cfg, &[0, 1, 2]).latest_checkpoint();
+        let ms = MeanStd::read(&layout.mean_std()).unwrap();
+        for combination in [0, 1] {
+            let set = features::extract(&cfg, combination, &ck, &ms).unwrap();
+            assert_eq!(set.features.size()[1], 192, "{teacher} {combination}");
+        }
+        let t: std::collections::HashMap<String, tch::Tensor> = tch::Tensor::read_safetensors(&ck)
+            .unwrap()
+            .into_iter()
+            .collect();
+        t
+    };
+    let (step, all) = (weights("step"), weights("all"));
+    let name = step
+        .keys()
+        .find(|k| k.contains("blocks.0.attn.qkv.weight") && k.contains("student"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no student block 0 qkv in {:?}",
+                step.keys().take(8).collect::<Vec<_>>()
+            )
+        })
+        .clone();
+    let diff = (&step[&name] - &all[&name]).abs().max().double_value(&[]);
+    assert!(
+        diff > 1e-6,
+        "{name}: the teacher's channels changed nothing ({diff})"
+    );
+}
+
 /// A checkpoint of one mode found where a run of another resumes (a folder copied or renamed
 /// by hand) is refused, naming both.
 #[test]

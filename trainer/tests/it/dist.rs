@@ -391,6 +391,7 @@ fn fsdp_step_inputs(rank: usize) -> (Vec<Tensor>, trainer::train::step::StepPara
         clip_grad: 3.0,
         rng_seed: 1,
         channels: None,
+        teacher_channels: None,
     };
     (crops, p)
 }

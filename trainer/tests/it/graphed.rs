@@ -56,6 +56,7 @@ fn static_step_trains_like_the_eager_step_on_the_cpu() {
             clip_grad: 3.0,
             rng_seed: 100 + it as i64,
             channels: None,
+            teacher_channels: None,
         };
         let a = eager.step(&crops, p, it, &mut single).unwrap();
         let b = step.step(&mut graphed, &crops, p, it).unwrap();

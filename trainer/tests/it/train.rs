@@ -62,8 +62,11 @@ fn check_steps_against_pytorch_ibot(
     let masks_file = dir.path().join("masks.safetensors");
     let cfg = tiny_config()
         .edit("tokens", |s| {
-            if mode == "tokens" {
+            if mode.starts_with("tokens") {
                 s.model.channels = trainer::config::ChannelMode::Tokens;
+            }
+            if mode == "tokens_teacher_all" {
+                s.train.teacher_channels = trainer::config::TeacherChannels::All;
             }
             // The reference's loss: 2 local crops, its teacher temperature schedule, and the
             // stabilisers asked for (the learner's terms come from this config).
@@ -89,7 +92,7 @@ fn check_steps_against_pytorch_ibot(
         let masks: Vec<(String, Tensor)> = (0..steps)
             .map(|it| {
                 let seed = trainer::train::ibot::mask_seed(1000 + it as i64, 0);
-                let k = if mode == "tokens" {
+                let k = if mode.starts_with("tokens") {
                     SUBSET_SIZES[it % 6]
                 } else {
                     1
@@ -140,6 +143,9 @@ fn check_steps_against_pytorch_ibot(
         let p: Vec<f64> = Vec::<f64>::try_from(&t[&format!("in.step{it}.params")]).unwrap();
         let epoch = p[3] as usize;
         lr_sum += p[0];
+        let subset: Option<Vec<i64>> = t
+            .get(&format!("in.step{it}.channels"))
+            .map(|c| Vec::<i64>::try_from(c).unwrap());
         let params = StepParams {
             lr: p[0],
             weight_decay: p[1],
@@ -148,9 +154,17 @@ fn check_steps_against_pytorch_ibot(
             freeze_last_layer: epoch < freeze_epochs,
             clip_grad: 3.0,
             rng_seed: 1000 + it as i64,
-            channels: t.get(&format!("in.step{it}.channels")).map(|c| {
-                trainer::train::step::ChannelSubset::from_indices(&Vec::<i64>::try_from(c).unwrap())
-            }),
+            channels: subset
+                .as_deref()
+                .map(trainer::train::step::ChannelSubset::from_indices),
+            // What the run's loop asks for (`train.teacher_channels`).
+            teacher_channels: trainer::train::channels::teacher_channels(
+                &cfg,
+                subset.as_deref(),
+                4,
+                None,
+            )
+            .map(|c| trainer::train::step::ChannelSubset::from_indices(&c)),
         };
         let o = learner
             .step(&crops, params, it, &mut SingleProcess::default())
@@ -239,6 +253,16 @@ fn training_steps_with_ibot_match_pytorch() {
 #[test]
 fn channel_token_training_steps_with_ibot_match_pytorch() {
     check_steps_against_pytorch_ibot(6, 1, "tokens", 0.0, "ema", "shared");
+}
+
+/// `train.teacher_channels: all`: the student on each step's channel subset, the teacher on
+/// every channel of the global crops; six steps against the PyTorch reference, without and
+/// with iBOT (the teacher's masks are the student's at its channels, so each masked token's
+/// target is the teacher's token of the same channel and position) and with KoLeo.
+#[test]
+fn channel_token_steps_with_an_all_channel_teacher_match_pytorch() {
+    check_steps_against_pytorch_in(6, 1, "tokens_teacher_all");
+    check_steps_against_pytorch_ibot(6, 1, "tokens_teacher_all", 0.1, "sinkhorn_knopp", "shared");
 }
 
 /// DINOv2's KoLeo (weight 0.1, its default) added to the loss: six full steps against the
@@ -475,6 +499,7 @@ fn one_step_params() -> StepParams {
         clip_grad: 3.0,
         rng_seed: 5,
         channels: None,
+        teacher_channels: None,
     }
 }
 

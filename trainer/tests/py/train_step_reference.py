@@ -1,11 +1,13 @@
 """scDINO's training iteration in PyTorch (main_dino.py train_one_epoch + utils), as the oracle
 for the Rust step: K iterations from one initialisation on given crops and schedule values.
 
-usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens] [KOLEO_WEIGHT] [ema|sinkhorn_knopp] [none|shared|separate MASKS.safetensors]
+usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens|tokens_teacher_all] [KOLEO_WEIGHT] [ema|sinkhorn_knopp] [none|shared|separate MASKS.safetensors]
 Writes OUT (inputs, per-step losses, final weights) and OUT.init.safetensors (initial student).
 With `tokens` the backbones are ChannelViT (channel_reference.py) and step i trains on the
 channel subset SUBSETS[i] of the crops (as hierarchical channel sampling would draw it), for
-the teacher and every crop alike. A KOLEO_WEIGHT above 0 adds DINOv2's KoLeo loss
+the teacher and every crop alike; `tokens_teacher_all` shows the teacher every channel of
+the global crops instead (`train.teacher_channels: all`), its masks (with iBOT) the student's
+at the student's channels and none at the others. A KOLEO_WEIGHT above 0 adds DINOv2's KoLeo loss
 (koleo_reference.py) of the student's backbone CLS on each global crop, times that weight;
 `sinkhorn_knopp` takes DINOv2's Sinkhorn-Knopp targets (sinkhorn_reference.py) instead
 of the EMA-centred softmax, and leaves the centre alone, as DINOv2 does.
@@ -48,7 +50,7 @@ OUT_DIM, B, C = 256, 3, 4
 
 
 def net(drop):
-    backbone = ChannelVisionTransformer if mode == "tokens" else VisionTransformer
+    backbone = ChannelVisionTransformer if mode.startswith("tokens") else VisionTransformer
     if ibot != "none":
         vit = backbone("vit_tiny", 16, C, drop_path_rate=drop, mask_token=True)
     else:
@@ -152,16 +154,27 @@ for it in range(steps):
         g["lr"] = lr
         if i == 0:
             g["weight_decay"] = wd
-    if mode == "tokens":
+    teacher_crops = crops[:2]
+    if mode.startswith("tokens"):
         ch = SUBSETS[it % len(SUBSETS)]
         tensors[f"in.step{it}.channels"] = torch.tensor(ch, dtype=torch.int64)
         crops = [c[:, ch] for c in crops]
         student.backbone.channels = teacher.backbone.channels = ch
+        if mode == "tokens_teacher_all":
+            teacher.backbone.channels = list(range(C))
+        else:
+            teacher_crops = crops[:2]
     torch.manual_seed(1000 + it)
     if ibot != "none":
         masks = MASKS[f"step{it}"].bool()  # tokens: already [2B, k·N], channel-major
+        teacher_masks = masks
+        if mode == "tokens_teacher_all":
+            per_channel = masks.reshape(2 * B, len(ch), -1)
+            teacher_masks = torch.zeros(2 * B, C, per_channel.shape[2], dtype=torch.bool)
+            teacher_masks[:, ch] = per_channel
+            teacher_masks = teacher_masks.flatten(1)
         with torch.no_grad():
-            teacher_output, _, t_patch = ibot_forward(teacher, crops[:2], masks, False)
+            teacher_output, _, t_patch = ibot_forward(teacher, teacher_crops, teacher_masks, False)
         student_output, cls, s_patch = ibot_forward(student, crops, masks, True)
         temp = temps[epoch]
         if centering == "sinkhorn_knopp":
@@ -175,14 +188,14 @@ for it in range(steps):
         if koleo_weight > 0:
             loss = loss + koleo_weight * sum(KoLeoLoss()(c) for c in cls[: 2 * B].chunk(2))
     elif koleo_weight > 0:
-        teacher_output = teacher(crops[:2])
+        teacher_output = teacher(teacher_crops)
         # DINOv2 (ssl_meta_arch.py): weight × Σ over the global crops of KoLeo(CLS).
         student.return_backbone = True
         student_output, cls = student(crops)
         loss = loss_fn(student_output, teacher_output, epoch)
         loss = loss + koleo_weight * sum(KoLeoLoss()(c) for c in cls[: 2 * B].chunk(2))
     else:
-        teacher_output = teacher(crops[:2])
+        teacher_output = teacher(teacher_crops)
         student_output = student(crops)
         loss = loss_fn(student_output, teacher_output, epoch)
     opt.zero_grad()

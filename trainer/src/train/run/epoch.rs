@@ -6,7 +6,7 @@ use super::batches::PreparedBatch;
 use super::resume::Position;
 use super::{TrainError, TrainOutcome, TrainingRun};
 use crate::checkpoint::EpochTotals;
-use crate::train::channels::step_channels;
+use crate::train::channels::{step_channels, teacher_channels};
 use crate::train::collapse::TeacherSnapshot;
 use crate::train::loss::DinoTerm;
 use crate::train::step::{ChannelSubset, StepOutput, StepParams};
@@ -114,6 +114,14 @@ impl TrainingRun<'_> {
     fn step_params(&self, iteration: usize, among: Option<&[usize]>) -> StepParams {
         let (cfg, epoch) = (self.cfg, self.at.epoch);
         let at = iteration.min(self.sched.lr.len() - 1);
+        let channels = step_channels(
+            cfg,
+            iteration,
+            self.channels.len(),
+            &self.learner.nets.student.backbone,
+            among,
+        );
+        let teacher = teacher_channels(cfg, channels.as_deref(), self.channels.len(), among);
         StepParams {
             lr: self.sched.lr[at],
             weight_decay: self.sched.weight_decay[at],
@@ -122,14 +130,8 @@ impl TrainingRun<'_> {
             freeze_last_layer: epoch < cfg.train.freeze_last_layer,
             clip_grad: cfg.train.clip_grad,
             rng_seed: step_seed(cfg.run.seed, iteration),
-            channels: step_channels(
-                cfg,
-                iteration,
-                self.channels.len(),
-                &self.learner.nets.student.backbone,
-                among,
-            )
-            .map(|c| ChannelSubset::from_indices(&c)),
+            channels: channels.map(|c| ChannelSubset::from_indices(&c)),
+            teacher_channels: teacher.map(|c| ChannelSubset::from_indices(&c)),
         }
     }
 
