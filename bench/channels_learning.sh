@@ -151,6 +151,15 @@ for seed in $SEEDS; do
     config "$seed" "$run" >"$y"
     grep -q "missing_channels: zeros" "$y" || [[ $run != fixed_zeros ]] ||
       { echo "configs/digits.yaml has no downstream.features section to add missing_channels to" >&2; exit 1; }
+    # The matched runs' seds must have found what they change (a base config with another
+    # warm-up would otherwise train with its own, silently).
+    if [[ $run == tokens_matched || $run == tokens_teacher_all ]]; then
+      nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1))
+      grep -q "^  warmup_epochs: $nch\$" "$y" && grep -q "^  epochs: $((EPOCHS * nch))\$" "$y" ||
+        { echo "$y: configs/small-data.yaml no longer has the warm-up (1 epoch) or epochs the matched runs multiply" >&2; exit 1; }
+      [[ $run != tokens_teacher_all ]] || grep -q "^  teacher_channels: all\$" "$y" ||
+        { echo "$y: no train section to add teacher_channels to" >&2; exit 1; }
+    fi
     "$TRAINER" config check "$y" >/dev/null
     case $run in
       fixed)
