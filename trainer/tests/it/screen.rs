@@ -527,8 +527,10 @@ fn the_sites_order_reads_each_site_once_per_epoch() {
 /// An object table of a plate has many rows and many feature columns, of which a screen
 /// reads four: 140,000 objects with 40 feature columns (NaNs among them), written by pandas
 /// as `.csv.gz` and by pyarrow as Parquet in row groups of 100,000 (so the streamed reader
-/// crosses both a chunk and a row group), list exactly the cells pandas lists. An object
-/// listed twice is named by its second row and its first.
+/// crosses both a chunk and a row group), list exactly the cells pandas lists, also from a
+/// bucket; the Parquet table damaged in the bucket (cut short, or a page header overwritten
+/// in the second row group) is an error naming its URL. An object listed twice is named by
+/// its second row and its first.
 #[test]
 fn large_object_tables_stream_alike_from_csv_gz_and_parquet_row_groups() {
     let dir = tempfile::tempdir().unwrap();
@@ -555,6 +557,10 @@ site = {num: i for i, num in enumerate(numbers)}
 order = sorted(zip(df["ImageNumber"], df["ObjectNumber"], df["Nuclei_Location_Center_X"], df["Nuclei_Location_Center_Y"]),
                key=lambda r: (site[r[0]], r[1]))
 json.dump([[site[a], int(b), float(c), float(e)] for a, b, c, e in order], open(f"{d}/expected.json", "w"))
+meta = pq.ParquetFile(f"{d}/store/big.parquet").metadata
+names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+chunk = meta.row_group(1).column(names.index("Nuclei_Location_Center_X"))
+open(f"{d}/x_page.txt", "w").write(str(chunk.data_page_offset if chunk.dictionary_page_offset is None else chunk.dictionary_page_offset))
 "#;
     let d = dir.path();
     std::fs::create_dir_all(d.join("store")).unwrap();
@@ -594,7 +600,31 @@ json.dump([[site[a], int(b), float(c), float(e)] for a, b, c, e in order], open(
     // The same tables in a bucket (moto, behind the logging proxy) give the same cells, read
     // in ranges, never whole: the CSV front to back in 8 MiB requests, the Parquet table its
     // footer and the four columns' chunks, a fraction of the file.
+    // Beside them, the Parquet table damaged two ways: cut short in transfer (no footer), and
+    // with the first page header of a column the screen reads overwritten in the second row
+    // group (the footer intact: the damage is met mid-stream, after 100,000 good rows).
+    let bytes = std::fs::read(d.join("store/big.parquet")).unwrap();
+    std::fs::write(d.join("store/cut.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+    let mut overwritten = bytes.clone();
+    let page: usize = std::fs::read_to_string(d.join("x_page.txt"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    overwritten[page..page + 64].fill(0xA5);
+    std::fs::write(d.join("store/overwritten.parquet"), &overwritten).unwrap();
     let (_server, proxy, store) = s3_behind_proxy(&d.join("store"));
+    for table in ["cut.parquet", "overwritten.parquet"] {
+        let url = Backend::S3.url(&format!("{PREFIX}/{table}"));
+        let sec = ScreenSection {
+            objects: Some(url.clone()),
+            ..screen(Path::new(&url))
+        };
+        let mut data = screen_data(&s.load_data, &names, sec.clone());
+        data.object_store = store.clone();
+        let e = open_screen(&data, &sec).err().map(|e| e.to_string());
+        let e = e.unwrap_or_else(|| panic!("{table} from S3 was read as a table"));
+        assert!(e.contains(&url) && e.contains("Parquet"), "{table}: {e}");
+    }
     for table in ["big.csv.gz", "big.parquet"] {
         proxy.clear();
         let got = cells(&Backend::S3.url(&format!("{PREFIX}/{table}")), Some(&store));
