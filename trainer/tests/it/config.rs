@@ -144,6 +144,10 @@ fn shipped_configs_are_valid() {
     let channels = t.data.channel_names.len();
     assert_eq!(t.model.channels, trainer::config::ChannelMode::Tokens);
     assert_eq!(
+        t.downstream.features.tokens_pool,
+        trainer::config::TokensPool::ClsAndChannels
+    );
+    assert_eq!(
         (t.train.epochs, t.train.warmup_epochs),
         (10 * channels, channels * c.train.warmup_epochs)
     );
