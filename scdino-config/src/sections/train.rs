@@ -108,7 +108,8 @@ pub struct TrainSection {
     /// batch's cells hold, so the student on a subset learns to predict the teacher's view of
     /// all of them. With `step` nothing asks a subset's tokens to keep what each channel
     /// carries once another channel is in the image: on the PBMC-like cells a `step` model's
-    /// brightfield+DAPI feature fell below its DAPI-alone one (BENCHMARKS.md, run 12).
+    /// brightfield+DAPI feature fell below its DAPI-alone one (BENCHMARKS.md, run 12). `all`
+    /// did not change that (run 13, three seeds): it stays off by default, for experiments.
     pub teacher_channels: TeacherChannels,
 }
 
