@@ -149,3 +149,34 @@ pub fn teacher_channels(
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::teacher_channels;
+    use crate::config::Config;
+
+    fn tokens(teacher: &str) -> Config {
+        Config::from_yaml(
+            &format!("data:\n  channel_names: [a, b, c, d]\n  channel_combinations: [\"0123\"]\nmodel:\n  channels: tokens\ntrain:\n  teacher_channels: {teacher}\n"),
+            "t.yaml",
+        )
+        .unwrap()
+    }
+
+    /// `all` gives every channel, or the batch's own ones when its cells bring them; `step`
+    /// and a step without a subset leave the teacher on the student's channels.
+    #[test]
+    fn the_teacher_sees_the_batch_channels_only_with_all() {
+        let all = tokens("all");
+        assert_eq!(
+            teacher_channels(&all, Some(&[1]), 4, None),
+            Some(vec![0, 1, 2, 3])
+        );
+        assert_eq!(
+            teacher_channels(&all, Some(&[3]), 4, Some(&[1, 3])),
+            Some(vec![1, 3])
+        );
+        assert_eq!(teacher_channels(&all, None, 4, None), None);
+        assert_eq!(teacher_channels(&tokens("step"), Some(&[1]), 4, None), None);
+    }
+}

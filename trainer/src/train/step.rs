@@ -130,8 +130,12 @@ impl ChannelSubset {
     }
 }
 
-/// The channels `idx` of each crop (`[B, C, H, W]` → `[B, |idx|, H, W]`).
+/// The channels `idx` (ascending) of each crop (`[B, C, H, W]` → `[B, |idx|, H, W]`); the
+/// crops themselves, not a copy, when `idx` is every channel (an all-channel teacher).
 fn select_channels(crops: &[Tensor], idx: &[i64]) -> Vec<Tensor> {
+    if idx.len() as i64 == crops[0].size()[1] {
+        return crops.iter().map(Tensor::shallow_clone).collect();
+    }
     let index = Tensor::from_slice(idx).to_device(crops[0].device());
     crops.iter().map(|c| c.index_select(1, &index)).collect()
 }
@@ -284,8 +288,8 @@ impl Learner {
         };
         let channels = subset.as_deref();
         let masks = self.masks(crops, p, strategy.collective().rank());
-        let teacher_masks = match (&masks, &teacher_subset) {
-            (Some(m), Some(t)) => Some(masks_among(m, channels.unwrap_or(&[]), t)),
+        let teacher_masks = match (&masks, channels, &teacher_subset) {
+            (Some(m), Some(student), Some(t)) => Some(masks_among(m, student, t)),
             _ => None,
         };
         // DiChaViT's terms read the student's channel patch embedding and the step's channels
