@@ -38,6 +38,10 @@
 #   tokens_teacher_all
 #               tokens_matched with train.teacher_channels: all (the teacher sees every
 #               channel, the student the step's subset; not run unless named in RUNS)
+#   tokens_separate
+#               tokens_matched with model.channel_separate_blocks: 12 (every block of vit_tiny
+#               encodes each channel's patches on its own; only the CLS and register tokens read
+#               across channels; not run unless named in RUNS)
 #   tokens_dichavit
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
@@ -98,13 +102,14 @@ config() {
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
-    tokens_mix | tokens_matched | tokens_teacher_all) mode=tokens base=small-data ;;
+    tokens_mix | tokens_matched | tokens_teacher_all | tokens_separate) mode=tokens base=small-data ;;
     # configs/dichavit.yaml says channels: tokens itself.
     tokens_dichavit) mode="" base=dichavit ;;
   esac
   local channels=""
   [[ -z $mode ]] || channels="\\n  channels: $mode"  # sed's newline
   [[ $run != tokens_mix ]] || channels+="\\n  channel_mixing_blocks: 1\\n  channel_embed_std: 1.0"
+  [[ $run != tokens_separate ]] || channels+="\\n  channel_separate_blocks: 12"
   channels+=$MODEL_EXTRA
   sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
     -e "s|dataset_dir: digits/data/Training|dataset_dir: $DATA/Training|" \
@@ -122,7 +127,7 @@ config() {
     if [[ $run == untrained ]]; then
       sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
         -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|"
-    elif [[ $run == tokens_matched || $run == tokens_teacher_all ]]; then
+    elif [[ $run == tokens_matched || $run == tokens_teacher_all || $run == tokens_separate ]]; then
       # C × the epochs and the warm-up (small-data.yaml's is one epoch), every schedule in steps
       # as bag_small's.
       local nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1)) teacher=""
@@ -153,12 +158,14 @@ for seed in $SEEDS; do
       { echo "configs/digits.yaml has no downstream.features section to add missing_channels to" >&2; exit 1; }
     # The matched runs' seds must have found what they change (a base config with another
     # warm-up would otherwise train with its own, silently).
-    if [[ $run == tokens_matched || $run == tokens_teacher_all ]]; then
+    if [[ $run == tokens_matched || $run == tokens_teacher_all || $run == tokens_separate ]]; then
       nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1))
       grep -q "^  warmup_epochs: $nch\$" "$y" && grep -q "^  epochs: $((EPOCHS * nch))\$" "$y" ||
         { echo "$y: configs/small-data.yaml no longer has the warm-up (1 epoch) or epochs the matched runs multiply" >&2; exit 1; }
       [[ $run != tokens_teacher_all ]] || grep -q "^  teacher_channels: all\$" "$y" ||
         { echo "$y: no train section to add teacher_channels to" >&2; exit 1; }
+      [[ $run != tokens_separate ]] || grep -q "^  channel_separate_blocks: 12\$" "$y" ||
+        { echo "$y: no model section to add channel_separate_blocks to" >&2; exit 1; }
     fi
     "$TRAINER" config check "$y" >/dev/null
     case $run in
@@ -197,7 +204,7 @@ out, seeds = sys.argv[1], sys.argv[2].split()
 names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
-        "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_dichavit"]
+        "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_separate", "tokens_dichavit"]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:

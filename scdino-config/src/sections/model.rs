@@ -46,11 +46,18 @@ pub struct ModelSection {
     /// first blocks to tell "a's dot on b's disk" from "b's dot on a's disk" (BENCHMARKS.md
     /// run 9: 1.0 with `channel_mixing_blocks: 1` learned the interaction task). Init only.
     pub channel_embed_std: f64,
-    /// `model.channels: tokens` only: the first N blocks attend within a position: a patch
-    /// token (channel c, patch p) attends only to the tokens (c′, p) of every channel the
-    /// input holds and to the CLS and register tokens, which attend to everything. It keeps
-    /// those blocks reading how the channels meet at each place, which plain attention at
-    /// DINO's init does not find (BENCHMARKS.md run 9). At most the depth; 0 = ChannelViT.
+    /// `model.channels: tokens` only: the first N blocks attend within a channel: a patch
+    /// token (channel c, patch p) attends only to the patch tokens (c, p′) of its own channel,
+    /// not to the CLS and register tokens (which attend to everything). Those blocks encode
+    /// each channel's patches exactly as with the channel alone, as `bag` encodes it, before
+    /// the channels meet (BENCHMARKS.md run 14). 0 = ChannelViT.
+    pub channel_separate_blocks: usize,
+    /// `model.channels: tokens` only: the N blocks after `channel_separate_blocks` attend
+    /// within a position: a patch token (channel c, patch p) attends only to the tokens
+    /// (c′, p) of every channel the input holds and to the CLS and register tokens, which
+    /// attend to everything. It keeps those blocks reading how the channels meet at each
+    /// place, which plain attention at DINO's init does not find (BENCHMARKS.md run 9).
+    /// With `channel_separate_blocks` at most the depth; 0 = ChannelViT.
     pub channel_mixing_blocks: usize,
     /// Start training from pretrained weights (once, when a run starts; a resumed run
     /// continues from its own checkpoint).
@@ -185,6 +192,7 @@ impl Default for ModelSection {
             pos_embed: PosEmbed::Dino,
             img_size: None,
             channel_embed_std: Self::DEFAULT_CHANNEL_EMBED_STD,
+            channel_separate_blocks: 0,
             channel_mixing_blocks: 0,
             init: ModelInit::default(),
             dichavit: crate::DiChaViTSection::default(),

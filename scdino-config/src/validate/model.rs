@@ -74,11 +74,38 @@ impl ModelSection {
             ),
         )?;
         v.check(
-            self.channel_mixing_blocks <= self.arch.depth(),
+            tokens || self.channel_separate_blocks == 0,
+            "model.channel_separate_blocks",
+            &format!(
+                "restricts the attention of per-channel tokens to their own channel: it needs model.channels: tokens (this run has {}); remove the key",
+                self.channels.name()
+            ),
+        )?;
+        for (key, n) in [
+            (
+                "model.channel_separate_blocks",
+                self.channel_separate_blocks,
+            ),
+            ("model.channel_mixing_blocks", self.channel_mixing_blocks),
+        ] {
+            v.check(
+                n <= self.arch.depth(),
+                key,
+                &format!(
+                    "is {n} but {} has {} blocks",
+                    self.arch.name(),
+                    self.arch.depth()
+                ),
+            )?;
+        }
+        v.check(
+            self.channel_separate_blocks + self.channel_mixing_blocks <= self.arch.depth(),
             "model.channel_mixing_blocks",
             &format!(
-                "is {} but {} has {} blocks",
+                "is {} after {} model.channel_separate_blocks, {} blocks in all, but {} has {}",
                 self.channel_mixing_blocks,
+                self.channel_separate_blocks,
+                self.channel_separate_blocks + self.channel_mixing_blocks,
                 self.arch.name(),
                 self.arch.depth()
             ),
@@ -202,5 +229,53 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("channel_mixing_blocks"), "{e}");
+    }
+
+    /// `channel_separate_blocks` is read and written back, needs `tokens`, and with the mixing
+    /// blocks after it fits the depth: refused naming the key and both counts otherwise.
+    #[test]
+    fn channel_separate_blocks_need_tokens_and_fit_the_depth() {
+        let c = Config::from_yaml(
+            &format!("{TOKENS}  channel_separate_blocks: 6\n  channel_mixing_blocks: 6\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.model.channel_separate_blocks,
+                c.model.channel_mixing_blocks
+            ),
+            (6, 6)
+        );
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        assert_eq!(
+            Config::from_yaml(TOKENS, "t")
+                .unwrap()
+                .model
+                .channel_separate_blocks,
+            0
+        );
+        for mode in ["fixed", "bag"] {
+            let (k, msg) = refused(&format!(
+                "{}  channel_separate_blocks: 2\n",
+                TOKENS.replace("tokens", mode)
+            ));
+            assert_eq!(k, "model.channel_separate_blocks");
+            assert!(
+                msg.contains("model.channels: tokens") && msg.contains(mode),
+                "{msg}"
+            );
+        }
+        let (k, msg) = refused(&format!("{TOKENS}  channel_separate_blocks: 13\n"));
+        assert_eq!(k, "model.channel_separate_blocks");
+        assert!(msg.contains("13") && msg.contains("12 blocks"), "{msg}");
+        let (k, msg) = refused(&format!(
+            "{TOKENS}  channel_separate_blocks: 8\n  channel_mixing_blocks: 5\n"
+        ));
+        assert_eq!(k, "model.channel_mixing_blocks");
+        assert!(
+            msg.contains("13 blocks in all") && msg.contains("has 12"),
+            "{msg}"
+        );
     }
 }

@@ -28,8 +28,9 @@ pub struct ModelRecord {
     /// The resolution of the position grid (`model.img_size`; absent from the fingerprints of
     /// runs at the default grid, and of every run before the key existed: 224).
     pub img_size: usize,
-    /// `model.channel_mixing_blocks` of a `tokens` run (absent from the fingerprints of runs
-    /// without: 0).
+    /// `model.channel_separate_blocks` and `model.channel_mixing_blocks` of a `tokens` run
+    /// (absent from the fingerprints of runs without: 0).
+    pub channel_separate_blocks: usize,
     pub channel_mixing_blocks: usize,
     /// The exact network when the source is a timm folder (its sizes need not be one of
     /// our presets, and it may have LayerScale or no class position); None: the preset.
@@ -77,6 +78,15 @@ impl ModelRecord {
             .ok_or_else(|| field("channel_names"))?;
         let mode = channels::read_record(v.get(channels::RECORD_KEY))
             .map_err(|_| field(channels::RECORD_KEY))?;
+        // A count of restricted blocks: absent is 0, more than the depth is malformed.
+        let blocks = |k: &str| match v.get(k) {
+            None => Ok(0),
+            Some(n) => n
+                .as_u64()
+                .filter(|&n| n as usize <= arch.depth())
+                .map(|n| n as usize)
+                .ok_or_else(|| field(k)),
+        };
         let num_register_tokens = match v.get("num_register_tokens") {
             None => 0,
             Some(r) => r.as_u64().ok_or_else(|| field("num_register_tokens"))? as usize,
@@ -99,14 +109,8 @@ impl ModelRecord {
                     .filter(|&s| s as usize >= patch_size)
                     .ok_or_else(|| field("img_size"))? as usize,
             },
-            channel_mixing_blocks: match v.get("channel_mixing_blocks") {
-                None => 0,
-                Some(n) => {
-                    n.as_u64()
-                        .filter(|&n| n as usize <= arch.depth())
-                        .ok_or_else(|| field("channel_mixing_blocks"))? as usize
-                }
-            },
+            channel_separate_blocks: blocks("channel_separate_blocks")?,
+            channel_mixing_blocks: blocks("channel_mixing_blocks")?,
             layout: None,
         })
     }
@@ -124,6 +128,7 @@ impl ModelRecord {
             layer_scale: self.layer_scale,
             pos_embed: self.pos_embed,
             img_size: Some(self.img_size),
+            channel_separate_blocks: self.channel_separate_blocks,
             channel_mixing_blocks: self.channel_mixing_blocks,
             ..ModelSection::default()
         };
@@ -136,10 +141,14 @@ impl ModelRecord {
             0 => String::new(),
             r => format!(", {r} register tokens"),
         };
-        let mixing = match self.channel_mixing_blocks {
-            0 => String::new(),
-            n => format!(", model.channel_mixing_blocks: {n}"),
-        };
+        let mixing = [
+            ("channel_separate_blocks", self.channel_separate_blocks),
+            ("channel_mixing_blocks", self.channel_mixing_blocks),
+        ]
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(key, n)| format!(", model.{key}: {n}"))
+        .collect::<String>();
         format!(
             "{}, patch {}, {} channels ({}), model.channels: {}{registers}{mixing}",
             arch_name(self.arch),
@@ -466,6 +475,7 @@ impl Source {
             layer_scale: cfg.layer_scale,
             pos_embed: PosEmbed::Dino,
             img_size: cfg.img_size as usize,
+            channel_separate_blocks: 0,
             channel_mixing_blocks: 0,
             layout: Some(cfg),
         };

@@ -119,18 +119,31 @@ fn save_wrapped(traced: &CModule, source: &str, out: &Path) -> Result<(), Export
 /// Writes `model.pt` and `config.json` (what the module takes and gives); returns the
 /// model card's loading section.
 pub fn write(src: &Source, staging: &Staging) -> Result<String, ExportError> {
-    // The mask of the channel-mixing blocks is built in the forward from the input's shape
-    // on the input's device; a trace would bake it as a constant on the tracing device, and
-    // the module is meant to follow `map_location` wherever it is loaded.
-    if src.model.channel_mixing_blocks > 0 {
-        return Err(ExportError::Unsupported {
-            path: src.path.clone(),
-            format: "torchscript",
-            why: format!(
-                "its first {} block(s) attend within a position (model.channel_mixing_blocks), and a trace would fix that attention mask on the tracing device; use `trainer embed` or `trainer features` with the checkpoint",
-                src.model.channel_mixing_blocks
-            ),
-        });
+    // The masks of the channel-separate and channel-mixing blocks are built in the forward
+    // from the input's shape on the input's device; a trace would bake them as constants on
+    // the tracing device, and the module is meant to follow `map_location` wherever it is
+    // loaded.
+    for (key, n, within) in [
+        (
+            "model.channel_separate_blocks",
+            src.model.channel_separate_blocks,
+            "a channel",
+        ),
+        (
+            "model.channel_mixing_blocks",
+            src.model.channel_mixing_blocks,
+            "a position",
+        ),
+    ] {
+        if n > 0 {
+            return Err(ExportError::Unsupported {
+                path: src.path.clone(),
+                format: "torchscript",
+                why: format!(
+                    "{n} of its blocks attend within {within} ({key}), and a trace would fix that attention mask on the tracing device; use `trainer embed` or `trainer features` with the checkpoint"
+                ),
+            });
+        }
     }
     let traced = trace(src)?;
     save_wrapped(&traced, &checked_forward(src), &staging.path(FILE))?;

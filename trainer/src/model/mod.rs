@@ -59,7 +59,8 @@ pub fn configs_for(cfg: &Config, in_chans: usize, student: bool) -> (VitConfig, 
 
 /// `vit` with the configured LayerScale and position-embedding layout (`model.layer_scale`,
 /// `model.pos_embed`, `model.img_size`'s grid) and the channel tokens' embedding scale and
-/// mixing blocks (`model.channel_embed_std`, `model.channel_mixing_blocks`; validation
+/// separate and mixing blocks (`model.channel_embed_std`, `model.channel_separate_blocks`,
+/// `model.channel_mixing_blocks`; validation
 /// allows them off their defaults with `tokens` only, and the ViT reads them only then).
 pub fn with_layout(vit: VitConfig, m: &ModelSection) -> VitConfig {
     let (no_embed_class, pos_resample) = match m.pos_embed {
@@ -73,6 +74,7 @@ pub fn with_layout(vit: VitConfig, m: &ModelSection) -> VitConfig {
         no_embed_class,
         pos_resample,
         channel_embed_std: m.channel_embed_std,
+        channel_separate_blocks: m.channel_separate_blocks as i64,
         channel_mixing_blocks: m.channel_mixing_blocks as i64,
         ..vit
     }

@@ -338,6 +338,7 @@ pub fn layout(
         no_embed_class,
         pos_resample: PosResample::Timm,
         channel_embed_std: 0.02,
+        channel_separate_blocks: 0,
         channel_mixing_blocks: 0,
     };
     check_args(&cfg, &args, config_path)?;

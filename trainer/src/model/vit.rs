@@ -47,8 +47,11 @@ pub struct VitConfig {
     /// Channel tokens: the standard deviation the channel embeddings start at
     /// (`model.channel_embed_std`; init only).
     pub channel_embed_std: f64,
-    /// Channel tokens: the first N blocks attend within a position
-    /// (`model.channel_mixing_blocks`, see [`VisionTransformer::mixing_mask`]).
+    /// Channel tokens: the first N blocks attend within a channel
+    /// (`model.channel_separate_blocks`, see [`VisionTransformer::block_masks`]).
+    pub channel_separate_blocks: i64,
+    /// Channel tokens: the N blocks after the separate ones attend within a position
+    /// (`model.channel_mixing_blocks`, see [`VisionTransformer::block_masks`]).
     pub channel_mixing_blocks: i64,
 }
 
@@ -77,6 +80,7 @@ impl VitConfig {
             no_embed_class: false,
             pos_resample: PosResample::Dino,
             channel_embed_std: 0.02,
+            channel_separate_blocks: 0,
             channel_mixing_blocks: 0,
         }
     }
@@ -539,6 +543,29 @@ impl std::fmt::Debug for HookSlot {
     }
 }
 
+/// The attention masks of one forward ([`VisionTransformer::block_masks`]): which blocks
+/// attend within a channel, which within a position, and the masks themselves.
+pub struct BlockMasks {
+    separate_blocks: usize,
+    mixing_blocks: usize,
+    separate: Option<Tensor>,
+    mixing: Option<Tensor>,
+}
+
+impl BlockMasks {
+    /// The mask of block `i`: within a channel for the first `channel_separate_blocks`,
+    /// within a position for the `channel_mixing_blocks` after them, None (every token) after.
+    pub fn of_block(&self, i: usize) -> Option<&Tensor> {
+        if i < self.separate_blocks {
+            self.separate.as_ref()
+        } else if i < self.separate_blocks + self.mixing_blocks {
+            self.mixing.as_ref()
+        } else {
+            None
+        }
+    }
+}
+
 /// The ViT backbone; its output is the CLS token after the final LayerNorm.
 #[derive(Debug)]
 pub struct VisionTransformer {
@@ -790,8 +817,8 @@ impl VisionTransformer {
     /// [`VisionTransformer::forward_t`] on an input holding the model's channels `channels`
     /// (channel tokens only; None: all of them, in order).
     pub fn forward_channels_t(&self, x: &Tensor, channels: Option<&[i64]>, train: bool) -> Tensor {
-        let mask = self.mixing_mask(x);
-        self.blocks_and_norm(self.prepare_tokens(x, channels), train, mask.as_ref())
+        let masks = self.block_masks(x);
+        self.blocks_and_norm(self.prepare_tokens(x, channels), train, &masks)
             .select(1, 0)
     }
 
@@ -805,23 +832,22 @@ impl VisionTransformer {
         masks: Option<&Tensor>,
         train: bool,
     ) -> (Tensor, Tensor) {
-        let mask = self.mixing_mask(x);
+        let block_masks = self.block_masks(x);
         let t = self.blocks_and_norm(
             self.prepare_tokens_with_masks(x, channels, masks),
             train,
-            mask.as_ref(),
+            &block_masks,
         );
         let skip = 1 + self.cfg.num_register_tokens;
         let n = t.size()[1];
         (t.select(1, 0), t.narrow(1, skip, n - skip))
     }
 
-    /// Every block (with the installed hooks around each), then the final norm; `mask`
-    /// ([`VisionTransformer::mixing_mask`]) restricts the attention of the first
-    /// `channel_mixing_blocks` blocks.
-    fn blocks_and_norm(&self, mut t: Tensor, train: bool, mask: Option<&Tensor>) -> Tensor {
+    /// Every block (with the installed hooks around each), then the final norm; `masks`
+    /// ([`VisionTransformer::block_masks`]) restrict the attention of the first blocks.
+    fn blocks_and_norm(&self, mut t: Tensor, train: bool, masks: &BlockMasks) -> Tensor {
         for (i, block) in self.blocks.iter().enumerate() {
-            let mask = self.block_mask(i, mask);
+            let mask = masks.of_block(i);
             match &self.hooks.0 {
                 Some(h) => {
                     h.before(i);
@@ -835,41 +861,60 @@ impl VisionTransformer {
         self.norm.forward(&t)
     }
 
-    /// The mask of block `i`: `mask` for the first `channel_mixing_blocks` blocks.
-    fn block_mask<'a>(&self, i: usize, mask: Option<&'a Tensor>) -> Option<&'a Tensor> {
-        mask.filter(|_| (i as i64) < self.cfg.channel_mixing_blocks)
-    }
-
-    /// The attention mask of the channel-mixing blocks for the input `x` (`[B, k, H, W]`), or
-    /// None when the model has none (`channel_mixing_blocks` 0, or no channel tokens):
-    /// `[L, L]` bool over the tokens `1 + R + k·n` (CLS, R registers, then the k channels'
-    /// n patches each, channel-major), true where a row may attend to a column. A patch token
-    /// (c, p) may attend to the tokens (c′, p) of every channel of the input and to the CLS
-    /// and register tokens; the CLS and register rows attend to everything. Built per forward
-    /// because k changes per step (hierarchical channel sampling) and n with the crop size.
-    pub fn mixing_mask(&self, x: &Tensor) -> Option<Tensor> {
-        if !self.cfg.channel_tokens || self.cfg.channel_mixing_blocks == 0 {
-            return None;
+    /// The attention masks of the restricted blocks for the input `x` (`[B, k, H, W]`), each
+    /// `[L, L]` bool over the tokens `1 + R + k·n` (CLS, R registers, then the k channels' n
+    /// patches each, channel-major), true where a row may attend to a column; the CLS and
+    /// register rows attend to everything. The first `channel_separate_blocks` blocks attend
+    /// within a channel: a patch token (c, p) attends only to the patch tokens (c, p′) of its
+    /// own channel, not even to the CLS and registers (which gather every channel), so those
+    /// blocks encode each channel's patches exactly as they would with the channel alone, as
+    /// `bag` encodes it (BENCHMARKS.md run 14). The next `channel_mixing_blocks` blocks attend
+    /// within a position: (c, p) attends to the tokens (c′, p) of every channel of the input
+    /// and to the CLS and registers, reading how the channels meet at each place (run 9).
+    /// Built per forward because k changes per step (hierarchical channel sampling) and n with
+    /// the crop size. Without channel tokens, or with neither key, no block is restricted.
+    pub fn block_masks(&self, x: &Tensor) -> BlockMasks {
+        let (separate, mixing) = (
+            self.cfg.channel_separate_blocks,
+            self.cfg.channel_mixing_blocks,
+        );
+        let mut masks = BlockMasks {
+            separate_blocks: separate as usize,
+            mixing_blocks: mixing as usize,
+            separate: None,
+            mixing: None,
+        };
+        if !self.cfg.channel_tokens || separate + mixing == 0 {
+            return masks;
         }
         let (_, k, h, w) = x.size4().expect("images are [B, C, H, W]");
         let p = self.cfg.patch_size;
         let n = (h / p) * (w / p);
         let special = 1 + self.cfg.num_register_tokens;
         let opts = (Kind::Int64, x.device());
-        // Each token's patch index; −1 for the CLS and register tokens.
-        let place = Tensor::cat(
-            &[
-                Tensor::full([special], -1, opts),
-                Tensor::arange(n, opts).repeat([k]),
-            ],
-            0,
-        );
-        let same = place.unsqueeze(1).eq_tensor(&place.unsqueeze(0));
-        let free = place.lt(0);
-        Some(
-            same.logical_or(&free.unsqueeze(0))
-                .logical_or(&free.unsqueeze(1)),
-        )
+        // Each token's channel slot or patch index; −1 for the CLS and register tokens, whose
+        // rows attend to everything (and, if `patches_see_special`, whose columns every row
+        // sees).
+        let free = Tensor::full([special], -1, opts);
+        let restricted = |label: Tensor, patches_see_special: bool| {
+            let label = Tensor::cat(&[&free, &label], 0);
+            let same = label.unsqueeze(1).eq_tensor(&label.unsqueeze(0));
+            let free = label.lt(0);
+            let mask = same.logical_or(&free.unsqueeze(1));
+            if patches_see_special {
+                mask.logical_or(&free.unsqueeze(0))
+            } else {
+                mask
+            }
+        };
+        if separate > 0 {
+            let channel = Tensor::arange(k, opts).repeat_interleave_self_int(n, 0, None);
+            masks.separate = Some(restricted(channel, false));
+        }
+        if mixing > 0 {
+            masks.mixing = Some(restricted(Tensor::arange(n, opts).repeat([k]), true));
+        }
+        masks
     }
 
     /// The last block's softmax attention over the CLS and patch tokens, `[B, heads, N, N]`
@@ -884,15 +929,15 @@ impl VisionTransformer {
     /// `channels` (channel tokens: the tokens after the CLS are channel-major).
     pub fn last_selfattention_channels(&self, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
         let mut t = self.prepare_tokens(x, channels);
-        let mask = self.mixing_mask(x);
+        let masks = self.block_masks(x);
         let (last, rest) = self
             .blocks
             .split_last()
             .expect("a ViT has at least one block");
         for (i, block) in rest.iter().enumerate() {
-            t = block.forward_t(&t, false, self.block_mask(i, mask.as_ref()));
+            t = block.forward_t(&t, false, masks.of_block(i));
         }
-        let last_mask = self.block_mask(rest.len(), mask.as_ref());
+        let last_mask = masks.of_block(rest.len());
         let attn = last
             .attn
             .attention_weights(&last.norm1.forward(&t), last_mask);

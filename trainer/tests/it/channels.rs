@@ -379,20 +379,22 @@ fn resume_refuses_another_channel_mode() {
     );
 }
 
-/// A `tokens` checkpoint trained with `model.channel_mixing_blocks: 1` records it in its
-/// fingerprint, so a run of the same name without the mask refuses to resume from it, naming
-/// the key (the weights would compute something else without the mask).
+/// A `tokens` checkpoint trained with `model.channel_separate_blocks: 2` and
+/// `model.channel_mixing_blocks: 1` records both in its fingerprint, so a run of the same
+/// name without either mask refuses to resume from it, naming the key (the weights would
+/// compute something else without the mask).
 #[test]
-fn resume_refuses_other_channel_mixing_blocks() {
+fn resume_refuses_other_channel_separate_and_mixing_blocks() {
     let (_rng, dir) = setup();
-    let mixing = |n: usize| {
+    let blocks = |separate: usize, mixing: usize| {
         let cfg = config(dir.path(), "s", "tokens", "a, b, c", "\"012\"");
         let mut sections = cfg.sections();
-        sections.model.channel_mixing_blocks = n;
+        sections.model.channel_separate_blocks = separate;
+        sections.model.channel_mixing_blocks = mixing;
         sections.model.channel_embed_std = 1.0;
         Config::from_sections(sections, "test").unwrap()
     };
-    let cfg = mixing(1);
+    let cfg = blocks(2, 1);
     train(&cfg, &TrainOptions::default()).unwrap();
     // What export and `model.init: {format: run}` read back from the checkpoint.
     let ck = RunLayout::new(&cfg)
@@ -400,12 +402,26 @@ fn resume_refuses_other_channel_mixing_blocks() {
         .latest_checkpoint();
     let meta = trainer::checkpoint::read_meta(&ck).unwrap();
     let record = trainer::export::ModelRecord::from_fingerprint(&meta.fingerprint, &ck).unwrap();
-    assert_eq!(record.vit_config().channel_mixing_blocks, 1);
-    assert!(record.describe().contains("channel_mixing_blocks: 1"));
-    let e = train(&mixing(0), &TrainOptions::default()).err().unwrap();
-    let text = e.to_string();
-    assert!(matches!(e, TrainError::Resume { .. }), "{text}");
-    assert!(text.contains("\"channel_mixing_blocks\":1"), "{text}");
+    let vit = record.vit_config();
+    assert_eq!(
+        (vit.channel_separate_blocks, vit.channel_mixing_blocks),
+        (2, 1)
+    );
+    let described = record.describe();
+    assert!(
+        described.contains("channel_separate_blocks: 2")
+            && described.contains("channel_mixing_blocks: 1"),
+        "{described}"
+    );
+    for (other, key) in [
+        (blocks(0, 1), "\"channel_separate_blocks\":2"),
+        (blocks(2, 0), "\"channel_mixing_blocks\":1"),
+    ] {
+        let e = train(&other, &TrainOptions::default()).err().unwrap();
+        let text = e.to_string();
+        assert!(matches!(e, TrainError::Resume { .. }), "{text}");
+        assert!(text.contains(key), "{text}");
+    }
 }
 
 /// `trainer pipeline` with one `tokens` model: trained once, every combination analysed from

@@ -22,15 +22,17 @@ fn checkpoint(
     mode: ChannelMode,
     registers: usize,
 ) -> (PathBuf, nn::VarStore, VisionTransformer) {
-    checkpoint_mixing(dir, mode, registers, 0)
+    checkpoint_blocks(dir, mode, registers, 0, 0)
 }
 
-/// [`checkpoint`] of a model whose first `mixing` blocks attend within a position
-/// (`model.channel_mixing_blocks`, `tokens` only), recorded in its fingerprint.
-fn checkpoint_mixing(
+/// [`checkpoint`] of a model whose first `separate` blocks attend within a channel and the
+/// `mixing` blocks after them within a position (`model.channel_separate_blocks`,
+/// `model.channel_mixing_blocks`, `tokens` only), recorded in its fingerprint.
+fn checkpoint_blocks(
     dir: &Path,
     mode: ChannelMode,
     registers: usize,
+    separate: i64,
     mixing: i64,
 ) -> (PathBuf, nn::VarStore, VisionTransformer) {
     let _rng = torch_rng_lock();
@@ -43,6 +45,7 @@ fn checkpoint_mixing(
     }
     .with_registers(registers);
     let cfg = VitConfig {
+        channel_separate_blocks: separate,
         channel_mixing_blocks: mixing,
         ..cfg
     };
@@ -73,6 +76,9 @@ fn checkpoint_mixing(
     }
     if registers > 0 {
         fp["num_register_tokens"] = registers.into();
+    }
+    if separate > 0 {
+        fp["channel_separate_blocks"] = separate.into();
     }
     if mixing > 0 {
         fp["channel_mixing_blocks"] = mixing.into();
@@ -274,23 +280,29 @@ fn export_student_differs_from_teacher() {
     assert!(card.contains("student backbone"), "{card}");
 }
 
-/// A `tokens` model with channel-mixing blocks is refused by both formats, naming why (timm's
-/// ViT has no per-channel tokens; a trace would fix the mask on the tracing device), and no
-/// folder is left behind.
+/// A `tokens` model with channel-separate or channel-mixing blocks is refused by both
+/// formats, naming why (timm's ViT has no per-channel tokens; a trace would fix the mask on
+/// the tracing device), and no folder is left behind.
 #[test]
-fn export_refuses_channel_mixing_blocks() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ckpt, _vs, _vit) = checkpoint_mixing(dir.path(), ChannelMode::Tokens, 2, 1);
-    for (format, why) in [
-        (Format::Torchscript, "model.channel_mixing_blocks"),
-        (Format::Timm, "channel-adaptive"),
+fn export_refuses_channel_separate_and_mixing_blocks() {
+    for (separate, mixing, key) in [
+        (0, 1, "model.channel_mixing_blocks"),
+        (2, 0, "model.channel_separate_blocks"),
     ] {
-        let out = dir.path().join(format.name());
-        let e = export(&request(&ckpt, format, &out)).unwrap_err();
-        let text = e.to_string();
-        assert!(matches!(e, ExportError::Unsupported { .. }), "{text}");
-        assert!(text.contains(why), "{text}");
-        assert!(!out.exists(), "{}", out.display());
+        let dir = tempfile::tempdir().unwrap();
+        let (ckpt, _vs, _vit) =
+            checkpoint_blocks(dir.path(), ChannelMode::Tokens, 2, separate, mixing);
+        for (format, why) in [
+            (Format::Torchscript, key),
+            (Format::Timm, "channel-adaptive"),
+        ] {
+            let out = dir.path().join(format.name());
+            let e = export(&request(&ckpt, format, &out)).unwrap_err();
+            let text = e.to_string();
+            assert!(matches!(e, ExportError::Unsupported { .. }), "{text}");
+            assert!(text.contains(why), "{text}");
+            assert!(!out.exists(), "{}", out.display());
+        }
     }
 }
 

@@ -408,14 +408,16 @@ fn channel_adaptive_backbones_match_pytorch() {
     }
 }
 
-/// `model.channel_mixing_blocks` against the PyTorch reference (tests/py/channel_reference.py,
-/// whose mask is written token by token from the definition) on the same weights, in float64:
-/// the CLS output and every parameter's gradient of sum(CLS · w), on 2 and 3 of 4 channels,
-/// with one mixing block, and with two blocks and two register tokens; with every block
-/// mixing, the last attention (masked as the blocks are). The same weights without the mask
-/// give another output, so the comparison sees the mask.
+/// `model.channel_mixing_blocks` and `model.channel_separate_blocks` against the PyTorch
+/// reference (tests/py/channel_reference.py, whose masks are written token by token from the
+/// definitions) on the same weights, in float64: the CLS output and every parameter's
+/// gradient of sum(CLS · w), on 2 and 3 of 4 channels, with one mixing block, with two mixing
+/// blocks and two register tokens, and with two separate blocks then one mixing block and two
+/// registers; with every block mixing, and every block separate, the last attention (masked
+/// as the blocks are). The same weights without the masks, or with the separate blocks read
+/// as mixing ones, give another output, so the comparison sees each mask and their order.
 #[test]
-fn channel_mixing_blocks_match_pytorch() {
+fn channel_mixing_and_separate_blocks_match_pytorch() {
     use trainer::model::VisionTransformer;
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
@@ -427,9 +429,10 @@ fn channel_mixing_blocks_match_pytorch() {
         .unwrap()
         .into_iter()
         .collect();
-    let build = |case: &str, registers: usize, mixing: i64| {
+    let build = |case: &str, registers: usize, separate: i64, mixing: i64| {
         let mut vs = nn::VarStore::new(Device::Cpu);
         let cfg = VitConfig {
+            channel_separate_blocks: separate,
             channel_mixing_blocks: mixing,
             ..VitConfig::new(Arch::VitTiny, 16, 4)
                 .with_drop_path(0.1)
@@ -448,8 +451,12 @@ fn channel_mixing_blocks_match_pytorch() {
     };
     let tol = 1e-5;
     let mut worst: f64 = 0.0;
-    for (case, registers, mixing) in [("mix1", 0, 1), ("mix2reg", 2, 2)] {
-        let (vs, vit) = build(case, registers, mixing);
+    for (case, registers, separate, mixing) in [
+        ("mix1", 0, 0, 1),
+        ("mix2reg", 2, 0, 2),
+        ("sep2mix1reg", 2, 2, 1),
+    ] {
+        let (vs, vit) = build(case, registers, separate, mixing);
         for k in ["k2", "k3"] {
             let x = &t[&format!("in.x_{k}")];
             let channels = Vec::<i64>::try_from(&t[&format!("in.channels_{k}")]).unwrap();
@@ -481,31 +488,100 @@ fn channel_mixing_blocks_match_pytorch() {
             }
         }
     }
-    // Every block mixing: the CLS and the last attention, which must apply the mask too.
-    let (_vs, vit) = build("mix1", 0, 12);
-    tch::no_grad(|| {
-        for k in ["k2", "k3"] {
-            let x = &t[&format!("in.x_{k}")];
-            let channels = Vec::<i64>::try_from(&t[&format!("in.channels_{k}")]).unwrap();
-            for (what, ours) in [
-                ("cls", vit.forward_channels_t(x, Some(&channels), false)),
-                ("attn", vit.last_selfattention_channels(x, Some(&channels))),
-            ] {
-                let err = max_abs_diff(&ours, &t[&format!("out.mixall.{what}_{k}")]);
-                assert!(
-                    err <= tol,
-                    "mixall {k} {what}: max abs error {err:e} > {tol:e}"
-                );
-                worst = worst.max(err);
+    // Every block mixing, every block separate: the CLS and the last attention, which must
+    // apply the mask too.
+    for (case, separate, mixing) in [("mixall", 0, 12), ("sepall", 12, 0)] {
+        let (_vs, vit) = build("mix1", 0, separate, mixing);
+        tch::no_grad(|| {
+            for k in ["k2", "k3"] {
+                let x = &t[&format!("in.x_{k}")];
+                let channels = Vec::<i64>::try_from(&t[&format!("in.channels_{k}")]).unwrap();
+                for (what, ours) in [
+                    ("cls", vit.forward_channels_t(x, Some(&channels), false)),
+                    ("attn", vit.last_selfattention_channels(x, Some(&channels))),
+                ] {
+                    let err = max_abs_diff(&ours, &t[&format!("out.{case}.{what}_{k}")]);
+                    assert!(
+                        err <= tol,
+                        "{case} {k} {what}: max abs error {err:e} > {tol:e}"
+                    );
+                    worst = worst.max(err);
+                }
             }
-        }
-        // Without the mask the same weights compute something else.
-        let (_vs, plain) = build("mix1", 0, 0);
+        });
+    }
+    tch::no_grad(|| {
         let channels = Vec::<i64>::try_from(&t["in.channels_k2"]).unwrap();
-        let cls = plain.forward_channels_t(&t["in.x_k2"], Some(&channels), false);
+        let x = &t["in.x_k2"];
+        // Without the mask the same weights compute something else.
+        let (_vs, plain) = build("mix1", 0, 0, 0);
+        let cls = plain.forward_channels_t(x, Some(&channels), false);
         assert!(max_abs_diff(&cls, &t["out.mix1.cls_k2"]) > 1e-3);
+        // The separate blocks' mask is not the mixing one, and it comes first.
+        for (separate, mixing) in [(0, 3), (0, 1), (1, 2)] {
+            let (_vs, other) = build("sep2mix1reg", 2, separate, mixing);
+            let cls = other.forward_channels_t(x, Some(&channels), false);
+            assert!(
+                max_abs_diff(&cls, &t["out.sep2mix1reg.cls_k2"]) > 1e-3,
+                "separate {separate}, mixing {mixing} computes what 2 then 1 does"
+            );
+        }
     });
     println!("channel mixing vs PyTorch (float64): max abs error {worst:e}");
+}
+
+/// With every block separate, a channel's patch tokens are what the model computes from that
+/// channel alone, whichever channels come with it (the CLS and registers gather every
+/// channel, but no patch token reads them), while the CLS token does depend on the others;
+/// with one block fewer separate, the last block mixes them and the patch tokens differ.
+#[test]
+fn separate_blocks_encode_each_channel_as_if_alone() {
+    use trainer::model::VisionTransformer;
+    let _rng = super::util::torch_rng_lock();
+    let base = VitConfig::new(Arch::VitTiny, 8, 5)
+        .with_channel_tokens()
+        .with_registers(2);
+    let build = |separate: i64| {
+        tch::manual_seed(3);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let vit = VisionTransformer::new(
+            vs.root(),
+            VitConfig {
+                channel_separate_blocks: separate,
+                ..base
+            },
+        );
+        (vs, vit)
+    };
+    let ((_vs_all, all), (_vs_joint, last_joint)) = (build(12), build(11));
+    let x = Tensor::randn([3, 5, 24, 32], (Kind::Float, Device::Cpu));
+    let n = 3 * 4;
+    tch::no_grad(|| {
+        for net in [&all, &last_joint] {
+            let (cls_pair, pair) =
+                net.forward_features_t(&x.narrow(1, 1, 2), Some(&[1, 2]), None, false);
+            let (cls_one, one) =
+                net.forward_features_t(&x.narrow(1, 2, 1), Some(&[2]), None, false);
+            let (_, five) = net.forward_features_t(&x, None, None, false);
+            let err_pair = max_abs_diff(&pair.narrow(1, n, n), &one);
+            let err_five = max_abs_diff(&five.narrow(1, 2 * n, n), &one);
+            assert!(
+                max_abs_diff(&cls_pair, &cls_one) > 1e-3,
+                "the CLS sees every channel"
+            );
+            if std::ptr::eq(net, &all) {
+                assert!(
+                    err_pair < 1e-5 && err_five < 1e-5,
+                    "{err_pair:e} {err_five:e}"
+                );
+            } else {
+                assert!(
+                    err_pair > 1e-3 && err_five > 1e-3,
+                    "{err_pair:e} {err_five:e}"
+                );
+            }
+        }
+    });
 }
 
 /// `model.channel_embed_std` scales the orthogonal channel embeddings (each row of norm

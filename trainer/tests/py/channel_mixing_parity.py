@@ -6,7 +6,9 @@ usage: channel_mixing_parity.py OUT
 Writes OUT (inputs, outputs, gradients) and OUT.<case>.safetensors (each case's weights):
 - mix1: vit_tiny/16 over 4 channels, channel_mixing_blocks 1;
 - mix2reg: the same with 2 register tokens and channel_mixing_blocks 2;
-- mixall: mix1's weights with every block mixing (the last attention is masked too).
+- sep2mix1reg: 2 register tokens, channel_separate_blocks 2 then channel_mixing_blocks 1;
+- mixall: mix1's weights with every block mixing (the last attention is masked too);
+- sepall: mix1's weights with every block separate (the last attention is masked too).
 Each case runs on two channel subsets (k = 2 and k = 3) of 48 x 64 px images; the loss whose
 gradients are written is sum(CLS * w) for a fixed random w.
 """
@@ -33,10 +35,13 @@ models = {
     "mix1": ChannelVisionTransformer("vit_tiny", 16, 4, drop_path_rate=0.1, mixing_blocks=1),
     "mix2reg": ChannelVisionTransformer("vit_tiny", 16, 4, drop_path_rate=0.1, num_register_tokens=2,
                                         mixing_blocks=2),
+    "sep2mix1reg": ChannelVisionTransformer("vit_tiny", 16, 4, drop_path_rate=0.1, num_register_tokens=2,
+                                            mixing_blocks=1, separate_blocks=2),
 }
 # Registers start at std 1e-6 (DINOv2): give them a scale at which they matter.
 with torch.no_grad():
-    models["mix2reg"].register_tokens.normal_(std=0.5)
+    for case in ["mix2reg", "sep2mix1reg"]:
+        models[case].register_tokens.normal_(std=0.5)
 for case, model in models.items():
     model.eval()
     for name, ch in subsets.items():
@@ -50,10 +55,11 @@ for case, model in models.items():
                 tensors[f"grad.{case}.{name}.{pname}"] = g
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, f"{out}.{case}.safetensors")
 
-mixall = models["mix1"]
-mixall.mixing_blocks = len(mixall.blocks)
-with torch.no_grad():
-    for name, ch in subsets.items():
-        tensors[f"out.mixall.attn_{name}"] = mixall.get_last_selfattention(inputs[name], ch)
-        tensors[f"out.mixall.cls_{name}"] = mixall(inputs[name], ch)
+every = models["mix1"]
+for case, (separate, mixing) in {"mixall": (0, len(every.blocks)), "sepall": (len(every.blocks), 0)}.items():
+    every.separate_blocks, every.mixing_blocks = separate, mixing
+    with torch.no_grad():
+        for name, ch in subsets.items():
+            tensors[f"out.{case}.attn_{name}"] = every.get_last_selfattention(inputs[name], ch)
+            tensors[f"out.{case}.cls_{name}"] = every(inputs[name], ch)
 save_file({k: v.contiguous() for k, v in tensors.items()}, out)

@@ -11,6 +11,10 @@ oracles for the Rust `model.channels: tokens | bag`.
   the first N blocks a patch token (channel c, patch p) attends only to the tokens (c', p) of
   every channel of the input and to the CLS and register tokens, which attend to everything.
   The mask is written here from that definition token by token.
+- Channel-separate blocks (`model.channel_separate_blocks`, BENCHMARKS.md run 14): the first N
+  blocks, before the mixing ones, where a patch token (channel c, patch p) attends only to the
+  patch tokens (c, p') of its own channel (not to the CLS and register tokens, which attend
+  to everything). Written token by token too.
 - DINO Bag-of-Channels (De Lorenci et al., TMLR 2025): a single-channel ViT; at inference
   the channels go through the batch dimension and the per-channel CLS tokens are
   concatenated in channel order (and averaged).
@@ -35,6 +39,23 @@ def mixing_mask(k, n, registers):
     return mask
 
 
+def separate_mask(k, n, registers):
+    """[L, L] bool over CLS, the registers, then k channels' n patches (channel-major): a
+    patch token sees its own channel's patches only; the special tokens see everything."""
+    special = 1 + registers
+    L = special + k * n
+    mask = torch.zeros(L, L, dtype=torch.bool)
+    for i in range(L):
+        for j in range(L):
+            if i < special:
+                mask[i, j] = True
+            elif j < special:
+                mask[i, j] = False
+            else:
+                mask[i, j] = (i - special) // n == (j - special) // n
+    return mask
+
+
 class PatchEmbedPerChannel(nn.Module):
     def __init__(self, patch_size, in_chans, embed_dim):
         super().__init__()
@@ -52,11 +73,12 @@ class PatchEmbedPerChannel(nn.Module):
 
 class ChannelVisionTransformer(VisionTransformer):
     def __init__(self, arch="vit_tiny", patch_size=16, in_chans=5, drop_path_rate=0.0, mask_token=False,
-                 num_register_tokens=0, mixing_blocks=0, img_size=224):
+                 num_register_tokens=0, mixing_blocks=0, img_size=224, separate_blocks=0):
         super().__init__(arch, patch_size, in_chans, drop_path_rate, img_size=img_size, mask_token=mask_token,
                          num_register_tokens=num_register_tokens)
         self.patch_embed = PatchEmbedPerChannel(patch_size, in_chans, self.embed_dim)
         self.mixing_blocks = mixing_blocks
+        self.separate_blocks = separate_blocks
         # The channels the inputs of the next forwards hold when none are passed (hierarchical
         # channel sampling sets them per step; MultiCropWrapper passes images only).
         self.channels = None
@@ -81,13 +103,18 @@ class ChannelVisionTransformer(VisionTransformer):
         return x
 
     def block_masks(self, x):
-        """The mask of each block for the input x [B, k, H, W] (None: unrestricted)."""
-        if self.mixing_blocks == 0:
+        """The mask of each block for the input x [B, k, H, W] (None: unrestricted): the
+        first separate_blocks within a channel, the mixing_blocks after them within a
+        position."""
+        if self.mixing_blocks == 0 and self.separate_blocks == 0:
             return [None] * len(self.blocks)
         B, k, h, w = x.shape
         p = self.patch_embed.patch_size
-        mask = mixing_mask(k, (h // p) * (w // p), self.num_register_tokens)
-        return [mask if i < self.mixing_blocks else None for i in range(len(self.blocks))]
+        n = (h // p) * (w // p)
+        s, m = self.separate_blocks, self.mixing_blocks
+        sep = separate_mask(k, n, self.num_register_tokens) if s else None
+        mix = mixing_mask(k, n, self.num_register_tokens) if m else None
+        return [sep if i < s else mix if i < s + m else None for i in range(len(self.blocks))]
 
     def forward(self, x, channels=None):
         masks = self.block_masks(x)

@@ -51,7 +51,11 @@ pub fn fingerprint(cfg: &Config, channels: &[usize]) -> String {
     if let Some(ls) = m.layer_scale {
         fp["layer_scale"] = ls.into();
     }
-    // The channel-mixing blocks change what the weights compute (written only when set).
+    // The channel-separate and channel-mixing blocks change what the weights compute
+    // (written only when set).
+    if m.channel_separate_blocks > 0 {
+        fp["channel_separate_blocks"] = m.channel_separate_blocks.into();
+    }
     if m.channel_mixing_blocks > 0 {
         fp["channel_mixing_blocks"] = m.channel_mixing_blocks.into();
     }
