@@ -46,6 +46,10 @@
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
 #               named in RUNS)
+# Every tokens approach (the untrained network included) is scored twice from the same last
+# checkpoint: with its CLS token (downstream.features.tokens_pool: cls, as RUN) and with
+# tokens_pool: cls_and_channels (the CLS and each channel's mean patch token, as RUN_pool;
+# BENCHMARKS.md run 12).
 # Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
 # Prints one Markdown table per approach: mean and spread over the seeds.
 # usage: [SEEDS="0 1 2"] [RUNS="untrained tokens bag fixed fixed_zeros"] [TRAINER=bin] [DATA=dir]
@@ -193,6 +197,22 @@ for seed in $SEEDS; do
         for c in $(seq 0 $((NCOMBOS - 1))); do
           timed "seed$seed $run evaluate" "$log" evaluate --config "$y" --combination "$c"
         done
+        if grep -q "^  channels: tokens\$" "$y"; then
+          # The same last checkpoint with the per-channel feature, as ${run}_pool.
+          yp=$OUT/seed$seed-${run}_pool.yaml
+          sed -e "s|^  name: $run\$|  name: ${run}_pool|" \
+            -e "s|^  features:|  features:\n    tokens_pool: cls_and_channels|" "$y" >"$yp"
+          grep -q "^  name: ${run}_pool\$" "$yp" && grep -q "tokens_pool: cls_and_channels" "$yp" ||
+            { echo "$yp: no run name or downstream.features section to change" >&2; exit 1; }
+          "$TRAINER" config check "$yp" >/dev/null
+          ck=$(ls "$OUT/seed$seed/$run/scDINO_ViTs/"*_channel_*/checkpoint.safetensors)
+          mkdir -p "$OUT/seed$seed/${run}_pool"
+          cp "$OUT/seed$seed/$run/mean_and_std_of_dataset.txt" "$OUT/seed$seed/${run}_pool/"
+          for c in $(seq 0 $((NCOMBOS - 1))); do
+            timed "seed$seed ${run}_pool evaluate" "$log" evaluate --config "$yp" --combination "$c" \
+              --checkpoint "$ck"
+          done
+        fi
         ;;
     esac
   done
@@ -205,6 +225,8 @@ names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
         "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_separate", "tokens_dichavit"]
+# Each tokens run beside its cls_and_channels evaluation.
+runs = [x for r in runs for x in ([r] if r in ("fixed", "fixed_zeros", "bag", "bag_small") else [r, r + "_pool"])]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:
