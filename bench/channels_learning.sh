@@ -170,6 +170,9 @@ for seed in $SEEDS; do
         { echo "$y: no train section to add teacher_channels to" >&2; exit 1; }
       [[ $run != tokens_separate ]] || grep -q "^  channel_separate_blocks: 12\$" "$y" ||
         { echo "$y: no model section to add channel_separate_blocks to" >&2; exit 1; }
+      # 12 is every block of the 12-block presets; another depth needs another count.
+      [[ $run != tokens_separate ]] || grep -Eq "^  arch: vit_(tiny|small|base)\$" "$y" ||
+        { echo "$y: tokens_separate sets 12 separate blocks, for a 12-block arch only" >&2; exit 1; }
     fi
     "$TRAINER" config check "$y" >/dev/null
     case $run in
