@@ -42,6 +42,10 @@
 #               tokens_matched with model.channel_separate_blocks: 12 (every block of vit_tiny
 #               encodes each channel's patches on its own; only the CLS and register tokens read
 #               across channels; not run unless named in RUNS)
+#   tokens_chdino, tokens_separate_chdino
+#               tokens_matched and tokens_separate with train.channel_dino_weight: 1.0 (a second
+#               DINO loss on each channel's mean patch token, every (image, channel) a sample, as
+#               bag trains each channel's CLS; not run unless named in RUNS)
 #   tokens_dichavit
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
@@ -99,6 +103,14 @@ NCOMBOS=$((NCOMBOS + 1))
 COST=$OUT/cost.txt
 : >"$COST"
 
+# Whether approach $1 trains tokens_matched's steps (C × the epochs and the warm-up).
+matched() {
+  case $1 in
+    tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
 # The run config of approach $2 for seed $1 (written to stdout).
 config() {
   local seed=$1 run=$2 mode=$2 lr=0.002 base=digits
@@ -106,14 +118,15 @@ config() {
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
-    tokens_mix | tokens_matched | tokens_teacher_all | tokens_separate) mode=tokens base=small-data ;;
+    tokens_mix | tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino)
+      mode=tokens base=small-data ;;
     # configs/dichavit.yaml says channels: tokens itself.
     tokens_dichavit) mode="" base=dichavit ;;
   esac
   local channels=""
   [[ -z $mode ]] || channels="\\n  channels: $mode"  # sed's newline
   [[ $run != tokens_mix ]] || channels+="\\n  channel_mixing_blocks: 1\\n  channel_embed_std: 1.0"
-  [[ $run != tokens_separate ]] || channels+="\\n  channel_separate_blocks: 12"
+  [[ $run != tokens_separate* ]] || channels+="\\n  channel_separate_blocks: 12"
   channels+=$MODEL_EXTRA
   sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
     -e "s|dataset_dir: digits/data/Training|dataset_dir: $DATA/Training|" \
@@ -131,14 +144,15 @@ config() {
     if [[ $run == untrained ]]; then
       sed -e "s|  epochs: $EPOCHS|  epochs: 1|" -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: 1|" \
         -e "s|  lr: $lr|  lr: $lr\n  min_lr: $lr|"
-    elif [[ $run == tokens_matched || $run == tokens_teacher_all || $run == tokens_separate ]]; then
+    elif matched "$run"; then
       # C × the epochs and the warm-up (small-data.yaml's is one epoch), every schedule in steps
       # as bag_small's.
-      local nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1)) teacher=""
-      [[ $run != tokens_teacher_all ]] || teacher="\n  teacher_channels: all"
+      local nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1)) train_extra=""
+      [[ $run != tokens_teacher_all ]] || train_extra="\n  teacher_channels: all"
+      [[ $run != *_chdino ]] || train_extra="\n  channel_dino_weight: 1.0"
       sed -e "s|  epochs: $EPOCHS|  epochs: $((EPOCHS * nch))|" \
         -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: $((EPOCHS * nch))|" \
-        -e "s|  warmup_epochs: 1$|  warmup_epochs: $nch|" -e "s|^train:|train:$teacher|"
+        -e "s|  warmup_epochs: 1$|  warmup_epochs: $nch|" -e "s|^train:|train:$train_extra|"
     elif [[ $run == fixed_zeros ]]; then
       sed -e "s|^  features:|  features:\n    missing_channels: zeros|"
     else
@@ -162,16 +176,18 @@ for seed in $SEEDS; do
       { echo "configs/digits.yaml has no downstream.features section to add missing_channels to" >&2; exit 1; }
     # The matched runs' seds must have found what they change (a base config with another
     # warm-up would otherwise train with its own, silently).
-    if [[ $run == tokens_matched || $run == tokens_teacher_all || $run == tokens_separate ]]; then
+    if matched "$run"; then
       nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1))
       grep -q "^  warmup_epochs: $nch\$" "$y" && grep -q "^  epochs: $((EPOCHS * nch))\$" "$y" ||
         { echo "$y: configs/small-data.yaml no longer has the warm-up (1 epoch) or epochs the matched runs multiply" >&2; exit 1; }
       [[ $run != tokens_teacher_all ]] || grep -q "^  teacher_channels: all\$" "$y" ||
         { echo "$y: no train section to add teacher_channels to" >&2; exit 1; }
-      [[ $run != tokens_separate ]] || grep -q "^  channel_separate_blocks: 12\$" "$y" ||
+      [[ $run != *_chdino ]] || grep -q "^  channel_dino_weight: 1.0\$" "$y" ||
+        { echo "$y: no train section to add channel_dino_weight to" >&2; exit 1; }
+      [[ $run != tokens_separate* ]] || grep -q "^  channel_separate_blocks: 12\$" "$y" ||
         { echo "$y: no model section to add channel_separate_blocks to" >&2; exit 1; }
       # 12 is every block of the 12-block presets; another depth needs another count.
-      [[ $run != tokens_separate ]] || grep -Eq "^  arch: vit_(tiny|small|base)\$" "$y" ||
+      [[ $run != tokens_separate* ]] || grep -Eq "^  arch: vit_(tiny|small|base)\$" "$y" ||
         { echo "$y: tokens_separate sets 12 separate blocks, for a 12-block arch only" >&2; exit 1; }
     fi
     "$TRAINER" config check "$y" >/dev/null
@@ -227,7 +243,8 @@ out, seeds = sys.argv[1], sys.argv[2].split()
 names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
-        "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_separate", "tokens_dichavit"]
+        "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_separate", "tokens_chdino",
+        "tokens_separate_chdino", "tokens_dichavit"]
 # Each tokens run beside its cls_and_channels evaluation.
 runs = [x for r in runs for x in ([r] if r in ("fixed", "fixed_zeros", "bag", "bag_small") else [r, r + "_pool"])]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)

@@ -958,6 +958,48 @@ mod tests {
         assert!(e.contains("every") && e.contains("line 2"), "{e}");
     }
 
+    /// `channel_dino_weight` is for tokens models whose teacher sees the student's channels;
+    /// 0 (off) is the default everywhere and accepted with any mode.
+    #[test]
+    fn channel_dino_weight_needs_tokens_and_the_step_teacher() {
+        let tokens = "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\", \"1\"]\nmodel:\n  channels: tokens\n";
+        let c = Config::from_yaml(
+            &format!("{tokens}train:\n  channel_dino_weight: 0.5\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.train.channel_dino_weight, 0.5);
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        assert_eq!(
+            Config::from_yaml("", "t")
+                .unwrap()
+                .train
+                .channel_dino_weight,
+            0.0
+        );
+        for mode in ["fixed", "bag"] {
+            let (key, line, msg) = invalid(&format!(
+                "model:\n  channels: {mode}\ntrain:\n  channel_dino_weight: 1.0\n"
+            ));
+            assert_eq!((key.as_str(), line), ("train.channel_dino_weight", Some(4)));
+            assert!(
+                msg.contains(&format!("this run has {mode}"))
+                    && msg.contains("model.channels: tokens"),
+                "{msg}"
+            );
+            let off = format!("model:\n  channels: {mode}\ntrain:\n  channel_dino_weight: 0\n");
+            assert!(Config::from_yaml(&off, "t").is_ok());
+        }
+        let (key, line, msg) = invalid(&format!(
+            "{tokens}train:\n  teacher_channels: all\n  channel_dino_weight: 1.0\n"
+        ));
+        assert_eq!((key.as_str(), line), ("train.channel_dino_weight", Some(8)));
+        assert!(msg.contains("teacher_channels: all"), "{msg}");
+        let (key, _, msg) = invalid(&format!("{tokens}train:\n  channel_dino_weight: -1\n"));
+        assert_eq!(key, "train.channel_dino_weight");
+        assert!(msg.contains("-1"), "{msg}");
+    }
+
     /// `bag_pool: mean` is for bag models only; concat is the default everywhere.
     #[test]
     fn bag_pool_is_validated_against_the_channel_mode() {

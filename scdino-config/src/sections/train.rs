@@ -111,6 +111,14 @@ pub struct TrainSection {
     /// brightfield+DAPI feature fell below its DAPI-alone one (BENCHMARKS.md, run 12). `all`
     /// did not change that (run 13, three seeds): it stays off by default, for experiments.
     pub teacher_channels: TeacherChannels,
+    /// `model.channels: tokens` only: the weight of a second DINO term on each channel's own
+    /// token — the mean of that channel's patch tokens after the last block (what
+    /// `downstream.features.tokens_pool: cls_and_channels` reads), through the DINO head — with
+    /// every (image, channel) a sample, as `bag` trains each channel's CLS, and its own
+    /// centring (`train.centering`). 0 (the default) leaves it off. Without it a channel's
+    /// tokens learn only through iBOT and the CLS's attention, and a dark channel's part of
+    /// the feature barely varies between cells (BENCHMARKS.md, run 14).
+    pub channel_dino_weight: f64,
 }
 
 /// `train.teacher_channels`: the teacher's channels in a `tokens` step.
@@ -227,6 +235,7 @@ impl Default for TrainSection {
             centering: Centering::Ema,
             ibot: IbotSection::default(),
             teacher_channels: TeacherChannels::Step,
+            channel_dino_weight: 0.0,
         }
     }
 }

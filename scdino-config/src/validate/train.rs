@@ -32,7 +32,31 @@ impl TrainSection {
                 model.channels.name()
             ),
         )?;
+        self.validate_channel_dino(v, model)?;
         self.ibot.validate(v, model, aug, self.batch_size_per_gpu)
+    }
+
+    /// `train.channel_dino_weight`: per-channel tokens exist in `tokens` models only, and the
+    /// teacher's channels must be the student's (each of its tokens is a target of the same
+    /// channel's).
+    fn validate_channel_dino(&self, v: &Validator, model: &ModelSection) -> Result<(), Invalid> {
+        v.non_negative(self.channel_dino_weight, "train.channel_dino_weight")?;
+        if self.channel_dino_weight == 0.0 {
+            return Ok(());
+        }
+        v.check(
+            model.channels == crate::ChannelMode::Tokens,
+            "train.channel_dino_weight",
+            &format!(
+                "the channel DINO term trains each channel's own token, which needs model.channels: tokens (this run has {}); set it to 0 or remove the key",
+                model.channels.name()
+            ),
+        )?;
+        v.check(
+            self.teacher_channels == crate::TeacherChannels::Step,
+            "train.channel_dino_weight",
+            "the channel DINO term pairs each channel's student token with the teacher's token of the same channel, so the teacher must see the student's channels: remove train.teacher_channels: all or set the weight to 0",
+        )
     }
 
     /// Epochs, GPUs, batch and the rendezvous.

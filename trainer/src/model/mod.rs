@@ -12,7 +12,7 @@ mod vit;
 
 pub use channels::bag_cls;
 pub use head::{DinoHead, HeadConfig};
-pub use multicrop_net::{IbotForward, MultiCropNet};
+pub use multicrop_net::{CropsForward, IbotForward, MultiCropNet};
 pub use pos_embed::PosResample;
 pub use units::{ModelUnits, UndeclaredParameter, Unit, UnitKind};
 pub use vit::{BlockHooks, ChannelPatchEmbed, VisionTransformer, VitConfig, TRAINING_ONLY};

@@ -12,6 +12,19 @@ pub struct MultiCropNet {
     /// DINOv2's separate iBOT head (`ibot_head.*`), when `train.ibot.separate_head`; otherwise
     /// the DINO head also projects the masked patch tokens.
     pub ibot_head: Option<DinoHead>,
+    /// `train.channel_dino_weight` (channel tokens): the forwards also give each channel's
+    /// own token (the mean of its patch tokens) through the DINO head.
+    pub channel_tokens_out: bool,
+}
+
+/// One forward of every crop: the DINO head's logits and the backbone's CLS features
+/// (`[crops·B, K]`, `[crops·B, D]`, crop order) and, with [`MultiCropNet::channel_tokens_out`],
+/// the head's logits of each channel's own token, `[crops·B·k, K]` in (crop, image, channel)
+/// order, so that the DINO loss's per-crop chunks pair the same (image, channel) across crops.
+pub struct CropsForward {
+    pub logits: Tensor,
+    pub cls: Tensor,
+    pub channel_logits: Option<Tensor>,
 }
 
 /// What one iBOT forward gives: the DINO head's logits and the backbone's CLS features of
@@ -21,6 +34,18 @@ pub struct IbotForward {
     pub logits: Tensor,
     pub cls: Tensor,
     pub patch_logits: Tensor,
+    /// As [`CropsForward::channel_logits`].
+    pub channel_logits: Option<Tensor>,
+}
+
+/// Each channel's own token of `patches` (`[I, k·n, D]`, channel-major): the mean of its n
+/// patch tokens, `[I·k, D]` in (image, channel) order.
+fn channel_tokens(patches: &Tensor, k: i64) -> Tensor {
+    let (images, _, d) = patches.size3().expect("patch tokens are [I, k·n, D]");
+    patches
+        .reshape([images, k, -1, d])
+        .mean_dim(2, false, None)
+        .flatten(0, 1)
 }
 
 impl MultiCropNet {
@@ -30,7 +55,14 @@ impl MultiCropNet {
             backbone: VisionTransformer::new(root / "backbone", vit),
             head: DinoHead::new(root / "head", head),
             ibot_head: None,
+            channel_tokens_out: false,
         }
+    }
+
+    /// The forwards also give each channel's own token's logits (`train.channel_dino_weight`).
+    pub fn with_channel_tokens_out(mut self) -> Self {
+        self.channel_tokens_out = true;
+        self
     }
 
     /// Adds DINOv2's separate iBOT head under `ibot_head.*`.
@@ -81,14 +113,47 @@ impl MultiCropNet {
         channels: Option<&[i64]>,
         train: bool,
     ) -> (Tensor, Tensor) {
-        let features = Tensor::cat(&self.cls_by_width(crops, channels, train), 0);
-        (self.head.forward_t(&features, train), features)
+        let out = self.forward_crops_t(crops, channels, train);
+        (out.logits, out.cls)
+    }
+
+    /// Every crop through the backbone and the head: [`CropsForward`].
+    pub fn forward_crops_t(
+        &self,
+        crops: &[Tensor],
+        channels: Option<&[i64]>,
+        train: bool,
+    ) -> CropsForward {
+        let (cls, tokens): (Vec<Tensor>, Vec<Option<Tensor>>) = self
+            .cls_by_width(crops, channels, train)
+            .into_iter()
+            .unzip();
+        let cls = Tensor::cat(&cls, 0);
+        let channel_logits = self.channel_logits(tokens, train);
+        CropsForward {
+            logits: self.head.forward_t(&cls, train),
+            cls,
+            channel_logits,
+        }
+    }
+
+    /// The head's logits of the channel tokens of each run of crops, concatenated in crop
+    /// order (one head call); None without [`MultiCropNet::channel_tokens_out`].
+    fn channel_logits(&self, tokens: Vec<Option<Tensor>>, train: bool) -> Option<Tensor> {
+        let tokens: Option<Vec<Tensor>> = tokens.into_iter().collect();
+        tokens.map(|t| self.head.forward_t(&Tensor::cat(&t, 0), train))
     }
 
     /// The backbone's CLS features of `crops`, one tensor per run of consecutive crops of
     /// the same width (DINO groups by width only), each run concatenated along the batch for a
-    /// single backbone pass.
-    fn cls_by_width(&self, crops: &[Tensor], channels: Option<&[i64]>, train: bool) -> Vec<Tensor> {
+    /// single backbone pass; with [`MultiCropNet::channel_tokens_out`] also the run's channel
+    /// tokens ([`channel_tokens`]).
+    fn cls_by_width(
+        &self,
+        crops: &[Tensor],
+        channels: Option<&[i64]>,
+        train: bool,
+    ) -> Vec<(Tensor, Option<Tensor>)> {
         let mut features = Vec::new();
         let mut start = 0;
         while start < crops.len() {
@@ -99,7 +164,17 @@ impl MultiCropNet {
                     .take_while(|c| c.size()[3] == width)
                     .count();
             let batch = Tensor::cat(&crops[start..end], 0);
-            features.push(self.backbone.forward_channels_t(&batch, channels, train));
+            features.push(if self.channel_tokens_out {
+                let (cls, patches) = self
+                    .backbone
+                    .forward_features_t(&batch, channels, None, train);
+                (cls, Some(channel_tokens(&patches, batch.size()[1])))
+            } else {
+                (
+                    self.backbone.forward_channels_t(&batch, channels, train),
+                    None,
+                )
+            });
             start = end;
         }
         features
@@ -123,9 +198,16 @@ impl MultiCropNet {
         let (cls, patches) =
             self.backbone
                 .forward_features_t(&global, channels, mask_input.then_some(masks), train);
-        let mut cls = vec![cls];
-        cls.extend(self.cls_by_width(&crops[2..], channels, train));
+        let global_tokens = self
+            .channel_tokens_out
+            .then(|| channel_tokens(&patches, global.size()[1]));
+        let (mut cls, mut tokens) = (vec![cls], vec![global_tokens]);
+        for (c, t) in self.cls_by_width(&crops[2..], channels, train) {
+            cls.push(c);
+            tokens.push(t);
+        }
         let cls = Tensor::cat(&cls, 0);
+        let channel_logits = self.channel_logits(tokens, train);
         let index = masks.flatten(0, 1).nonzero().squeeze_dim(1);
         let masked = patches.flatten(0, 1).index_select(0, &index);
         let (logits, patch_logits) = match &self.ibot_head {
@@ -146,6 +228,7 @@ impl MultiCropNet {
             logits,
             cls,
             patch_logits,
+            channel_logits,
         }
     }
 }

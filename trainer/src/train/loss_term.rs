@@ -26,6 +26,9 @@ pub struct TeacherOutputs {
     pub logits: Tensor,
     /// With masks: the masked patches' logits `[M, K']` (the unmasked crop's tokens there).
     pub patch_logits: Option<Tensor>,
+    /// With `train.channel_dino_weight`: each channel's own token's logits, `[2·B·k, K]` in
+    /// (crop, image, channel) order.
+    pub channel_logits: Option<Tensor>,
 }
 
 /// The student's outputs on every crop.
@@ -36,6 +39,9 @@ pub struct StudentOutputs {
     pub cls: Tensor,
     /// With masks: the masked patches' logits `[M, K']`.
     pub patch_logits: Option<Tensor>,
+    /// With `train.channel_dino_weight`: each channel's own token's logits,
+    /// `[ncrops·B·k, K]` in (crop, image, channel) order.
+    pub channel_logits: Option<Tensor>,
 }
 
 /// What every term knows of the step it is computed in.

@@ -1,10 +1,12 @@
 //! The step's loss as a named list of terms: the DINO term (always), and the stabilisers a
-//! config turns on (KoLeo, iBOT, DiChaViT's channel and token diversification). Each kind of
+//! config turns on (KoLeo, iBOT, the channel tokens' DINO term, DiChaViT's channel and token
+//! diversification). Each kind of
 //! term is one type implementing [`LossTerm`] in its own file, registered once in [`KINDS`];
 //! the step sums the list and all-reduces its
 //! values, telemetry shows them by name (progress line, TensorBoard, Prometheus), checkpoints
 //! hold their running state under its own names, and the collapse detector reads the DINO
 //! term by name. docs/architecture.md lists where a new term goes.
+use super::channel_dino::ChannelDinoTerm;
 use super::dichavit::{ChannelDiversityTerm, TokenDiversityTerm};
 use super::ibot::IbotObjective;
 use super::koleo::KoLeoTerm;
@@ -26,6 +28,9 @@ const KINDS: &[TermKind] = &[
     |cfg, device| Some(Box::new(DinoTerm::from_config(cfg, device))),
     |cfg, _| KoLeoTerm::from_config(cfg).map(|t| Box::new(t) as Box<dyn LossTerm>),
     |cfg, device| IbotObjective::from_config(cfg, device).map(|t| Box::new(t) as Box<dyn LossTerm>),
+    |cfg, device| {
+        ChannelDinoTerm::from_config(cfg, device).map(|t| Box::new(t) as Box<dyn LossTerm>)
+    },
     |cfg, _| ChannelDiversityTerm::from_config(cfg).map(|t| Box::new(t) as Box<dyn LossTerm>),
     |cfg, _| TokenDiversityTerm::from_config(cfg).map(|t| Box::new(t) as Box<dyn LossTerm>),
 ];

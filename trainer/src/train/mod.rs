@@ -1,6 +1,7 @@
 //! DINO training: schedules, loss, optimiser, the iteration (`step`), the parallel strategy,
 //! and (in `run`) a whole run: setup, the epoch loop and how it ends.
 pub mod ahead;
+pub mod channel_dino;
 pub mod channel_set_batches;
 pub mod channels;
 pub mod collapse;

@@ -10,7 +10,9 @@ use super::optim::AdamW;
 use crate::config::{Config, Precision};
 use crate::distributed::group::DistError;
 use crate::distributed::Collective;
-use crate::model::{configs_for, ibot_head_config, IbotForward, ModelUnits, MultiCropNet};
+use crate::model::{
+    configs_for, ibot_head_config, CropsForward, IbotForward, ModelUnits, MultiCropNet,
+};
 use crate::precision::{autocast, LossScaler};
 use tch::{nn, Device, Tensor};
 
@@ -68,12 +70,18 @@ impl Networks {
         let student_vs = nn::VarStore::new(device);
         let (vit, head) = configs_for(cfg, in_chans, true);
         let mut student = MultiCropNet::new(&student_vs.root(), vit, head);
+        if cfg.train.channel_dino_weight > 0.0 {
+            student = student.with_channel_tokens_out();
+        }
         if let Some(ibot) = ibot_head_config(cfg, &vit, true) {
             student = student.with_ibot_head(&student_vs.root(), ibot);
         }
         let mut teacher_vs = nn::VarStore::new(device);
         let (vit_t, head_t) = configs_for(cfg, in_chans, false);
         let mut teacher = MultiCropNet::new(&teacher_vs.root(), vit_t, head_t);
+        if cfg.train.channel_dino_weight > 0.0 {
+            teacher = teacher.with_channel_tokens_out();
+        }
         if let Some(ibot) = ibot_head_config(cfg, &vit_t, false) {
             teacher = teacher.with_ibot_head(&teacher_vs.root(), ibot);
         }
@@ -374,12 +382,17 @@ impl Learner {
                     TeacherOutputs {
                         logits: t.logits,
                         patch_logits: Some(t.patch_logits),
+                        channel_logits: t.channel_logits,
                     }
                 }
-                None => TeacherOutputs {
-                    logits: teacher.forward_channels_t(&crops[..2], channels, true),
-                    patch_logits: None,
-                },
+                None => {
+                    let t = teacher.forward_crops_t(&crops[..2], channels, true);
+                    TeacherOutputs {
+                        logits: t.logits,
+                        patch_logits: None,
+                        channel_logits: t.channel_logits,
+                    }
+                }
             })
         })
     }
@@ -401,19 +414,26 @@ impl Learner {
                         logits,
                         cls,
                         patch_logits,
+                        channel_logits,
                     } = student.forward_ibot_t(crops, m, true, channels, true);
                     StudentOutputs {
                         logits,
                         cls,
                         patch_logits: Some(patch_logits),
+                        channel_logits,
                     }
                 }
                 None => {
-                    let (logits, cls) = student.forward_with_backbone_t(crops, channels, true);
+                    let CropsForward {
+                        logits,
+                        cls,
+                        channel_logits,
+                    } = student.forward_crops_t(crops, channels, true);
                     StudentOutputs {
                         logits,
                         cls,
                         patch_logits: None,
+                        channel_logits,
                     }
                 }
             };

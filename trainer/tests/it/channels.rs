@@ -352,6 +352,67 @@ fn an_all_channel_teacher_changes_what_tokens_trains() {
     );
 }
 
+/// `train.channel_dino_weight` reaches a whole run: its EMA centre is checkpointed (moved off
+/// zero), a run stopped mid-epoch and resumed ends at the straight run's weights and centres
+/// bit for bit, and the same run without the term ends elsewhere.
+#[test]
+fn the_channel_dino_term_trains_checkpoints_and_resumes() {
+    let (_rng, dir) = setup();
+    let run = |name: &str, weight: f64, stops: &[usize]| {
+        let cfg = config(dir.path(), name, "tokens", "a, b, c", "\"012\"");
+        let mut sections = cfg.sections();
+        sections.train.channel_dino_weight = weight;
+        sections.train.epochs = 2;
+        let cfg = Config::from_sections(sections, "test").unwrap();
+        for &step in stops {
+            let opts = TrainOptions {
+                max_steps: Some(step),
+                ..TrainOptions::default()
+            };
+            assert_eq!(train(&cfg, &opts).unwrap(), TrainOutcome::StepLimit);
+        }
+        assert_eq!(
+            train(&cfg, &TrainOptions::default()).unwrap(),
+            TrainOutcome::Finished
+        );
+        let ck = RunLayout::new(&cfg)
+            .model(&cfg, &[0, 1, 2])
+            .latest_checkpoint();
+        let t: std::collections::HashMap<String, tch::Tensor> = tch::Tensor::read_safetensors(&ck)
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k.contains("student") || k.contains("teacher") || k.contains("center"))
+            .collect();
+        t
+    };
+    let straight = run("straight", 1.0, &[]);
+    let resumed = run("resumed", 1.0, &[3]);
+    let without = run("without", 0.0, &[]);
+    let centre = straight
+        .iter()
+        .find(|(k, _)| k.ends_with("channel_dino_loss.center"))
+        .unwrap_or_else(|| panic!("no channel DINO centre in {:?}", straight.keys()));
+    assert!(
+        centre.1.abs().max().double_value(&[]) > 1e-4,
+        "{}",
+        centre.0
+    );
+    assert!(!without.keys().any(|k| k.contains("channel_dino")));
+    assert_eq!(straight.len(), resumed.len());
+    for (name, t) in &straight {
+        assert!(t.equal(&resumed[name]), "{name} differs after the resume");
+    }
+    let qkv = straight
+        .keys()
+        .find(|k| k.contains("blocks.0.attn.qkv.weight") && k.contains("student"))
+        .unwrap();
+    let diff = (&straight[qkv] - &without[qkv])
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(diff > 1e-6, "{qkv}: the term changed nothing ({diff})");
+}
+
 /// A checkpoint of one mode found where a run of another resumes (a folder copied or renamed
 /// by hand) is refused, naming both.
 #[test]

@@ -55,10 +55,12 @@ fn check_terms(cdl: ChannelDiversityTerm, tdl: TokenDiversityTerm) {
         logits: none(),
         cls: none(),
         patch_logits: None,
+        channel_logits: None,
     };
     let teacher = TeacherOutputs {
         logits: none(),
         patch_logits: None,
+        channel_logits: None,
     };
     let (c, t) = (
         cdl.value(&student, &teacher, &ctx),

@@ -6,6 +6,7 @@ use trainer::config::{Config, Precision};
 use trainer::distributed::Single;
 use trainer::model::load_safetensors_strict;
 use trainer::precision::{autocast, LossScaler};
+use trainer::train::channel_dino::ChannelDinoTerm;
 use trainer::train::ibot::IbotObjective;
 use trainer::train::loss::{DinoLoss, DinoTerm};
 use trainer::train::loss_terms::LossTerms;
@@ -55,6 +56,20 @@ fn check_steps_against_pytorch_ibot(
     centering: &str,
     ibot: &str,
 ) {
+    check_steps_against_pytorch_all(steps, freeze_epochs, mode, koleo, centering, ibot, 0.0);
+}
+
+/// [`check_steps_against_pytorch_ibot`] with `train.channel_dino_weight` (`tokens` only): the
+/// reference's second DINO loss on each channel's mean patch token, its centre compared too.
+fn check_steps_against_pytorch_all(
+    steps: usize,
+    freeze_epochs: usize,
+    mode: &str,
+    koleo: f64,
+    centering: &str,
+    ibot: &str,
+    channel_dino: f64,
+) {
     let _rng = super::util::torch_rng_lock();
     tch::set_num_threads(2);
     let dir = tempfile::tempdir().unwrap();
@@ -74,6 +89,7 @@ fn check_steps_against_pytorch_ibot(
             (s.train.warmup_teacher_temp, s.train.teacher_temp) = (0.04, 0.07);
             (s.train.warmup_teacher_temp_epochs, s.train.epochs) = (2, 5);
             s.train.koleo_weight = koleo;
+            s.train.channel_dino_weight = channel_dino;
             if centering == "sinkhorn_knopp" {
                 s.train.centering = trainer::config::Centering::SinkhornKnopp;
             }
@@ -119,6 +135,7 @@ fn check_steps_against_pytorch_ibot(
             centering,
             ibot,
             masks_file.to_str().unwrap(),
+            &channel_dino.to_string(),
         ],
     );
     let t: HashMap<String, Tensor> = Tensor::read_safetensors(&out)
@@ -187,6 +204,16 @@ fn check_steps_against_pytorch_ibot(
     if let Some(ibot) = learner.terms.find::<IbotObjective>() {
         let d = max_abs_diff(&ibot.center.center, &t["out.ibot_center"]);
         assert!(d <= 1e-7, "iBOT patch centre differs by {d}");
+    }
+    let channel_term = learner.terms.find::<ChannelDinoTerm>();
+    assert_eq!(channel_term.is_some(), channel_dino > 0.0);
+    if let Some(term) = channel_term {
+        let d = max_abs_diff(&term.dino.loss.center, &t["out.channel_center"]);
+        assert!(d <= 1e-7, "channel DINO centre differs by {d}");
+        if centering == "ema" {
+            // The centre moved: the term's teacher side was compared, not two zeros.
+            assert!(term.dino.loss.center.abs().max().double_value(&[]) > 1e-4);
+        }
     }
     let nets = &learner.nets;
     for (prefix, vs) in [("student", &nets.student_vs), ("teacher", &nets.teacher_vs)] {
@@ -263,6 +290,18 @@ fn channel_token_training_steps_with_ibot_match_pytorch() {
 fn channel_token_steps_with_an_all_channel_teacher_match_pytorch() {
     check_steps_against_pytorch_in(6, 1, "tokens_teacher_all");
     check_steps_against_pytorch_ibot(6, 1, "tokens_teacher_all", 0.1, "sinkhorn_knopp", "shared");
+}
+
+/// `train.channel_dino_weight`: a second DINO loss on each channel's mean patch token, every
+/// (image, channel) a sample, with its own EMA centre (no iBOT: the channel tokens come from the
+/// plain forward of the global and the local crops), then under Sinkhorn-Knopp with iBOT's
+/// shared head and KoLeo (the student's channel tokens of the global crops from the masked
+/// input): six steps on changing channel subsets each, against the PyTorch reference (losses,
+/// both centres, every weight of student and teacher).
+#[test]
+fn channel_token_steps_with_the_channel_dino_term_match_pytorch() {
+    check_steps_against_pytorch_all(6, 1, "tokens", 0.0, "ema", "none", 1.0);
+    check_steps_against_pytorch_all(6, 1, "tokens", 0.1, "sinkhorn_knopp", "shared", 0.5);
 }
 
 /// DINOv2's KoLeo (weight 0.1, its default) added to the loss: six full steps against the

@@ -1,7 +1,7 @@
 """scDINO's training iteration in PyTorch (main_dino.py train_one_epoch + utils), as the oracle
 for the Rust step: K iterations from one initialisation on given crops and schedule values.
 
-usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens|tokens_teacher_all] [KOLEO_WEIGHT] [ema|sinkhorn_knopp] [none|shared|separate MASKS.safetensors]
+usage: train_step_reference.py OUT.safetensors STEPS FREEZE_EPOCHS [fixed|tokens|tokens_teacher_all] [KOLEO_WEIGHT] [ema|sinkhorn_knopp] [none|shared|separate MASKS.safetensors] [CHANNEL_DINO_WEIGHT]
 Writes OUT (inputs, per-step losses, final weights) and OUT.init.safetensors (initial student).
 With `tokens` the backbones are ChannelViT (channel_reference.py) and step i trains on the
 channel subset SUBSETS[i] of the crops (as hierarchical channel sampling would draw it), for
@@ -17,6 +17,11 @@ side's generator), as dinov2/train/ssl_meta_arch.py computes it: the teacher's u
 tokens at the masked positions through the DINO head (`shared`, one call together with the CLS
 tokens) or a separate `ibot_head` with IBOT_OUT_DIM prototypes, centred with iBOTPatchLoss's
 EMA centre (or Sinkhorn-Knopp), against the student's masked-input patch tokens.
+A CHANNEL_DINO_WEIGHT above 0 (`tokens` only; `train.channel_dino_weight`) adds that weight
+times a second DINO loss, with its own centre (or Sinkhorn-Knopp), on each channel's own
+token: the mean of the channel's patch tokens after the final norm, from the same backbone
+pass as the CLS (the student's global crops with their masked input), through the DINO head,
+rows in (crop, image, channel) order, so every (image, channel) is a sample as in `bag`.
 """
 import sys
 
@@ -42,6 +47,7 @@ if ibot != "none":
     from safetensors.torch import load_file
 
     MASKS = load_file(sys.argv[8])
+channel_dino_weight = float(sys.argv[9]) if len(sys.argv) > 9 else 0.0
 IBOT_WEIGHT, IBOT_OUT_DIM = 1.0, 128
 SUBSETS = [[0, 1, 2, 3], [1, 3], [2], [0, 2, 3], [0, 1], [3]]
 torch.set_num_threads(2)
@@ -61,18 +67,48 @@ def net(drop):
     return wrapper
 
 
+def channel_tokens(patches, k):
+    """Each channel's own token of patches [I, k·n, D] (channel-major): the mean of its n patch
+    tokens, [I·k, D] in (image, channel) order."""
+    return patches.reshape(patches.shape[0], k, -1, patches.shape[-1]).mean(dim=2).flatten(0, 1)
+
+
 def ibot_forward(net, crops, masks, mask_input):
     """ssl_meta_arch.py: global crops with (student) or without (teacher) masked input, their
-    CLS and masked patch tokens, the local crops' CLS; heads as configured."""
+    CLS and masked patch tokens, the local crops' CLS; heads as configured. With the channel
+    DINO term also each channel's token of every crop through the DINO head (else None)."""
+    k = crops[0].shape[1]
     cls, patches = net.backbone.forward_features(torch.cat(crops[:2]), masks if mask_input else None)
+    tokens = [channel_tokens(patches, k)]
     if len(crops) > 2:
-        cls = torch.cat((cls, net.backbone(torch.cat(crops[2:]))))
+        if channel_dino_weight > 0:
+            local_cls, local_patches = net.backbone.forward_features(torch.cat(crops[2:]))
+            tokens.append(channel_tokens(local_patches, k))
+        else:
+            local_cls = net.backbone(torch.cat(crops[2:]))
+        cls = torch.cat((cls, local_cls))
+    channel_out = net.head(torch.cat(tokens)) if channel_dino_weight > 0 else None
     idx = masks.flatten().nonzero().flatten()
     masked = torch.index_select(patches.flatten(0, 1), 0, idx)
     if ibot == "separate":
-        return net.head(cls), cls, net.ibot_head(masked)
+        return net.head(cls), cls, net.ibot_head(masked), channel_out
     out = net.head(torch.cat((cls, masked)))
-    return out[: len(cls)], cls, out[len(cls):]
+    return out[: len(cls)], cls, out[len(cls):], channel_out
+
+
+def crops_forward(net, crops):
+    """Without masks: the global crops through the backbone together, then the local crops
+    together (as the step groups them by width), giving the head's CLS logits, the CLS tokens
+    and the head's logits of each channel's token."""
+    k = crops[0].shape[1]
+    cls, patches = net.backbone.forward_features(torch.cat(crops[:2]))
+    cls, tokens = [cls], [channel_tokens(patches, k)]
+    if len(crops) > 2:
+        c, p = net.backbone.forward_features(torch.cat(crops[2:]))
+        cls.append(c)
+        tokens.append(channel_tokens(p, k))
+    cls = torch.cat(cls)
+    return net.head(cls), cls, net.head(torch.cat(tokens))
 
 
 student, teacher = net(0.1), net(0.0)
@@ -137,6 +173,7 @@ def clip_gradients(model, clip):
 ncrops = 4
 temps = np.concatenate((np.linspace(0.04, 0.07, 2), np.ones(3) * 0.07))
 loss_fn = DINOLoss(OUT_DIM, ncrops, temps)
+channel_loss_fn = DINOLoss(OUT_DIM, ncrops, temps)
 ibot_loss = iBOTPatchLoss(IBOT_OUT_DIM if ibot == "separate" else OUT_DIM)
 opt = torch.optim.AdamW(get_params_groups(student))
 gen = torch.Generator().manual_seed(1)
@@ -174,8 +211,8 @@ for it in range(steps):
             teacher_masks[:, ch] = per_channel
             teacher_masks = teacher_masks.flatten(1)
         with torch.no_grad():
-            teacher_output, _, t_patch = ibot_forward(teacher, teacher_crops, teacher_masks, False)
-        student_output, cls, s_patch = ibot_forward(student, crops, masks, True)
+            teacher_output, _, t_patch, t_chan = ibot_forward(teacher, teacher_crops, teacher_masks, False)
+        student_output, cls, s_patch, s_chan = ibot_forward(student, crops, masks, True)
         temp = temps[epoch]
         if centering == "sinkhorn_knopp":
             targets = ibot_loss.sinkhorn_knopp_teacher(t_patch, temp, len(t_patch))
@@ -185,6 +222,16 @@ for it in range(steps):
             ibot_loss.update_center(t_patch.unsqueeze(0))
         loss = loss_fn(student_output, teacher_output, epoch)
         loss = loss + IBOT_WEIGHT * ibot_loss.forward_masked(s_patch, targets, masks)
+        if channel_dino_weight > 0:
+            loss = loss + channel_dino_weight * channel_loss_fn(s_chan, t_chan, epoch)
+        if koleo_weight > 0:
+            loss = loss + koleo_weight * sum(KoLeoLoss()(c) for c in cls[: 2 * B].chunk(2))
+    elif channel_dino_weight > 0:
+        with torch.no_grad():
+            teacher_output, _, t_chan = crops_forward(teacher, teacher_crops)
+        student_output, cls, s_chan = crops_forward(student, crops)
+        loss = loss_fn(student_output, teacher_output, epoch)
+        loss = loss + channel_dino_weight * channel_loss_fn(s_chan, t_chan, epoch)
         if koleo_weight > 0:
             loss = loss + koleo_weight * sum(KoLeoLoss()(c) for c in cls[: 2 * B].chunk(2))
     elif koleo_weight > 0:
@@ -213,6 +260,8 @@ for it in range(steps):
 
 tensors["out.losses"] = torch.tensor(losses, dtype=torch.float64)
 tensors["out.center"] = loss_fn.center
+if channel_dino_weight > 0:
+    tensors["out.channel_center"] = channel_loss_fn.center
 if ibot != "none":
     tensors["out.ibot_center"] = ibot_loss.center.reshape(1, -1)
 for k, v in student.state_dict().items():

@@ -125,6 +125,7 @@ impl ProgressLine<'_> {
             dino_loss = terms.get("dino"),
             koleo_loss = terms.get("koleo"),
             ibot_loss = terms.get("ibot"),
+            channel_dino_loss = terms.get("channel_dino"),
             channel_diversity_loss = terms.get("channel_diversity"),
             token_diversity_loss = terms.get("token_diversity"),
             lr = r.lr,
