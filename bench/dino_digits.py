@@ -14,7 +14,11 @@ What is reused (imported, not copied):
     KoLeo, Sinkhorn-Knopp and iBOT patch loss (--koleo-weight, --centering sinkhorn_knopp,
     --ibot-weight; with --num-register-tokens the ViT's register tokens), the same oracles the
     trainer's step is tested against; DINOv2's MaskingGenerator and mask collation are
-    re-stated below (Python's `random`, seeded, draws the masks);
+    re-stated below (Python's `random`, seeded, draws the masks); the teacher's iBOT forward
+    sees the global crops only, as ssl_meta_arch.py and train_step_reference.py;
+  * trainer/tests/py/channel_reference.py: ChannelVisionTransformer (its channel-separate and
+    channel-mixing block masks) and tokens_pooled_features (--channel-mode tokens,
+    --separate-blocks, --mixing-blocks, --tokens-pool);
   * bench/scdino_input.py: TiffImageFolder (tifffile.imread, float64, min–max per image and
     channel with scDINO's zero-max rule) and DataAugmentationDINO (multi-channel multi-crop:
     RandomResizedCrop bicubic, horizontal + vertical flips p=0.5, per-channel brightness p=0.8,
@@ -53,16 +57,32 @@ eval-transformed pixels, flattened, L2-normalised) are reported once as a baseli
 
 Channel-adaptive models (`--channel-mode`, the trainer's `model.channels`): `tokens` is
 ChannelViT (trainer/tests/py/channel_reference.py, the oracle of the trainer's tests) with the
-trainer's orthogonal channel embedding (`--channel-embed-std`), optional channel-mixing blocks
-(`--mixing-blocks`), each step on a subset drawn by hierarchical channel sampling (k uniform on
-1..C, then k channels; iBOT masks a position in every channel); `bag` trains a single-channel
-ViT on every channel of every image as its own sample (an epoch is C× the steps), each
-augmented and normalised with its channel's mean/std. Both are probed on every combination
-(`--combinations`): `tokens` by the CLS over the combination's channels, `bag` by the
-concatenated L2-normalised per-channel CLS tokens; the epoch lines hold each combination's
-kNN and probe under `combinations`, and their top-level `knn20` etc. are the all-channel
-combination's. `--img-size` sets the position table's size (the trainer's `model.img_size`,
-224 unless set; this script's default is the global crop size, as before).
+trainer's orthogonal channel embedding (`--channel-embed-std`), optional channel-separate
+blocks (`--separate-blocks N`, `model.channel_separate_blocks`: in the first N blocks a patch
+token attends only to its own channel's patch tokens, the CLS and registers to everything)
+followed by optional channel-mixing blocks (`--mixing-blocks`, `model.channel_mixing_blocks`:
+a patch token attends to its position in every channel and to the CLS and registers), both
+channel_reference.py's masks (`block_masks`; N + mixing <= depth), each step on a subset drawn
+by hierarchical channel sampling (k uniform on 1..C, then k channels; iBOT masks a position in
+every channel); `bag` trains a single-channel ViT on every channel of every image as its own
+sample (an epoch is C× the steps), each augmented and normalised with its channel's mean/std.
+`--channel-dino-weight W` (tokens, `train.channel_dino_weight`) adds W × a second DINO loss
+(a DINOLoss of its own: its own EMA centre, or Sinkhorn-Knopp; the same temperatures) on each
+channel's own token, the mean of its patch tokens after the final norm (registers left out),
+from the same backbone pass as the CLS (the student's global crops with iBOT: the masked-input
+pass), through the DINO head in a call of its own, rows in (crop, image, channel) order so
+every (image, channel) is a sample; the computation of trainer/tests/py/train_step_reference.py
+(`channel_tokens`, `ibot_forward`, `crops_forward`), re-stated here because that file is a
+script. The epoch line then holds `loss_channel_dino` (unweighted). At 0 (the default) the step
+is the one without the option, forward for forward. Both are probed on every combination
+(`--combinations`): `tokens` by the CLS over the combination's channels (`--tokens-pool cls`)
+or, with `--tokens-pool cls_and_channels` (`downstream.features.tokens_pool`),
+channel_reference.py's `tokens_pooled_features`: the CLS and each channel's mean patch token,
+each L2-normalised, concatenated ((k+1)·D; the prototype diagnostics still read the CLS); `bag`
+by the concatenated L2-normalised per-channel CLS tokens; the epoch lines hold each
+combination's kNN and probe under `combinations`, and their top-level `knn20` etc. are the
+all-channel combination's. `--img-size` sets the position table's size (the trainer's
+`model.img_size`, 224 unless set; this script's default is the global crop size, as before).
 
 Collapse diagnostics, per epoch over the training batches: mean loss; `t_ent`, mean entropy of
 the centred, sharpened teacher distribution of one image (→ ln(out_dim) is the uniform
@@ -102,8 +122,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
-from channel_reference import ChannelVisionTransformer  # noqa: E402
-from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
+from channel_reference import ChannelVisionTransformer, tokens_pooled_features  # noqa: E402
+from dino_reference import ARCHS, DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
 from ibot_reference import iBOTPatchLoss  # noqa: E402
 from koleo_reference import KoLeoLoss  # noqa: E402
 from sinkhorn_reference import sinkhorn_knopp_teacher  # noqa: E402
@@ -172,7 +192,21 @@ def parse_args(argv=None):
                    help="tokens/bag: the channel combinations probed, comma-separated strings "
                    "of channel indices (e.g. 0,1,2,3,0123,02; default: each channel alone and "
                    "all together); knn20 etc. at the top level are the all-channel one's")
-    p.add_argument("--mixing-blocks", type=int, default=0, help="tokens: channel-mixing blocks")
+    p.add_argument("--mixing-blocks", type=int, default=0, help="tokens: channel-mixing blocks "
+                   "(model.channel_mixing_blocks), after the --separate-blocks ones")
+    p.add_argument("--separate-blocks", type=int, default=0,
+                   help="tokens: channel-separate blocks (model.channel_separate_blocks): the "
+                   "first N blocks, where a patch token attends only to its own channel's patch "
+                   "tokens (the CLS and registers to everything); N + --mixing-blocks <= depth")
+    p.add_argument("--channel-dino-weight", type=float, default=0.0,
+                   help="tokens: weight of a second DINO loss (own centre, or Sinkhorn-Knopp) on "
+                   "each channel's mean patch token through the DINO head "
+                   "(train.channel_dino_weight; 0 = off)")
+    p.add_argument("--tokens-pool", choices=["cls", "cls_and_channels"], default="cls",
+                   help="tokens: the probed features of a combination "
+                   "(downstream.features.tokens_pool): cls, the CLS token; cls_and_channels, "
+                   "the CLS and each channel's mean patch token, each L2-normalised, "
+                   "concatenated")
     p.add_argument("--channel-embed-std", type=float, default=0.02,
                    help="tokens: the channel embedding's init scale (orthogonal rows)")
     p.add_argument("--img-size", type=int, default=None,
@@ -200,7 +234,22 @@ def parse_args(argv=None):
                    "Rust model uses it too)")
     p.add_argument("--json-out", help="also write the JSON lines to this file (each line "
                    "appended and flushed as it is printed)")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    depth = ARCHS[a.arch][1]
+    if a.separate_blocks < 0 or a.mixing_blocks < 0:
+        p.error("--separate-blocks and --mixing-blocks must be >= 0")
+    if a.separate_blocks + a.mixing_blocks > depth:
+        p.error(f"--separate-blocks {a.separate_blocks} + --mixing-blocks {a.mixing_blocks} "
+                f"exceed {a.arch}'s {depth} blocks")
+    if a.channel_dino_weight < 0:
+        p.error("--channel-dino-weight must be >= 0")
+    if a.channel_mode != "tokens":
+        for flag, on in (("--separate-blocks", a.separate_blocks > 0),
+                         ("--channel-dino-weight", a.channel_dino_weight > 0),
+                         ("--tokens-pool cls_and_channels", a.tokens_pool != "cls")):
+            if on:
+                p.error(f"{flag} needs --channel-mode tokens (got {a.channel_mode})")
+    return a
 
 
 # ---- scDINO's loss, schedules and optimiser helpers (main_dino.py, utils.py) ----
@@ -299,16 +348,49 @@ def draw_masks(n_images, generator, probability, ratio):
     return torch.stack(masks).flatten(1)
 
 
-def ibot_forward(net, crops, masks, mask_input):
+def channel_tokens(patches, k):
+    """Each channel's own token of patches [I, k·n, D] (channel-major): the mean of its n patch
+    tokens, [I·k, D] in (image, channel) order (train_step_reference.py's channel_tokens)."""
+    return patches.reshape(patches.shape[0], k, -1, patches.shape[-1]).mean(dim=2).flatten(0, 1)
+
+
+def ibot_forward(net, crops, masks, mask_input, channel_dino=False):
     """The global crops with (student) or without (teacher) the mask token, their CLS and the
-    masked patch tokens, the local crops' CLS; DINO head and iBOT share the head (one call)."""
+    masked patch tokens, the local crops' CLS; DINO head and iBOT share the head (one call).
+    With channel_dino (--channel-dino-weight) also each channel's token of every crop, from the
+    same backbone passes, through the DINO head in a call of its own, rows in (crop, image,
+    channel) order (train_step_reference.py's ibot_forward); else None."""
+    k = crops[0].shape[1]
     cls, patches = net.backbone.forward_features(torch.cat(crops[:2]), masks if mask_input else None)
+    tokens = [channel_tokens(patches, k)] if channel_dino else None
     if len(crops) > 2:
-        cls = torch.cat((cls, net.backbone(torch.cat(crops[2:]))))
+        if channel_dino:
+            local_cls, local_patches = net.backbone.forward_features(torch.cat(crops[2:]))
+            tokens.append(channel_tokens(local_patches, k))
+        else:
+            local_cls = net.backbone(torch.cat(crops[2:]))
+        cls = torch.cat((cls, local_cls))
     idx = masks.flatten().nonzero().flatten()
     masked = torch.index_select(patches.flatten(0, 1), 0, idx)
     out = net.head(torch.cat((cls, masked)))
-    return out[: len(cls)], cls, out[len(cls):]
+    channel_out = net.head(torch.cat(tokens)) if channel_dino else None
+    return out[: len(cls)], cls, out[len(cls):], channel_out
+
+
+def crops_forward(net, crops):
+    """Without iBOT, with --channel-dino-weight: the global crops through the backbone together,
+    then the local crops together (as MultiCropWrapper groups them by width), giving the head's
+    CLS logits, the CLS tokens and the head's logits of each channel's token, rows in (crop,
+    image, channel) order (train_step_reference.py's crops_forward)."""
+    k = crops[0].shape[1]
+    cls, patches = net.backbone.forward_features(torch.cat(crops[:2]))
+    cls, tokens = [cls], [channel_tokens(patches, k)]
+    if len(crops) > 2:
+        c, q = net.backbone.forward_features(torch.cat(crops[2:]))
+        cls.append(c)
+        tokens.append(channel_tokens(q, k))
+    cls = torch.cat(cls)
+    return net.head(cls), cls, net.head(torch.cat(tokens))
 
 
 def cosine_scheduler(base_value, final_value, epochs, niter_per_ep, warmup_epochs=0,
@@ -537,6 +619,19 @@ def features(backbone, x, batch=256):
     return out
 
 
+@torch.no_grad()
+def pooled_features(vit, x, channels, batch=256):
+    """--tokens-pool cls_and_channels in eval mode: channel_reference.py's
+    tokens_pooled_features (the CLS and each channel's mean patch token, each L2-normalised,
+    concatenated [B, (k+1)·D]) of a tokens backbone on x [B, k, H, W] at `channels`."""
+    was = vit.training
+    vit.eval()
+    out = torch.cat([tokens_pooled_features(vit, x[i:i + batch], channels)
+                     for i in range(0, len(x), batch)])
+    vit.train(was)
+    return out
+
+
 def main(argv=None):
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -563,11 +658,14 @@ def main(argv=None):
     combos = ([[int(ch) for ch in c] for c in a.combinations.split(",")] if a.combinations
               else [[c] for c in range(C)] + [list(range(C))])
 
-    def embed(backbone_, x, combo):
-        """A combination's CLS features: tokens, the CLS over its channels' tokens; bag, each
-        channel's CLS L2-normalised, concatenated in channel order (bag_pool: concat)."""
+    def embed(backbone_, x, combo, pool=a.tokens_pool):
+        """A combination's features: tokens, the CLS over its channels' tokens (pool cls) or
+        with each channel's mean patch token (cls_and_channels); bag, each channel's CLS
+        L2-normalised, concatenated in channel order (bag_pool: concat)."""
         if a.channel_mode == "bag":
             return torch.cat([F.normalize(features(backbone_, x[:, c:c + 1]), dim=1) for c in combo], 1)
+        if pool == "cls_and_channels":
+            return pooled_features(backbone_, x[:, combo], combo)
         backbone_.channels = combo
         try:
             return features(backbone_, x[:, combo])
@@ -592,8 +690,9 @@ def main(argv=None):
         out = dict(per[everything] if everything in per else next(iter(per.values())))
         out["combinations"] = per
         if a.channel_mode == "tokens":
-            out.update(prototype_purity(net.head, embed(net.backbone, ev_train, list(range(C))), y_train,
-                                        dino_loss.center))
+            # The head reads the CLS, whatever --tokens-pool probes.
+            cls_train = embed(net.backbone, ev_train, list(range(C)), "cls")
+            out.update(prototype_purity(net.head, cls_train, y_train, dino_loss.center))
         return out
 
     raw_tr = F.normalize(ev_train.flatten(1), dim=1)
@@ -609,7 +708,8 @@ def main(argv=None):
     def backbone(drop_path_rate):
         if a.channel_mode == "tokens":
             v = ChannelVisionTransformer(a.arch, a.patch_size, C, drop_path_rate,
-                                         mixing_blocks=a.mixing_blocks, **extra)
+                                         mixing_blocks=a.mixing_blocks,
+                                         separate_blocks=a.separate_blocks, **extra)
             orthogonal_channel_embed(v, a.channel_embed_std)
             return v
         return VisionTransformer(a.arch, a.patch_size, 1 if a.channel_mode == "bag" else C,
@@ -640,6 +740,12 @@ def main(argv=None):
     dino_loss = DINOLoss(a.out_dim, ncrops, a.warmup_teacher_temp, a.teacher_temp,
                          a.warmup_teacher_temp_epochs, a.epochs, a.student_temp,
                          centering=a.centering)
+    channel_dino = a.channel_dino_weight > 0
+    # train.channel_dino_weight: a DINO loss of its own (centre or Sinkhorn-Knopp), the same
+    # temperatures.
+    channel_loss = DINOLoss(a.out_dim, ncrops, a.warmup_teacher_temp, a.teacher_temp,
+                            a.warmup_teacher_temp_epochs, a.epochs, a.student_temp,
+                            centering=a.centering) if channel_dino else None
     ibot_loss = iBOTPatchLoss(a.out_dim)
     grid = a.global_crop_size // a.patch_size
     mask_generator = MaskingGenerator(grid, max_num_patches=0.5 * grid * grid)
@@ -672,6 +778,7 @@ def main(argv=None):
     for epoch in range(a.epochs):
         t0 = time.perf_counter()
         losses, ents, ents_b, protos_b, protos_all = [], [], [], [], set()
+        channel_losses = []
         for it, (images, _) in enumerate(loader):
             git = niter * epoch + it
             for i, g in enumerate(optimizer.param_groups):
@@ -690,8 +797,12 @@ def main(argv=None):
                 masks = draw_masks(n_global, mask_generator, a.ibot_mask_probability,
                                    a.ibot_mask_ratio).repeat(1, k)
                 with torch.no_grad():
-                    teacher_output, _, t_patch = ibot_forward(teacher, images, masks, False)
-                student_output, cls, s_patch = ibot_forward(student, images, masks, True)
+                    # The teacher sees the global crops only (its local-crop CLS rows would
+                    # break the loss's two teacher chunks).
+                    teacher_output, _, t_patch, t_chan = ibot_forward(
+                        teacher, images[:2], masks, False, channel_dino)
+                student_output, cls, s_patch, s_chan = ibot_forward(student, images, masks, True,
+                                                                    channel_dino)
                 temp = dino_loss.teacher_temp_schedule[epoch]
                 if a.centering == "sinkhorn_knopp":
                     targets = ibot_loss.sinkhorn_knopp_teacher(t_patch, temp, len(t_patch))
@@ -700,10 +811,20 @@ def main(argv=None):
                     ibot_loss.update_center(t_patch.unsqueeze(0))
                 loss = dino_loss(student_output, teacher_output, epoch)
                 loss = loss + a.ibot_weight * ibot_loss.forward_masked(s_patch, targets, masks)
+            elif channel_dino:
+                with torch.no_grad():
+                    teacher_output, _, t_chan = crops_forward(teacher, images[:2])
+                student_output, cls, s_chan = crops_forward(student, images)
+                loss = dino_loss(student_output, teacher_output, epoch)
             else:
                 teacher_output = teacher(images[:2])
                 student_output, cls = student(images)
                 loss = dino_loss(student_output, teacher_output, epoch)
+            if channel_dino:
+                # Rows (crop, image, channel): the loss's per-crop chunks are B·k rows each.
+                channel_term = channel_loss(s_chan, t_chan, epoch)
+                channel_losses.append(channel_term.item())
+                loss = loss + a.channel_dino_weight * channel_term
             if a.koleo_weight > 0:
                 # DINOv2: weight × Σ over the two global crops of KoLeo(the student's CLS).
                 loss = loss + a.koleo_weight * sum(koleo(c) for c in cls[:n_global].chunk(2))
@@ -739,6 +860,8 @@ def main(argv=None):
                "lr": float(lr_schedule[niter * epoch + niter - 1]),
                "momentum": float(momentum_schedule[niter * epoch + niter - 1]),
                "train_s": round(dt, 2), "train_s_total": round(train_s, 2)}
+        if channel_dino:  # the unweighted channel DINO loss (mean over the epoch's steps)
+            rec["loss_channel_dino"] = float(np.mean(channel_losses))
         if (epoch + 1) % a.eval_every == 0 or epoch == a.epochs - 1:
             t0 = time.perf_counter()
             evaluated = probe(teacher)
