@@ -1,11 +1,10 @@
 //! The step's loss as a named list of terms: the DINO term (always), and the stabilisers a
 //! config turns on (KoLeo, iBOT, the channel tokens' DINO term, DiChaViT's channel and token
-//! diversification). Each kind of
-//! term is one type implementing [`LossTerm`] in its own file, registered once in [`KINDS`];
-//! the step sums the list and all-reduces its
-//! values, telemetry shows them by name (progress line, TensorBoard, Prometheus), checkpoints
-//! hold their running state under its own names, and the collapse detector reads the DINO
-//! term by name. docs/architecture.md lists where a new term goes.
+//! diversification). Each kind of term is one type implementing [`LossTerm`] in its own file,
+//! registered once in [`KINDS`]; the step sums the list and all-reduces its values, telemetry
+//! shows them by name (progress line, TensorBoard, Prometheus), checkpoints hold their running
+//! state under its own names, and the collapse detector reads the DINO term by name.
+//! docs/architecture.md lists where a new term goes.
 use super::channel_dino::ChannelDinoTerm;
 use super::dichavit::{ChannelDiversityTerm, TokenDiversityTerm};
 use super::ibot::IbotObjective;
