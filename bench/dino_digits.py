@@ -71,9 +71,10 @@ sample (an epoch is C× the steps), each augmented and normalised with its chann
 channel's own token, the mean of its patch tokens after the final norm (registers left out),
 from the same backbone pass as the CLS (the student's global crops with iBOT: the masked-input
 pass), through the DINO head in a call of its own, rows in (crop, image, channel) order so
-every (image, channel) is a sample; the computation of trainer/tests/py/train_step_reference.py
-(`channel_tokens`, `ibot_forward`, `crops_forward`), re-stated here because that file is a
-script. The epoch line then holds `loss_channel_dino` (unweighted). At 0 (the default) the step
+every (image, channel) is a sample: channel_reference.py's `channel_tokens` and
+`crops_forward`, which trainer/tests/py/train_step_reference.py uses too, and its
+`ibot_forward` re-stated here (that file is a script). The epoch line then holds
+`loss_channel_dino` (unweighted). At 0 (the default) the step
 is the one without the option, forward for forward. Both are probed on every combination
 (`--combinations`): `tokens` by the CLS over the combination's channels (`--tokens-pool cls`)
 or, with `--tokens-pool cls_and_channels` (`downstream.features.tokens_pool`),
@@ -122,7 +123,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
-from channel_reference import ChannelVisionTransformer, tokens_pooled_features  # noqa: E402
+from channel_reference import (  # noqa: E402
+    ChannelVisionTransformer, channel_tokens, crops_forward, tokens_pooled_features)
 from dino_reference import ARCHS, DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
 from ibot_reference import iBOTPatchLoss  # noqa: E402
 from koleo_reference import KoLeoLoss  # noqa: E402
@@ -348,12 +350,6 @@ def draw_masks(n_images, generator, probability, ratio):
     return torch.stack(masks).flatten(1)
 
 
-def channel_tokens(patches, k):
-    """Each channel's own token of patches [I, k·n, D] (channel-major): the mean of its n patch
-    tokens, [I·k, D] in (image, channel) order (train_step_reference.py's channel_tokens)."""
-    return patches.reshape(patches.shape[0], k, -1, patches.shape[-1]).mean(dim=2).flatten(0, 1)
-
-
 def ibot_forward(net, crops, masks, mask_input, channel_dino=False):
     """The global crops with (student) or without (teacher) the mask token, their CLS and the
     masked patch tokens, the local crops' CLS; DINO head and iBOT share the head (one call).
@@ -375,22 +371,6 @@ def ibot_forward(net, crops, masks, mask_input, channel_dino=False):
     out = net.head(torch.cat((cls, masked)))
     channel_out = net.head(torch.cat(tokens)) if channel_dino else None
     return out[: len(cls)], cls, out[len(cls):], channel_out
-
-
-def crops_forward(net, crops):
-    """Without iBOT, with --channel-dino-weight: the global crops through the backbone together,
-    then the local crops together (as MultiCropWrapper groups them by width), giving the head's
-    CLS logits, the CLS tokens and the head's logits of each channel's token, rows in (crop,
-    image, channel) order (train_step_reference.py's crops_forward)."""
-    k = crops[0].shape[1]
-    cls, patches = net.backbone.forward_features(torch.cat(crops[:2]))
-    cls, tokens = [cls], [channel_tokens(patches, k)]
-    if len(crops) > 2:
-        c, q = net.backbone.forward_features(torch.cat(crops[2:]))
-        cls.append(c)
-        tokens.append(channel_tokens(q, k))
-    cls = torch.cat(cls)
-    return net.head(cls), cls, net.head(torch.cat(tokens))
 
 
 def cosine_scheduler(base_value, final_value, epochs, niter_per_ep, warmup_epochs=0,

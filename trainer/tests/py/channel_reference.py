@@ -166,3 +166,26 @@ def bag_features(vit, x):
     B, k, H, W = x.shape
     cls = vit(x.reshape(B * k, 1, H, W)).reshape(B, k, -1)
     return cls.reshape(B, -1), cls.mean(dim=1)
+
+
+def channel_tokens(patches, k):
+    """Each channel's own token of patches [I, k·n, D] (channel-major): the mean of its n patch
+    tokens, [I·k, D] in (image, channel) order (the trainer's `train.channel_dino_weight`)."""
+    return patches.reshape(patches.shape[0], k, -1, patches.shape[-1]).mean(dim=2).flatten(0, 1)
+
+
+def crops_forward(net, crops):
+    """A MultiCropWrapper-like `net` (a ChannelVisionTransformer backbone, a head) on crops
+    without masks: the global crops through the backbone together, then the local crops
+    together (as the trainer's step groups them by width), giving the head's CLS logits, the
+    CLS tokens and the head's logits of each channel's token (one head call of their own),
+    rows in (crop, image, channel) order."""
+    k = crops[0].shape[1]
+    cls, patches = net.backbone.forward_features(torch.cat(crops[:2]))
+    cls, tokens = [cls], [channel_tokens(patches, k)]
+    if len(crops) > 2:
+        c, p = net.backbone.forward_features(torch.cat(crops[2:]))
+        cls.append(c)
+        tokens.append(channel_tokens(p, k))
+    cls = torch.cat(cls)
+    return net.head(cls), cls, net.head(torch.cat(tokens))

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 import dino_reference
-from channel_reference import ChannelVisionTransformer
+from channel_reference import ChannelVisionTransformer, channel_tokens, crops_forward
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer
 from koleo_reference import KoLeoLoss
 from ibot_reference import iBOTPatchLoss
@@ -67,12 +67,6 @@ def net(drop):
     return wrapper
 
 
-def channel_tokens(patches, k):
-    """Each channel's own token of patches [I, k·n, D] (channel-major): the mean of its n patch
-    tokens, [I·k, D] in (image, channel) order."""
-    return patches.reshape(patches.shape[0], k, -1, patches.shape[-1]).mean(dim=2).flatten(0, 1)
-
-
 def ibot_forward(net, crops, masks, mask_input):
     """ssl_meta_arch.py: global crops with (student) or without (teacher) masked input, their
     CLS and masked patch tokens, the local crops' CLS; heads as configured. With the channel
@@ -94,21 +88,6 @@ def ibot_forward(net, crops, masks, mask_input):
         return net.head(cls), cls, net.ibot_head(masked), channel_out
     out = net.head(torch.cat((cls, masked)))
     return out[: len(cls)], cls, out[len(cls):], channel_out
-
-
-def crops_forward(net, crops):
-    """Without masks: the global crops through the backbone together, then the local crops
-    together (as the step groups them by width), giving the head's CLS logits, the CLS tokens
-    and the head's logits of each channel's token."""
-    k = crops[0].shape[1]
-    cls, patches = net.backbone.forward_features(torch.cat(crops[:2]))
-    cls, tokens = [cls], [channel_tokens(patches, k)]
-    if len(crops) > 2:
-        c, p = net.backbone.forward_features(torch.cat(crops[2:]))
-        cls.append(c)
-        tokens.append(channel_tokens(p, k))
-    cls = torch.cat(cls)
-    return net.head(cls), cls, net.head(torch.cat(tokens))
 
 
 student, teacher = net(0.1), net(0.0)
