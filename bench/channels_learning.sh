@@ -46,14 +46,19 @@
 #               tokens_matched and tokens_separate with train.channel_dino_weight: 1.0 (a second
 #               DINO loss on each channel's mean patch token, every (image, channel) a sample, as
 #               bag trains each channel's CLS; not run unless named in RUNS)
+#   tokens_mix_chdino
+#               tokens_chdino with tokens_mix's two settings (the candidate recipe for the
+#               interaction task, where channels must be read together; not run unless named in
+#               RUNS)
 #   tokens_dichavit
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
 #               named in RUNS)
-# Every tokens approach (the untrained network included) is scored twice from the same last
-# checkpoint: with its CLS token (downstream.features.tokens_pool: cls, as RUN) and with
+# Every tokens approach (the untrained network included) is scored three times from the same
+# last checkpoint: with its CLS token (downstream.features.tokens_pool: cls, as RUN), with
 # tokens_pool: cls_and_channels (the CLS and each channel's mean patch token, as RUN_pool;
-# BENCHMARKS.md run 12).
+# BENCHMARKS.md run 12) and with tokens_pool: joint_and_alone (that feature of the pass over the
+# combination, then each channel's from a pass over it alone, as RUN_alone; run 16).
 # Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
 # Prints one Markdown table per approach: mean and spread over the seeds.
 # usage: [SEEDS="0 1 2"] [RUNS="untrained tokens bag fixed fixed_zeros"] [TRAINER=bin] [DATA=dir]
@@ -106,7 +111,7 @@ COST=$OUT/cost.txt
 # Whether approach $1 trains tokens_matched's steps (C × the epochs and the warm-up).
 matched() {
   case $1 in
-    tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino) return 0 ;;
+    tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino | tokens_mix_chdino) return 0 ;;
     *) return 1 ;;
   esac
 }
@@ -118,14 +123,15 @@ config() {
     untrained) mode=tokens lr=1.0e-12 ;;
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
-    tokens_mix | tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino)
+    tokens_mix | tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino | \
+      tokens_mix_chdino)
       mode=tokens base=small-data ;;
     # configs/dichavit.yaml says channels: tokens itself.
     tokens_dichavit) mode="" base=dichavit ;;
   esac
   local channels=""
   [[ -z $mode ]] || channels="\\n  channels: $mode"  # sed's newline
-  [[ $run != tokens_mix ]] || channels+="\\n  channel_mixing_blocks: 1\\n  channel_embed_std: 1.0"
+  [[ $run != tokens_mix* ]] || channels+="\\n  channel_mixing_blocks: 1\\n  channel_embed_std: 1.0"
   [[ $run != tokens_separate* ]] || channels+="\\n  channel_separate_blocks: 12"
   channels+=$MODEL_EXTRA
   sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
@@ -217,19 +223,23 @@ for seed in $SEEDS; do
           timed "seed$seed $run evaluate" "$log" evaluate --config "$y" --combination "$c"
         done
         if grep -q "^  channels: tokens\$" "$y"; then
-          # The same last checkpoint with the per-channel feature, as ${run}_pool.
-          yp=$OUT/seed$seed-${run}_pool.yaml
-          sed -e "s|^  name: $run\$|  name: ${run}_pool|" \
-            -e "s|^  features:|  features:\n    tokens_pool: cls_and_channels|" "$y" >"$yp"
-          grep -q "^  name: ${run}_pool\$" "$yp" && grep -q "tokens_pool: cls_and_channels" "$yp" ||
-            { echo "$yp: no run name or downstream.features section to change" >&2; exit 1; }
-          "$TRAINER" config check "$yp" >/dev/null
+          # The same last checkpoint with the per-channel features, as ${run}_pool
+          # (cls_and_channels) and ${run}_alone (joint_and_alone).
           ck=$(ls "$OUT/seed$seed/$run/scDINO_ViTs/"*_channel_*/checkpoint.safetensors)
-          mkdir -p "$OUT/seed$seed/${run}_pool"
-          cp "$OUT/seed$seed/$run/mean_and_std_of_dataset.txt" "$OUT/seed$seed/${run}_pool/"
-          for c in $(seq 0 $((NCOMBOS - 1))); do
-            timed "seed$seed ${run}_pool evaluate" "$log" evaluate --config "$yp" --combination "$c" \
-              --checkpoint "$ck"
+          for pool in cls_and_channels:pool joint_and_alone:alone; do
+            name=${run}_${pool#*:}
+            yp=$OUT/seed$seed-$name.yaml
+            sed -e "s|^  name: $run\$|  name: $name|" \
+              -e "s|^  features:|  features:\n    tokens_pool: ${pool%:*}|" "$y" >"$yp"
+            grep -q "^  name: $name\$" "$yp" && grep -q "tokens_pool: ${pool%:*}" "$yp" ||
+              { echo "$yp: no run name or downstream.features section to change" >&2; exit 1; }
+            "$TRAINER" config check "$yp" >/dev/null
+            mkdir -p "$OUT/seed$seed/$name"
+            cp "$OUT/seed$seed/$run/mean_and_std_of_dataset.txt" "$OUT/seed$seed/$name/"
+            for c in $(seq 0 $((NCOMBOS - 1))); do
+              timed "seed$seed $name evaluate" "$log" evaluate --config "$yp" --combination "$c" \
+                --checkpoint "$ck"
+            done
           done
         fi
         ;;
@@ -244,9 +254,9 @@ names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
         "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_separate", "tokens_chdino",
-        "tokens_separate_chdino", "tokens_dichavit"]
-# Each tokens run beside its cls_and_channels evaluation.
-runs = [x for r in runs for x in ([r] if r in ("fixed", "fixed_zeros", "bag", "bag_small") else [r, r + "_pool"])]
+        "tokens_separate_chdino", "tokens_mix_chdino", "tokens_dichavit"]
+# Each tokens run beside its cls_and_channels and joint_and_alone evaluations.
+runs = [x for r in runs for x in ([r] if r in ("fixed", "fixed_zeros", "bag", "bag_small") else [r, r + "_pool", r + "_alone"])]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
 for seed in seeds:
     for run in runs:

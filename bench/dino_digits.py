@@ -79,7 +79,9 @@ is the one without the option, forward for forward. Both are probed on every com
 (`--combinations`): `tokens` by the CLS over the combination's channels (`--tokens-pool cls`)
 or, with `--tokens-pool cls_and_channels` (`downstream.features.tokens_pool`),
 channel_reference.py's `tokens_pooled_features`: the CLS and each channel's mean patch token,
-each L2-normalised, concatenated ((k+1)·D; the prototype diagnostics still read the CLS); `bag`
+each L2-normalised, concatenated ((k+1)·D; the prototype diagnostics still read the CLS), or
+with `--tokens-pool joint_and_alone` its `tokens_joint_and_alone_features` (that feature of the
+pass over the combination, then each channel's from a pass over it alone); `bag`
 by the concatenated L2-normalised per-channel CLS tokens; the epoch lines hold each
 combination's kNN and probe under `combinations`, and their top-level `knn20` etc. are the
 all-channel combination's. `--img-size` sets the position table's size (the trainer's
@@ -124,7 +126,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
 from channel_reference import (  # noqa: E402
-    ChannelVisionTransformer, channel_tokens, crops_forward, tokens_pooled_features)
+    ChannelVisionTransformer, channel_tokens, crops_forward, tokens_joint_and_alone_features,
+    tokens_pooled_features)
 from dino_reference import ARCHS, DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
 from ibot_reference import iBOTPatchLoss  # noqa: E402
 from koleo_reference import KoLeoLoss  # noqa: E402
@@ -204,11 +207,14 @@ def parse_args(argv=None):
                    help="tokens: weight of a second DINO loss (own centre, or Sinkhorn-Knopp) on "
                    "each channel's mean patch token through the DINO head "
                    "(train.channel_dino_weight; 0 = off)")
-    p.add_argument("--tokens-pool", choices=["cls", "cls_and_channels"], default="cls",
+    p.add_argument("--tokens-pool", default="cls",
                    help="tokens: the probed features of a combination "
                    "(downstream.features.tokens_pool): cls, the CLS token; cls_and_channels, "
                    "the CLS and each channel's mean patch token, each L2-normalised, "
-                   "concatenated")
+                   "concatenated; joint_and_alone, that feature of the pass over the "
+                   "combination, then each channel's from a pass over it alone. A "
+                   "comma-separated list probes each: the first as `combinations`, every "
+                   "other as `combinations_<pool>`")
     p.add_argument("--channel-embed-std", type=float, default=0.02,
                    help="tokens: the channel embedding's init scale (orthogonal rows)")
     p.add_argument("--img-size", type=int, default=None,
@@ -243,12 +249,17 @@ def parse_args(argv=None):
     if a.separate_blocks + a.mixing_blocks > depth:
         p.error(f"--separate-blocks {a.separate_blocks} + --mixing-blocks {a.mixing_blocks} "
                 f"exceed {a.arch}'s {depth} blocks")
+    a.tokens_pools = a.tokens_pool.split(",")
+    for pool in a.tokens_pools:
+        if pool not in ("cls", "cls_and_channels", "joint_and_alone"):
+            p.error(f"--tokens-pool: {pool} is not cls, cls_and_channels or joint_and_alone")
+    a.tokens_pool = a.tokens_pools[0]
     if a.channel_dino_weight < 0:
         p.error("--channel-dino-weight must be >= 0")
     if a.channel_mode != "tokens":
         for flag, on in (("--separate-blocks", a.separate_blocks > 0),
                          ("--channel-dino-weight", a.channel_dino_weight > 0),
-                         ("--tokens-pool cls_and_channels", a.tokens_pool != "cls")):
+                         ("--tokens-pool " + a.tokens_pool, a.tokens_pools != ["cls"])):
             if on:
                 p.error(f"{flag} needs --channel-mode tokens (got {a.channel_mode})")
     return a
@@ -600,13 +611,14 @@ def features(backbone, x, batch=256):
 
 
 @torch.no_grad()
-def pooled_features(vit, x, channels, batch=256):
+def pooled_features(vit, x, channels, batch=256, pool=tokens_pooled_features):
     """--tokens-pool cls_and_channels in eval mode: channel_reference.py's
     tokens_pooled_features (the CLS and each channel's mean patch token, each L2-normalised,
-    concatenated [B, (k+1)·D]) of a tokens backbone on x [B, k, H, W] at `channels`."""
+    concatenated [B, (k+1)·D]) of a tokens backbone on x [B, k, H, W] at `channels`; with
+    pool=tokens_joint_and_alone_features, --tokens-pool joint_and_alone."""
     was = vit.training
     vit.eval()
-    out = torch.cat([tokens_pooled_features(vit, x[i:i + batch], channels)
+    out = torch.cat([pool(vit, x[i:i + batch], channels)
                      for i in range(0, len(x), batch)])
     vit.train(was)
     return out
@@ -646,6 +658,9 @@ def main(argv=None):
             return torch.cat([F.normalize(features(backbone_, x[:, c:c + 1]), dim=1) for c in combo], 1)
         if pool == "cls_and_channels":
             return pooled_features(backbone_, x[:, combo], combo)
+        if pool == "joint_and_alone":
+            return pooled_features(backbone_, x[:, combo], combo,
+                                   pool=tokens_joint_and_alone_features)
         backbone_.channels = combo
         try:
             return features(backbone_, x[:, combo])
@@ -669,6 +684,11 @@ def main(argv=None):
         everything = "".join(map(str, range(C)))
         out = dict(per[everything] if everything in per else next(iter(per.values())))
         out["combinations"] = per
+        for pool in a.tokens_pools[1:]:
+            out[f"combinations_{pool}"] = {
+                "".join(map(str, c)): scores(embed(net.backbone, ev_train, c, pool),
+                                             embed(net.backbone, ev_test, c, pool))
+                for c in combos}
         if a.channel_mode == "tokens":
             # The head reads the CLS, whatever --tokens-pool probes.
             cls_train = embed(net.backbone, ev_train, list(range(C)), "cls")

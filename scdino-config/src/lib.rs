@@ -889,33 +889,37 @@ mod tests {
         assert!(e.contains("missing_channels"), "{e}");
     }
 
-    /// `tokens_pool: cls_and_channels` is for tokens models only; cls is the default everywhere.
+    /// `tokens_pool: cls_and_channels` and `joint_and_alone` are for tokens models only; cls is
+    /// the default everywhere.
     #[test]
     fn tokens_pool_is_validated_against_the_channel_mode() {
         let tokens = "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\", \"1\"]\nmodel:\n  channels: tokens\n";
-        let c = Config::from_yaml(
-            &format!("{tokens}downstream:\n  features:\n    tokens_pool: cls_and_channels\n"),
-            "t",
-        )
-        .unwrap();
-        assert_eq!(
-            c.downstream.features.tokens_pool,
-            TokensPool::ClsAndChannels
-        );
-        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        for (name, pool) in [
+            ("cls_and_channels", TokensPool::ClsAndChannels),
+            ("joint_and_alone", TokensPool::JointAndAlone),
+        ] {
+            let c = Config::from_yaml(
+                &format!("{tokens}downstream:\n  features:\n    tokens_pool: {name}\n"),
+                "t",
+            )
+            .unwrap();
+            assert_eq!(c.downstream.features.tokens_pool, pool);
+            assert_eq!(pool.name(), name);
+            assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+            for mode in ["fixed", "bag"] {
+                let (key, line, msg) = invalid(&format!(
+                    "model:\n  channels: {mode}\ndownstream:\n  features:\n    tokens_pool: {name}\n"
+                ));
+                assert_eq!(
+                    (key.as_str(), line),
+                    ("downstream.features.tokens_pool", Some(5))
+                );
+                assert!(msg.contains(&format!("model.channels: {mode}")), "{msg}");
+            }
+        }
         for text in ["", tokens] {
             let d = Config::from_yaml(text, "t").unwrap();
             assert_eq!(d.downstream.features.tokens_pool, TokensPool::Cls);
-        }
-        for mode in ["fixed", "bag"] {
-            let (key, line, msg) = invalid(&format!(
-                "model:\n  channels: {mode}\ndownstream:\n  features:\n    tokens_pool: cls_and_channels\n"
-            ));
-            assert_eq!(
-                (key.as_str(), line),
-                ("downstream.features.tokens_pool", Some(5))
-            );
-            assert!(msg.contains(&format!("model.channels: {mode}")), "{msg}");
         }
         assert!(Config::from_yaml("downstream:\n  features:\n    tokens_pool: cls\n", "t").is_ok());
         let e = Config::from_yaml("downstream:\n  features:\n    tokens_pool: patches\n", "t")

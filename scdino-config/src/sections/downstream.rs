@@ -189,6 +189,15 @@ pub enum TokensPool {
     /// evaluation adds the average-pooled patch tokens to the CLS token, here per channel, so a
     /// combination keeps every channel's own dimensions as bag's `concat` does.
     ClsAndChannels,
+    /// `cls_and_channels` of the pass over the combination's channels together (the joint
+    /// view, where channels read each other), then for each channel in order its
+    /// `cls_and_channels` from a pass over that channel alone (bag's view of it), each view
+    /// weighing the same ((3k+1)·D for k channels; a single channel's feature is its
+    /// `cls_and_channels`, 2·D). Costs k+1 passes. In a joint pass a bright channel's
+    /// tokens overwrite a dark one's, so a combination's channel parts lose what each channel
+    /// alone shows; the alone views keep it, the joint view keeps what only the channels
+    /// together show (BENCHMARKS.md, issue 48 run 16).
+    JointAndAlone,
 }
 
 impl TokensPool {
@@ -197,6 +206,7 @@ impl TokensPool {
         match self {
             TokensPool::Cls => "cls",
             TokensPool::ClsAndChannels => "cls_and_channels",
+            TokensPool::JointAndAlone => "joint_and_alone",
         }
     }
 }

@@ -123,8 +123,10 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
                 "\"012\", \"0\", \"12\"",
                 ", tokens_pool: cls_and_channels",
             );
+            let mut pooled_sets = Vec::new();
             for (combination, k) in [(0usize, 3i64), (1, 1), (2, 2)] {
                 let set = features::extract(&pooled, combination, &ck, &ms).unwrap();
+                pooled_sets.push(set.features.copy());
                 assert_eq!(set.features.size()[1], 192 * (k + 1));
                 let cls = set.features.narrow(1, 0, 192) * ((k + 1) as f64).sqrt();
                 let diff = (cls - &sets[combination]).abs().max().double_value(&[]);
@@ -144,6 +146,48 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
                             .double_value(&[])
                             > 1e-3
                     );
+                }
+            }
+            // `tokens_pool: joint_and_alone`: the joint view is the combination's
+            // cls_and_channels feature, channel a's own view in "a+b+c" is the feature of "a"
+            // alone, a single channel's feature is its cls_and_channels one; the own views of
+            // "b+c" are not the joint pass's channel parts (another pass). Against PyTorch:
+            // model.rs `channel_adaptive_backbones_match_pytorch`.
+            let joint_alone = config_with(
+                dir.path(),
+                mode,
+                mode,
+                "a, b, c",
+                "\"012\", \"0\", \"12\"",
+                ", tokens_pool: joint_and_alone",
+            );
+            let max_diff = |a: &tch::Tensor, b: &tch::Tensor| (a - b).abs().max().double_value(&[]);
+            for (combination, k) in [(0usize, 3i64), (1, 1), (2, 2)] {
+                let set = features::extract(&joint_alone, combination, &ck, &ms).unwrap();
+                let f = &set.features;
+                if k == 1 {
+                    assert_eq!(f.size()[1], 192 * 2);
+                    assert!(max_diff(f, &pooled_sets[combination]) < 1e-6);
+                    continue;
+                }
+                assert_eq!(f.size()[1], 192 * (3 * k + 1));
+                let views = (k + 1) as f64;
+                let joint = f.narrow(1, 0, 192 * (k + 1)) * views.sqrt();
+                let d = max_diff(&joint, &pooled_sets[combination]);
+                assert!(d < 1e-5, "combination {combination}: joint view {d}");
+                for c in 0..k {
+                    let own = f.narrow(1, 192 * (k + 1 + 2 * c), 2 * 192) * views.sqrt();
+                    let norms = own.norm_scalaropt_dim(2.0, [1], false);
+                    assert!((norms - 1.0).abs().max().double_value(&[]) < 1e-5);
+                    if combination == 0 && c == 0 {
+                        let d = max_diff(&own, &pooled_sets[1]);
+                        assert!(d < 1e-5, "a's own view against \"a\" alone: {d}");
+                    }
+                    // The channel's part in its own pass against its part in the joint pass,
+                    // both at unit length.
+                    let own_part = own.narrow(1, 192, 192) * 2f64.sqrt();
+                    let joint_part = joint.narrow(1, 192 * (1 + c), 192) * views.sqrt();
+                    assert!(max_diff(&own_part, &joint_part) > 1e-3);
                 }
             }
         } else {

@@ -304,8 +304,9 @@ fn loading_refuses_missing_or_misshaped_weights() {
 /// through the batch) against the PyTorch references of tests/py/channel_reference.py, on the
 /// same weights: CLS at the training grid, at another size, non-square, on a subset of the
 /// channels, the last attention, the bag features (concatenated and mean) and the tokens
-/// features with `tokens_pool: cls_and_channels`. The tokens state dict is ChannelViT's, name
-/// for name and shape for shape.
+/// features with `tokens_pool: cls_and_channels` and `joint_and_alone` (all four channels, a
+/// subset of two, one channel). The tokens state dict is ChannelViT's, name for name and shape
+/// for shape.
 #[test]
 fn channel_adaptive_backbones_match_pytorch() {
     use trainer::config::{BagPool, ChannelMode, TokensPool};
@@ -346,12 +347,12 @@ fn channel_adaptive_backbones_match_pytorch() {
     let subset: Vec<i64> = Vec::<i64>::try_from(&t["in.subset"]).unwrap();
     let tol = 1e-4;
     // The features stage's own function (the mode's kind), not a copy of its arithmetic.
-    let pooled = |x: &Tensor, positions: Option<Vec<i64>>| {
+    let pooled = |x: &Tensor, positions: Option<Vec<i64>>, tokens_pool: TokensPool| {
         let input = CombinationInput {
             positions,
             trained: 4,
             bag_pool: BagPool::Concat,
-            tokens_pool: TokensPool::ClsAndChannels,
+            tokens_pool,
         };
         let kind = for_mode(ChannelMode::Tokens);
         let k = x.size()[1] as usize;
@@ -377,10 +378,37 @@ fn channel_adaptive_backbones_match_pytorch() {
             ),
             ("bag.concat96", concat),
             ("bag.mean96", mean),
-            ("tokens.pool96", pooled(&t["in.x96"], None)),
+            (
+                "tokens.pool96",
+                pooled(&t["in.x96"], None, TokensPool::ClsAndChannels),
+            ),
             (
                 "tokens.pool_sub",
-                pooled(&t["in.x_sub"], Some(subset.clone())),
+                pooled(
+                    &t["in.x_sub"],
+                    Some(subset.clone()),
+                    TokensPool::ClsAndChannels,
+                ),
+            ),
+            (
+                "tokens.joint_alone96",
+                pooled(&t["in.x96"], None, TokensPool::JointAndAlone),
+            ),
+            (
+                "tokens.joint_alone_sub",
+                pooled(
+                    &t["in.x_sub"],
+                    Some(subset.clone()),
+                    TokensPool::JointAndAlone,
+                ),
+            ),
+            (
+                "tokens.joint_alone_one",
+                pooled(
+                    &t["in.x_sub"].narrow(1, 1, 1),
+                    Some(subset[1..].to_vec()),
+                    TokensPool::JointAndAlone,
+                ),
             ),
         ];
         for (name, ours) in cases {

@@ -8,7 +8,12 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from channel_reference import ChannelVisionTransformer, bag_features, tokens_pooled_features
+from channel_reference import (
+    ChannelVisionTransformer,
+    bag_features,
+    tokens_joint_and_alone_features,
+    tokens_pooled_features,
+)
 from dino_reference import VisionTransformer
 
 out, arch, patch, chans = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -35,6 +40,10 @@ with torch.no_grad():
         "out.bag.concat96": concat, "out.bag.mean96": mean,
         "out.tokens.pool96": tokens_pooled_features(tokens, x96),
         "out.tokens.pool_sub": tokens_pooled_features(tokens, x_sub, subset),
+        "out.tokens.joint_alone96": tokens_joint_and_alone_features(tokens, x96),
+        "out.tokens.joint_alone_sub": tokens_joint_and_alone_features(tokens, x_sub, subset),
+        "out.tokens.joint_alone_one": tokens_joint_and_alone_features(
+            tokens, x_sub[:, 1:], subset[1:]),
     }
 save_file({k: v.contiguous() for k, v in tensors.items()}, out)
 save_file({k: v.contiguous() for k, v in tokens.state_dict().items()}, out + ".tokens.safetensors")

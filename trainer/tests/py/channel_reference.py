@@ -160,6 +160,20 @@ def tokens_pooled_features(vit, x, channels=None):
     return torch.nn.functional.normalize(parts, dim=-1).reshape(B, -1)
 
 
+def tokens_joint_and_alone_features(vit, x, channels=None):
+    """downstream.features.tokens_pool: joint_and_alone of x [B, k, H, W]: the
+    cls_and_channels feature of the pass over all k channels, then each channel's
+    cls_and_channels feature from a pass over that channel alone, each of the k+1 views scaled
+    to unit length, concatenated [B, (3k+1)·D]; one channel: its cls_and_channels [B, 2·D]."""
+    k = x.shape[1]
+    joint = tokens_pooled_features(vit, x, channels)
+    if k == 1:
+        return joint
+    chans = list(range(k)) if channels is None else list(channels)
+    views = [joint] + [tokens_pooled_features(vit, x[:, i:i + 1], [chans[i]]) for i in range(k)]
+    return torch.cat([torch.nn.functional.normalize(v, dim=-1) for v in views], dim=1)
+
+
 def bag_features(vit, x):
     """Bag-of-Channels features of x [B, k, H, W] from a single-channel ViT: (the per-channel
     CLS tokens concatenated in channel order [B, k·D], their mean [B, D])."""

@@ -39,20 +39,34 @@ impl ChannelModeKind for Tokens {
         let channels = input.positions.as_deref();
         match input.tokens_pool {
             TokensPool::Cls => vit.forward_channels_t(x, channels, false),
-            TokensPool::ClsAndChannels => {
-                let (cls, patches) = vit.forward_features_t(x, channels, None, false);
-                // The patch tokens are channel-major: k channels of n patches each.
-                let (b, k, d) = (x.size()[0], x.size()[1], cls.size()[1]);
-                let per_channel = patches.reshape([b, k, -1, d]).mean_dim(2, false, None);
-                unit_parts(&Tensor::cat(&[cls.unsqueeze(1), per_channel], 1)).flatten(1, 2)
+            TokensPool::ClsAndChannels => cls_and_channels(vit, x, channels).flatten(1, 2),
+            TokensPool::JointAndAlone => {
+                let k = x.size()[1];
+                let joint = cls_and_channels(vit, x, channels);
+                if k == 1 {
+                    // The pass over the channel alone is the joint pass.
+                    return joint.flatten(1, 2);
+                }
+                // Every view (the joint one, each channel's own) weighs the same: its parts
+                // are unit length, so the view is scaled to unit length as a whole.
+                let mut views = vec![joint / ((k + 1) as f64).sqrt()];
+                for c in 0..k {
+                    let model_channel = channels.map_or(c, |p| p[c as usize]);
+                    let alone = cls_and_channels(vit, &x.narrow(1, c, 1), Some(&[model_channel]));
+                    views.push(alone / 2f64.sqrt());
+                }
+                Tensor::cat(&views, 1).flatten(1, 2)
             }
         }
     }
 
     fn feature_dim(&self, embed_dim: i64, k: usize, input: &CombinationInput) -> i64 {
+        let k = k as i64;
         match input.tokens_pool {
             TokensPool::Cls => embed_dim,
-            TokensPool::ClsAndChannels => embed_dim * (k as i64 + 1),
+            TokensPool::ClsAndChannels => embed_dim * (k + 1),
+            TokensPool::JointAndAlone if k == 1 => embed_dim * 2,
+            TokensPool::JointAndAlone => embed_dim * (3 * k + 1),
         }
     }
 
@@ -103,4 +117,14 @@ impl ChannelModeKind for Tokens {
     fn record(&self) -> Option<&'static str> {
         Some("tokens")
     }
+}
+
+/// `[B, k+1, D]`: the CLS token and each of the `k` channels' mean patch token of one pass over
+/// `x` (`[B, k, H, W]`), each part unit length (`tokens_pool: cls_and_channels`).
+fn cls_and_channels(vit: &VisionTransformer, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
+    let (cls, patches) = vit.forward_features_t(x, channels, None, false);
+    // The patch tokens are channel-major: k channels of n patches each.
+    let (b, k, d) = (x.size()[0], x.size()[1], cls.size()[1]);
+    let per_channel = patches.reshape([b, k, -1, d]).mean_dim(2, false, None);
+    unit_parts(&Tensor::cat(&[cls.unsqueeze(1), per_channel], 1))
 }
