@@ -33,8 +33,7 @@
 #               tokens_small with as many optimizer steps as bag_small: an epoch of bag is
 #               C steps per image (each channel its own sample), of tokens one, so this run
 #               trains C × EPOCHS epochs with C × the warm-up epochs (the same lr, weight-decay,
-#               teacher-momentum schedules over the same steps; configs/tokens-small-data.yaml
-#               is this run on the 4-channel digits; not run unless named in RUNS)
+#               teacher-momentum schedules over the same steps; not run unless named in RUNS)
 #   tokens_teacher_all
 #               tokens_matched with train.teacher_channels: all (the teacher sees every
 #               channel, the student the step's subset; not run unless named in RUNS)
@@ -45,7 +44,9 @@
 #   tokens_chdino, tokens_separate_chdino
 #               tokens_matched and tokens_separate with train.channel_dino_weight: 1.0 (a second
 #               DINO loss on each channel's mean patch token, every (image, channel) a sample, as
-#               bag trains each channel's CLS; not run unless named in RUNS)
+#               bag trains each channel's CLS; configs/tokens-small-data.yaml is tokens_chdino
+#               on the 4-channel digits, read as tokens_chdino_alone; not run unless named in
+#               RUNS)
 #   tokens_mix_chdino
 #               tokens_chdino with tokens_mix's two settings (the candidate recipe for the
 #               interaction task, where channels must be read together; not run unless named in

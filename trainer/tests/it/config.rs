@@ -143,10 +143,12 @@ fn shipped_configs_are_valid() {
     let t = Config::load(&dir.join("tokens-small-data.yaml")).unwrap();
     let channels = t.data.channel_names.len();
     assert_eq!(t.model.channels, trainer::config::ChannelMode::Tokens);
+    // With the channel tokens' DINO term, read with each channel's own pass (run 16).
     assert_eq!(
         t.downstream.features.tokens_pool,
-        trainer::config::TokensPool::ClsAndChannels
+        trainer::config::TokensPool::JointAndAlone
     );
+    assert_eq!(t.train.channel_dino_weight, 1.0);
     assert_eq!(
         (t.train.epochs, t.train.warmup_epochs),
         (10 * channels, channels * c.train.warmup_epochs)
