@@ -118,7 +118,8 @@ pub struct TrainSection {
     /// centring (`train.centering`). 0 (the default) leaves it off. Without it a channel's
     /// tokens learn only through iBOT and the CLS's attention, and a dark channel's part of
     /// the feature barely varies between cells (BENCHMARKS.md, run 14). At 1.0 on the
-    /// PBMC-like cells it brought BF+DAPI from 12.7 to 5.2 points of 20-NN below `bag` (run 15).
+    /// PBMC-like cells it brought BF+DAPI from 12.7 to 5.2 points of 20-NN below `bag` (run 15),
+    /// and read with `downstream.features.tokens_pool: joint_and_alone` to 6.3 above (run 16).
     pub channel_dino_weight: f64,
 }
 
