@@ -431,7 +431,12 @@ fn step_learner(
     let cfg = step_config()
         .edit("selftest", |s| s.train.precision = precision)
         .map_err(|e| e.to_string())?;
-    let mut learner = Learner::from_config(&cfg, 3, device).map_err(|e| e.to_string())?;
+    learner_of(&cfg, device, from)
+}
+
+/// The learner of `cfg` (3 channels) on `device`, with the weights of its seed or of `from`.
+fn learner_of(cfg: &Config, device: Device, from: Option<&Networks>) -> Result<Learner, String> {
+    let mut learner = Learner::from_config(cfg, 3, device).map_err(|e| e.to_string())?;
     if let Some(src) = from {
         let nets = &mut learner.nets;
         nets.student_vs
@@ -742,30 +747,99 @@ type RankState = (f64, Vec<(String, Tensor, Tensor)>);
 /// half of the batch, against one process stepping on the whole batch: the loss to 1e-6 and
 /// every AdamW first moment within 1e-5 of its tensor's scale on both ranks (the two halves'
 /// gradients are summed in another order than one batch's, so not bit for bit; after one step
-/// the moments carry the gradients), the weights within two learning rates.
+/// the moments carry the gradients), the weights within two learning rates, the loss terms'
+/// centres as the moments.
 pub fn two_ranks_match_single(device: Device, timeout: Duration) -> Result<String, String> {
-    // `Learner::from_config` seeds the global generator: one construction at a time, so
-    // rank 0 and the single process start from the same weights.
-    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let build = || {
-        let _one = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-        step_learner(device, Precision::Fp32, None)
+    let cfg = step_config()
+        .edit("selftest", |s| s.train.precision = Precision::Fp32)
+        .map_err(|e| e.to_string())?;
+    two_ranks_match_single_with(&cfg, selftest_params(), device, timeout)
+}
+
+/// [`two_ranks_match_single`] for another fp32 configuration of 3 channels (a `tokens`
+/// model with its loss terms, say) and step values: the selftest's batch, one DDP step of two
+/// ranks on its halves against one process on the whole of it, the same bounds. Terms whose
+/// value is not a mean over the batch's rows (KoLeo's nearest neighbours, a BatchNorm head)
+/// differ between halves and the whole by design and do not belong here.
+pub fn two_ranks_match_single_with(
+    cfg: &Config,
+    params: StepParams,
+    device: Device,
+    timeout: Duration,
+) -> Result<String, String> {
+    // Every rank starts from the single process's initial weights, copied: a construction
+    // seeds and draws from the process-wide generator, which other threads (tests running
+    // beside this one) may draw from meanwhile.
+    let weights = |l: &Learner| -> Vec<(String, Tensor)> {
+        let nets = &l.nets;
+        let mut all: Vec<(String, Tensor)> = [
+            ("student.", &nets.student_vs),
+            ("teacher.", &nets.teacher_vs),
+        ]
+        .into_iter()
+        .flat_map(|(side, vs)| {
+            vs.variables()
+                .into_iter()
+                .map(move |(name, t)| (format!("{side}{name}"), t.copy()))
+        })
+        .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
     };
+    let build = |init: Vec<(String, Tensor)>| -> Result<Learner, String> {
+        let learner = learner_of(cfg, device, None)?;
+        let mut mine = weights(&learner)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>();
+        mine.sort();
+        let nets = &learner.nets;
+        tch::no_grad(|| {
+            for (name, value) in &init {
+                let (vs, key) = match name.split_once('.') {
+                    Some(("student", key)) => (&nets.student_vs, key),
+                    Some((_, key)) => (&nets.teacher_vs, key),
+                    None => return Err(format!("no side in {name}")),
+                };
+                let mut t = vs
+                    .variables()
+                    .remove(key)
+                    .ok_or_else(|| format!("the rank's learner has no {name}"))?;
+                t.copy_(value);
+            }
+            Ok(())
+        })?;
+        if mine.len() != init.len() {
+            return Err(format!(
+                "{} weights against the single process's {}",
+                mine.len(),
+                init.len()
+            ));
+        }
+        Ok(learner)
+    };
+    // Every parameter with its first moment, then every loss term's state (the centres the
+    // step updated from the all-reduced teacher outputs), compared as a moment.
     let state = |l: &Learner| -> Vec<(String, Tensor, Tensor)> {
-        l.optimizer
+        let cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float).copy();
+        let params = l
+            .optimizer
             .params
             .iter()
-            .map(|q| {
-                let cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float).copy();
-                (q.name.clone(), cpu(&q.tensor), cpu(&q.exp_avg))
-            })
-            .collect()
+            .map(|q| (q.name.clone(), cpu(&q.tensor), cpu(&q.exp_avg)));
+        let terms = l
+            .terms
+            .state()
+            .into_iter()
+            .map(|(name, t)| (name.to_string(), cpu(&t), cpu(&t)));
+        params.chain(terms).collect()
     };
-    let mut single = build()?;
+    let mut single = learner_of(cfg, device, None)?;
+    let inits = [weights(&single), weights(&single)];
     let single_loss = single
         .step(
             &step_batch(device),
-            selftest_params(),
+            params,
             0,
             &mut SingleProcess::default(),
         )
@@ -777,10 +851,12 @@ pub fn two_ranks_match_single(device: Device, timeout: Duration) -> Result<Strin
         .map_err(|e| format!("no free port: {e}"))?
         .port();
     let ranks: Vec<Result<RankState, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2usize)
-            .map(|rank| {
+        let handles: Vec<_> = inits
+            .into_iter()
+            .enumerate()
+            .map(|(rank, init)| {
                 s.spawn(move || {
-                    let mut learner = build()?;
+                    let mut learner = build(init)?;
                     let group = ProcessGroup::new("127.0.0.1", port, rank, 2, timeout, false)
                         .map_err(|e| e.to_string())?;
                     let dir = std::env::temp_dir().join(format!(
@@ -809,7 +885,7 @@ pub fn two_ranks_match_single(device: Device, timeout: Duration) -> Result<Strin
                             .map(|c| c.narrow(0, 2 * rank as i64, 2))
                             .collect();
                         let out = learner
-                            .step(&half, selftest_params(), 0, chosen.strategy.as_mut())
+                            .step(&half, params, 0, chosen.strategy.as_mut())
                             .map_err(|e| e.to_string())?;
                         Ok((out.loss, state(&learner)))
                     })();
@@ -841,7 +917,7 @@ pub fn two_ranks_match_single(device: Device, timeout: Duration) -> Result<Strin
                 weight = (abs, name.clone());
             }
         }
-        let lr = selftest_params().lr;
+        let lr = params.lr;
         let text = format!(
             "rank {rank}: loss {loss:.6} vs {single_loss:.6}, exp_avg: worst {} rel {:.1e} <= \
              1e-5, weights: worst {} |diff| {:.1e} <= 2 lr",

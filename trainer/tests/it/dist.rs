@@ -849,3 +849,51 @@ fn ibot_patch_centre_over_two_ranks_is_dinov2s_mean_of_rank_means() {
         assert!(worst < 1e-7, "rank {rank}: {got:?} vs {expected:?}");
     }
 }
+
+/// One DDP step of two Gloo ranks with the `tokens` recipe's channel DINO term
+/// (`train.channel_dino_weight`) equals one process stepping on the whole batch: its second
+/// DINO loss over the (image, channel) rows needs the same cross-rank reductions as the CLS's
+/// (Sinkhorn-Knopp's sums over the global batch, the EMA centre's mean), and its gradients
+/// reach the shared head and the patch tokens through DDP's buckets. Under both centrings, on
+/// every channel and on a sampled subset (the teacher and student on channels 0 and 2); the
+/// loss to 1e-6, every first moment and both terms' centres within 1e-5 of their scale, the
+/// weights within two learning rates (`selftest::two_ranks_match_single_with`).
+#[test]
+fn ddp_two_ranks_with_the_channel_dino_term_equal_one_process() {
+    use trainer::train::step::{ChannelSubset, StepParams};
+    for centering in ["ema", "sinkhorn_knopp"] {
+        let cfg = trainer::config::Config::from_yaml(
+            &format!(
+                "run:\n  seed: 0\n\
+                 data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\n\
+                 model:\n  arch: vit_tiny\n  patch_size: 8\n  out_dim: 256\n  drop_path_rate: 0.0\n  \
+                 channels: tokens\n\
+                 train:\n  precision: fp32\n  channel_dino_weight: 1.0\n  centering: {centering}\n\
+                 augment:\n  global_crop_size: 32\n  local_crop_size: 16\n  local_crops_number: 2\n"
+            ),
+            "two-rank channel DINO",
+        )
+        .unwrap();
+        assert_eq!(cfg.train.channel_dino_weight, 1.0);
+        for channels in [None, Some(ChannelSubset::from_indices(&[0, 2]))] {
+            let params = StepParams {
+                lr: 1e-4,
+                weight_decay: 0.04,
+                momentum: 0.996,
+                epoch: 1,
+                freeze_last_layer: false,
+                clip_grad: 3.0,
+                rng_seed: 1,
+                channels,
+                teacher_channels: None,
+            };
+            trainer::selftest::two_ranks_match_single_with(
+                &cfg,
+                params,
+                tch::Device::Cpu,
+                Duration::from_secs(120),
+            )
+            .unwrap_or_else(|e| panic!("{centering}, channels {channels:?}: {e}"));
+        }
+    }
+}
