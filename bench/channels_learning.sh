@@ -9,6 +9,10 @@
 #           single channel decides the class; 1200 training and 300 test images, 16 px, patch 4;
 #           every approach gets model.img_size: 16 (a 4 × 4 position table, the crops' grid,
 #           instead of a 56 × 56 one resampled in every forward)
+#   colocalisation  scripts/colocalisation.py's 3 channels (a, b, c: six spots each), 4 classes
+#           defined by which two channels light the same cells (none, a_b, a_c, b_c), so no
+#           single channel decides the class and every view keeps it; 1200 training and 300
+#           test images, 16 px, patch 4, model.img_size: 16 as for interaction
 #   pbmc    `trainer synth`'s PBMC-like cells, 5 channels (APC, BF, DAPI, GREEN, PE: the
 #           class is spread over the marker stains, the cell size and the nucleus shape),
 #           8 classes of 96 training images, 32 px, patch 8 (the same 4×4 patch grid)
@@ -63,7 +67,7 @@
 # Cost: CPU and wall seconds of each approach's trainings and evaluations (bash `time`).
 # Prints one Markdown table per approach: mean and spread over the seeds.
 # usage: [SEEDS="0 1 2"] [RUNS="untrained tokens bag fixed fixed_zeros"] [TRAINER=bin] [DATA=dir]
-#        [DATASET=digits|interaction|pbmc] bench/channels_learning.sh OUT [EPOCHS] [THREADS]
+#        [DATASET=digits|interaction|colocalisation|pbmc] bench/channels_learning.sh OUT [EPOCHS] [THREADS]
 #   RUNS: the approaches to run, in this order (fixed_zeros needs fixed of the same seed).
 #   TRAINER: a trainer binary to use as it is (no setup, no build: e.g. a GPU machine with the
 #   binary of scripts/device-binary.sh); DATA: the dataset written beforehand
@@ -96,13 +100,20 @@ case $DATASET in
     ALL=3
     MODEL_EXTRA="\\n  img_size: 16"
     ;;
+  colocalisation)
+    [[ -d $DATA/Training ]] || "$PY" "$ROOT/scripts/colocalisation.py" --out "$DATA" --size 16 >/dev/null
+    NAMES="a, b, c" SIZE=16 PATCH=4
+    COMBOS='["0", "1", "2", "012", "01"]'
+    ALL=3
+    MODEL_EXTRA="\\n  img_size: 16"
+    ;;
   pbmc)
     [[ -d $DATA/Training ]] || "$TRAINER" synth --out "$DATA" --size 32 --per-class 96 --channels 5 >/dev/null
     NAMES="APC, BF, DAPI, GREEN, PE" SIZE=32 PATCH=8
     COMBOS='["0", "1", "2", "3", "4", "01234", "12"]'
     ALL=5
     ;;
-  *) echo "DATASET is digits, interaction or pbmc, not $DATASET" >&2; exit 2 ;;
+  *) echo "DATASET is digits, interaction, colocalisation or pbmc, not $DATASET" >&2; exit 2 ;;
 esac
 NCOMBOS=$(tr -cd , <<<"$COMBOS" | wc -c)
 NCOMBOS=$((NCOMBOS + 1))

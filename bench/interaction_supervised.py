@@ -77,22 +77,32 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import colocalisation  # noqa: E402
 import interaction  # noqa: E402
+
+# The task's class count (--task sets it before any model is built).
+N_CLASSES = 6
 
 torch.set_num_threads(1)
 
 
-def dataset(n_per_class, size, seed, draw_kw, cache):
+def dataset(n_per_class, size, seed, draw_kw, cache, task="interaction"):
     key = "_".join(f"{k}{v}" for k, v in sorted(draw_kw.items()))
-    path = cache and os.path.join(cache, f"interaction_s{size}_n{n_per_class}_seed{seed}_{key}.npz")
+    path = cache and os.path.join(cache, f"{task}_s{size}_n{n_per_class}_seed{seed}_{key}.npz")
     if path and os.path.exists(path):
         z = np.load(path)
         return z["x"], z["y"]
     rng = np.random.default_rng(seed)
     xs, ys = [], []
-    for k, (s, t) in enumerate(itertools.permutations(range(3), 2)):
+    if task == "colocalisation":
+        draws = [lambda pair=pair: colocalisation.draw(rng, size, pair, **draw_kw)
+                 for pair in colocalisation.CLASSES.values()]
+    else:
+        draws = [lambda s=s, t=t: interaction.draw(rng, size, s, t, **draw_kw)
+                 for s, t in itertools.permutations(range(3), 2)]
+    for k, one in enumerate(draws):
         for _ in range(n_per_class):
-            xs.append(interaction.draw(rng, size, s, t, **draw_kw).transpose(2, 0, 1))
+            xs.append(one().transpose(2, 0, 1))
             ys.append(k)
     x, y = np.stack(xs).astype(np.float32), np.array(ys)
     if path:
@@ -230,7 +240,7 @@ class Tokens(nn.Module):
     def __init__(self, size, patch, **kw):
         super().__init__()
         self.vit = ViT(size, patch, 3, **kw)
-        self.head = nn.Linear(self.vit.dim, 6)
+        self.head = nn.Linear(self.vit.dim, N_CLASSES)
 
     def forward(self, x):
         return self.head(self.vit(x))
@@ -240,7 +250,7 @@ class Fixed(nn.Module):
     def __init__(self, size, patch, **kw):
         super().__init__()
         self.vit = ViT(size, patch, 3, fixed=True, **kw)
-        self.head = nn.Linear(self.vit.dim, 6)
+        self.head = nn.Linear(self.vit.dim, N_CLASSES)
 
     def forward(self, x):
         return self.head(self.vit(x))
@@ -251,7 +261,7 @@ class Bag(nn.Module):
         super().__init__()
         self.vit = ViT(size, patch, 1, **kw)
         d = 3 * self.vit.dim
-        self.head = nn.Sequential(nn.Linear(d, 256), nn.GELU(), nn.Linear(256, 6)) if mlp else nn.Linear(d, 6)
+        self.head = nn.Sequential(nn.Linear(d, 256), nn.GELU(), nn.Linear(256, N_CLASSES)) if mlp else nn.Linear(d, N_CLASSES)
 
     def forward(self, x):
         b, c = x.shape[:2]
@@ -266,7 +276,7 @@ class CNN(nn.Module):
             nn.Conv2d(3, width, 3, padding=1), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU())
-        self.head = nn.Linear(2 * width, 6)
+        self.head = nn.Linear(2 * width, N_CLASSES)
 
     def forward(self, x):
         return self.head(self.body(x).amax((2, 3)))
@@ -380,8 +390,13 @@ def run(name, seed, x, y, xt, yt, a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", choices=["interaction", "colocalisation"], default="interaction",
+                   help="scripts/interaction.py's task (6 classes) or scripts/colocalisation.py's "
+                   "(4 classes; --dot and --radius do not apply, --cell and --spots do)")
     p.add_argument("--size", type=int, default=16)
     p.add_argument("--patch", type=int, default=4)
+    p.add_argument("--cell", type=int, help="colocalisation: a spot's side (colocalisation.py --cell)")
+    p.add_argument("--spots", type=int, help="colocalisation: spots per channel (--spots)")
     params = inspect.signature(interaction.draw).parameters
     if "radius" in params:
         p.add_argument("--radius", type=float, help="disk radius in pixels (interaction.py --radius)")
@@ -419,12 +434,15 @@ def main():
     p.add_argument("--log-every", type=int, default=0, help="print train/test top-1 every N epochs")
     p.add_argument("--cache", default=os.environ.get("TMPDIR", "/tmp") + "/interaction_cache")
     a = p.parse_args()
-    kw = {k: getattr(a, k) for k in ("radius", "dot") if getattr(a, k, None) is not None}
-    x, y = dataset(a.per_class, a.size, 0, kw, a.cache)
-    xt, yt = dataset(a.test_per_class, a.size, 1, kw, a.cache)
+    global N_CLASSES
+    keys = ("cell", "spots") if a.task == "colocalisation" else ("radius", "dot")
+    kw = {k: getattr(a, k) for k in keys if getattr(a, k, None) is not None}
+    N_CLASSES = len(colocalisation.CLASSES) if a.task == "colocalisation" else 6
+    x, y = dataset(a.per_class, a.size, 0, kw, a.cache, a.task)
+    xt, yt = dataset(a.test_per_class, a.size, 1, kw, a.cache, a.task)
     mean, std = x.mean((0, 2, 3), keepdims=True), x.std((0, 2, 3), keepdims=True)
     x, xt = (x - mean) / std, (xt - mean) / std
-    print(f"size {a.size}, patch {a.patch}, draw {kw or 'defaults'}, {len(x)} training / "
+    print(f"task {a.task} ({N_CLASSES} classes), size {a.size}, patch {a.patch}, draw {kw or 'defaults'}, {len(x)} training / "
           f"{len(xt)} test images, {a.epochs} epochs, seeds {a.seeds}, lr {a.lr}, warmup "
           f"{a.warmup}, batch {a.batch}, augment {not a.no_augment}, ViT dim {a.dim} depth "
           f"{a.depth} heads {a.heads} registers {a.registers}, pos {a.pos} {a.pos_std}, qk {a.qk_init} "

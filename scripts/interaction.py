@@ -90,6 +90,20 @@ def draw(rng, size, source, target, radius=None, dot=2):
     return img
 
 
+def write_image(root, split, cls, n, img):
+    """Writes image number `n` (float (H, W, C) in [0, 1]) of class `cls` into `split`
+    (Training or Test) as the layout above says (also scripts/colocalisation.py's writer)."""
+    if split == "Training":
+        d, name = os.path.join(root, "Training", cls), f"{cls}-{n:05d}.tiff"
+    else:
+        d = os.path.join(root, "Test", "Donor01", "Control", cls)
+        name = f"{cls}-{n:05d}-Test-Ctrl-E01-D01.tiff"
+    os.makedirs(d, exist_ok=True)
+    tifffile.imwrite(os.path.join(d, name), np.rint(img * MAXVAL).astype(np.uint16),
+                     photometric="minisblack", planarconfig="contig", rowsperstrip=img.shape[0],
+                     metadata=None, software=False)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="dataset root to create (Training/, Test/)")
@@ -108,16 +122,7 @@ def main():
         for s, t in classes:
             cls = f"{NAMES[s]}_in_{NAMES[t]}"
             for _ in range(per):
-                img = np.rint(draw(rng, a.size, s, t, a.radius, a.dot) * MAXVAL).astype(np.uint16)
-                if split == "Training":
-                    d, name = os.path.join(a.out, "Training", cls), f"{cls}-{n:05d}.tiff"
-                else:
-                    d = os.path.join(a.out, "Test", "Donor01", "Control", cls)
-                    name = f"{cls}-{n:05d}-Test-Ctrl-E01-D01.tiff"
-                os.makedirs(d, exist_ok=True)
-                tifffile.imwrite(os.path.join(d, name), img, photometric="minisblack",
-                                 planarconfig="contig", rowsperstrip=a.size, metadata=None,
-                                 software=False)
+                write_image(a.out, split, cls, n, draw(rng, a.size, s, t, a.radius, a.dot))
                 n += 1
     print(f"wrote {a.per_class * 6} training and {a.test_per_class * 6} test images to {a.out} "
           f"(6 classes, {a.size}×{a.size}, 3 channels uint16)")

@@ -578,3 +578,103 @@ fn the_pipeline_analyses_every_combination_and_tabulates_them() {
     }
     assert!(html.contains("one checkpoint for every combination"));
 }
+
+/// `scripts/colocalisation.py` (issue 48 run 17's task) draws what its docs promise, read back
+/// through the trainer's own TIFF reader: every channel lights exactly `--spots` cells of
+/// `--cell` px at intensities in [0.5, 1]; the class's two channels light the same cells, the
+/// third (and in `none` every channel) cells of its own; the layout the trainer's folders want
+/// (4 class folders under Training/ and Test/Donor01/Control/).
+#[test]
+fn the_colocalisation_task_is_drawn_as_documented() {
+    use std::collections::BTreeSet;
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/colocalisation.py");
+    let out = std::process::Command::new(crate::util::python())
+        .arg(&script)
+        .args(["--out", dir.path().to_str().unwrap(), "--per-class", "5"])
+        .args([
+            "--test-per-class",
+            "2",
+            "--size",
+            "24",
+            "--cell",
+            "3",
+            "--spots",
+            "7",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let classes: [(&str, Option<(usize, usize)>); 4] = [
+        ("none", None),
+        ("a_b", Some((0, 1))),
+        ("a_c", Some((0, 2))),
+        ("b_c", Some((1, 2))),
+    ];
+    let mut seen = 0;
+    for (split, per) in [("Training", 5), ("Test/Donor01/Control", 2)] {
+        for (class, pair) in classes {
+            let folder = dir.path().join(split).join(class);
+            let files: Vec<_> = std::fs::read_dir(&folder)
+                .unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
+                .map(|e| e.unwrap().path())
+                .collect();
+            assert_eq!(files.len(), per, "{}", folder.display());
+            for f in files {
+                let img = trainer::data::tiff_reader::read_tiff(&f).unwrap();
+                assert_eq!((img.channels, img.height, img.width), (3, 24, 24));
+                // Each channel's lit cells (8 × 8 cells of 3 px), each cell uniformly lit.
+                let cells: Vec<BTreeSet<(usize, usize)>> = (0..3)
+                    .map(|c| {
+                        let mut lit = BTreeSet::new();
+                        for (cy, cx) in (0..8).flat_map(|y| (0..8).map(move |x| (y, x))) {
+                            let v: Vec<f32> = (0..9)
+                                .map(|k| img.get(c, cy * 3 + k / 3, cx * 3 + k % 3))
+                                .collect();
+                            assert!(
+                                v.iter().all(|&p| p == v[0]),
+                                "{}: a cell of channel {c} is not uniform",
+                                f.display()
+                            );
+                            if v[0] > 0.0 {
+                                // 64000 × [0.5, 1], as written (uint16).
+                                assert!(
+                                    (31999.0..=64000.0).contains(&v[0]),
+                                    "{}: {}",
+                                    f.display(),
+                                    v[0]
+                                );
+                                lit.insert((cy, cx));
+                            }
+                        }
+                        assert_eq!(lit.len(), 7, "{}: channel {c}", f.display());
+                        lit
+                    })
+                    .collect();
+                for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+                    if pair == Some((i, j)) {
+                        assert_eq!(
+                            cells[i],
+                            cells[j],
+                            "{}: {i} and {j} colocalise",
+                            f.display()
+                        );
+                    } else {
+                        assert!(
+                            cells[i].is_disjoint(&cells[j]),
+                            "{}: {i} and {j}",
+                            f.display()
+                        );
+                    }
+                }
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(seen, 28);
+}
