@@ -767,75 +767,8 @@ pub fn two_ranks_match_single_with(
     device: Device,
     timeout: Duration,
 ) -> Result<String, String> {
-    // Every rank starts from the single process's initial weights, copied: a construction
-    // seeds and draws from the process-wide generator, which other threads (tests running
-    // beside this one) may draw from meanwhile.
-    let weights = |l: &Learner| -> Vec<(String, Tensor)> {
-        let nets = &l.nets;
-        let mut all: Vec<(String, Tensor)> = [
-            ("student.", &nets.student_vs),
-            ("teacher.", &nets.teacher_vs),
-        ]
-        .into_iter()
-        .flat_map(|(side, vs)| {
-            vs.variables()
-                .into_iter()
-                .map(move |(name, t)| (format!("{side}{name}"), t.copy()))
-        })
-        .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0));
-        all
-    };
-    let build = |init: Vec<(String, Tensor)>| -> Result<Learner, String> {
-        let learner = learner_of(cfg, device, None)?;
-        let mut mine = weights(&learner)
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect::<Vec<_>>();
-        mine.sort();
-        let nets = &learner.nets;
-        tch::no_grad(|| {
-            for (name, value) in &init {
-                let (vs, key) = match name.split_once('.') {
-                    Some(("student", key)) => (&nets.student_vs, key),
-                    Some((_, key)) => (&nets.teacher_vs, key),
-                    None => return Err(format!("no side in {name}")),
-                };
-                let mut t = vs
-                    .variables()
-                    .remove(key)
-                    .ok_or_else(|| format!("the rank's learner has no {name}"))?;
-                t.copy_(value);
-            }
-            Ok(())
-        })?;
-        if mine.len() != init.len() {
-            return Err(format!(
-                "{} weights against the single process's {}",
-                mine.len(),
-                init.len()
-            ));
-        }
-        Ok(learner)
-    };
-    // Every parameter with its first moment, then every loss term's state (the centres the
-    // step updated from the all-reduced teacher outputs), compared as a moment.
-    let state = |l: &Learner| -> Vec<(String, Tensor, Tensor)> {
-        let cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float).copy();
-        let params = l
-            .optimizer
-            .params
-            .iter()
-            .map(|q| (q.name.clone(), cpu(&q.tensor), cpu(&q.exp_avg)));
-        let terms = l
-            .terms
-            .state()
-            .into_iter()
-            .map(|(name, t)| (name.to_string(), cpu(&t), cpu(&t)));
-        params.chain(terms).collect()
-    };
     let mut single = learner_of(cfg, device, None)?;
-    let inits = [weights(&single), weights(&single)];
+    let inits = [initial_weights(&single), initial_weights(&single)];
     let single_loss = single
         .step(
             &step_batch(device),
@@ -845,7 +778,7 @@ pub fn two_ranks_match_single_with(
         )
         .map_err(|e| e.to_string())?
         .loss;
-    let want = state(&single);
+    let want = comparable_state(&single);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free port: {e}"))?
@@ -856,41 +789,8 @@ pub fn two_ranks_match_single_with(
             .enumerate()
             .map(|(rank, init)| {
                 s.spawn(move || {
-                    let mut learner = build(init)?;
-                    let group = ProcessGroup::new("127.0.0.1", port, rank, 2, timeout, false)
-                        .map_err(|e| e.to_string())?;
-                    let dir = std::env::temp_dir().join(format!(
-                        "scdino-selftest-{}-two-ranks-{rank}",
-                        std::process::id()
-                    ));
-                    let files = ModelLayout::beside(&dir.join("scDINO_ViTs").join("selftest"))
-                        .expect("a scDINO_ViTs model folder");
-                    let options = StrategyOptions {
-                        ddp_overlap: true,
-                        fsdp_reshard_after_forward: true,
-                    };
-                    let result = (|| {
-                        let mut chosen = choose(
-                            Strategy::Ddp,
-                            Some(group),
-                            &mut learner,
-                            &files,
-                            "selftest",
-                            None,
-                            options,
-                        )
-                        .map_err(|e| e.to_string())?;
-                        let half: Vec<Tensor> = step_batch(device)
-                            .iter()
-                            .map(|c| c.narrow(0, 2 * rank as i64, 2))
-                            .collect();
-                        let out = learner
-                            .step(&half, params, 0, chosen.strategy.as_mut())
-                            .map_err(|e| e.to_string())?;
-                        Ok((out.loss, state(&learner)))
-                    })();
-                    let _ = std::fs::remove_dir_all(&dir);
-                    result
+                    let learner = learner_from_weights(cfg, device, init)?;
+                    ddp_rank_step(learner, rank, port, params, device, timeout)
                 })
             })
             .collect();
@@ -902,36 +802,165 @@ pub fn two_ranks_match_single_with(
     let mut details = vec![];
     for (rank, result) in ranks.into_iter().enumerate() {
         let (loss, got) = result.map_err(|e| format!("rank {rank}: {e}"))?;
-        // The first moments (0.1 × the gradient) relative to their tensor's scale; the
-        // weights absolutely, within two learning rates: where a gradient is about AdamW's
-        // eps (zero-initialised biases), its update lr·g/(|g| + eps) follows the rounding of g.
-        let (mut moment, mut weight) = ((0.0f64, String::new()), (0.0f64, String::new()));
-        for ((name, w, m), (_, gw, gm)) in want.iter().zip(&got) {
-            let scale = m.abs().max().double_value(&[]).max(1e-12);
-            let rel = (gm - m).abs().max().double_value(&[]) / scale;
-            if rel > moment.0 || moment.1.is_empty() {
-                moment = (rel, name.clone());
-            }
-            let abs = (gw - w).abs().max().double_value(&[]);
-            if abs > weight.0 || weight.1.is_empty() {
-                weight = (abs, name.clone());
-            }
-        }
-        let lr = params.lr;
-        let text = format!(
-            "rank {rank}: loss {loss:.6} vs {single_loss:.6}, exp_avg: worst {} rel {:.1e} <= \
-             1e-5, weights: worst {} |diff| {:.1e} <= 2 lr",
-            moment.1, moment.0, weight.1, weight.0
-        );
-        if moment.0 > 1e-5
-            || weight.0 > 2.0 * lr
-            || (loss - single_loss).abs() > 1e-6 * single_loss.abs()
-        {
-            return Err(text);
-        }
-        details.push(text);
+        details.push(compare_rank(
+            rank,
+            (loss, &got),
+            (single_loss, &want),
+            params.lr,
+        )?);
     }
     Ok(format!("Gloo on {device:?}: {}", details.join("; ")))
+}
+
+/// The student's and the teacher's weights, copied, by "student."/"teacher." + name. Every
+/// rank starts from the single process's: a construction seeds and draws from the
+/// process-wide generator, which other threads (tests running beside this one) may draw from
+/// meanwhile, and a [`Networks`] cannot be shared across threads for [`learner_of`]'s copy.
+fn initial_weights(l: &Learner) -> Vec<(String, Tensor)> {
+    let nets = &l.nets;
+    [
+        ("student.", &nets.student_vs),
+        ("teacher.", &nets.teacher_vs),
+    ]
+    .into_iter()
+    .flat_map(|(side, vs)| {
+        vs.variables()
+            .into_iter()
+            .map(move |(name, t)| (format!("{side}{name}"), t.copy()))
+    })
+    .collect()
+}
+
+/// The learner of `cfg` with the weights `init` ([`initial_weights`] of another one).
+fn learner_from_weights(
+    cfg: &Config,
+    device: Device,
+    init: Vec<(String, Tensor)>,
+) -> Result<Learner, String> {
+    let learner = learner_of(cfg, device, None)?;
+    let nets = &learner.nets;
+    let (student, teacher) = (nets.student_vs.variables(), nets.teacher_vs.variables());
+    if student.len() + teacher.len() != init.len() {
+        return Err(format!(
+            "{} weights against the single process's {}",
+            student.len() + teacher.len(),
+            init.len()
+        ));
+    }
+    tch::no_grad(|| {
+        for (name, value) in &init {
+            let t = match name.split_once('.') {
+                Some(("student", key)) => student.get(key),
+                Some(("teacher", key)) => teacher.get(key),
+                _ => None,
+            };
+            let mut t = t
+                .ok_or_else(|| format!("the rank's learner has no {name}"))?
+                .shallow_clone();
+            t.copy_(value);
+        }
+        Ok::<(), String>(())
+    })?;
+    Ok(learner)
+}
+
+/// Every parameter with its first moment, then every loss term's state (the centres the step
+/// updated from the all-reduced teacher outputs) as a moment; on the CPU in fp32.
+fn comparable_state(l: &Learner) -> Vec<(String, Tensor, Tensor)> {
+    let cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float).copy();
+    let params = l
+        .optimizer
+        .params
+        .iter()
+        .map(|q| (q.name.clone(), cpu(&q.tensor), cpu(&q.exp_avg)));
+    let terms = l
+        .terms
+        .state()
+        .into_iter()
+        .map(|(name, t)| (name.to_string(), cpu(&t), cpu(&t)));
+    params.chain(terms).collect()
+}
+
+/// Rank `rank` of two: one DDP step on its half of the selftest's batch.
+fn ddp_rank_step(
+    mut learner: Learner,
+    rank: usize,
+    port: u16,
+    params: StepParams,
+    device: Device,
+    timeout: Duration,
+) -> Result<RankState, String> {
+    let group =
+        ProcessGroup::new("127.0.0.1", port, rank, 2, timeout, false).map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!(
+        "scdino-selftest-{}-two-ranks-{rank}",
+        std::process::id()
+    ));
+    let files = ModelLayout::beside(&dir.join("scDINO_ViTs").join("selftest"))
+        .expect("a scDINO_ViTs model folder");
+    let options = StrategyOptions {
+        ddp_overlap: true,
+        fsdp_reshard_after_forward: true,
+    };
+    let result = (|| {
+        let mut chosen = choose(
+            Strategy::Ddp,
+            Some(group),
+            &mut learner,
+            &files,
+            "selftest",
+            None,
+            options,
+        )
+        .map_err(|e| e.to_string())?;
+        let half: Vec<Tensor> = step_batch(device)
+            .iter()
+            .map(|c| c.narrow(0, 2 * rank as i64, 2))
+            .collect();
+        let out = learner
+            .step(&half, params, 0, chosen.strategy.as_mut())
+            .map_err(|e| e.to_string())?;
+        Ok((out.loss, comparable_state(&learner)))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// A rank's loss and state against the single process's, within
+/// [`two_ranks_match_single`]'s bounds; the line that says how close, or the error.
+fn compare_rank(
+    rank: usize,
+    (loss, got): (f64, &[(String, Tensor, Tensor)]),
+    (single_loss, want): (f64, &[(String, Tensor, Tensor)]),
+    lr: f64,
+) -> Result<String, String> {
+    // The first moments (0.1 × the gradient) relative to their tensor's scale; the
+    // weights absolutely, within two learning rates: where a gradient is about AdamW's
+    // eps (zero-initialised biases), its update lr·g/(|g| + eps) follows the rounding of g.
+    let (mut moment, mut weight) = ((0.0f64, String::new()), (0.0f64, String::new()));
+    for ((name, w, m), (_, gw, gm)) in want.iter().zip(got) {
+        let scale = m.abs().max().double_value(&[]).max(1e-12);
+        let rel = (gm - m).abs().max().double_value(&[]) / scale;
+        if rel > moment.0 || moment.1.is_empty() {
+            moment = (rel, name.clone());
+        }
+        let abs = (gw - w).abs().max().double_value(&[]);
+        if abs > weight.0 || weight.1.is_empty() {
+            weight = (abs, name.clone());
+        }
+    }
+    let text = format!(
+        "rank {rank}: loss {loss:.6} vs {single_loss:.6}, exp_avg: worst {} rel {:.1e} <= \
+         1e-5, weights: worst {} |diff| {:.1e} <= 2 lr",
+        moment.1, moment.0, weight.1, weight.0
+    );
+    if moment.0 > 1e-5
+        || weight.0 > 2.0 * lr
+        || (loss - single_loss).abs() > 1e-6 * single_loss.abs()
+    {
+        return Err(text);
+    }
+    Ok(text)
 }
 
 /// One step from `reference`'s weights with `kind` over a fresh one-rank group (`None`: a
