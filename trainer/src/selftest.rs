@@ -489,7 +489,7 @@ fn step_on(
 }
 
 /// The step's schedule values for every selftest step.
-fn selftest_params() -> StepParams {
+pub fn selftest_params() -> StepParams {
     StepParams {
         lr: 1e-4,
         weight_decay: 0.04,

@@ -877,15 +877,8 @@ fn ddp_two_ranks_with_the_channel_dino_term_equal_one_process() {
         assert_eq!(cfg.train.channel_dino_weight, 1.0);
         for channels in [None, Some(ChannelSubset::from_indices(&[0, 2]))] {
             let params = StepParams {
-                lr: 1e-4,
-                weight_decay: 0.04,
-                momentum: 0.996,
-                epoch: 1,
-                freeze_last_layer: false,
-                clip_grad: 3.0,
-                rng_seed: 1,
                 channels,
-                teacher_channels: None,
+                ..trainer::selftest::selftest_params()
             };
             trainer::selftest::two_ranks_match_single_with(
                 &cfg,
