@@ -558,20 +558,37 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
     use trainer::train::strategy::FullySharded;
     let _rng = super::util::torch_rng_lock();
     let world = 2usize;
+    // The weights every run starts from, drawn once and copied in: a seed set inside each
+    // run is undone by any thread drawing from the process-wide generator in between.
+    let init: std::sync::Arc<Vec<(String, Vec<f32>, Vec<i64>)>> = std::sync::Arc::new({
+        tch::manual_seed(7);
+        let nets = Networks::new(&fsdp_config(), 2, tch::Device::Cpu);
+        [("s", &nets.student_vs), ("t", &nets.teacher_vs)]
+            .into_iter()
+            .flat_map(|(side, vs)| {
+                vs.variables()
+                    .into_iter()
+                    .map(move |(name, t)| (format!("{side}.{name}"), values(&t), t.size()))
+            })
+            .collect()
+    });
     // (scale or None, port) → per rank: (checksum before, checksum after, skipped flags,
     // scaler after).
     let run = |scale: Option<f64>, port: u16| {
+        let init = init.clone();
         let results = on_ranks(world, port, move |rank, g| {
             let cfg = fsdp_config();
             let dev = tch::Device::Cpu;
-            // libtorch's generator is one per process: seed and initialise under a
-            // lock, so rank 0's (broadcast) weights are the same in every run.
-            let nets = {
-                static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-                let _one = INIT.lock().unwrap();
-                tch::manual_seed(7);
-                Networks::new(&cfg, 2, dev)
-            };
+            let nets = Networks::new(&cfg, 2, dev);
+            let (student, teacher) = (nets.student_vs.variables(), nets.teacher_vs.variables());
+            assert_eq!(student.len() + teacher.len(), init.len());
+            tch::no_grad(|| {
+                for (name, data, shape) in init.iter() {
+                    let (side, key) = name.split_once('.').unwrap();
+                    let mut t = [&student, &teacher][(side == "t") as usize][key].shallow_clone();
+                    t.copy_(&Tensor::from_slice(data).reshape(shape.as_slice()));
+                }
+            });
             let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
             let terms = trainer::train::loss_terms::LossTerms::dino_only(loss);
             let mut learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
@@ -861,6 +878,8 @@ fn ibot_patch_centre_over_two_ranks_is_dinov2s_mean_of_rank_means() {
 #[test]
 fn ddp_two_ranks_with_the_channel_dino_term_equal_one_process() {
     use trainer::train::step::{ChannelSubset, StepParams};
+    // Building the learners draws from the process-wide generator (util::torch_rng_lock).
+    let _rng = super::util::torch_rng_lock();
     for centering in ["ema", "sinkhorn_knopp"] {
         let cfg = trainer::config::Config::from_yaml(
             &format!(
