@@ -153,7 +153,10 @@ pub struct IbotSection {
     /// rectangles (DINOv2's `MaskingGenerator`).
     pub mask_ratio: [f64; 2],
     /// `ibot.separate_head`: `false` (DINOv2's default) projects the masked patch tokens with
-    /// the DINO head; `true` gives them their own head, `ibot_head`, with `out_dim` prototypes.
+    /// the DINO head; `true` gives them their own head, `ibot_head`, with `out_dim` prototypes
+    /// and never BatchNorm (DINOv2's heads have none; `model.use_bn_in_head` would
+    /// batch-normalise one rank's few masked patches, possibly none), so that a recipe with a
+    /// BatchNorm DINO head can keep the patch targets off it.
     pub separate_head: bool,
     /// `ibot.head_n_prototypes`: the separate head's number of prototypes; unset =
     /// `model.out_dim`. Only with `separate_head: true`.

@@ -159,11 +159,7 @@ impl IbotSection {
         if let Some(k) = self.out_dim {
             v.check(k > 0, "train.ibot.out_dim", "must be at least 1")?;
         }
-        v.check(
-            !(self.separate_head && model.use_bn_in_head),
-            "train.ibot.separate_head",
-            "a separate iBOT head with model.use_bn_in_head would batch-normalise one rank's few masked patches (possibly none): use the shared head, or no BatchNorm in the head",
-        )
+        Ok(())
     }
 
     fn validate_masks(

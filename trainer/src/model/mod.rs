@@ -81,7 +81,9 @@ pub fn with_layout(vit: VitConfig, m: &ModelSection) -> VitConfig {
 }
 
 /// The separate iBOT head of the student (or teacher), when `train.ibot` asks for one: the
-/// DINO head's layout with `train.ibot.out_dim` prototypes (default `model.out_dim`).
+/// DINO head's layout with `train.ibot.out_dim` prototypes (default `model.out_dim`), without
+/// BatchNorm whatever `model.use_bn_in_head` says: a rank's masked patches are few (possibly
+/// none) and DINOv2's iBOT head has none.
 pub fn ibot_head_config(cfg: &Config, vit: &VitConfig, student: bool) -> Option<HeadConfig> {
     let ibot = &cfg.train.ibot;
     (ibot.enabled() && ibot.separate_head).then(|| {
@@ -89,7 +91,7 @@ pub fn ibot_head_config(cfg: &Config, vit: &VitConfig, student: bool) -> Option<
         HeadConfig::new(
             vit.embed_dim,
             ibot.prototypes(m.out_dim) as i64,
-            m.use_bn_in_head,
+            false,
             !student || m.norm_last_layer,
         )
     })

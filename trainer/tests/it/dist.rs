@@ -560,7 +560,7 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
     let world = 2usize;
     // The weights every run starts from, drawn once and copied in: a seed set inside each
     // run is undone by any thread drawing from the process-wide generator in between.
-    let init: std::sync::Arc<Vec<(String, Vec<f32>, Vec<i64>)>> = std::sync::Arc::new({
+    let init = std::sync::Arc::new({
         tch::manual_seed(7);
         let nets = Networks::new(&fsdp_config(), 2, tch::Device::Cpu);
         [("s", &nets.student_vs), ("t", &nets.teacher_vs)]
@@ -570,7 +570,7 @@ fn fsdp_loss_scaling_matches_unscaled_steps_and_skips_overflow_on_every_rank() {
                     .into_iter()
                     .map(move |(name, t)| (format!("{side}.{name}"), values(&t), t.size()))
             })
-            .collect()
+            .collect::<Vec<_>>()
     });
     // (scale or None, port) → per rank: (checksum before, checksum after, skipped flags,
     // scaler after).

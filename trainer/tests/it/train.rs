@@ -1275,13 +1275,14 @@ fn check_flops(script: &str, mode: &str, ref_chans: usize, c: &FlopsCase) {
 
 /// DINOv2's stabilisers together (iBOT with a separate head, KoLeo, Sinkhorn-Knopp, registers)
 /// under every precision: one step from the same start gives a finite loss whose terms add up
-/// to it, master weights stay fp32, and bf16 and fp16 (loss-scaled) land near fp32.
+/// to it, master weights stay fp32, and bf16 and fp16 (loss-scaled) land near fp32. The DINO
+/// head has scDINO's BatchNorm; the separate iBOT head is built without it.
 #[test]
 fn stabilisers_train_under_every_precision() {
     let _rng = super::util::torch_rng_lock();
     let cfg = Config::from_yaml(
         "data:\n  channel_names: [a, b, c, d]\n  channel_combinations: [\"0123\"]\n\
-         model:\n  arch: vit_tiny\n  out_dim: 256\n  drop_path_rate: 0.0\n  num_register_tokens: 2\n\
+         model:\n  arch: vit_tiny\n  out_dim: 256\n  drop_path_rate: 0.0\n  num_register_tokens: 2\n  use_bn_in_head: true\n\
          train:\n  koleo_weight: 0.1\n  centering: sinkhorn_knopp\n  ibot:\n    weight: 1.0\n    separate_head: true\n    out_dim: 128\n\
          augment:\n  local_crops_number: 2\n",
         "test",
@@ -1297,6 +1298,15 @@ fn stabilisers_train_under_every_precision() {
     for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
         tch::manual_seed(9);
         let nets = Networks::new(&cfg, 4, Device::Cpu);
+        for vs in [&nets.student_vs, &nets.teacher_vs] {
+            let batch_norms = |prefix: &str| {
+                vs.variables()
+                    .keys()
+                    .filter(|n| n.starts_with(prefix) && n.ends_with("running_mean"))
+                    .count()
+            };
+            assert_eq!((batch_norms("head."), batch_norms("ibot_head.")), (2, 0));
+        }
         let terms = LossTerms::from_config(&cfg, Device::Cpu);
         let mut learner = Learner::new(nets, terms, precision, Device::Cpu);
         let out = learner
