@@ -3,10 +3,13 @@
 //! fed by training's own input pipeline (peer: bench/train_step.py).
 use super::{config_values, invalid, yaml_name, BatchShape, BenchError};
 use crate::augment::{MultiCropAugment, MultiCropConfig};
-use crate::config::{AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections};
+use crate::config::{
+    AugmentOn, ChannelMode, Config, DeviceChoice, Precision, Sections, TeacherChannels,
+};
 use crate::data::mean_std;
 use crate::data::{LocalSource, PreprocessOptions, SharedSource};
 use crate::model::channels::{for_mode, ChannelModeKind};
+use crate::train::channels::teacher_channels;
 use crate::train::graphed::{self, GraphedStep};
 use crate::train::input::TrainInput;
 use crate::train::loader::{BufferPool, EpochLoader, LoadedBatch};
@@ -56,6 +59,22 @@ pub struct StepOptions {
     /// counts images for every mode.
     #[arg(long, value_parser = config_values(crate::model::channels::all_modes()), default_value = "fixed")]
     pub channel_mode: ChannelMode,
+    /// `model.channel_separate_blocks` (`--channel-mode tokens`): the first N blocks attend
+    /// within each channel.
+    #[arg(long, default_value_t = 0)]
+    pub channel_separate_blocks: usize,
+    /// `model.channel_mixing_blocks` (`--channel-mode tokens`): the N blocks after the
+    /// separate ones attend within each position.
+    #[arg(long, default_value_t = 0)]
+    pub channel_mixing_blocks: usize,
+    /// `train.channel_dino_weight` (`--channel-mode tokens`): a second DINO loss on each
+    /// channel's own token, one more head call over batch × channels rows per crop.
+    #[arg(long, default_value_t = 0.0)]
+    pub channel_dino_weight: f64,
+    /// `train.teacher_channels` (`--channel-mode tokens`): `all` runs the teacher over every
+    /// channel while the student sees the step's subset.
+    #[arg(long, value_parser = config_values(&[TeacherChannels::Step, TeacherChannels::All]), default_value = "step")]
+    pub teacher_channels: TeacherChannels,
     /// Where the step runs (`--loader none`; the crops are made there). `cuda` needs a
     /// trainer built with `--features nccl` and takes GPU 0.
     #[arg(long, value_parser = config_values(&[DeviceChoice::Cpu, DeviceChoice::Cuda]), default_value = "cpu")]
@@ -91,6 +110,10 @@ impl StepOptions {
         s.model.patch_size = self.shape.patch;
         s.model.out_dim = self.shape.out_dim;
         s.model.channels = self.channel_mode;
+        s.model.channel_separate_blocks = self.channel_separate_blocks;
+        s.model.channel_mixing_blocks = self.channel_mixing_blocks;
+        s.train.channel_dino_weight = self.channel_dino_weight;
+        s.train.teacher_channels = self.teacher_channels;
         s.train.precision = self.precision;
         s.train.batch_size_per_gpu = self.shape.batch;
         s.augment.global_crop_size = self.global_size;
@@ -165,19 +188,21 @@ impl StepOptions {
         let mut learner = Learner::from_config(&cfg, self.shape.channels, device)?;
         let lr = scaled_lr(cfg.train.lr, self.shape.batch, 1);
         let mode = for_mode(self.channel_mode);
-        let params = |it: usize| StepParams {
-            lr,
-            weight_decay: cfg.train.weight_decay,
-            momentum: cfg.train.momentum_teacher,
-            epoch: 0,
-            // Off, so the head's last layer is updated as in every epoch after the first.
-            freeze_last_layer: false,
-            clip_grad: cfg.train.clip_grad,
-            rng_seed: it as i64,
-            channels: mode
-                .step_channels(self.seed, it, self.shape.channels)
-                .map(|c| ChannelSubset::from_indices(&c)),
-            teacher_channels: None,
+        let params = |it: usize| {
+            let channels = mode.step_channels(self.seed, it, self.shape.channels);
+            let teacher = teacher_channels(&cfg, channels.as_deref(), self.shape.channels, None);
+            StepParams {
+                lr,
+                weight_decay: cfg.train.weight_decay,
+                momentum: cfg.train.momentum_teacher,
+                epoch: 0,
+                // Off, so the head's last layer is updated as in every epoch after the first.
+                freeze_last_layer: false,
+                clip_grad: cfg.train.clip_grad,
+                rng_seed: it as i64,
+                channels: channels.map(|c| ChannelSubset::from_indices(&c)),
+                teacher_channels: teacher.map(|c| ChannelSubset::from_indices(&c)),
+            }
         };
         let mut group = SingleProcess::default();
         let graphed = self.graphed(&cfg, device)?;
@@ -292,6 +317,10 @@ impl StepOptions {
             "bench": "step",
             "arch": yaml_name(&self.shape.arch),
             "channel_mode": yaml_name(&self.channel_mode),
+            "channel_separate_blocks": self.channel_separate_blocks,
+            "channel_mixing_blocks": self.channel_mixing_blocks,
+            "channel_dino_weight": self.channel_dino_weight,
+            "teacher_channels": yaml_name(&self.teacher_channels),
             "channels": self.shape.channels,
             "device": yaml_name(&self.device),
             "precision": yaml_name(&self.precision),

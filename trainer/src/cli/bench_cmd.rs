@@ -117,4 +117,67 @@ mod tests {
         );
         assert!(Wrap::try_parse_from(["t", "model", "--global-size", "96"]).is_err());
     }
+
+    /// The `tokens` recipe's model and loss keys reach the benchmarked step: the channel
+    /// term adds a second DINO loss of about the first's size, the keys are echoed, and a key
+    /// the mode cannot take is refused by the config's own validation.
+    #[test]
+    fn step_bench_runs_the_tokens_recipes_keys() {
+        let step = |extra: &[&str]| {
+            let argv = [
+                "t",
+                "step",
+                "--arch",
+                "vit_tiny",
+                "--patch",
+                "8",
+                "--channels",
+                "3",
+                "--batch",
+                "2",
+                "--global-size",
+                "16",
+                "--local-size",
+                "8",
+                "--local-crops",
+                "0",
+                "--out-dim",
+                "64",
+                "--warmup",
+                "0",
+                "--iters",
+                "2",
+                "--threads",
+                "1",
+            ];
+            let w = Wrap::try_parse_from(argv.iter().chain(extra)).unwrap();
+            let BenchCommand::Step(o) = w.b else {
+                panic!("not a step bench")
+            };
+            o.run()
+        };
+        let tokens = ["--channel-mode", "tokens", "--channel-mixing-blocks", "1"];
+        let plain = step(&tokens).unwrap();
+        let with =
+            |more: &[&'static str]| -> Vec<&str> { tokens.iter().chain(more).copied().collect() };
+        let term = step(&with(&["--channel-dino-weight", "1"])).unwrap();
+        assert_eq!(term["channel_mixing_blocks"], 1);
+        assert_eq!(term["channel_dino_weight"], 1.0);
+        let all = step(&with(&["--teacher-channels", "all"])).unwrap();
+        assert_eq!(all["teacher_channels"], "all");
+        assert!(all["last_loss"].as_f64().unwrap().is_finite());
+        let (a, b) = (
+            plain["last_loss"].as_f64().unwrap(),
+            term["last_loss"].as_f64().unwrap(),
+        );
+        // ln 64 = 4.16 per DINO term near the start: one term against two.
+        assert!(a > 3.0 && a < 6.0 && b > 1.5 * a, "{a} vs {b}");
+        let err = step(&["--channel-separate-blocks", "1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("channel_separate_blocks"), "{err}");
+        let both = with(&["--channel-dino-weight", "1", "--teacher-channels", "all"]);
+        let err = step(&both).unwrap_err().to_string();
+        assert!(err.contains("train.channel_dino_weight"), "{err}");
+    }
 }
