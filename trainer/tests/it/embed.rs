@@ -24,16 +24,23 @@ fn synth(dir: &Path) {
     .unwrap();
 }
 
+/// `mode`: `model.channels`, possibly followed by more model keys (", key: value").
 fn config(dir: &Path, mode: &str, features: &str) -> Config {
+    let name = label(mode);
     Config::from_yaml(
         &format!(
-            "run: {{name: {mode}, output_dir: {out}, seed: 3}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [\"012\", \"0\", \"12\"], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 32, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16, batch_size_per_gpu: 5{features}}}}}\n",
+            "run: {{name: {name}, output_dir: {out}, seed: 3}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [\"012\", \"0\", \"12\"], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 32, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16, batch_size_per_gpu: 5{features}}}}}\n",
             out = dir.join("out").display(),
             data = dir.join("data/Training").display(),
         ),
         "test",
     )
     .unwrap()
+}
+
+/// A file-name-safe label of a [`config`] mode.
+fn label(mode: &str) -> String {
+    mode.replace([',', ':', ' '], "")
 }
 
 /// A channel combination of the run config and the channel names `trainer embed` is given.
@@ -70,9 +77,11 @@ fn strings<'a>(t: &'a StreamedTable, name: &str) -> &'a [String] {
 
 /// The features stage and `trainer embed` on the same folder with the same checkpoint, for
 /// `fixed` (all channels; one channel, the others zero-filled), `tokens` and `bag` (all
-/// channels; a subset by name): every held-out row of the stage is the embed row of the same
-/// image, bit for bit when embed batches the images as the stage does (to float rounding in
-/// other batches), and the table says which channels it holds.
+/// channels; a subset by name), and `tokens` with a channel-separate and a mixing block read
+/// with each channel's own pass (`tokens_pool: joint_and_alone`, the shipped tokens recipe's
+/// pool): every held-out row of the stage is the embed row of the same image, bit for bit
+/// when embed batches the images as the stage does (to float rounding in other batches), and
+/// the table says which channels it holds.
 #[test]
 fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
     let _rng = super::util::torch_rng_lock();
@@ -80,7 +89,7 @@ fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
     let dir = tempfile::tempdir().unwrap();
     synth(dir.path());
     let images = dir.path().join("data/Training").display().to_string();
-    let cases: [(&str, &str, &[Combination]); 3] = [
+    let cases: [(&str, &str, &[Combination]); 4] = [
         (
             "fixed",
             ", missing_channels: zeros",
@@ -88,9 +97,15 @@ fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
         ),
         ("tokens", "", &[(0, &["a", "b", "c"]), (2, &["b", "c"])]),
         ("bag", "", &[(0, &["a", "b", "c"]), (2, &["b", "c"])]),
+        (
+            "tokens, channel_separate_blocks: 1, channel_mixing_blocks: 1",
+            ", tokens_pool: joint_and_alone",
+            &[(0, &["a", "b", "c"]), (2, &["b", "c"])],
+        ),
     ];
     for (mode, features, combos) in cases {
         let cfg = config(dir.path(), mode, features);
+        let mode = label(mode);
         train(&cfg, &TrainOptions::default()).unwrap();
         let ck = trainer::layout::RunLayout::new(&cfg)
             .model(&cfg, &cfg.training_channels(0).unwrap())
@@ -111,6 +126,10 @@ fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
                 stage.features.size()[1],
                 "{mode} {names:?}"
             );
+            if features.contains("joint_and_alone") {
+                // The joint pass's CLS and k channel parts, then each channel alone: (3k+1)·D.
+                assert_eq!(table.dim, (3 * names.len() + 1) * 192, "{names:?}");
+            }
             assert!(strings(&table, "Metadata_Channels")
                 .iter()
                 .all(|c| *c == names.join("+")));
