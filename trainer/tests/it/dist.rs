@@ -867,16 +867,19 @@ fn ibot_patch_centre_over_two_ranks_is_dinov2s_mean_of_rank_means() {
     }
 }
 
-/// One DDP step of two Gloo ranks with the `tokens` recipe's channel DINO term
+/// One DDP or FSDP step of two Gloo ranks with the `tokens` recipe's channel DINO term
 /// (`train.channel_dino_weight`) equals one process stepping on the whole batch: its second
 /// DINO loss over the (image, channel) rows needs the same cross-rank reductions as the CLS's
-/// (Sinkhorn-Knopp's sums over the global batch, the EMA centre's mean), and its gradients
-/// reach the shared head and the patch tokens through DDP's buckets. Under both centrings, on
-/// every channel and on a sampled subset (the teacher and student on channels 0 and 2); the
-/// loss to 1e-6, every first moment and both terms' centres within 1e-5 of their scale, the
-/// weights within two learning rates (`selftest::two_ranks_match_single_with`).
+/// (Sinkhorn-Knopp's sums over the global batch, the EMA centre's mean), its gradients reach
+/// the shared head and the patch tokens through DDP's buckets or FSDP's shards, and under
+/// FSDP the head, called twice in a forward (CLS rows, then channel rows), must be gathered
+/// for both calls. Under both centrings, on every channel and on a sampled subset (the
+/// teacher and student on channels 0 and 2); the loss to 1e-6, every first moment and both
+/// terms' centres within 1e-5 of their scale (FSDP's moments 1e-3), the weights within two
+/// learning rates (`selftest::two_ranks_match_single_with`).
 #[test]
-fn ddp_two_ranks_with_the_channel_dino_term_equal_one_process() {
+fn two_ranks_with_the_channel_dino_term_equal_one_process_under_ddp_and_fsdp() {
+    use trainer::config::Strategy;
     use trainer::train::step::{ChannelSubset, StepParams};
     // Building the learners draws from the process-wide generator (util::torch_rng_lock).
     let _rng = super::util::torch_rng_lock();
@@ -899,13 +902,19 @@ fn ddp_two_ranks_with_the_channel_dino_term_equal_one_process() {
                 channels,
                 ..trainer::selftest::selftest_params()
             };
-            trainer::selftest::two_ranks_match_single_with(
-                &cfg,
-                params,
-                tch::Device::Cpu,
-                Duration::from_secs(120),
-            )
-            .unwrap_or_else(|e| panic!("{centering}, channels {channels:?}: {e}"));
+            for strategy in [Strategy::Ddp, Strategy::Fsdp] {
+                let line = trainer::selftest::two_ranks_match_single_with(
+                    &cfg,
+                    params,
+                    strategy,
+                    tch::Device::Cpu,
+                    Duration::from_secs(120),
+                )
+                .unwrap_or_else(|e| {
+                    panic!("{strategy:?}, {centering}, channels {channels:?}: {e}")
+                });
+                eprintln!("{centering}, channels {channels:?}: {line}");
+            }
         }
     }
 }
