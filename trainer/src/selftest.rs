@@ -697,10 +697,11 @@ pub fn strategies_match_single(device: Device, timeout: Duration) -> Result<Stri
         // AdamW's moments. After one step AdamW's update is ±lr almost whatever the
         // gradient, so only the moments show the gradients. Under FSDP the head's first
         // moment differs by up to 1.8e-4 of its scale on the CPU (DDP: below 1e-6) while the
-        // loss agrees to 1e-7: the clipping norm of the 2048 × 2048 `head.mlp.2.weight`. One
-        // process takes it as PyTorch (and scDINO) do, libtorch's fp32 norm, which on such a
-        // low-rank gradient is 1e-4 off (fp32 accumulation; 1e-7 on random values of that
-        // size); FSDP sums its shards' squares in f64, exactly. Without clipping FSDP's
+        // loss agrees to 1e-7: the clipping norm of the 2048 × 2048 `head.mlp.2.weight` (no
+        // other parameter, and none without clipping). One process takes it as PyTorch (and
+        // scDINO) do, libtorch's fp32 norm, which on a low-rank matrix of that size is about
+        // 1e-4 off (measured on `b.T @ gelu(a)`; 1e-7 on random values); FSDP sums its
+        // shards' squares in f64. Without clipping FSDP's
         // moments agree to 1e-6 (`two_ranks_match_single_with` with `clip_grad: 0`). So the
         // bound on FSDP's moments is 1e-3, stated in the line.
         let mut worst = [(0.0f64, String::new()), (0.0f64, String::new())];
@@ -885,18 +886,40 @@ fn learner_from_weights(
 /// Every parameter with its first moment, then every loss term's state (the centres the step
 /// updated from the all-reduced teacher outputs) as a moment; on the CPU in fp32.
 fn comparable_state(l: &Learner) -> Vec<(String, Tensor, Tensor)> {
-    let cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float).copy();
     let params = l
         .optimizer
         .params
         .iter()
-        .map(|q| (q.name.clone(), cpu(&q.tensor), cpu(&q.exp_avg)));
-    let terms = l
-        .terms
+        .map(|q| (q.name.clone(), cpu_f32(&q.tensor), cpu_f32(&q.exp_avg)));
+    params.chain(term_states(l)).collect()
+}
+
+/// Every loss term's state (the centres), as a weight and a moment, for [`compare_rank`].
+fn term_states(l: &Learner) -> impl Iterator<Item = (String, Tensor, Tensor)> + '_ {
+    l.terms
         .state()
         .into_iter()
-        .map(|(name, t)| (name.to_string(), cpu(&t), cpu(&t)));
-    params.chain(terms).collect()
+        .map(|(name, t)| (name.to_string(), cpu_f32(&t), cpu_f32(&t)))
+}
+
+/// A copy of `t` on the CPU in fp32.
+fn cpu_f32(t: &Tensor) -> Tensor {
+    t.to_device(Device::Cpu).to_kind(Kind::Float).copy()
+}
+
+/// [`choose`] as the selftest's steps use it: overlapped DDP, FSDP resharding after forward,
+/// no resume.
+fn selftest_strategy(
+    kind: Strategy,
+    group: Option<ProcessGroup>,
+    learner: &mut Learner,
+    files: &ModelLayout,
+) -> Result<crate::train::strategy::Chosen, String> {
+    let options = StrategyOptions {
+        ddp_overlap: true,
+        fsdp_reshard_after_forward: true,
+    };
+    choose(kind, group, learner, files, "selftest", None, options).map_err(|e| e.to_string())
 }
 
 /// The rank's half of the selftest's batch (of two ranks).
@@ -938,7 +961,7 @@ fn fsdp_rank_step(
         .collect();
     let mut take = |key: String| {
         full.remove(&key)
-            .map(|t| t.to_device(Device::Cpu).to_kind(Kind::Float))
+            .map(|t| cpu_f32(&t))
             .ok_or_else(|| format!("the gathered state lacks {key}"))
     };
     let mut state = vec![];
@@ -947,14 +970,7 @@ fn fsdp_rank_step(
         let moment = take(format!("optimizer.{name}.exp_avg"))?;
         state.push((name, weight, moment));
     }
-    let cpu = |t: &Tensor| t.to_device(Device::Cpu).to_kind(Kind::Float).copy();
-    state.extend(
-        learner
-            .terms
-            .state()
-            .into_iter()
-            .map(|(name, t)| (name.to_string(), cpu(&t), cpu(&t))),
-    );
+    state.extend(term_states(&learner));
     Ok((out.loss, state))
 }
 
@@ -972,21 +988,8 @@ fn ddp_rank_step(
     ));
     let files = ModelLayout::beside(&dir.join("scDINO_ViTs").join("selftest"))
         .expect("a scDINO_ViTs model folder");
-    let options = StrategyOptions {
-        ddp_overlap: true,
-        fsdp_reshard_after_forward: true,
-    };
     let result = (|| {
-        let mut chosen = choose(
-            Strategy::Ddp,
-            Some(group),
-            &mut learner,
-            &files,
-            "selftest",
-            None,
-            options,
-        )
-        .map_err(|e| e.to_string())?;
+        let mut chosen = selftest_strategy(Strategy::Ddp, Some(group), &mut learner, &files)?;
         let out = learner
             .step(
                 &half_batch(rank, device),
@@ -1077,21 +1080,9 @@ fn strategy_step(
             )
         }
     };
-    let options = StrategyOptions {
-        ddp_overlap: true,
-        fsdp_reshard_after_forward: true,
-    };
     let result = (|| {
-        let mut chosen = choose(
-            kind.unwrap_or(Strategy::Ddp),
-            group,
-            &mut learner,
-            &files,
-            "selftest",
-            None,
-            options,
-        )
-        .map_err(|e| e.to_string())?;
+        let mut chosen =
+            selftest_strategy(kind.unwrap_or(Strategy::Ddp), group, &mut learner, &files)?;
         let out = learner
             .step(
                 &step_batch(device),
