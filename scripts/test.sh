@@ -53,19 +53,38 @@ disk_lines() {
   done
 }
 disk_lines >"$DISK_LOW"
-echo "[test] free space before the tests (MiB): $(tr '\t\n' '= ' <"$DISK_LOW")" >&2
-# Every 5 s: the least free space so far per filesystem, kept in $DISK_LOW.
+DISK_BEFORE=$(tr '\t\n' '= ' <"$DISK_LOW")
+echo "[test] free space before the tests (MiB): $DISK_BEFORE" >&2
+# Every 5 s: the least free space so far per filesystem. The watcher keeps it in memory and
+# replaces $DISK_LOW whole (written beside it, then renamed): on a full disk the write fails
+# and the last good figures stay (a CI run once ended with them truncated to nothing, because
+# awk rewrote the file in place as the disk filled).
 (
+  declare -A low
+  while IFS=$'\t' read -r p m; do low[$p]=$m; done <"$DISK_LOW"
   while sleep 5; do
-    disk_lines | awk -F '\t' -v low="$DISK_LOW" 'BEGIN { while ((getline l < low) > 0) { split(l, f, "\t"); m[f[1]] = f[2] } }
-      { if (!($1 in m) || $2 < m[$1]) m[$1] = $2 } END { for (p in m) print p "\t" m[p] > low }'
+    while IFS=$'\t' read -r p m; do
+      [[ -n $m ]] || continue
+      [[ -n ${low[$p]:-} && ${low[$p]} -le $m ]] || low[$p]=$m
+    done < <(disk_lines)
+    for p in "${!low[@]}"; do printf '%s\t%s\n' "$p" "${low[$p]}"; done >"$DISK_LOW.new" 2>/dev/null &&
+      mv -f "$DISK_LOW.new" "$DISK_LOW" 2>/dev/null
   done
 ) &
 DISK_WATCH=$!
+# Both lines again at the end, where a truncated log still shows them, and a filesystem that
+# went under 1 GiB named as the likely cause, rather than leaving "no space left on device" in a
+# dozen tests to decode.
 disk_summary() {
   kill "$DISK_WATCH" 2>/dev/null || true
+  echo "[test] free space before the tests (MiB): $DISK_BEFORE" >&2
   echo "[test] least free space during the tests (MiB): $(tr '\t\n' '= ' <"$DISK_LOW")" >&2
-  rm -f "$DISK_LOW"
+  local p m
+  while IFS=$'\t' read -r p m; do
+    [[ -z $m || $m -ge 1024 ]] ||
+      echo "[test] $p had under 1 GiB free at its lowest ($m MiB): failures that say \"no space left on device\" are the machine's room, not the code" >&2
+  done <"$DISK_LOW"
+  rm -f "$DISK_LOW" "$DISK_LOW.new"
 }
 trap 'disk_summary; "$ROOT/scripts/slurm-local.sh" stop || true; "$ROOT/scripts/docker-local.sh" clean-tests || true
   "$ROOT/scripts/docker-local.sh" stop || true' EXIT
