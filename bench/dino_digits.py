@@ -75,7 +75,9 @@ every (image, channel) is a sample: channel_reference.py's `channel_tokens` and
 `crops_forward`, which trainer/tests/py/train_step_reference.py uses too, and its
 `ibot_forward` re-stated here (that file is a script). The epoch line then holds
 `loss_channel_dino` (unweighted). At 0 (the default) the step
-is the one without the option, forward for forward. Both are probed on every combination
+is the one without the option, forward for forward. `--ibot-separate-head` sends iBOT's
+masked patch tokens through a head of their own (DINOv2's `ibot_head`; the trainer's
+`train.ibot.separate_head`), and the DINO head sees the CLS rows alone. Both are probed on every combination
 (`--combinations`): `tokens` by the CLS over the combination's channels (`--tokens-pool cls`)
 or, with `--tokens-pool cls_and_channels` (`downstream.features.tokens_pool`),
 channel_reference.py's `tokens_pooled_features`: the CLS and each channel's mean patch token,
@@ -184,6 +186,10 @@ def parse_args(argv=None):
     p.add_argument("--centering", choices=["ema", "sinkhorn_knopp"], default="ema")
     p.add_argument("--ibot-weight", type=float, default=0.0,
                    help="iBOT masked-patch loss weight, shared head (DINOv2: 1.0; 0 = off)")
+    p.add_argument("--ibot-separate-head", type=str2bool, default=False,
+                   help="iBOT's masked patches through a head of their own (train.ibot."
+                   "separate_head: the DINO head's layout with --out-dim prototypes, without "
+                   "BatchNorm), its own last layer frozen and EMA'd as the DINO head's")
     p.add_argument("--ibot-mask-probability", type=float, default=0.5)
     p.add_argument("--ibot-mask-ratio", type=pair, default=(0.1, 0.5))
     p.add_argument("--num-register-tokens", type=int, default=0)
@@ -256,6 +262,8 @@ def parse_args(argv=None):
     a.tokens_pool = a.tokens_pools[0]
     if a.channel_dino_weight < 0:
         p.error("--channel-dino-weight must be >= 0")
+    if a.ibot_separate_head and a.ibot_weight <= 0:
+        p.error("--ibot-separate-head needs --ibot-weight > 0")
     if a.channel_mode != "tokens":
         for flag, on in (("--separate-blocks", a.separate_blocks > 0),
                          ("--channel-dino-weight", a.channel_dino_weight > 0),
@@ -379,7 +387,11 @@ def ibot_forward(net, crops, masks, mask_input, channel_dino=False):
         cls = torch.cat((cls, local_cls))
     idx = masks.flatten().nonzero().flatten()
     masked = torch.index_select(patches.flatten(0, 1), 0, idx)
-    out = net.head(torch.cat((cls, masked)))
+    if getattr(net, "ibot_head", None) is not None:
+        # --ibot-separate-head: the DINO head sees the CLS rows alone (its BatchNorm too).
+        out = torch.cat((net.head(cls), net.ibot_head(masked)))
+    else:
+        out = net.head(torch.cat((cls, masked)))
     channel_out = net.head(torch.cat(tokens)) if channel_dino else None
     return out[: len(cls)], cls, out[len(cls):], channel_out
 
@@ -720,6 +732,12 @@ def main(argv=None):
                                                norm_last_layer=a.norm_last_layer))
     vit_t = backbone(0.0)
     teacher = MultiCropWrapper(vit_t, DINOHead(vit_t.embed_dim, a.out_dim, use_bn=a.use_bn_in_head))
+    if a.ibot_separate_head:
+        # Registered on the wrappers, so the optimizer groups, clipping, the last-layer freeze
+        # ("last_layer" in its names) and the EMA (parameters zipped in order) include it.
+        student.ibot_head = DINOHead(vit_s.embed_dim, a.out_dim, use_bn=False,
+                                     norm_last_layer=a.norm_last_layer)
+        teacher.ibot_head = DINOHead(vit_t.embed_dim, a.out_dim, use_bn=False)
     teacher.load_state_dict(student.state_dict())
     for q in teacher.parameters():
         q.requires_grad = False
