@@ -17,6 +17,15 @@ trainer/tests/py/dino_reference.py with `USE_SDPA = True` (the kernel the Rust m
   step's channel subset drawn by hierarchical sampling (k uniform on 1..C, then k channels;
   Python's `random`, seeded, so not the Rust draws, the same distribution); `bag` is a
   single-channel ViT on batch × channels single-channel items per crop. imgs/s counts images.
+--channel-separate-blocks N, --channel-mixing-blocks N (tokens): channel_reference.py's
+  block masks (`model.channel_separate_blocks`, `model.channel_mixing_blocks`).
+--teacher-channels step|all (tokens; `train.teacher_channels`): `all` runs the teacher over
+  every channel of the global crops, the student over the step's subset.
+--channel-dino-weight W (tokens; `train.channel_dino_weight`): W × a second DINO loss (its own
+  centre) on each channel's own token, the mean of its patch tokens after the final norm, from
+  the same backbone passes as the CLS, through the DINO head in a call of its own
+  (channel_reference.py's `crops_forward`, as train_step_reference.py). Not with
+  `--teacher-channels all` (the config refuses the pair too).
 --device cuda --precision fp32|bf16|fp16: the step on the GPU (crops made there), with scDINO's
   mixed precision (autocast; fp16 with a GradScaler, unscaled before the clip). The clip is
   scDINO's, with one `.item()` per parameter (a host sync each), as in scDINO.
@@ -41,7 +50,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dino_reference  # noqa: E402
-from channel_reference import ChannelVisionTransformer  # noqa: E402
+from channel_reference import ChannelVisionTransformer, crops_forward  # noqa: E402
 from dino_reference import DINOHead, MultiCropWrapper, VisionTransformer  # noqa: E402
 from scdino_input import DataAugmentationDINO, TiffImageFolder, collate_fn  # noqa: E402
 
@@ -65,6 +74,10 @@ p.add_argument("--workers", type=int, default=1)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--count-flops", action="store_true")
 p.add_argument("--channel-mode", choices=["fixed", "bag", "tokens"], default="fixed")
+p.add_argument("--channel-separate-blocks", type=int, default=0)
+p.add_argument("--channel-mixing-blocks", type=int, default=0)
+p.add_argument("--teacher-channels", choices=["step", "all"], default="step")
+p.add_argument("--channel-dino-weight", type=float, default=0.0)
 p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
 a = p.parse_args()
@@ -73,6 +86,16 @@ if a.device == "cpu" and a.precision != "fp32":
 DEV = torch.device(a.device)
 if a.channel_mode != "fixed" and a.loader != "none":
     sys.exit("--channel-mode bag|tokens is measured with --loader none")
+TOKENS_KEYS = (a.channel_separate_blocks or a.channel_mixing_blocks or a.teacher_channels == "all"
+               or a.channel_dino_weight)
+if TOKENS_KEYS and a.channel_mode != "tokens":
+    sys.exit("--channel-separate-blocks, --channel-mixing-blocks, --teacher-channels all and "
+             "--channel-dino-weight need --channel-mode tokens")
+if min(a.channel_separate_blocks, a.channel_mixing_blocks, a.channel_dino_weight) < 0:
+    sys.exit("--channel-separate-blocks, --channel-mixing-blocks and --channel-dino-weight are >= 0")
+if a.teacher_channels == "all" and a.channel_dino_weight > 0:
+    sys.exit("--channel-dino-weight is not measured with --teacher-channels all (the config "
+             "refuses train.channel_dino_weight beside train.teacher_channels: all)")
 
 # scDINO defaults (argparse / yaml): lr 5e-4 per 256 images, wd 0.04, momentum 0.996,
 # clip 3.0, teacher temp 0.04, crop scales of the argparse defaults.
@@ -156,7 +179,9 @@ torch.manual_seed(a.seed)
 random.seed(a.seed)
 def backbone(**kw):
     if a.channel_mode == "tokens":
-        return ChannelVisionTransformer(a.arch, a.patch, a.channels, **kw)
+        return ChannelVisionTransformer(a.arch, a.patch, a.channels,
+                                        separate_blocks=a.channel_separate_blocks,
+                                        mixing_blocks=a.channel_mixing_blocks, **kw)
     return VisionTransformer(a.arch, a.patch, 1 if a.channel_mode == "bag" else a.channels, **kw)
 
 
@@ -172,6 +197,7 @@ teacher.train()
 student.to(DEV)
 teacher.to(DEV)
 dino_loss = DINOLoss(a.out_dim, NCROPS, TEACHER_TEMP).to(DEV)
+channel_loss = DINOLoss(a.out_dim, NCROPS, TEACHER_TEMP).to(DEV) if a.channel_dino_weight > 0 else None
 optimizer = torch.optim.AdamW(get_params_groups(student))
 # scDINO's mixed precision (main_dino.py): autocast around the forwards and the loss, fp16 with
 # a GradScaler (unscale before the clip); bf16 needs no scaler.
@@ -179,16 +205,26 @@ AMP_DTYPE = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.prec
 scaler = torch.amp.GradScaler("cuda") if a.precision == "fp16" else None
 
 
-def step(images, epoch=0):
+def step(images, epoch=0, teacher_images=None):
+    """teacher_images: the teacher's global crops when they are not images[:2]
+    (--teacher-channels all)."""
     for i, g in enumerate(optimizer.param_groups):
         g["lr"] = LR
         if i == 0:
             g["weight_decay"] = WD
     images = [im.to(DEV, non_blocking=True) for im in images]
+    teacher_images = images[:2] if teacher_images is None else teacher_images
     with torch.autocast(a.device, dtype=AMP_DTYPE, enabled=AMP_DTYPE is not None):
-        teacher_output = teacher(images[:2])
-        student_output = student(images)
-        loss = dino_loss(student_output, teacher_output, epoch)
+        if channel_loss is None:
+            teacher_output = teacher(teacher_images)
+            student_output = student(images)
+            loss = dino_loss(student_output, teacher_output, epoch)
+        else:
+            with torch.no_grad():
+                teacher_output, _, t_chan = crops_forward(teacher, teacher_images)
+            student_output, _, s_chan = crops_forward(student, images)
+            loss = dino_loss(student_output, teacher_output, epoch)
+            loss = loss + a.channel_dino_weight * channel_loss(s_chan, t_chan, epoch)
     if not math.isfinite(loss.item()):
         sys.exit(f"Loss is {loss.item()}, stopping training")
     optimizer.zero_grad()
@@ -230,14 +266,22 @@ def count_flops():
     crops = random_crops()
     dino_reference.USE_SDPA = False
     center = dino_loss.center.clone()
+    channel_center = channel_loss.center.clone() if channel_loss is not None else None
     try:
         with FlopCounterMode(display=False) as fc:
-            t = teacher(crops[:2])
-            s = student(crops)
-            dino_loss(s, t, 0).backward()
+            if channel_loss is None:
+                t = teacher(crops[:2])
+                s = student(crops)
+                dino_loss(s, t, 0).backward()
+            else:  # the channel tokens' head call counted too
+                t, _, t_chan = crops_forward(teacher, crops[:2])
+                s, _, s_chan = crops_forward(student, crops)
+                (dino_loss(s, t, 0) + channel_loss(s_chan, t_chan, 0)).backward()
     finally:
         dino_reference.USE_SDPA = True
         dino_loss.center = center
+        if channel_loss is not None:
+            channel_loss.center = channel_center
         student.zero_grad(set_to_none=True)
     return fc.get_total_flops()
 
@@ -257,13 +301,16 @@ total = a.warmup + a.iters
 if a.loader == "none":
     crops = random_crops()
     for it in range(total):
-        step_crops = crops
+        step_crops, teacher_crops = crops, None
         if a.channel_mode == "tokens":
             ch = hierarchical_channels()
             vit_s.channels = vit_t.channels = ch
             step_crops = [c[:, ch] for c in crops]
+            if a.teacher_channels == "all":
+                vit_t.channels = list(range(a.channels))
+                teacher_crops = crops[:2]
         t = time.perf_counter()
-        last_loss = step(step_crops)
+        last_loss = step(step_crops, teacher_images=teacher_crops)
         sync()
         dt = time.perf_counter() - t
         if it >= a.warmup:
@@ -302,6 +349,9 @@ out = {
     "channels": a.channels, "loader": a.loader, "batch": a.batch,
     "threads": a.threads, "workers": a.workers if a.loader == "real" else 0,
     "crops": [a.global_size, a.local_size, a.local_crops], "out_dim": a.out_dim,
+    "channel_separate_blocks": a.channel_separate_blocks,
+    "channel_mixing_blocks": a.channel_mixing_blocks,
+    "teacher_channels": a.teacher_channels, "channel_dino_weight": a.channel_dino_weight,
     "median_s": median_s, "imgs_per_s": a.batch / median_s,
     "throughput_imgs_per_s": sum(t[2] for t in timed) / sum(times),
     "times_s": times, "data_wait_s": waits, "data_wait_median_s": sorted(waits)[len(waits) // 2],
