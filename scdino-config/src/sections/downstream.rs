@@ -173,7 +173,7 @@ pub struct FeaturesSection {
     /// linear probe, UMAP, the combinations table and the report all use it).
     pub bag_pool: BagPool,
     /// `model.channels: tokens` only: what a combination's feature is made of, for every
-    /// analysis (as `bag_pool` for bag models). The exported model gives the CLS token.
+    /// analysis (as `bag_pool` for bag models). The TorchScript export gives the same feature of every channel.
     pub tokens_pool: TokensPool,
 }
 

@@ -11,7 +11,7 @@
 //! `torch.jit.load(path, map_location=...)` places them.
 use super::model_record::{network_name, Source};
 use super::{ExportError, Staging};
-use crate::model::channels;
+use crate::model::channels::{self, CombinationInput};
 use std::path::Path;
 use tch::{CModule, Kind, Tensor};
 
@@ -20,7 +20,24 @@ pub const FILE: &str = "model.pt";
 
 /// What the module computes from `x` (`[B, C, H, W]`, already normalised): the mode's.
 fn backbone(src: &Source, x: &Tensor) -> Tensor {
-    channels::for_mode(src.model.mode).export_forward(&src.vit, x)
+    channels::for_mode(src.model.mode).export_forward(&src.vit, x, &every_channel(src))
+}
+
+/// Every channel the model was trained on, in its order, with the run's pools (the config's
+/// defaults when the checkpoint's config is gone), as the features stage embeds that
+/// combination.
+fn every_channel(src: &Source) -> CombinationInput {
+    let features = src
+        .config
+        .as_ref()
+        .map(|c| c.downstream.features.clone())
+        .unwrap_or_default();
+    CombinationInput {
+        positions: None,
+        trained: src.model.channel_names.len() as i64,
+        bag_pool: features.bag_pool,
+        tokens_pool: features.tokens_pool,
+    }
 }
 
 /// The normalisation and the backbone, traced on a batch of two images of the export's
@@ -119,32 +136,6 @@ fn save_wrapped(traced: &CModule, source: &str, out: &Path) -> Result<(), Export
 /// Writes `model.pt` and `config.json` (what the module takes and gives); returns the
 /// model card's loading section.
 pub fn write(src: &Source, staging: &Staging) -> Result<String, ExportError> {
-    // The masks of the channel-separate and channel-mixing blocks are built in the forward
-    // from the input's shape on the input's device; a trace would bake them as constants on
-    // the tracing device, and the module is meant to follow `map_location` wherever it is
-    // loaded.
-    for (key, n, within) in [
-        (
-            "model.channel_separate_blocks",
-            src.model.channel_separate_blocks,
-            "a channel",
-        ),
-        (
-            "model.channel_mixing_blocks",
-            src.model.channel_mixing_blocks,
-            "a position",
-        ),
-    ] {
-        if n > 0 {
-            return Err(ExportError::Unsupported {
-                path: src.path.clone(),
-                format: "torchscript",
-                why: format!(
-                    "{n} of its blocks attend within {within} ({key}), and a trace would fix that attention mask on the tracing device; use `trainer embed` or `trainer features` with the checkpoint"
-                ),
-            });
-        }
-    }
     let traced = trace(src)?;
     save_wrapped(&traced, &checked_forward(src), &staging.path(FILE))?;
     let config = config_json(src);
@@ -157,7 +148,7 @@ pub fn write(src: &Source, staging: &Staging) -> Result<String, ExportError> {
 fn output(src: &Source) -> (String, &'static str) {
     let d = src.vit_config().embed_dim;
     let k = src.model.channel_names.len();
-    channels::for_mode(src.model.mode).export_output(d, k)
+    channels::for_mode(src.model.mode).export_output(d, k, &every_channel(src))
 }
 
 /// The module's contract, machine-readable.

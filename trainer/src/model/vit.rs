@@ -302,14 +302,15 @@ impl ChannelPatchEmbed {
     /// x's channels) → `[B, k·(H/P)·(W/P), D]`, channel-major (all patches of the first channel,
     /// then the next), as ChannelViT orders them.
     /// `channels`: the model's channel of each input channel; None: all of them, in order.
-    fn forward(&self, x: &Tensor, channels: Option<&Tensor>) -> Tensor {
+    fn forward(&self, x: &Tensor, channels: Option<&ChannelIndex>) -> Tensor {
         let k = x.size()[1];
         let d = self.weight.size()[0];
         // [B, k, n, D], plus channel c's embedding on each of its tokens.
         let tokens = self.project(x);
         let embed = self.channel_embed.reshape([d, -1]);
         let embed = match channels {
-            Some(index) => embed.index_select(1, index),
+            Some(ChannelIndex::Run { first, len }) => embed.narrow(1, *first, *len),
+            Some(ChannelIndex::List(index)) => embed.index_select(1, index),
             None => {
                 assert_eq!(embed.size()[1], k, "the input holds every model channel");
                 embed
@@ -318,6 +319,43 @@ impl ChannelPatchEmbed {
         let embed = embed.transpose(0, 1).reshape([1, k, 1, d]);
         (tokens + embed).flatten(1, 2)
     }
+}
+
+/// Which of the model's channel embeddings an input's channels take.
+enum ChannelIndex {
+    /// Consecutive channels `first..first + len`: a slice of the embeddings, no index tensor.
+    /// Every channel and each channel alone (the TorchScript export's passes, `joint_and_alone`)
+    /// are runs, so a trace of them records no tensor made on the host (`from_slice` would be
+    /// recorded as a factory on the tracing device, or not at all).
+    Run { first: i64, len: i64 },
+    /// Any other list, on the input's device.
+    List(Tensor),
+}
+
+impl ChannelIndex {
+    fn of(channels: &[i64], x: &Tensor) -> Self {
+        let first = channels[0];
+        if channels.iter().zip(first..).all(|(c, want)| *c == want) {
+            ChannelIndex::Run {
+                first,
+                len: channels.len() as i64,
+            }
+        } else {
+            ChannelIndex::List(Tensor::from_slice(channels).to_device(x.device()))
+        }
+    }
+}
+
+/// `0..n` (int64) on `like`'s device, made from `like` by ops that name no device: a factory
+/// (`arange`, `full`) in a traced forward records the tracing device, and the TorchScript
+/// export is meant to run wherever `map_location` puts it.
+fn arange_on(like: &Tensor, n: i64) -> Tensor {
+    like.flatten(0, -1)
+        .narrow(0, 0, 1)
+        .ones_like()
+        .expand([n], false)
+        .cumsum(0, Kind::Int64)
+        - 1
 }
 
 /// How images become patch tokens: DINO's patch embedding over all input channels, or
@@ -795,7 +833,7 @@ impl VisionTransformer {
                         c,
                         "the channel list must name each of the input's channels"
                     );
-                    Tensor::from_slice(channels).to_device(x.device())
+                    ChannelIndex::of(channels, x)
                 });
                 let patches = masked(embed.forward(x, index.as_ref()));
                 let cls = batch_expand(&self.cls_token, &patches);
@@ -891,11 +929,11 @@ impl VisionTransformer {
         let p = self.cfg.patch_size;
         let n = (h / p) * (w / p);
         let special = 1 + self.cfg.num_register_tokens;
-        let opts = (Kind::Int64, x.device());
         // Each token's channel slot or patch index; −1 for the CLS and register tokens, whose
         // rows attend to everything (and, if `patches_see_special`, whose columns every row
-        // sees).
-        let free = Tensor::full([special], -1, opts);
+        // sees). Built from `x` by ops that name no device (`arange_on`), so the TorchScript
+        // export's trace follows `map_location`.
+        let free = arange_on(x, special).zeros_like() - 1;
         let restricted = |label: Tensor, patches_see_special: bool| {
             let label = Tensor::cat(&[&free, &label], 0);
             let same = label.unsqueeze(1).eq_tensor(&label.unsqueeze(0));
@@ -908,11 +946,11 @@ impl VisionTransformer {
             }
         };
         if separate > 0 {
-            let channel = Tensor::arange(k, opts).repeat_interleave_self_int(n, 0, None);
+            let channel = arange_on(x, k).repeat_interleave_self_int(n, 0, None);
             masks.separate = Some(restricted(channel, false));
         }
         if mixing > 0 {
-            masks.mixing = Some(restricted(Tensor::arange(n, opts).repeat([k]), true));
+            masks.mixing = Some(restricted(arange_on(x, n).repeat([k]), true));
         }
         masks
     }

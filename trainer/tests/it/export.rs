@@ -212,13 +212,16 @@ fn export_timm_with_registers_gives_our_cls_features() {
 
 #[test]
 fn export_torchscript_gives_our_cls_features_for_every_channel_mode() {
-    for (mode, registers) in [
-        (ChannelMode::Fixed, 2),
-        (ChannelMode::Tokens, 0),
-        (ChannelMode::Bag, 0),
+    // (mode, registers, channel-separate blocks, channel-mixing blocks): the blocks' attention
+    // masks are built in the forward, from the input by ops that name no device.
+    for (mode, registers, separate, mixing) in [
+        (ChannelMode::Fixed, 2, 0, 0),
+        (ChannelMode::Tokens, 0, 0, 0),
+        (ChannelMode::Tokens, 2, 1, 1),
+        (ChannelMode::Bag, 0, 0, 0),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let (ckpt, _vs, vit) = checkpoint(dir.path(), mode, registers);
+        let (ckpt, _vs, vit) = checkpoint_blocks(dir.path(), mode, registers, separate, mixing);
         let out = dir.path().join("ts");
         export(&request(&ckpt, Format::Torchscript, &out)).unwrap();
         // Traced on two images; three go through (the batch is not baked in).
@@ -234,7 +237,10 @@ fn export_torchscript_gives_our_cls_features_for_every_channel_mode() {
         );
         let v = oracle("torchscript", &out, &raw, &ours);
         let diff = v["torchscript"].as_f64().unwrap();
-        eprintln!("torchscript ({}): max |ts - ours| = {diff:e}", mode.name());
+        eprintln!(
+            "torchscript ({}, {separate} separate, {mixing} mixing): max |ts - ours| = {diff:e}",
+            mode.name()
+        );
         assert!(
             diff <= 1e-5,
             "{}: max |torchscript - ours| = {diff}",
@@ -280,29 +286,21 @@ fn export_student_differs_from_teacher() {
     assert!(card.contains("student backbone"), "{card}");
 }
 
-/// A `tokens` model with channel-separate or channel-mixing blocks is refused by both
-/// formats, naming why (timm's ViT has no per-channel tokens; a trace would fix the mask on
-/// the tracing device), and no folder is left behind.
+/// A `tokens` model with channel-separate or channel-mixing blocks is refused by timm, naming
+/// why (its ViT has no per-channel tokens), and no folder is left behind; TorchScript takes
+/// it (the test above).
 #[test]
-fn export_refuses_channel_separate_and_mixing_blocks() {
-    for (separate, mixing, key) in [
-        (0, 1, "model.channel_mixing_blocks"),
-        (2, 0, "model.channel_separate_blocks"),
-    ] {
+fn export_timm_refuses_channel_separate_and_mixing_blocks() {
+    for (separate, mixing) in [(0, 1), (2, 0)] {
         let dir = tempfile::tempdir().unwrap();
         let (ckpt, _vs, _vit) =
             checkpoint_blocks(dir.path(), ChannelMode::Tokens, 2, separate, mixing);
-        for (format, why) in [
-            (Format::Torchscript, key),
-            (Format::Timm, "channel-adaptive"),
-        ] {
-            let out = dir.path().join(format.name());
-            let e = export(&request(&ckpt, format, &out)).unwrap_err();
-            let text = e.to_string();
-            assert!(matches!(e, ExportError::Unsupported { .. }), "{text}");
-            assert!(text.contains(why), "{text}");
-            assert!(!out.exists(), "{}", out.display());
-        }
+        let out = dir.path().join("timm");
+        let e = export(&request(&ckpt, Format::Timm, &out)).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, ExportError::Unsupported { .. }), "{text}");
+        assert!(text.contains("channel-adaptive"), "{text}");
+        assert!(!out.exists(), "{}", out.display());
     }
 }
 
@@ -564,14 +562,24 @@ fn exports_give_the_features_stage_rows_at_the_runs_resolution() {
         ..SynthOptions::default()
     })
     .unwrap();
-    for mode in ["fixed", "tokens", "bag"] {
+    // tokens_alone: the shipped tokens recipe's pool (`joint_and_alone`) with a channel-separate
+    // and a channel-mixing block, whose masks the trace must not fix on its device.
+    for run in ["fixed", "tokens", "tokens_alone", "bag"] {
+        let (mode, model_extra, features_extra) = match run {
+            "tokens_alone" => (
+                "tokens",
+                ", channel_separate_blocks: 1, channel_mixing_blocks: 1",
+                ", tokens_pool: joint_and_alone",
+            ),
+            _ => (run, "", ""),
+        };
         let combination = if mode == "fixed" { "\"02\"" } else { "\"012\"" };
         let yaml = format!(
-            "run: {{name: {mode}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [{combination}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 24}}}}\n",
+            "run: {{name: {run}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [a, b, c], channel_combinations: [{combination}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}{model_extra}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 24{features_extra}}}}}\n",
             out = dir.path().join("out").display(),
             data = dir.path().join("data/Training").display(),
         );
-        let cfg_path = dir.path().join(format!("{mode}.yaml"));
+        let cfg_path = dir.path().join(format!("{run}.yaml"));
         std::fs::write(&cfg_path, &yaml).unwrap();
         let cfg_arg = cfg_path.to_str().unwrap();
         trainer(&["train", "--config", cfg_arg]);
@@ -596,7 +604,7 @@ fn exports_give_the_features_stage_rows_at_the_runs_resolution() {
             &["torchscript"]
         };
         for format in formats {
-            let out = dir.path().join(format!("export_{mode}_{format}"));
+            let out = dir.path().join(format!("export_{run}_{format}"));
             trainer(&[
                 "export",
                 "--format",
@@ -621,8 +629,14 @@ fn exports_give_the_features_stage_rows_at_the_runs_resolution() {
             )
             .unwrap();
             let diff = v["max_abs_diff"].as_f64().unwrap();
-            eprintln!("{mode} {format}: max |export - features stage| = {diff:e}");
-            assert!(diff <= 1e-5, "{mode} {format}: {v}");
+            eprintln!("{run} {format}: max |export - features stage| = {diff:e}");
+            assert!(diff <= 1e-5, "{run} {format}: {v}");
+            if run == "tokens_alone" {
+                // (3k + 1)·D: the joint pass's CLS and k channel tokens, each channel's own two.
+                assert_eq!(v["shape"][1], (3 * k + 1) * 192, "{v}");
+                let config = std::fs::read_to_string(out.join("config.json")).unwrap();
+                assert!(config.contains("joint_and_alone"), "{config}");
+            }
             assert_eq!(
                 v["marker"]["input_size"],
                 serde_json::json!({"side": 24, "from": "downstream.features.resize_length"}),
@@ -643,8 +657,8 @@ fn exports_give_the_features_stage_rows_at_the_runs_resolution() {
             for (case, e) in v["errors"].as_object().unwrap() {
                 let e = e
                     .as_str()
-                    .unwrap_or_else(|| panic!("{mode}: {case} was accepted"));
-                assert!(e.contains(&expected), "{mode} {case}: {e}");
+                    .unwrap_or_else(|| panic!("{run}: {case} was accepted"));
+                assert!(e.contains(&expected), "{run} {case}: {e}");
             }
         }
     }

@@ -76,13 +76,13 @@ impl ChannelModeKind for Bag {
 
     /// Each channel through the single-channel ViT, `[B, C, D]` (the channel count is fixed,
     /// the batch is not).
-    fn export_forward(&self, vit: &VisionTransformer, x: &Tensor) -> Tensor {
+    fn export_forward(&self, vit: &VisionTransformer, x: &Tensor, _: &CombinationInput) -> Tensor {
         let k = x.size()[1];
         vit.forward_t(&x.flatten(0, 1).unsqueeze(1), false)
             .unflatten(0, [-1, k])
     }
 
-    fn export_output(&self, d: i64, k: usize) -> (String, &'static str) {
+    fn export_output(&self, d: i64, k: usize, _: &CombinationInput) -> (String, &'static str) {
         (
             format!("[B, {k}, {d}]"),
             "each channel's CLS token (DINO Bag-of-Channels): the analyses L2-normalise each and concatenate them in channel order",

@@ -49,7 +49,7 @@ impl ChannelModeKind for Fixed {
             .collect()
     }
 
-    fn export_forward(&self, vit: &VisionTransformer, x: &Tensor) -> Tensor {
+    fn export_forward(&self, vit: &VisionTransformer, x: &Tensor, _: &CombinationInput) -> Tensor {
         vit.forward_t(x, false)
     }
 

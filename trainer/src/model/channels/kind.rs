@@ -87,11 +87,22 @@ pub trait ChannelModeKind: Send + Sync {
     ) -> Vec<(String, Tensor)>;
 
     /// What an exported module computes from `x` (`[B, C, H, W]`: every channel the model
-    /// was trained on, in its order, normalised).
-    fn export_forward(&self, vit: &VisionTransformer, x: &Tensor) -> Tensor;
+    /// was trained on, in its order, normalised); `input`: every channel, with the run's
+    /// pools.
+    fn export_forward(
+        &self,
+        vit: &VisionTransformer,
+        x: &Tensor,
+        input: &CombinationInput,
+    ) -> Tensor;
 
     /// The exported module's output shape and meaning, for a width `d` and `k` channels.
-    fn export_output(&self, d: i64, _k: usize) -> (String, &'static str) {
+    fn export_output(
+        &self,
+        d: i64,
+        _k: usize,
+        _input: &CombinationInput,
+    ) -> (String, &'static str) {
         (
             format!("[B, {d}]"),
             "the CLS token after the final norm: the analyses L2-normalise it",

@@ -106,8 +106,27 @@ impl ChannelModeKind for Tokens {
     }
 
     /// Every channel the model knows, in its order (no channel index in the graph).
-    fn export_forward(&self, vit: &VisionTransformer, x: &Tensor) -> Tensor {
-        vit.forward_channels_t(x, None, false)
+    /// The features stage's feature of every channel with the run's `tokens_pool` (before
+    /// the analyses' L2 normalisation of the row): the pass over every channel and, with
+    /// `joint_and_alone`, a pass over each channel alone, whose embedding is a slice of the
+    /// table (no index tensor in the trace).
+    fn export_forward(
+        &self,
+        vit: &VisionTransformer,
+        x: &Tensor,
+        input: &CombinationInput,
+    ) -> Tensor {
+        self.features(vit, x, input)
+    }
+
+    fn export_output(&self, d: i64, k: usize, input: &CombinationInput) -> (String, &'static str) {
+        let width = self.feature_dim(d, k, input);
+        let meaning = match input.tokens_pool {
+            TokensPool::Cls => "the CLS token after the final norm: the analyses L2-normalise it",
+            TokensPool::ClsAndChannels => "the run's `tokens_pool: cls_and_channels`: the CLS token and each channel's mean patch token, each at unit length, concatenated (CLS first, then the channels in order); the analyses L2-normalise the row",
+            TokensPool::JointAndAlone => "the run's `tokens_pool: joint_and_alone`: the CLS token and each channel's mean patch token of the pass over every channel, then the same two of a pass over each channel alone, each part at unit length and each view scaled to unit length; the analyses L2-normalise the row",
+        };
+        (format!("[B, {width}]"), meaning)
     }
 
     fn timm_unsupported(&self) -> Option<&'static str> {
@@ -123,8 +142,9 @@ impl ChannelModeKind for Tokens {
 /// `x` (`[B, k, H, W]`), each part unit length (`tokens_pool: cls_and_channels`).
 fn cls_and_channels(vit: &VisionTransformer, x: &Tensor, channels: Option<&[i64]>) -> Tensor {
     let (cls, patches) = vit.forward_features_t(x, channels, None, false);
-    // The patch tokens are channel-major: k channels of n patches each.
-    let (b, k, d) = (x.size()[0], x.size()[1], cls.size()[1]);
-    let per_channel = patches.reshape([b, k, -1, d]).mean_dim(2, false, None);
+    // The patch tokens are channel-major: k channels of n patches each. (`unflatten` takes
+    // no batch size, which a trace would fix.)
+    let k = x.size()[1];
+    let per_channel = patches.unflatten(1, [k, -1]).mean_dim(2, false, None);
     unit_parts(&Tensor::cat(&[cls.unsqueeze(1), per_channel], 1))
 }
