@@ -325,8 +325,8 @@ impl ChannelPatchEmbed {
 enum ChannelIndex {
     /// Consecutive channels `first..first + len`: a slice of the embeddings, no index tensor.
     /// Every channel and each channel alone (the TorchScript export's passes, `joint_and_alone`)
-    /// are runs, so a trace of them records no tensor made on the host (`from_slice` would be
-    /// recorded as a factory on the tracing device, or not at all).
+    /// are runs, so a trace of them holds no index tensor made on the host, whose device the
+    /// trace would fix.
     Run { first: i64, len: i64 },
     /// Any other list, on the input's device.
     List(Tensor),

@@ -105,7 +105,6 @@ impl ChannelModeKind for Tokens {
             .collect()
     }
 
-    /// Every channel the model knows, in its order (no channel index in the graph).
     /// The features stage's feature of every channel with the run's `tokens_pool` (before
     /// the analyses' L2 normalisation of the row): the pass over every channel and, with
     /// `joint_and_alone`, a pass over each channel alone, whose embedding is a slice of the
