@@ -208,23 +208,49 @@ impl LoaderOptions {
         }
         let wall = t0.elapsed().as_secs_f64();
         let cpu = process_cpu_seconds()? - cpu0;
-        Ok(serde_json::json!({
-                "impl": "rust",
-                "bench": "loader",
-                "path": format!("{:?}", self.path).to_lowercase(),
-                "threads": self.threads,
-                "batch": self.batch,
-                "batches": self.batches,
-                "images": images_timed,
-                "crops": [self.global_size, self.local_size, self.local_crops],
-                "wall_s": wall,
-                "cpu_s": cpu,
-                "imgs_per_s": images_timed as f64 / wall,
-                "imgs_per_cpu_s": images_timed as f64 / cpu.max(1e-9),
-                "checksum": checksum,
-                "source_before": before,
-                "source": source.report(),
-        }))
+        let path = format!("{:?}", self.path).to_lowercase();
+        let mut report = self.timing_report(&path, self.threads, images_timed, wall, cpu);
+        for (key, value) in [
+            ("batch", serde_json::json!(self.batch)),
+            ("batches", serde_json::json!(self.batches)),
+            ("checksum", serde_json::json!(checksum)),
+            ("source_before", serde_json::json!(before)),
+            ("source", serde_json::json!(source.report())),
+        ] {
+            report.insert(key.into(), value);
+        }
+        Ok(report.into())
+    }
+
+    /// The keys every loader report holds (bench/loader.sh reads them by name, beside the
+    /// peer's): what ran, on how many threads, and images per wall and per CPU second.
+    fn timing_report(
+        &self,
+        path: &str,
+        threads: usize,
+        images: usize,
+        wall: f64,
+        cpu: f64,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        use serde_json::json;
+        serde_json::Map::from_iter([
+            ("impl".into(), json!("rust")),
+            ("bench".into(), json!("loader")),
+            ("path".into(), json!(path)),
+            ("threads".into(), json!(threads)),
+            ("images".into(), json!(images)),
+            (
+                "crops".into(),
+                json!([self.global_size, self.local_size, self.local_crops]),
+            ),
+            ("wall_s".into(), json!(wall)),
+            ("cpu_s".into(), json!(cpu)),
+            ("imgs_per_s".into(), json!(images as f64 / wall)),
+            (
+                "imgs_per_cpu_s".into(),
+                json!(images as f64 / cpu.max(1e-9)),
+            ),
+        ])
     }
 }
 
@@ -306,18 +332,8 @@ impl LoaderOptions {
         let images_timed = run(self.batches, 0)?;
         let wall = t0.elapsed().as_secs_f64();
         let cpu = process_cpu_seconds()? - cpu0;
-        Ok(serde_json::json!({
-                "impl": "rust",
-                "bench": "loader",
-                "path": "kernels",
-                "threads": 1,
-                "images": images_timed,
-                "crops": [self.global_size, self.local_size, self.local_crops],
-                "wall_s": wall,
-                "cpu_s": cpu,
-                "imgs_per_s": images_timed as f64 / wall,
-                "imgs_per_cpu_s": images_timed as f64 / cpu.max(1e-9),
-                "checksum": bufs[0][0],
-        }))
+        let mut report = self.timing_report("kernels", 1, images_timed, wall, cpu);
+        report.insert("checksum".into(), serde_json::json!(bufs[0][0]));
+        Ok(report.into())
     }
 }
