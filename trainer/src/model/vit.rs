@@ -346,9 +346,9 @@ impl ChannelIndex {
     }
 }
 
-/// `0..n` (int64) on `like`'s device, made from `like` by ops that name no device: a factory
-/// (`arange`, `full`) in a traced forward records the tracing device, and the TorchScript
-/// export is meant to run wherever `map_location` puts it.
+/// `0..n` (int64) on `like`'s device (`like` not empty), made from `like` by ops that name no
+/// device: a factory (`arange`, `full`) in a traced forward records the tracing device, and
+/// the TorchScript export is meant to run wherever `map_location` puts it.
 fn arange_on(like: &Tensor, n: i64) -> Tensor {
     like.flatten(0, -1)
         .narrow(0, 0, 1)
@@ -931,9 +931,11 @@ impl VisionTransformer {
         let special = 1 + self.cfg.num_register_tokens;
         // Each token's channel slot or patch index; −1 for the CLS and register tokens, whose
         // rows attend to everything (and, if `patches_see_special`, whose columns every row
-        // sees). Built from `x` by ops that name no device (`arange_on`), so the TorchScript
-        // export's trace follows `map_location`.
-        let free = arange_on(x, special).zeros_like() - 1;
+        // sees). Built from the CLS token (on the model's device, never empty, unlike a batch
+        // of none) by ops that name no device (`arange_on`), so the TorchScript export's trace
+        // follows `map_location`.
+        let like = &self.cls_token;
+        let free = arange_on(like, special).zeros_like() - 1;
         let restricted = |label: Tensor, patches_see_special: bool| {
             let label = Tensor::cat(&[&free, &label], 0);
             let same = label.unsqueeze(1).eq_tensor(&label.unsqueeze(0));
@@ -946,11 +948,11 @@ impl VisionTransformer {
             }
         };
         if separate > 0 {
-            let channel = arange_on(x, k).repeat_interleave_self_int(n, 0, None);
+            let channel = arange_on(like, k).repeat_interleave_self_int(n, 0, None);
             masks.separate = Some(restricted(channel, false));
         }
         if mixing > 0 {
-            masks.mixing = Some(restricted(arange_on(x, n).repeat([k]), true));
+            masks.mixing = Some(restricted(arange_on(like, n).repeat([k]), true));
         }
         masks
     }
