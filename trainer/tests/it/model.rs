@@ -612,6 +612,39 @@ fn separate_blocks_encode_each_channel_as_if_alone() {
     });
 }
 
+/// A batch of no images (the last, empty chunk of a split, or an empty shard) goes through
+/// separate and mixing blocks to an empty feature and empty attention, as through plain
+/// blocks: the masks are built from the model's own tokens, not from the batch.
+#[test]
+fn restricted_blocks_take_an_empty_batch() {
+    use trainer::model::VisionTransformer;
+    let _rng = super::util::torch_rng_lock();
+    tch::manual_seed(4);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let vit = VisionTransformer::new(
+        vs.root(),
+        VitConfig {
+            channel_separate_blocks: 2,
+            channel_mixing_blocks: 1,
+            ..VitConfig::new(Arch::VitTiny, 8, 3)
+                .with_channel_tokens()
+                .with_registers(2)
+        },
+    );
+    let x = Tensor::zeros([0, 2, 24, 32], (Kind::Float, Device::Cpu));
+    tch::no_grad(|| {
+        let cls = vit.forward_channels_t(&x, Some(&[0, 2]), false);
+        assert_eq!(cls.size(), [0, 192]);
+        let (cls, patches) = vit.forward_features_t(&x, Some(&[0, 2]), None, false);
+        assert_eq!(
+            (cls.size(), patches.size()),
+            (vec![0, 192], vec![0, 24, 192])
+        );
+        let attn = vit.last_selfattention_channels(&x, Some(&[0, 2]));
+        assert_eq!(attn.size()[0], 0);
+    });
+}
+
 /// `model.channel_embed_std` scales the orthogonal channel embeddings (each row of norm
 /// std·√D), and the default is the 0.02 of before, draw for draw.
 #[test]
