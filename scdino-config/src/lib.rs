@@ -1007,6 +1007,54 @@ mod tests {
         assert!(msg.contains("-1"), "{msg}");
     }
 
+    /// `single_channel_steps` is a fraction, for tokens models only; 0 (off) is the default
+    /// everywhere and accepted with any mode.
+    #[test]
+    fn single_channel_steps_is_a_fraction_for_tokens_only() {
+        let tokens = "data:\n  channel_names: [a, b]\n  channel_combinations: [\"01\", \"1\"]\nmodel:\n  channels: tokens\n";
+        for f in ["0.5", "1", "0"] {
+            let c = Config::from_yaml(
+                &format!("{tokens}train:\n  single_channel_steps: {f}\n"),
+                "t",
+            )
+            .unwrap();
+            assert_eq!(c.train.single_channel_steps, f.parse::<f64>().unwrap());
+            assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        }
+        assert_eq!(
+            Config::from_yaml("", "t")
+                .unwrap()
+                .train
+                .single_channel_steps,
+            0.0
+        );
+        for bad in ["1.5", "-0.1", ".nan"] {
+            let (key, line, msg) =
+                invalid(&format!("{tokens}train:\n  single_channel_steps: {bad}\n"));
+            assert_eq!(
+                (key.as_str(), line),
+                ("train.single_channel_steps", Some(7))
+            );
+            assert!(msg.contains("from 0 to 1"), "{msg}");
+        }
+        for mode in ["fixed", "bag"] {
+            let (key, line, msg) = invalid(&format!(
+                "model:\n  channels: {mode}\ntrain:\n  single_channel_steps: 0.5\n"
+            ));
+            assert_eq!(
+                (key.as_str(), line),
+                ("train.single_channel_steps", Some(4))
+            );
+            assert!(
+                msg.contains(&format!("this run has {mode}"))
+                    && msg.contains("model.channels: tokens"),
+                "{msg}"
+            );
+            let off = format!("model:\n  channels: {mode}\ntrain:\n  single_channel_steps: 0\n");
+            assert!(Config::from_yaml(&off, "t").is_ok());
+        }
+    }
+
     /// `bag_pool: mean` is for bag models only; concat is the default everywhere.
     #[test]
     fn bag_pool_is_validated_against_the_channel_mode() {

@@ -121,6 +121,15 @@ pub struct TrainSection {
     /// PBMC-like cells it brought BF+DAPI from 12.7 to 5.2 points of 20-NN below `bag` (run 15),
     /// and read with `downstream.features.tokens_pool: joint_and_alone` to 6.3 above (run 16).
     pub channel_dino_weight: f64,
+    /// `model.channels: tokens` only: the fraction of training steps that train on one channel
+    /// alone (drawn uniformly, in a stream of its own), the others on the sampler's subset
+    /// (hierarchical or `model.dichavit.sampling`). A `tokens` feature of a single channel —
+    /// and each channel's own part of `tokens_pool: joint_and_alone` — is that channel passed
+    /// alone, which hierarchical sampling trains in 1/C² of the steps per channel (4 % at five
+    /// channels), where `bag` trains every channel alone in every step. With a channel-mixing
+    /// block that pass differs most from the mixed passes that fill the rest of training. 0
+    /// (the default) leaves the sampler as it is; 1 trains every step on one channel.
+    pub single_channel_steps: f64,
 }
 
 /// `train.teacher_channels`: the teacher's channels in a `tokens` step.
@@ -241,6 +250,7 @@ impl Default for TrainSection {
             ibot: IbotSection::default(),
             teacher_channels: TeacherChannels::Step,
             channel_dino_weight: 0.0,
+            single_channel_steps: 0.0,
         }
     }
 }

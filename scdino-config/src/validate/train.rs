@@ -33,6 +33,22 @@ impl TrainSection {
             ),
         )?;
         self.validate_channel_dino(v, model)?;
+        v.check(
+            (0.0..=1.0).contains(&self.single_channel_steps),
+            "train.single_channel_steps",
+            &format!(
+                "is {} but must be a fraction of the steps, from 0 to 1",
+                self.single_channel_steps
+            ),
+        )?;
+        v.check(
+            self.single_channel_steps == 0.0 || model.channels == crate::ChannelMode::Tokens,
+            "train.single_channel_steps",
+            &format!(
+                "steps on one channel alone are a channel draw of model.channels: tokens (this run has {}); set it to 0 or remove the key",
+                model.channels.name()
+            ),
+        )?;
         self.ibot.validate(v, model, aug, self.batch_size_per_gpu)
     }
 

@@ -103,8 +103,12 @@ pub fn step_channels(
     among: Option<&[usize]>,
 ) -> Option<Vec<i64>> {
     let d = &cfg.model.dichavit;
-    let drawn = match (d.sampling, student.channel_patch_embed()) {
-        (ChannelSampling::Diverse, Some(embed)) => {
+    let n = among.map_or(k, <[usize]>::len);
+    // Config allows the fraction above 0 with `tokens` only, the one mode that draws.
+    let alone = single_channel_step(cfg.run.seed, iteration, n, cfg.train.single_channel_steps);
+    let drawn = match (alone, d.sampling, student.channel_patch_embed()) {
+        (Some(channel), ..) => Some(vec![channel]),
+        (None, ChannelSampling::Diverse, Some(embed)) => {
             let all = channel_cosines(&embed.channel_embeddings());
             let cosines = match among {
                 Some(set) => set
@@ -120,16 +124,32 @@ pub fn step_channels(
                 d.sampling_temperature,
             ))
         }
-        _ => for_mode(cfg.model.channels).step_channels(
-            cfg.run.seed,
-            iteration,
-            among.map_or(k, <[usize]>::len),
-        ),
+        _ => for_mode(cfg.model.channels).step_channels(cfg.run.seed, iteration, n),
     }?;
     Some(match among {
         Some(set) => drawn.iter().map(|&c| set[c as usize] as i64).collect(),
         None => drawn,
     })
+}
+
+/// `train.single_channel_steps`: the one channel (of `channels`) step `iteration` trains on
+/// alone, drawn with probability `fraction` and then uniformly; None for a step left to the
+/// sampler. Its own stream (not hierarchical or diverse sampling's), so at 0 every step
+/// draws what it drew before the key existed, and a resumed run draws what a straight one
+/// would.
+pub fn single_channel_step(
+    seed: u64,
+    iteration: usize,
+    channels: usize,
+    fraction: f64,
+) -> Option<i64> {
+    if fraction <= 0.0 || channels == 0 {
+        return None;
+    }
+    let mut r = SplitMix64::new(
+        seed ^ 0x3C6E_F372_FE94_F82B ^ (iteration as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    (unit(&mut r) < fraction).then(|| r.below(channels as u64) as i64)
 }
 
 /// The channels the teacher sees in a step whose student trains on `student`
@@ -152,7 +172,7 @@ pub fn teacher_channels(
 
 #[cfg(test)]
 mod tests {
-    use super::teacher_channels;
+    use super::{single_channel_step, teacher_channels};
     use crate::config::Config;
 
     fn tokens(teacher: &str) -> Config {
@@ -178,5 +198,41 @@ mod tests {
         );
         assert_eq!(teacher_channels(&all, None, 4, None), None);
         assert_eq!(teacher_channels(&tokens("step"), Some(&[1]), 4, None), None);
+    }
+
+    /// About `fraction` of the steps draw one channel, each channel about equally often, the
+    /// same for the same seed and iteration; 0 draws none and 1 every step.
+    #[test]
+    fn single_channel_steps_draw_the_fraction_and_every_channel() {
+        let steps = 20_000;
+        for fraction in [0.25, 0.5, 0.8] {
+            let mut per_channel = [0usize; 5];
+            for it in 0..steps {
+                let drawn = single_channel_step(7, it, 5, fraction);
+                assert_eq!(drawn, single_channel_step(7, it, 5, fraction));
+                if let Some(c) = drawn {
+                    per_channel[c as usize] += 1;
+                }
+            }
+            let alone: usize = per_channel.iter().sum();
+            // Binomial sd at 20,000 steps is at most 0.0036: five sd.
+            let share = alone as f64 / steps as f64;
+            assert!((share - fraction).abs() < 0.018, "{fraction}: {share}");
+            for (c, &n) in per_channel.iter().enumerate() {
+                let part = n as f64 / alone as f64;
+                assert!((part - 0.2).abs() < 0.03, "{fraction}: channel {c} {part}");
+            }
+        }
+        assert!((0..1000).all(|it| single_channel_step(7, it, 5, 0.0).is_none()));
+        assert!((0..1000).all(|it| single_channel_step(7, it, 3, 1.0).is_some_and(|c| c < 3)));
+        assert_eq!(single_channel_step(7, 0, 0, 1.0), None);
+        // Another seed, another draw.
+        let a: Vec<_> = (0..64)
+            .map(|it| single_channel_step(1, it, 5, 0.5))
+            .collect();
+        let b: Vec<_> = (0..64)
+            .map(|it| single_channel_step(2, it, 5, 0.5))
+            .collect();
+        assert_ne!(a, b);
     }
 }

@@ -396,6 +396,64 @@ fn an_all_channel_teacher_changes_what_tokens_trains() {
     );
 }
 
+/// A two-epoch `tokens` run on a, b, c with `edit` applied to its `train` section, stopped
+/// after each of `stops` steps and then finished: its last checkpoint's student, teacher and
+/// centre tensors by name.
+fn train_tokens_run(
+    dir: &Path,
+    name: &str,
+    stops: &[usize],
+    edit: impl FnOnce(&mut trainer::config::TrainSection),
+) -> std::collections::HashMap<String, tch::Tensor> {
+    let cfg = config(dir, name, "tokens", "a, b, c", "\"012\"");
+    let mut sections = cfg.sections();
+    edit(&mut sections.train);
+    sections.train.epochs = 2;
+    let cfg = Config::from_sections(sections, "test").unwrap();
+    for &step in stops {
+        let opts = TrainOptions {
+            max_steps: Some(step),
+            ..TrainOptions::default()
+        };
+        assert_eq!(train(&cfg, &opts).unwrap(), TrainOutcome::StepLimit);
+    }
+    assert_eq!(
+        train(&cfg, &TrainOptions::default()).unwrap(),
+        TrainOutcome::Finished
+    );
+    let ck = RunLayout::new(&cfg)
+        .model(&cfg, &[0, 1, 2])
+        .latest_checkpoint();
+    tch::Tensor::read_safetensors(&ck)
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.contains("student") || k.contains("teacher") || k.contains("center"))
+        .collect()
+}
+
+/// `resumed` holds `straight`'s tensors bit for bit, and the student's first block differs
+/// from the run `without` what changed (`what`).
+fn assert_resumed_and_changed(
+    straight: &std::collections::HashMap<String, tch::Tensor>,
+    resumed: &std::collections::HashMap<String, tch::Tensor>,
+    without: &std::collections::HashMap<String, tch::Tensor>,
+    what: &str,
+) {
+    assert_eq!(straight.len(), resumed.len());
+    for (name, t) in straight {
+        assert!(t.equal(&resumed[name]), "{name} differs after the resume");
+    }
+    let qkv = straight
+        .keys()
+        .find(|k| k.contains("blocks.0.attn.qkv.weight") && k.contains("student"))
+        .unwrap();
+    let diff = (&straight[qkv] - &without[qkv])
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(diff > 1e-6, "{qkv}: {what} changed nothing ({diff})");
+}
+
 /// `train.channel_dino_weight` reaches a whole run: its EMA centre is checkpointed (moved off
 /// zero), a run stopped mid-epoch and resumed ends at the straight run's weights and centres
 /// bit for bit, and the same run without the term ends elsewhere.
@@ -403,31 +461,9 @@ fn an_all_channel_teacher_changes_what_tokens_trains() {
 fn the_channel_dino_term_trains_checkpoints_and_resumes() {
     let (_rng, dir) = setup();
     let run = |name: &str, weight: f64, stops: &[usize]| {
-        let cfg = config(dir.path(), name, "tokens", "a, b, c", "\"012\"");
-        let mut sections = cfg.sections();
-        sections.train.channel_dino_weight = weight;
-        sections.train.epochs = 2;
-        let cfg = Config::from_sections(sections, "test").unwrap();
-        for &step in stops {
-            let opts = TrainOptions {
-                max_steps: Some(step),
-                ..TrainOptions::default()
-            };
-            assert_eq!(train(&cfg, &opts).unwrap(), TrainOutcome::StepLimit);
-        }
-        assert_eq!(
-            train(&cfg, &TrainOptions::default()).unwrap(),
-            TrainOutcome::Finished
-        );
-        let ck = RunLayout::new(&cfg)
-            .model(&cfg, &[0, 1, 2])
-            .latest_checkpoint();
-        let t: std::collections::HashMap<String, tch::Tensor> = tch::Tensor::read_safetensors(&ck)
-            .unwrap()
-            .into_iter()
-            .filter(|(k, _)| k.contains("student") || k.contains("teacher") || k.contains("center"))
-            .collect();
-        t
+        train_tokens_run(dir.path(), name, stops, |train| {
+            train.channel_dino_weight = weight
+        })
     };
     let straight = run("straight", 1.0, &[]);
     let resumed = run("resumed", 1.0, &[3]);
@@ -442,19 +478,58 @@ fn the_channel_dino_term_trains_checkpoints_and_resumes() {
         centre.0
     );
     assert!(!without.keys().any(|k| k.contains("channel_dino")));
-    assert_eq!(straight.len(), resumed.len());
-    for (name, t) in &straight {
-        assert!(t.equal(&resumed[name]), "{name} differs after the resume");
+    assert_resumed_and_changed(&straight, &resumed, &without, "the term");
+}
+
+/// `train.single_channel_steps`: a step the draw sends alone trains on that one channel (named
+/// by its model position when the batch's cells hold only some), every other step on what the
+/// sampler — hierarchical or diverse — draws without the key; a whole run with it resumes to
+/// the straight run's weights bit for bit and ends elsewhere than the run without it.
+#[test]
+fn single_channel_steps_train_one_channel_alone_and_resume() {
+    use trainer::train::channels::{single_channel_step, step_channels};
+    use trainer::train::step::Learner;
+    let (_rng, dir) = setup();
+    for sampling in ["hierarchical", "diverse"] {
+        let text = |fraction: f64| {
+            format!("data:\n  channel_names: [a, b, c]\n  channel_combinations: [\"012\"]\nmodel:\n  arch: vit_tiny\n  patch_size: 4\n  out_dim: 64\n  channels: tokens\n  dichavit:\n    sampling: {sampling}\ntrain:\n  precision: fp32\n  single_channel_steps: {fraction}\n")
+        };
+        let cfg = Config::from_yaml(&text(0.5), "t").unwrap();
+        let plain = Config::from_yaml(&text(0.0), "t").unwrap();
+        let learner = Learner::from_config(&cfg, 3, tch::Device::Cpu).unwrap();
+        let backbone = &learner.nets.student.backbone;
+        let (mut alone, mut drawn) = (0, 0);
+        for it in 0..60 {
+            for among in [None, Some(&[0usize, 2][..])] {
+                let n = among.map_or(3, <[usize]>::len);
+                let got = step_channels(&cfg, it, 3, backbone, among);
+                match single_channel_step(cfg.run.seed, it, n, 0.5) {
+                    Some(c) => {
+                        let model = among.map_or(c, |set| set[c as usize] as i64);
+                        assert_eq!(got, Some(vec![model]), "{sampling} {it} {among:?}");
+                        alone += 1;
+                    }
+                    None => {
+                        assert_eq!(got, step_channels(&plain, it, 3, backbone, among));
+                        drawn += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            alone > 20 && drawn > 20,
+            "{sampling}: {alone} alone, {drawn} drawn"
+        );
     }
-    let qkv = straight
-        .keys()
-        .find(|k| k.contains("blocks.0.attn.qkv.weight") && k.contains("student"))
-        .unwrap();
-    let diff = (&straight[qkv] - &without[qkv])
-        .abs()
-        .max()
-        .double_value(&[]);
-    assert!(diff > 1e-6, "{qkv}: the term changed nothing ({diff})");
+    let run = |name: &str, fraction: f64, stops: &[usize]| {
+        train_tokens_run(dir.path(), name, stops, |train| {
+            train.single_channel_steps = fraction
+        })
+    };
+    let straight = run("alone_straight", 0.5, &[]);
+    let resumed = run("alone_resumed", 0.5, &[3]);
+    let without = run("alone_without", 0.0, &[]);
+    assert_resumed_and_changed(&straight, &resumed, &without, "the single-channel steps");
 }
 
 /// A checkpoint of one mode found where a run of another resumes (a folder copied or renamed
