@@ -1055,6 +1055,40 @@ mod tests {
         }
     }
 
+    /// `downstream.attention.beside` lists other runs' configs: none by default, each once.
+    #[test]
+    fn attention_beside_lists_other_runs_once() {
+        assert!(Config::from_yaml("", "t")
+            .unwrap()
+            .downstream
+            .attention
+            .beside
+            .is_empty());
+        let c = Config::from_yaml(
+            "downstream:\n  attention:\n    beside: [runs/bag.yaml, /abs/tokens.yaml]\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            c.downstream.attention.beside,
+            [
+                std::path::PathBuf::from("runs/bag.yaml"),
+                std::path::PathBuf::from("/abs/tokens.yaml")
+            ]
+        );
+        assert_eq!(Config::from_yaml(&c.to_yaml(), "shown").unwrap(), c);
+        let (key, line, msg) =
+            invalid("downstream:\n  attention:\n    beside:\n      - a.yaml\n      - a.yaml\n");
+        assert_eq!(key, "downstream.attention.beside[1]");
+        assert!(
+            line.is_some() && msg.contains("listed twice"),
+            "{line:?} {msg}"
+        );
+        let (key, _, msg) = invalid("downstream:\n  attention:\n    beside: ['']\n");
+        assert_eq!(key, "downstream.attention.beside[0]");
+        assert!(msg.contains("another run's config"), "{msg}");
+    }
+
     /// `bag_pool: mean` is for bag models only; concat is the default everywhere.
     #[test]
     fn bag_pool_is_validated_against_the_channel_mode() {

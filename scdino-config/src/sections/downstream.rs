@@ -1,6 +1,7 @@
 //! `downstream:`: the analyses after training.
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// The analyses run after training (scDINO `downstream_analyses`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -285,6 +286,11 @@ pub struct AttentionSection {
     pub resize: bool,
     /// `image_size`: side of the image the attention is computed on.
     pub image_size: usize,
+    /// The run configs of other models of the same images (e.g. a `bag` run beside a
+    /// `tokens` one), whose attention maps the report shows under this run's, image by image:
+    /// which channel each model looks at, and where, side by side. Relative paths are relative
+    /// to the directory the trainer runs in. Not in scDINO.
+    pub beside: Vec<PathBuf>,
 }
 
 impl Default for AttentionSection {
@@ -293,6 +299,7 @@ impl Default for AttentionSection {
             images_per_class: 1,
             resize: true,
             image_size: 480,
+            beside: vec![],
         }
     }
 }

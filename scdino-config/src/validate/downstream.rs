@@ -132,7 +132,20 @@ impl AttentionSection {
             self.image_size >= model.patch_size,
             "downstream.attention.image_size",
             "must be at least one patch",
-        )
+        )?;
+        for (i, path) in self.beside.iter().enumerate() {
+            v.check(
+                !path.as_os_str().is_empty(),
+                &format!("downstream.attention.beside[{i}]"),
+                "give the path of another run's config",
+            )?;
+            v.check(
+                !self.beside[..i].contains(path),
+                &format!("downstream.attention.beside[{i}]"),
+                "this run is listed twice",
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -47,6 +47,14 @@ pub enum StageError {
         #[source]
         source: crate::distributed::group::DistError,
     },
+    /// A run listed in `downstream.attention.beside` whose config does not load.
+    /// (The config's own error names the file and the line.)
+    #[error("downstream.attention.beside: {source}")]
+    BesideConfig {
+        path: PathBuf,
+        #[source]
+        source: crate::config::ConfigError,
+    },
     #[error("channel combination {index} does not exist (the config has {count})")]
     NoCombination { index: usize, count: usize },
     /// Every stage after training needs the dataset statistics.

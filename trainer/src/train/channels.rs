@@ -152,6 +152,38 @@ pub fn single_channel_step(
     (unit(&mut r) < fraction).then(|| r.below(channels as u64) as i64)
 }
 
+/// One line for the start of a run saying how its `tokens` steps draw their channels (None
+/// for the other modes, whose steps always see every channel): a run's channel draw is set by
+/// three keys in two sections, and the training logs show only its effects.
+pub fn describe_channel_draw(cfg: &Config) -> Option<String> {
+    if cfg.model.channels != crate::config::ChannelMode::Tokens {
+        return None;
+    }
+    let sampler = match cfg.model.dichavit.sampling {
+        ChannelSampling::Diverse => format!(
+            "DiChaViT's diverse sampling (model.dichavit.sampling, temperature {})",
+            cfg.model.dichavit.sampling_temperature
+        ),
+        _ => "ChannelViT's hierarchical sampling (a size, then a subset of that size)".into(),
+    };
+    let f = cfg.train.single_channel_steps;
+    let alone = if f > 0.0 {
+        format!(
+            "; {:.0} % of the steps on one channel alone (train.single_channel_steps)",
+            f * 100.0
+        )
+    } else {
+        String::new()
+    };
+    let teacher = match cfg.train.teacher_channels {
+        TeacherChannels::All => "every channel (train.teacher_channels: all)",
+        TeacherChannels::Step => "the step's channels",
+    };
+    Some(format!(
+        "channels per step: {sampler}{alone}; the teacher sees {teacher}"
+    ))
+}
+
 /// The channels the teacher sees in a step whose student trains on `student`
 /// (`train.teacher_channels`): None where they are the student's (`step`, or a step without
 /// a subset); with `all`, every channel the batch's cells hold (`among`, else all `k`).
@@ -172,7 +204,7 @@ pub fn teacher_channels(
 
 #[cfg(test)]
 mod tests {
-    use super::{single_channel_step, teacher_channels};
+    use super::{describe_channel_draw, single_channel_step, teacher_channels};
     use crate::config::Config;
 
     fn tokens(teacher: &str) -> Config {
@@ -234,5 +266,26 @@ mod tests {
             .map(|it| single_channel_step(2, it, 5, 0.5))
             .collect();
         assert_ne!(a, b);
+    }
+
+    /// The start-of-run line names the sampler, the share of single-channel steps and the
+    /// teacher's channels of a `tokens` run, and nothing for the modes that do not draw.
+    #[test]
+    fn the_channel_draw_is_described_for_tokens_only() {
+        let plain = describe_channel_draw(&tokens("step")).unwrap();
+        assert_eq!(
+            plain,
+            "channels per step: ChannelViT's hierarchical sampling (a size, then a subset of that size); the teacher sees the step's channels"
+        );
+        let yaml = "data:\n  channel_names: [a, b, c, d]\n  channel_combinations: [\"0123\"]\nmodel:\n  channels: tokens\n  dichavit:\n    sampling: diverse\ntrain:\n  teacher_channels: all\n  single_channel_steps: 0.25\n";
+        let all = describe_channel_draw(&Config::from_yaml(yaml, "t").unwrap()).unwrap();
+        assert_eq!(
+            all,
+            "channels per step: DiChaViT's diverse sampling (model.dichavit.sampling, temperature 0.1); 25 % of the steps on one channel alone (train.single_channel_steps); the teacher sees every channel (train.teacher_channels: all)"
+        );
+        for mode in ["fixed", "bag"] {
+            let c = Config::from_yaml(&format!("model:\n  channels: {mode}\n"), "t").unwrap();
+            assert_eq!(describe_channel_draw(&c), None, "{mode}");
+        }
     }
 }

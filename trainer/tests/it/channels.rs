@@ -45,14 +45,28 @@ fn config_with(
     features: &str,
 ) -> Config {
     Config::from_yaml(
-        &format!(
-            "run: {{name: {name}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [{names}], channel_combinations: [{combinations}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16{features}}}}}\n",
-            out = dir.join("out").display(),
-            data = dir.join("data/Training").display(),
-        ),
+        &config_yaml(dir, name, mode, names, combinations, features, ""),
         "test",
     )
     .unwrap()
+}
+
+/// The YAML of [`config_with`], with `downstream` keys added after `features` (e.g.
+/// `, attention: {image_size: 32}`).
+fn config_yaml(
+    dir: &Path,
+    name: &str,
+    mode: &str,
+    names: &str,
+    combinations: &str,
+    features: &str,
+    downstream: &str,
+) -> String {
+    format!(
+        "run: {{name: {name}, output_dir: {out}, seed: 2}}\ndata: {{dataset_dir: {data}, channel_names: [{names}], channel_combinations: [{combinations}], num_workers: 1}}\nmodel: {{name: m, arch: vit_tiny, patch_size: 8, out_dim: 64, channels: {mode}}}\ntrain: {{epochs: 1, batch_size_per_gpu: 4, precision: fp32, warmup_epochs: 0, lr: 0.01}}\naugment: {{global_crop_size: 16, local_crop_size: 8, local_crops_number: 1}}\ndownstream: {{features: {{resize_length: 16{features}}}{downstream}}}\n",
+        out = dir.join("out").display(),
+        data = dir.join("data/Training").display(),
+    )
 }
 
 /// Trains once (the first combination's call trains the one model on all channels, the other
@@ -652,6 +666,128 @@ fn the_pipeline_analyses_every_combination_and_tabulates_them() {
         );
     }
     assert!(html.contains("one checkpoint for every combination"));
+}
+
+/// `downstream.attention.beside`: a `tokens` run's report shows, under each of its images,
+/// the per-channel maps a `bag` run of the same data and seed drew of the same image (the
+/// very PNGs, embedded), says so where the other run has no such combination, and names the
+/// file when a listed config cannot be read.
+#[test]
+fn the_report_shows_another_runs_attention_maps_beside() {
+    use trainer::pipeline::stages::report::write_report;
+    use trainer::pipeline::stages::Target;
+    use trainer::pipeline::{run_pipeline, PipelineOptions};
+    let (_rng, dir) = setup();
+    let small = ", attention: {image_size: 32, images_per_class: 2}";
+    let bag_yaml = config_yaml(
+        dir.path(),
+        "pb",
+        "bag",
+        "a, b, c",
+        "\"012\", \"1\"",
+        "",
+        small,
+    );
+    let bag_path = dir.path().join("bag run.yaml");
+    std::fs::write(&bag_path, &bag_yaml).unwrap();
+    let bag = Config::load(&bag_path).unwrap();
+    run_pipeline(&bag, &PipelineOptions::default()).unwrap();
+    let tokens_yaml = config_yaml(
+        dir.path(),
+        "pt",
+        "tokens",
+        "a, b, c",
+        "\"012\", \"02\"",
+        "",
+        &format!(
+            ", attention: {{image_size: 32, images_per_class: 2, beside: ['{}']}}",
+            bag_path.display()
+        ),
+    );
+    let tokens = Config::from_yaml(&tokens_yaml, "tokens").unwrap();
+    run_pipeline(&tokens, &PipelineOptions::default()).unwrap();
+
+    let t = Target::new(&tokens, 0).unwrap();
+    let html = std::fs::read_to_string(t.files.report_html()).unwrap();
+    let b = Target::new(&bag, 0).unwrap();
+    let bag_dir = b.files.attention_dir("epoch0");
+    let bag_maps: Vec<trainer::analysis::attention::AttentionImage> = serde_json::from_str(
+        &std::fs::read_to_string(b.files.attention_manifest("epoch0")).unwrap(),
+    )
+    .unwrap();
+    let own: Vec<trainer::analysis::attention::AttentionImage> = serde_json::from_str(
+        &std::fs::read_to_string(t.files.attention_manifest("epoch0")).unwrap(),
+    )
+    .unwrap();
+    // The same held-out images (up to two per class), at the features' 16 px and the maps' 32 px.
+    assert_eq!(own.len(), bag_maps.len());
+    assert!(own.len() >= 6, "{own:?}");
+    assert_eq!(own.iter().filter(|i| i.size == 32).count() * 2, own.len());
+    assert!(
+        html.contains(&format!(
+            "Beside: {} (pb), m_bag_channel_a_b_c, epoch0: its maps of the same images",
+            bag_path.display()
+        )),
+        "{html}"
+    );
+    let b64 = |path: &Path| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).unwrap())
+    };
+    for img in &own {
+        let other = bag_maps
+            .iter()
+            .find(|o| (&o.class, &o.file, o.size) == (&img.class, &img.file, img.size))
+            .unwrap_or_else(|| panic!("bag picked other images than tokens: {img:?}"));
+        let maps: Vec<&String> = other.head_pngs.iter().collect();
+        assert_eq!(maps.len(), 3, "{other:?}");
+        for rel in maps {
+            assert!(
+                rel.ends_with(".png") && rel.contains("attn-channel_"),
+                "{rel}"
+            );
+            assert!(
+                html.contains(&b64(&bag_dir.join(rel))),
+                "{rel} not in the report"
+            );
+        }
+    }
+    // Under each image this run's maps come first, then the bag's, before the next image.
+    let first = html
+        .find("<em>this run, m_tokens_channel_a_b_c, epoch0</em>")
+        .expect("this run's maps are labelled");
+    let rest = &html[first..];
+    let bag_at = rest.find("m_bag_channel_a_b_c, epoch0</em>").unwrap();
+    let next_image = rest.find("<h4>").unwrap_or(rest.len());
+    assert!(bag_at < next_image, "{rest}");
+
+    // a + c: the bag run has no such combination.
+    let t02 = Target::new(&tokens, 1).unwrap();
+    let html = std::fs::read_to_string(t02.files.report_html()).unwrap();
+    assert!(
+        html.contains("(pb): it has no channel combination a + c."),
+        "{html}"
+    );
+    assert!(!html.contains("m_bag_channel"), "{html}");
+
+    // A listed config that cannot be read fails the report, naming the file.
+    let missing = dir.path().join("no such run.yaml");
+    let broken = Config::from_yaml(
+        &tokens_yaml.replace(
+            &bag_path.display().to_string(),
+            &missing.display().to_string(),
+        ),
+        "broken",
+    )
+    .unwrap();
+    let t = Target::new(&broken, 0).unwrap();
+    let err = write_report(&t, t.dataset().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("downstream.attention.beside") && err.contains(&missing.display().to_string()),
+        "{err}"
+    );
 }
 
 /// `scripts/colocalisation.py` (issue 48 run 17's task) draws what its docs promise, read back

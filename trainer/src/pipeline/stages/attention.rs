@@ -2,7 +2,7 @@
 use crate::analysis::attention::{self, AttentionImage};
 use crate::config::Stage;
 use crate::pipeline::stage::{At, Flow, PipelineStage};
-use crate::pipeline::stage_error::StageError;
+use crate::pipeline::stage_error::{read_json, StageError};
 use crate::pipeline::target::Target;
 use std::path::{Path, PathBuf};
 
@@ -48,7 +48,104 @@ impl PipelineStage for Attention {
         Ok(Flow::Continue)
     }
 
+    /// This run's maps, and the other runs' the report shows beside them, so the report is
+    /// rewritten when one of those runs writes newer maps.
     fn reported(&self, at: &At) -> Vec<PathBuf> {
-        self.outputs(at)
+        let mut files = self.outputs(at);
+        // An unreadable config is the report's error to give (it names the file).
+        files.extend(
+            beside_maps(at.t)
+                .into_iter()
+                .flatten()
+                .filter(|b| b.tag.is_some())
+                .map(|b| b.dir.join(crate::layout::ATTENTION_MANIFEST)),
+        );
+        files
     }
+}
+
+/// Another run's attention maps of the same channels (`downstream.attention.beside`), for the
+/// report to show under this run's, image by image.
+#[derive(Debug)]
+pub struct BesideMaps {
+    /// The run's config, name and model folder, as the report names it.
+    pub label: String,
+    /// Its newest checkpoint with maps of these channels; `None` before it has any, and when
+    /// it has no combination of these channels (`missing` says which).
+    pub tag: Option<String>,
+    /// The folder its maps' paths are relative to.
+    pub dir: PathBuf,
+    pub images: Vec<AttentionImage>,
+    /// Why there are no maps: the run trains none of this combination.
+    pub missing: Option<String>,
+}
+
+impl BesideMaps {
+    /// Its maps of the image `img` shows, at the same size: both runs pick the same held-out
+    /// images when they share the data, the seed and the combination.
+    pub fn of(&self, img: &AttentionImage) -> Option<&AttentionImage> {
+        self.images
+            .iter()
+            .find(|o| o.class == img.class && o.file == img.file && o.size == img.size)
+    }
+}
+
+/// The checkpoint tags `t` has a complete set of maps of (its manifest written last), in
+/// training order: read from its attention folder, so a run analysed by `trainer attention`
+/// alone counts too.
+pub(crate) fn attention_tags(t: &Target) -> Vec<String> {
+    let root = t.files.attention_dir("");
+    let mut tags: Vec<String> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|tag| t.files.attention_manifest(tag).exists())
+        .collect();
+    crate::pipeline::target::sort_tags(&mut tags);
+    tags
+}
+
+/// The newest maps of every run `t`'s config lists in `downstream.attention.beside`, of the
+/// combination with `t`'s channel names in `t`'s order (matched by name, so the other run may
+/// order its channels and combinations otherwise).
+pub fn beside_maps(t: &Target) -> Result<Vec<BesideMaps>, StageError> {
+    let names = t.channel_names();
+    let mut all = Vec::new();
+    for path in &t.cfg.downstream.attention.beside {
+        let other = crate::train::init_layout::load_config(path).map_err(|source| {
+            StageError::BesideConfig {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        let combination = other.channel_sets.iter().position(|set| {
+            set.iter()
+                .map(|&c| &other.data.channel_names[c])
+                .eq(names.iter())
+        });
+        let mut maps = BesideMaps {
+            label: format!("{} ({})", path.display(), other.run.name),
+            tag: None,
+            dir: PathBuf::new(),
+            images: vec![],
+            missing: None,
+        };
+        let Some(combination) = combination else {
+            maps.missing = Some(format!(
+                "it has no channel combination {}",
+                names.join(" + ")
+            ));
+            all.push(maps);
+            continue;
+        };
+        let o = Target::new(&other, combination)?;
+        maps.label = format!("{}, {}", maps.label, other.model_dir_name(&o.channels));
+        maps.tag = attention_tags(&o).pop();
+        if let Some(tag) = &maps.tag {
+            maps.dir = o.files.attention_dir(tag);
+            maps.images = read_json(&o.files.attention_manifest(tag))?;
+        }
+        all.push(maps);
+    }
+    Ok(all)
 }

@@ -2,6 +2,7 @@
 //! the file can be mailed or opened from a login node without the output tree). It is built
 //! only from files the stages wrote (and the dataset's split, which the caller already has),
 //! so it can be regenerated at any time. One function per section, in page order.
+use super::attention::{self, BesideMaps};
 use super::evaluate::read_evaluation;
 use super::knn::{best_k, read_knn_json};
 use super::umap::UmapSummary;
@@ -141,7 +142,7 @@ const SECTIONS: &[(Stage, Section)] = &[
     (Stage::Knn, |p| knn_per_class_section(p.t, &p.knn)),
     (Stage::Profiling, |p| profiling_section(p.t, &p.tags)),
     (Stage::Umap, |p| umap_section(p.t, &p.tags)),
-    (Stage::Attention, |p| attention_section(p.t, &p.tags)),
+    (Stage::Attention, |p| attention_section(p.t)),
 ];
 
 /// The `report` stage, on rank 0, once per model: it reads every file the stages before it
@@ -690,13 +691,24 @@ fn umap_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
     Ok(h)
 }
 
-/// The attention maps of the newest tag that has them.
-fn attention_section(t: &Target, tags: &[String]) -> Result<String, StageError> {
+/// The attention maps of the newest checkpoint that has them, and under each image the maps of the
+/// same image by the runs of `downstream.attention.beside`.
+fn attention_section(t: &Target) -> Result<String, StageError> {
     let mut h = String::from("<h2>Attention maps (last block, CLS token)</h2>");
     h.push_str(&look(
         "heads that attend to the cell, or to parts of it such as the nucleus, rather than \
          to the background or to one corner.",
     ));
+    if t.cfg.model.channels.is_adaptive() {
+        h.push_str(&look(
+            "one map per channel (the CLS attention to that channel's patches, averaged over \
+             the heads, each map scaled to its own range): where the model looks in each \
+             channel. A bag model looks at every channel alone, so each map shows that \
+             channel's own objects; a tokens model reads the channels in one attention, so a \
+             channel's map can light up where another channel's object lies (docs/channels.md, \
+             \"Reading per-channel attention maps\").",
+        ));
+    }
     let registers = t.cfg.model.num_register_tokens;
     if registers > 0 {
         let _ = write!(
@@ -705,40 +717,87 @@ fn attention_section(t: &Target, tags: &[String]) -> Result<String, StageError> 
             if registers == 1 { "" } else { "s" }
         );
     }
-    let Some(tag) = tags
-        .iter()
-        .rev()
-        .find(|tag| t.files.attention_manifest(tag).exists())
-    else {
+    let beside = attention::beside_maps(t)?;
+    for b in &beside {
+        match (&b.tag, &b.missing) {
+            (_, Some(why)) => {
+                let _ = write!(h, "<p>Beside: {}: {}.</p>", esc(&b.label), esc(why));
+            }
+            (None, None) => {
+                let _ = write!(
+                    h,
+                    "<p>Beside: {}: no attention maps of these channels yet.</p>",
+                    esc(&b.label)
+                );
+            }
+            (Some(tag), None) => {
+                let _ = write!(
+                    h,
+                    "<p>Beside: {}, {}: its maps of the same images under this run's.</p>",
+                    esc(&b.label),
+                    esc(tag)
+                );
+            }
+        }
+    }
+    let Some(tag) = attention::attention_tags(t).pop() else {
         h.push_str("<p>No attention maps yet.</p>");
         return Ok(h);
     };
+    let tag = tag.as_str();
     let dir = t.files.attention_dir(tag);
     let images: Vec<AttentionImage> = read_json(&t.files.attention_manifest(tag))?;
     let _ = write!(h, "<p>{}</p>", esc(tag));
+    let this = format!("this run, {}", t.cfg.model_dir_name(&t.channels));
     for img in &images {
         let _ = write!(
             h,
-            "<h4>{} / {} ({} px)</h4><div>",
+            "<h4>{} / {} ({} px)</h4>",
             esc(&img.class),
             esc(&img.file),
             img.size
         );
-        for rel in img.channel_pngs.iter().chain(&img.head_pngs) {
-            let name = Path::new(rel)
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+        let shown: Vec<&BesideMaps> = beside.iter().filter(|b| b.tag.is_some()).collect();
+        if !shown.is_empty() {
+            let _ = write!(h, "<p><em>{}, {}</em></p>", esc(&this), esc(tag));
+        }
+        figures(&mut h, &dir, img)?;
+        for b in shown {
             let _ = write!(
                 h,
-                "<figure>{}<figcaption>{}</figcaption></figure>",
-                img_tag(&dir.join(rel), &name, Some(128))?,
-                esc(&name)
+                "<p><em>{}, {}</em></p>",
+                esc(&b.label),
+                esc(b.tag.as_deref().unwrap_or_default())
             );
+            match b.of(img) {
+                Some(other) => figures(&mut h, &b.dir, other)?,
+                None => h.push_str(
+                    "<p>not among its maps (it picked other images: another seed, split or \
+                     images_per_class).</p>",
+                ),
+            }
         }
-        h.push_str("</div>");
     }
     Ok(h)
+}
+
+/// One image's channel and map PNGs in a row, captioned with their file names.
+fn figures(h: &mut String, dir: &Path, img: &AttentionImage) -> Result<(), StageError> {
+    h.push_str("<div>");
+    for rel in img.channel_pngs.iter().chain(&img.head_pngs) {
+        let name = Path::new(rel)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let _ = write!(
+            h,
+            "<figure>{}<figcaption>{}</figcaption></figure>",
+            img_tag(&dir.join(rel), &name, Some(128))?,
+            esc(&name)
+        );
+    }
+    h.push_str("</div>");
+    Ok(())
 }
 
 /// The resolved config and the trainer's version, and the end of the document.

@@ -51,6 +51,11 @@ impl<'a> TrainingRun<'a> {
             niter: items.iters_per_epoch(denv.world, batch),
         };
         let (peak_lr, sched) = schedules(cfg, &shape);
+        if let Some(draw) =
+            crate::train::channels::describe_channel_draw(cfg).filter(|_| denv.rank == 0)
+        {
+            tracing::info!("{draw}");
+        }
         let mut learner = Learner::from_config(cfg, channels.len(), device)?;
         let fingerprint = resume::fingerprint(cfg, &channels);
         let origin = DataOrigin::new(cfg, opts.allow_new_data);
