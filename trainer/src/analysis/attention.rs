@@ -43,6 +43,14 @@ pub struct AttentionImage {
     /// Channel PNGs then head PNGs, relative to the attention output directory.
     pub channel_pngs: Vec<String>,
     pub head_pngs: Vec<String>,
+    /// For each of `head_pngs`, the share of the CLS token's attention its patches receive
+    /// (for a channel map, averaged over the heads). The PNGs are each scaled to their own
+    /// range, so they say where a model looks; these say how much: in a `tokens` map set the
+    /// channels' shares of one softmax (with the CLS's attention to itself and to any registers
+    /// they sum to 1), in
+    /// a `bag` set each channel's share of its own pass. Empty in manifests written before.
+    #[serde(default)]
+    pub map_shares: Vec<f64>,
 }
 
 /// Picks up to `per_class` held-out images of every label, reproducibly.
@@ -196,6 +204,7 @@ pub fn write_attention_maps(
                 size,
                 channel_pngs: vec![],
                 head_pngs: vec![],
+                map_shares: vec![],
             };
             for (c, &ch) in channels.iter().enumerate() {
                 let name = format!("original_img_channel_{}.png", cfg.data.channel_names[ch]);
@@ -209,9 +218,14 @@ pub fn write_attention_maps(
             } else {
                 x.shallow_clone()
             };
+            let patch_pixels = (embedder.patch_size() * embedder.patch_size()) as f64;
             for (stem, map) in attention_maps(&embedder, &normalized.to_device(device), &names) {
                 let name = format!("{stem}.png");
-                save_viridis(&dir.join(&name), &map.to_device(Device::Cpu))?;
+                let map = map.to_device(Device::Cpu);
+                entry
+                    .map_shares
+                    .push(map.sum(Kind::Double).double_value(&[]) / patch_pixels);
+                save_viridis(&dir.join(&name), &map)?;
                 entry.head_pngs.push(rel.join(name).display().to_string());
             }
             written.push(entry);

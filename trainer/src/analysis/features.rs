@@ -319,6 +319,12 @@ impl Embedder {
 
     /// The named attention maps of one image `x` (`[k, h, w]`, normalised) of the
     /// combination's `channel_names`.
+    /// The backbone's patch side: a map's pixels repeat each patch's value this many times
+    /// in each direction.
+    pub fn patch_size(&self) -> i64 {
+        self.vit.config().patch_size
+    }
+
     pub fn attention_maps(&self, x: &Tensor, channel_names: &[&str]) -> Vec<(String, Tensor)> {
         self.kind
             .attention_maps(&self.vit, x, &self.input, channel_names)

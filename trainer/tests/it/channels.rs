@@ -741,6 +741,23 @@ fn the_report_shows_another_runs_attention_maps_beside() {
             .unwrap_or_else(|| panic!("bag picked other images than tokens: {img:?}"));
         let maps: Vec<&String> = other.head_pngs.iter().collect();
         assert_eq!(maps.len(), 3, "{other:?}");
+        // Each bag channel's share is of its own pass, the tokens channels' of one softmax
+        // over every channel's patches (and the CLS itself): each above 0, together at most 1.
+        assert_eq!((img.map_shares.len(), other.map_shares.len()), (3, 3));
+        for &s in &other.map_shares {
+            assert!(s > 0.0 && s <= 1.0 + 1e-6, "bag {:?}", other.map_shares);
+        }
+        let sum: f64 = img.map_shares.iter().sum();
+        assert!(
+            img.map_shares.iter().all(|&s| s > 0.0) && sum <= 1.0 + 1e-6,
+            "tokens {:?}",
+            img.map_shares
+        );
+        for (rel, s) in img.head_pngs.iter().zip(&img.map_shares) {
+            let stem = Path::new(rel).file_stem().unwrap().to_string_lossy();
+            let caption = format!("<figcaption>{stem} · {:.1} %</figcaption>", 100.0 * s);
+            assert!(html.contains(&caption), "{caption} not in the report");
+        }
         for rel in maps {
             assert!(
                 rel.ends_with(".png") && rel.contains("attn-channel_"),

@@ -703,10 +703,13 @@ fn attention_section(t: &Target) -> Result<String, StageError> {
         h.push_str(&look(
             "one map per channel (the CLS attention to that channel's patches, averaged over \
              the heads, each map scaled to its own range): where the model looks in each \
-             channel. A bag model looks at every channel alone, so each map shows that \
-             channel's own objects; a tokens model reads the channels in one attention, so a \
-             channel's map can light up where another channel's object lies (docs/channels.md, \
-             \"Reading per-channel attention maps\").",
+             channel; the percentage under a map is how much of the CLS's attention its \
+             patches get. A bag model looks at every channel alone, so each map shows that \
+             channel's own objects and its percentage is of that channel's own pass; a tokens \
+             model reads the channels in one attention, so the percentages of one image say \
+             which channel it reads most, and a channel's map can pick out where its signal \
+             is absent, or where another channel's lies (docs/channels.md, \"Reading \
+             per-channel attention maps\").",
         ));
     }
     let registers = t.cfg.model.num_register_tokens;
@@ -781,19 +784,30 @@ fn attention_section(t: &Target) -> Result<String, StageError> {
     Ok(h)
 }
 
-/// One image's channel and map PNGs in a row, captioned with their file names.
+/// One image's channel and map PNGs in a row, captioned with their file names and each map
+/// with its share of the CLS token's attention.
 fn figures(h: &mut String, dir: &Path, img: &AttentionImage) -> Result<(), StageError> {
     h.push_str("<div>");
-    for rel in img.channel_pngs.iter().chain(&img.head_pngs) {
+    let shares = (img.map_shares.len() == img.head_pngs.len()).then_some(&img.map_shares);
+    let maps = img
+        .head_pngs
+        .iter()
+        .enumerate()
+        .map(|(i, rel)| (rel, shares.map(|s| s[i])));
+    for (rel, share) in img.channel_pngs.iter().map(|rel| (rel, None)).chain(maps) {
         let name = Path::new(rel)
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
+        let caption = match share {
+            Some(share) => format!("{name} · {:.1} %", 100.0 * share),
+            None => name.clone(),
+        };
         let _ = write!(
             h,
             "<figure>{}<figcaption>{}</figcaption></figure>",
             img_tag(&dir.join(rel), &name, Some(128))?,
-            esc(&name)
+            esc(&caption)
         );
     }
     h.push_str("</div>");
