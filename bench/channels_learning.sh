@@ -48,13 +48,20 @@
 #   tokens_chdino, tokens_separate_chdino
 #               tokens_matched and tokens_separate with train.channel_dino_weight: 1.0 (a second
 #               DINO loss on each channel's mean patch token, every (image, channel) a sample, as
-#               bag trains each channel's CLS; configs/tokens-small-data.yaml is tokens_chdino
-#               on the 4-channel digits, read as tokens_chdino_alone; not run unless named in
-#               RUNS)
+#               bag trains each channel's CLS; configs/tokens-small-data.yaml was tokens_chdino
+#               before runs 21-22, now tokens_recipe; not run unless named in RUNS)
 #   tokens_mix_chdino
 #               tokens_chdino with tokens_mix's two settings (the candidate recipe for the
 #               interaction task, where channels must be read together; not run unless named in
 #               RUNS)
+#   tokens_recipe
+#               configs/tokens-small-data.yaml's recipe: tokens_chdino with one channel-mixing
+#               block first at the default channel scale (model.channel_mixing_blocks: 1) and half
+#               the steps on one channel alone (train.single_channel_steps: 0.5); read as
+#               tokens_recipe_alone (BENCHMARKS.md issue 48 runs 21 and 22 ran it as
+#               tokens_mix_chdino with CONFIG_SED='s|channel_embed_std: 1.0|channel_embed_std:
+#               0.02|;s|^train:|train:\n  single_channel_steps: 0.5|', the same config; not run
+#               unless named in RUNS)
 #   tokens_dichavit
 #               tokens with configs/dichavit.yaml (small-data's recipe plus DiChaViT's channel
 #               and token diversification losses and diverse channel sampling; not run unless
@@ -123,7 +130,8 @@ COST=$OUT/cost.txt
 # Whether approach $1 trains tokens_matched's steps (C × the epochs and the warm-up).
 matched() {
   case $1 in
-    tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino | tokens_mix_chdino) return 0 ;;
+    tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino | tokens_mix_chdino | \
+      tokens_recipe) return 0 ;;
     *) return 1 ;;
   esac
 }
@@ -136,7 +144,7 @@ config() {
     fixed_zeros) mode=fixed ;;
     *_small) mode=${run%_small} base=small-data ;;
     tokens_mix | tokens_matched | tokens_teacher_all | tokens_separate | tokens_chdino | tokens_separate_chdino | \
-      tokens_mix_chdino)
+      tokens_mix_chdino | tokens_recipe)
       mode=tokens base=small-data ;;
     # configs/dichavit.yaml says channels: tokens itself.
     tokens_dichavit) mode="" base=dichavit ;;
@@ -145,6 +153,7 @@ config() {
   [[ -z $mode ]] || channels="\\n  channels: $mode"  # sed's newline
   [[ $run != tokens_mix* ]] || channels+="\\n  channel_mixing_blocks: 1\\n  channel_embed_std: 1.0"
   [[ $run != tokens_separate* ]] || channels+="\\n  channel_separate_blocks: 12"
+  [[ $run != tokens_recipe ]] || channels+="\\n  channel_mixing_blocks: 1"
   channels+=$MODEL_EXTRA
   sed -e "s|output_dir: digits/output|output_dir: $OUT/seed$seed|" \
     -e "s|dataset_dir: digits/data/Training|dataset_dir: $DATA/Training|" \
@@ -168,6 +177,7 @@ config() {
       local nch=$(($(tr -cd , <<<"$NAMES" | wc -c) + 1)) train_extra=""
       [[ $run != tokens_teacher_all ]] || train_extra="\n  teacher_channels: all"
       [[ $run != *_chdino ]] || train_extra="\n  channel_dino_weight: 1.0"
+      [[ $run != tokens_recipe ]] || train_extra="\n  channel_dino_weight: 1.0\n  single_channel_steps: 0.5"
       sed -e "s|  epochs: $EPOCHS|  epochs: $((EPOCHS * nch))|" \
         -e "s|  checkpoint_every: $EPOCHS|  checkpoint_every: $((EPOCHS * nch))|" \
         -e "s|  warmup_epochs: 1$|  warmup_epochs: $nch|" -e "s|^train:|train:$train_extra|"
@@ -202,6 +212,9 @@ for seed in $SEEDS; do
         { echo "$y: no train section to add teacher_channels to" >&2; exit 1; }
       [[ $run != *_chdino ]] || grep -q "^  channel_dino_weight: 1.0\$" "$y" ||
         { echo "$y: no train section to add channel_dino_weight to" >&2; exit 1; }
+      [[ $run != tokens_recipe ]] || { grep -q "^  channel_dino_weight: 1.0\$" "$y" &&
+        grep -q "^  single_channel_steps: 0.5\$" "$y" && grep -q "^  channel_mixing_blocks: 1\$" "$y"; } ||
+        { echo "$y: no train or model section to add tokens_recipe's keys to" >&2; exit 1; }
       [[ $run != tokens_separate* ]] || grep -q "^  channel_separate_blocks: 12\$" "$y" ||
         { echo "$y: no model section to add channel_separate_blocks to" >&2; exit 1; }
       # 12 is every block of the 12-block presets; another depth needs another count.
@@ -266,7 +279,7 @@ names = [n.strip() for n in sys.argv[3].split(",")]
 combos = ["_".join(names[int(i)] for i in c) for c in json.loads(sys.argv[4])]
 runs = ["untrained", "fixed", "fixed_zeros", "tokens", "bag", "tokens_small", "bag_small",
         "tokens_mix", "tokens_matched", "tokens_teacher_all", "tokens_separate", "tokens_chdino",
-        "tokens_separate_chdino", "tokens_mix_chdino", "tokens_dichavit"]
+        "tokens_separate_chdino", "tokens_mix_chdino", "tokens_recipe", "tokens_dichavit"]
 # Each tokens run beside its cls_and_channels and joint_and_alone evaluations.
 runs = [x for r in runs for x in ([r] if r in ("fixed", "fixed_zeros", "bag", "bag_small") else [r, r + "_pool", r + "_alone"])]
 scores = {}  # (run, combo) -> list of (knn20, probe, f1)
