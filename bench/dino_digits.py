@@ -64,7 +64,9 @@ followed by optional channel-mixing blocks (`--mixing-blocks`, `model.channel_mi
 a patch token attends to its position in every channel and to the CLS and registers), both
 channel_reference.py's masks (`block_masks`; N + mixing <= depth), each step on a subset drawn
 by hierarchical channel sampling (k uniform on 1..C, then k channels; iBOT masks a position in
-every channel); `bag` trains a single-channel ViT on every channel of every image as its own
+every channel) or, with probability `--single-channel-steps F` (`train.single_channel_steps`),
+one channel alone drawn uniformly (the trainer's draw from its own stream, here from Python's
+`random`: the same distribution); `bag` trains a single-channel ViT on every channel of every image as its own
 sample (an epoch is C× the steps), each augmented and normalised with its channel's mean/std.
 `--channel-dino-weight W` (tokens, `train.channel_dino_weight`) adds W × a second DINO loss
 (a DINOLoss of its own: its own EMA centre, or Sinkhorn-Knopp; the same temperatures) on each
@@ -221,6 +223,9 @@ def parse_args(argv=None):
                    "combination, then each channel's from a pass over it alone. A "
                    "comma-separated list probes each: the first as `combinations`, every "
                    "other as `combinations_<pool>`")
+    p.add_argument("--single-channel-steps", type=float, default=0.0,
+                   help="tokens: the fraction of steps on one channel alone, drawn uniformly "
+                   "(train.single_channel_steps; 0 = every step hierarchical)")
     p.add_argument("--channel-embed-std", type=float, default=0.02,
                    help="tokens: the channel embedding's init scale (orthogonal rows)")
     p.add_argument("--img-size", type=int, default=None,
@@ -262,11 +267,14 @@ def parse_args(argv=None):
     a.tokens_pool = a.tokens_pools[0]
     if a.channel_dino_weight < 0:
         p.error("--channel-dino-weight must be >= 0")
+    if not 0.0 <= a.single_channel_steps <= 1.0:
+        p.error("--single-channel-steps must be in [0, 1]")
     if a.ibot_separate_head and a.ibot_weight <= 0:
         p.error("--ibot-separate-head needs --ibot-weight > 0")
     if a.channel_mode != "tokens":
         for flag, on in (("--separate-blocks", a.separate_blocks > 0),
                          ("--channel-dino-weight", a.channel_dino_weight > 0),
+                         ("--single-channel-steps", a.single_channel_steps > 0),
                          ("--tokens-pool " + a.tokens_pool, a.tokens_pools != ["cls"])):
             if on:
                 p.error(f"{flag} needs --channel-mode tokens (got {a.channel_mode})")
@@ -750,6 +758,8 @@ def main(argv=None):
     else:
         samples = Augmented(train.x, build_augmentation(a, mean, std))
     channel_rng = random.Random(a.seed ^ 0xC4A7)  # tokens' subsets, apart from the masks' draws
+    # Its own stream, as the trainer's: at 0 the subsets are the ones drawn without the option.
+    alone_rng = random.Random(a.seed ^ 0x5C1E)
     loader = torch.utils.data.DataLoader(
         samples, batch_size=a.batch_size, shuffle=True, num_workers=0,
         drop_last=a.use_bn_in_head, generator=torch.Generator().manual_seed(a.seed))
@@ -806,7 +816,10 @@ def main(argv=None):
             n_global = 2 * len(images[0])
             k = 1
             if a.channel_mode == "tokens":
-                subset = hierarchical_subset(channel_rng, C)
+                if a.single_channel_steps > 0 and alone_rng.random() < a.single_channel_steps:
+                    subset = [alone_rng.randrange(C)]
+                else:
+                    subset = hierarchical_subset(channel_rng, C)
                 student.backbone.channels = teacher.backbone.channels = subset
                 images = [im[:, subset] for im in images]
                 k = len(subset)
