@@ -149,6 +149,13 @@ fn shipped_configs_are_valid() {
         trainer::config::TokensPool::JointAndAlone
     );
     assert_eq!(t.train.channel_dino_weight, 1.0);
+    // One channel-mixing block first, at the default channel scale, with half the steps on
+    // one channel alone (runs 21 and 22).
+    assert_eq!(
+        (t.model.channel_mixing_blocks, t.model.channel_embed_std),
+        (1, 0.02)
+    );
+    assert_eq!(t.train.single_channel_steps, 0.5);
     assert_eq!(
         (t.train.epochs, t.train.warmup_epochs),
         (10 * channels, channels * c.train.warmup_epochs)
