@@ -559,6 +559,98 @@ fn a_killed_rank_fails_the_job_fast_and_a_relaunch_resumes() {
 
 /// `features` launched on 3 ranks writes the same rows, once each and in held-out order, as
 /// one process (every rank embeds every third image; rank 0 gathers and writes).
+/// A rank waiting at a rendezvous for a rank that is not coming, as the other ranks of a
+/// multi-rank pipeline wait while rank 0 runs the single-rank stages, stops on SIGTERM at
+/// once with the preemption code (75), not after `train.dist_timeout_seconds` (10 minutes
+/// here): at training's rendezvous as a worker and as rank 0, and at a features stage's.
+#[test]
+fn a_stop_signal_ends_a_rank_waiting_at_a_rendezvous() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset(dir.path());
+    let cfg = config(dir.path(), &data, "waits", 4, "");
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        yaml.replace("dist_timeout_seconds: 60", "dist_timeout_seconds: 600"),
+    )
+    .unwrap();
+    // One rank of two, alone: whatever it waits for never comes.
+    let stopped_alone = |rank: &str, port: &str, command: &str| {
+        let mut child = Command::new(bin("trainer"))
+            .args([command, "--config", &cfg, "--threads", "1"])
+            .env_remove("LD_LIBRARY_PATH")
+            .envs([
+                ("RANK", rank),
+                ("LOCAL_RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port),
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Long enough to be at the rendezvous (the process starts in about a second).
+        std::thread::sleep(std::time::Duration::from_secs(4));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{command} on rank {rank} did not wait"
+        );
+        let signalled = std::time::Instant::now();
+        assert!(Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let out = child.wait_with_output().unwrap();
+        let waited = signalled.elapsed();
+        let err = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "{command} on rank {rank}: {err}"
+        );
+        assert!(
+            waited < std::time::Duration::from_secs(20),
+            "{command} on rank {rank} took {waited:?} to stop: {err}"
+        );
+        err
+    };
+    stopped_alone("1", "29887", "pipeline");
+    stopped_alone("0", "29889", "train");
+    let model = dir.path().join("out/waits/scDINO_ViTs/m_channel_APC_DAPI");
+    assert!(
+        !model.join("checkpoint.safetensors").exists(),
+        "a run stopped before the ranks met wrote a checkpoint"
+    );
+    // Trained by one process; a worker of two then reaches the features stage's rendezvous.
+    let trained = run("trainer", &["train", "--config", &cfg, "--threads", "1"]);
+    assert!(trained.status.success(), "{}", text(&trained.stderr));
+    stopped_alone("1", "29891", "pipeline");
+    fn files_under(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files_under(&path, found);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    let mut written = vec![];
+    files_under(&dir.path().join("out/waits"), &mut written);
+    assert!(
+        written
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with(".safetensors")),
+        "no checkpoint: {written:?}"
+    );
+    let features: Vec<_> = written
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("_features."))
+        .collect();
+    assert!(features.is_empty(), "features written: {features:?}");
+}
+
 #[test]
 fn features_on_three_ranks_equal_one_process_without_duplicates() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,9 +8,17 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +46,32 @@ c10d::ReduceOp reduce_op(int op) {
     default: return c10d::ReduceOp::PRODUCT;
   }
 }
+// Whether something at host:port accepts a TCP connection within `timeout` (closed again at
+// once).
+bool accepts_connections(const char* host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host, std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  bool open = false;
+  for (addrinfo* a = found; a != nullptr && !open; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      open = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      open = poll(&p, 1, static_cast<int>(timeout.count())) == 1 &&
+             getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return open;
+}
 }  // namespace
 
 extern "C" {
@@ -49,44 +83,95 @@ extern "C" {
 // pipeline: training, then features per checkpoint). A rank that finishes a stage before
 // rank 0 has closed that stage's store can connect to it instead of the next one; it then
 // waits for this generation's key, which only the new store gets, until the old store closes
-// under it, and reconnects. The old store may also close while this rank's constructor is
-// still announcing itself there: that is retried the same way, within the one timeout.
+// under it, and reconnects. The old store may also close while this rank is still talking to
+// it (the client's handshake, or a check for the key): that is retried the same way, within
+// the one timeout.
+//
+// `stop` (NULL for none) is a flag a signal handler sets (Rust's AtomicBool, one byte): while
+// this rank waits for the others it looks at the flag every few milliseconds and, once set,
+// gives up with `*stopped` = 1, so a stop signal ends the wait at once rather than after the
+// timeout.
 void* c10d_group_new(const char* host, int port, int rank, int world, int timeout_ms, int cuda, int gloo_threads,
-                     int generation) {
+                     int generation, const unsigned char* stop, int* stopped) {
   Group* g = nullptr;
+  *stopped = 0;
   int rc = guarded([&] {
-    auto timeout = std::chrono::milliseconds(timeout_ms);
+    using std::chrono::milliseconds;
+    auto timeout = milliseconds(timeout_ms);
     auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto left = [&] {
+      return std::max(std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now()),
+                      milliseconds(1));
+    };
+    auto past_deadline = [&] { return std::chrono::steady_clock::now() >= deadline; };
+    // Every wait below is cut into short slices with a look at the stop flag in between.
+    auto give_up_if_stopped = [&] {
+      if (stop != nullptr && __atomic_load_n(stop, __ATOMIC_RELAXED) != 0) {
+        *stopped = 1;
+        throw std::runtime_error("stopped by a signal while waiting for the other ranks");
+      }
+    };
+    const auto slice = milliseconds(500);
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(port);
     opts.isServer = rank == 0;
     opts.numWorkers = world;
-    opts.waitWorkers = true;
+    // The ranks count themselves in below, where a stop can interrupt the wait.
+    opts.waitWorkers = false;
     opts.timeout = timeout;
     const std::string ready = "scdino/generation/" + std::to_string(generation);
     c10::intrusive_ptr<c10d::TCPStore> tcp;
     for (;;) {
+      give_up_if_stopped();
       if (rank == 0) {
         tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
         tcp->set(ready, std::vector<uint8_t>{1});
         break;
       }
+      // Nobody listens yet (rank 0 is busy elsewhere): probe quietly rather than let the
+      // store's client try, which logs every failed try with a backtrace.
+      if (!accepts_connections(host, port, std::min(left(), slice))) {
+        if (past_deadline()) {
+          throw std::runtime_error("timed out: nobody opened the store at " + std::string(host) + ":" +
+                                   std::to_string(port));
+        }
+        std::this_thread::sleep_for(milliseconds(50));
+        continue;
+      }
       try {
-        // The old store can close while the constructor still talks to it (it announces
-        // this worker there), so connecting is retried like waiting.
-        opts.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    deadline - std::chrono::steady_clock::now()),
-                                std::chrono::milliseconds(1));
+        // The old store can close while the client's handshake still talks to it, so
+        // connecting is retried like waiting.
+        opts.timeout = std::min(left(), slice);
         tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        tcp->wait({ready}, std::max(left, std::chrono::milliseconds(1)));
+        while (!tcp->check({ready})) {
+          give_up_if_stopped();
+          if (past_deadline()) {
+            throw std::runtime_error("timed out waiting for rank 0 to open this stage's store (generation " +
+                                     std::to_string(generation) + ")");
+          }
+          std::this_thread::sleep_for(milliseconds(20));
+        }
         break;
       } catch (const c10::DistNetworkError&) {
-        if (std::chrono::steady_clock::now() >= deadline) throw;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (past_deadline()) throw;
+        std::this_thread::sleep_for(milliseconds(50));
       }
     }
+    // Every rank waits until all have joined, so the backend's own rendezvous below (not
+    // interruptible) starts only once nobody is missing.
+    const std::string joined = "scdino/joined";
     tcp->setTimeout(timeout);
+    tcp->add(joined, 1);
+    for (;;) {
+      auto n = tcp->add(joined, 0);
+      if (n >= world) break;
+      give_up_if_stopped();
+      if (past_deadline()) {
+        throw std::runtime_error("timed out with " + std::to_string(n) + " of " + std::to_string(world) +
+                                 " ranks at the rendezvous");
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
     auto group = std::make_unique<Group>();
     group->store = tcp;
     if (cuda) {

@@ -165,9 +165,11 @@ impl FeaturesArgs {
         for t in self.model.targets(&cfg, given)? {
             let bundle = |tag: &str| t.files.bundle(tag);
             for (tag, ckpt) in checkpoints_to_run(&t, self.checkpoint.clone(), bundle)? {
-                let written = stages::run_features(&t, &ckpt, &tag)
+                let written = stages::run_features(&t, &ckpt, &tag, None)
                     .with_context(|| format!("features with {}", ckpt.display()))?;
-                let Some(rows) = written else { continue };
+                let stages::FeaturesRun::Wrote(rows) = written else {
+                    continue;
+                };
                 println!("{rows} rows -> {}", t.files.features_csv(&tag).display());
             }
         }

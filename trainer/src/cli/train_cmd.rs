@@ -58,7 +58,7 @@ impl TrainArgs {
             }
             TrainOutcome::Preempted => {
                 tracing::info!(
-                    "stopped by signal after a checkpoint; rerun to resume: {}",
+                    "stopped by signal (a run that had started wrote a checkpoint first); rerun to resume: {}",
                     dir.display()
                 );
                 preempt::exit_preempted();

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{c_void, CString};
 use std::os::raw::c_char;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tch::Tensor;
@@ -18,6 +19,8 @@ extern "C" {
         cuda: i32,
         gloo_threads: i32,
         generation: i32,
+        stop: *const u8,
+        stopped: *mut i32,
     ) -> *mut c_void;
     fn c10d_group_free(group: *mut c_void);
     fn c10d_all_reduce(
@@ -235,13 +238,38 @@ impl ProcessGroup {
         timeout: Duration,
         cuda: bool,
     ) -> Result<Self, DistError> {
+        Self::join_unless_stopped(host, port, rank, world, timeout, cuda, None)?.ok_or_else(|| {
+            DistError {
+                what: "rendezvous".into(),
+                message: "stopped without a stop flag".into(),
+            }
+        })
+    }
+
+    /// [`Self::new`] that gives up when `stop` is set (a stop signal arrived while this rank
+    /// waits for the others): `None` then. A multi-rank pipeline's ranks wait here for the
+    /// next collective stage while rank 0 runs the single-rank ones, possibly for hours; a
+    /// signal must end that wait as it ends a training step, not after the group's timeout.
+    pub fn join_unless_stopped(
+        host: &str,
+        port: u16,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+        cuda: bool,
+        stop: Option<&AtomicBool>,
+    ) -> Result<Option<Self>, DistError> {
         let c_host = CString::new(host).map_err(|_| DistError {
             what: "rendezvous".into(),
             message: format!("host {host:?} contains a NUL byte"),
         })?;
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         let generation = next_generation(host, port, rank);
-        // SAFETY: valid C string and plain integers; NULL signals an error.
+        let mut stopped = 0i32;
+        // An AtomicBool is one byte, read by the shim with an atomic load.
+        let stop_ptr = stop.map_or(std::ptr::null(), |s| s.as_ptr() as *const u8);
+        // SAFETY: valid C string, plain integers, a flag that outlives the call (or NULL) and
+        // an out-parameter; NULL signals an error.
         let raw = unsafe {
             c10d_group_new(
                 c_host.as_ptr(),
@@ -252,19 +280,24 @@ impl ProcessGroup {
                 i32::from(cuda),
                 0,
                 generation,
+                stop_ptr,
+                &mut stopped,
             )
         };
         if raw.is_null() {
+            if stopped != 0 {
+                return Ok(None);
+            }
             return Err(last_error(&format!(
                 "rendezvous of rank {rank}/{world} at {host}:{port}"
             )));
         }
-        Ok(Self {
+        Ok(Some(Self {
             raw: Arc::new(RawGroup(raw)),
             rank,
             world,
             timeout,
-        })
+        }))
     }
 
     /// A handle for starting collectives asynchronously (it shares this group).

@@ -2,8 +2,9 @@
 //! Signals are forwarded to every rank; if one rank fails, the others are stopped and the
 //! launcher exits non-zero; if all exit with the preemption code, so does the launcher. Once a
 //! rank has exited with the preemption code, the others get the same grace period to follow
-//! and are then killed and counted as stopped: a rank blocked in a rendezvous (a multi-rank
-//! pipeline stopped while rank 0 ran a single-rank stage) cannot see the signal.
+//! and are then killed and counted as stopped: a rank that got no signal of its own (one
+//! waiting at a rendezvous sees its own stop flag, not another rank's exit) would otherwise
+//! wait out the group's timeout.
 use scdino_base::exit::PREEMPTED as EXIT_PREEMPTED;
 use scdino_base::log::{current_format, FORMAT_ENV};
 use std::process::{Child, Command};

@@ -32,6 +32,10 @@ pub enum TrainError {
     SampleOrder(#[from] super::sampler::OrderError),
     #[error(transparent)]
     Init(#[from] super::init::InitError),
+    /// A stop signal arrived while this rank waited for the others at the start; not an
+    /// error to the user: [`crate::train::run::train`] reports it as a stop.
+    #[error("stopped by a signal before the ranks met")]
+    StoppedBeforeStart,
     /// A strategy asked to restore shards without a shard folder (a bug, not a user error).
     #[error("FSDP: no shard folder was given")]
     NoShardFolder,

@@ -227,12 +227,12 @@ fn one_adaptive_model_trains_once_and_embeds_every_combination() {
             let tag = tag_of_checkpoint(&ck).unwrap();
             for (combination, parts) in [(0usize, vec![0i64, 1, 2]), (2, vec![1, 2])] {
                 let concat_target = Target::new(&cfg, combination).unwrap();
-                run_features(&concat_target, &ck, &tag).unwrap();
+                run_features(&concat_target, &ck, &tag, None).unwrap();
                 let concat = features::read_bundle(&concat_target.files.bundle(&tag)).unwrap();
                 assert_eq!(concat.features.size()[1], 192 * parts.len() as i64);
                 let target = Target::new(&pooled, combination).unwrap();
                 assert_eq!(target.files.dir(), concat_target.files.dir());
-                run_features(&target, &ck, &tag).unwrap();
+                run_features(&target, &ck, &tag, None).unwrap();
                 let files = &target.files;
                 let mean = features::read_bundle(&files.bundle(&tag)).unwrap();
                 assert_eq!(mean.labels, concat.labels);

@@ -113,7 +113,7 @@ fn embed_gives_the_features_stage_numbers_in_every_channel_mode() {
         let tag = tag_of_checkpoint(&ck).unwrap();
         for &(combination, names) in combos {
             let t = Target::new(&cfg, combination).unwrap();
-            run_features(&t, &ck, &tag).unwrap();
+            run_features(&t, &ck, &tag, None).unwrap();
             let stage = profiles::read(&t.files.profiles(&tag)).unwrap();
             let out = dir.path().join(format!("{mode}{combination}.parquet"));
             let mut opts = options(&ck, &images, &out);
@@ -556,7 +556,7 @@ fn embed_and_features_take_crops_of_every_size_and_aspect() {
         .latest_checkpoint();
     let tag = tag_of_checkpoint(&ck).unwrap();
     let t = Target::new(&cfg, 0).unwrap();
-    run_features(&t, &ck, &tag).unwrap();
+    run_features(&t, &ck, &tag, None).unwrap();
     let stage = profiles::read(&t.files.profiles(&tag)).unwrap();
     let out = dir.path().join("mixed.parquet");
     let images = dir.path().join("data/Training").display().to_string();
@@ -800,8 +800,8 @@ fn untrained_network_is_tagged_init_and_a_mid_epoch_checkpoint_step_n() {
     let after = trainer::checkpoint::read_meta(&numbered[1].1).unwrap();
     assert_eq!(after.epoch, 1);
     assert_eq!(tag_of_checkpoint(&numbered[1].1).unwrap(), "epoch0");
-    run_features(&t, &init, "init").unwrap();
+    run_features(&t, &init, "init", None).unwrap();
     assert_eq!(t.feature_tags(), ["init"]);
-    run_features(&t, &numbered[1].1, "epoch0").unwrap();
+    run_features(&t, &numbered[1].1, "epoch0", None).unwrap();
     assert_eq!(t.feature_tags(), ["init", "epoch0"]);
 }

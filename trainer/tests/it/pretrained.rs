@@ -11,7 +11,9 @@ use trainer::analysis::profiles;
 use trainer::config::Config;
 use trainer::data::{generate_synthetic, SynthOptions};
 use trainer::embed::{run, EmbedOptions, OnError};
-use trainer::pipeline::stages::{run_evaluate, run_features, tag_of_checkpoint, Target};
+use trainer::pipeline::stages::{
+    run_evaluate, run_features, tag_of_checkpoint, FeaturesRun, Target,
+};
 
 fn config(dir: &Path, combination: &str, features_extra: &str) -> Config {
     Config::from_yaml(
@@ -82,9 +84,12 @@ fn timm_folder_features_equal_timms_and_embed_gives_the_same_rows() {
         let tag = tag_of_checkpoint(&folder).unwrap();
         assert_eq!(tag, format!("model_{name}"));
         // No `trainer mean-std` ran: a timm folder normalises with its own mean/std.
-        let rows = run_features(&t, &folder, &tag).unwrap();
+        let rows = run_features(&t, &folder, &tag, None).unwrap();
         let stage = profiles::read(&t.files.profiles(&tag)).unwrap();
-        assert!(rows >= Some(2), "{name}: {rows:?} held-out rows");
+        assert!(
+            matches!(rows, FeaturesRun::Wrote(n) if n >= 2),
+            "{name}: {rows:?} held-out rows"
+        );
         let theirs = timm_features(dir.path(), &folder, &stage.paths, sel, adapt);
         let diff = max_abs_diff(&stage.features, &theirs);
         assert!(
@@ -166,7 +171,7 @@ fn timm_folder_of_another_channel_count_is_refused_naming_both() {
     let folder = dir.path().join("dinov2");
     let cfg = config(dir.path(), "0134", "");
     let t = Target::new(&cfg, 0).unwrap();
-    let err = run_features(&t, &folder, "model_dinov2")
+    let err = run_features(&t, &folder, "model_dinov2", None)
         .err()
         .unwrap()
         .to_string();

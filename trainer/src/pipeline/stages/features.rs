@@ -8,35 +8,57 @@ use crate::pipeline::stage::{At, Flow, PipelineStage, Ranks};
 use crate::pipeline::stage_error::StageError;
 use crate::pipeline::target::Target;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
-/// Features, labels and paths of the held-out split with `ckpt`; returns the row count written
-/// (`None` on ranks other than 0, which write nothing).
+/// What [`run_features`] did on this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeaturesRun {
+    /// Rank 0 (or the only process) wrote this many rows.
+    Wrote(usize),
+    /// Another rank: its share is in rank 0's files.
+    Shared,
+    /// A stop signal arrived while this rank waited for the others; nothing was written.
+    Stopped,
+}
+
+/// Features, labels and paths of the held-out split with `ckpt`.
 ///
 /// Launched on several ranks (`trainer launch`, srun), each rank embeds every W-th held-out
 /// image, the shares are all-gathered and interleaved back into held-out order, and rank 0
-/// alone writes: the same rows, once each, as one process would write.
-pub fn run_features(t: &Target, ckpt: &Path, tag: &str) -> Result<Option<usize>, StageError> {
+/// alone writes: the same rows, once each, as one process would write. The other ranks reach
+/// this stage's rendezvous while rank 0 still runs the single-rank stages of the previous
+/// checkpoint; `stop` (the pipeline's stop flag) ends that wait.
+pub fn run_features(
+    t: &Target,
+    ckpt: &Path,
+    tag: &str,
+    stop: Option<&AtomicBool>,
+) -> Result<FeaturesRun, StageError> {
     let ms = t.mean_std_for(ckpt)?;
     let env = DistEnv::from_process_env()?;
     if env.world <= 1 {
         let set = features::extract(t.cfg, t.combination, ckpt, &ms)?;
-        return write_features(t, tag, &set).map(Some);
+        return write_features(t, tag, &set).map(FeaturesRun::Wrote);
     }
-    let mut group = ProcessGroup::new(
+    let Some(mut group) = ProcessGroup::join_unless_stopped(
         &env.master_addr,
         env.master_port,
         env.rank,
         env.world,
         std::time::Duration::from_secs(t.cfg.train.dist_timeout_seconds),
         false,
-    )?;
+        stop,
+    )?
+    else {
+        return Ok(FeaturesRun::Stopped);
+    };
     let mut set = features::extract_shard(t.cfg, t.combination, ckpt, &ms, env.rank, env.world)?;
     set.features = gather_shards(&mut group, env.world, &set.features, set.labels.len())
         .map_err(|source| StageError::GatherFeatures { source })?;
     let rows = if env.rank == 0 {
-        Some(write_features(t, tag, &set)?)
+        FeaturesRun::Wrote(write_features(t, tag, &set)?)
     } else {
-        None
+        FeaturesRun::Shared
     };
     // Nobody leaves before rank 0 has written (a following stage may start right away).
     group.barrier()?;
@@ -103,7 +125,11 @@ impl PipelineStage for Features {
 
     fn run(&self, at: &At) -> Result<Flow, StageError> {
         let (tag, ckpt) = at.checkpoint();
-        run_features(at.t, ckpt, tag)?;
-        Ok(Flow::Continue)
+        Ok(
+            match run_features(at.t, ckpt, tag, at.options.stop.as_deref())? {
+                FeaturesRun::Stopped => Flow::Stopped,
+                FeaturesRun::Wrote(_) | FeaturesRun::Shared => Flow::Continue,
+            },
+        )
     }
 }

@@ -15,7 +15,7 @@ pub mod umap;
 pub use super::target::{sort_tags, tag_of_checkpoint, Dataset, Target};
 pub use attention::run_attention;
 pub use evaluate::{read_evaluation, run_evaluate, run_evaluate_profiles, run_scores};
-pub use features::run_features;
+pub use features::{run_features, FeaturesRun};
 pub use knn::{best_k, read_knn_json, run_knn, run_knn_on};
 pub use umap::{run_umap, run_umap_on, UmapSummary};
 

@@ -64,7 +64,11 @@ pub struct TrainOptions {
 /// Trains one channel combination of `cfg` on this process, as one rank of the job the
 /// process environment describes (a world of one without it).
 pub fn train(cfg: &Config, opts: &TrainOptions) -> Result<TrainOutcome, TrainError> {
-    TrainingRun::setup(cfg, opts)?.run()
+    match TrainingRun::setup(cfg, opts) {
+        Ok(run) => run.run(),
+        Err(TrainError::StoppedBeforeStart) => Ok(TrainOutcome::Preempted),
+        Err(e) => Err(e),
+    }
 }
 
 /// How a run's work is divided.

@@ -21,6 +21,7 @@ use crate::train::step::Learner;
 use crate::train::strategy::{self, Chosen, ParallelStrategy, StrategyOptions};
 use crate::train::telemetry::throughput::ThroughputMeter;
 use crate::train::telemetry::Telemetry;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 impl<'a> TrainingRun<'a> {
@@ -40,7 +41,7 @@ impl<'a> TrainingRun<'a> {
         if denv.rank == 0 || device.is_cuda() {
             tracing::info!("training on {device:?}");
         }
-        let mut group = join_group(cfg, &denv, device.is_cuda())?;
+        let mut group = join_group(cfg, &denv, device.is_cuda(), opts.stop.as_deref())?;
         let (mean, std) = run_mean_std(cfg, source.as_ref(), &channels, denv.rank, group.as_mut())?;
         let items = TrainItems::new(cfg, source.as_ref(), &train_split, &mean, &std);
         let batch = cfg.train.batch_size_per_gpu;
@@ -203,23 +204,28 @@ fn resume_and_distribute(
     Ok((strategy, start))
 }
 
-/// The job's process group, `None` for a world of one.
+/// The job's process group, `None` for a world of one. A stop signal while this rank waits
+/// for the others (in a multi-rank pipeline, for rank 0's single-rank stages) ends the run
+/// before it starts ([`TrainError::StoppedBeforeStart`]).
 fn join_group(
     cfg: &Config,
     denv: &DistEnv,
     cuda: bool,
+    stop: Option<&AtomicBool>,
 ) -> Result<Option<ProcessGroup>, TrainError> {
     if denv.world <= 1 {
         return Ok(None);
     }
-    let group = ProcessGroup::new(
+    let group = ProcessGroup::join_unless_stopped(
         &denv.master_addr,
         denv.master_port,
         denv.rank,
         denv.world,
         Duration::from_secs(cfg.train.dist_timeout_seconds),
         cuda,
-    )?;
+        stop,
+    )?
+    .ok_or(TrainError::StoppedBeforeStart)?;
     if denv.rank == 0 {
         tracing::info!(
             "distributed: {} ranks ({}), master {}:{}",
