@@ -23,12 +23,14 @@ def evaluations(run_dir, trained):
     one-step run at lr 0, epoch 0."""
     out = {}
     for path in glob.glob(os.path.join(run_dir, "*_analyses", "evaluation", "*_evaluation.json")):
-        m = re.search(r"epoch(\d+)_evaluation\.json$", path)
-        if not m:
+        # A trained run's tags are epoch{E} (after epoch E, from 0); the one-step run's is
+        # step1 (tagged epoch0 before the trainer gave mid-epoch checkpoints tags of their own).
+        m = re.search(r"(epoch|step)(\d+)_evaluation\.json$", path)
+        if not m or (trained and m.group(1) != "epoch"):
             continue
         e = json.load(open(path))
         knn = {k["k"]: k["scores"]["top1_percent"] for k in e["knn"]}
-        epoch = int(m.group(1)) + 1 if trained else 0
+        epoch = int(m.group(2)) + 1 if trained else 0
         out[epoch] = (knn[20], e["linear_probe"]["scores"]["top1_percent"])
     return out
 
