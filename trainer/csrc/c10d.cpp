@@ -161,16 +161,22 @@ void* c10d_group_new(const char* host, int port, int rank, int world, int timeou
     // interruptible) starts only once nobody is missing.
     const std::string joined = "scdino/joined";
     tcp->setTimeout(timeout);
-    tcp->add(joined, 1);
-    for (;;) {
-      auto n = tcp->add(joined, 0);
-      if (n >= world) break;
-      give_up_if_stopped();
-      if (past_deadline()) {
-        throw std::runtime_error("timed out with " + std::to_string(n) + " of " + std::to_string(world) +
-                                 " ranks at the rendezvous");
+    try {
+      tcp->add(joined, 1);
+      for (;;) {
+        auto n = tcp->add(joined, 0);
+        if (n >= world) break;
+        give_up_if_stopped();
+        if (past_deadline()) {
+          throw std::runtime_error("timed out with " + std::to_string(n) + " of " + std::to_string(world) +
+                                   " ranks at the rendezvous");
+        }
+        std::this_thread::sleep_for(milliseconds(10));
       }
-      std::this_thread::sleep_for(milliseconds(10));
+    } catch (const c10::DistNetworkError&) {
+      // Rank 0 stopped on the same signal and took its store with it: a stop, not a failure.
+      give_up_if_stopped();
+      throw;
     }
     auto group = std::make_unique<Group>();
     group->store = tcp;

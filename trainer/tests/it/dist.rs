@@ -843,6 +843,35 @@ fn a_stop_ends_the_wait_at_a_rendezvous_on_either_side() {
             "rank {rank} waited {waited:?} (the stop came after 1.5 s)"
         );
     }
+    // Two of three ranks met (the third never comes) and both get the signal: whichever notices
+    // first, rank 0's store going away is no failure for rank 1.
+    let stop = Arc::new(AtomicBool::new(false));
+    let waiting: Vec<_> = (0..2usize)
+        .map(|rank| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                ProcessGroup::join_unless_stopped(
+                    "127.0.0.1",
+                    29893,
+                    rank,
+                    3,
+                    Duration::from_secs(600),
+                    false,
+                    Some(&stop),
+                )
+                .map(|g| g.is_some())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::SeqCst);
+    for (rank, h) in waiting.into_iter().enumerate() {
+        let got = h.join().unwrap();
+        assert!(
+            matches!(got, Ok(false)),
+            "rank {rank} of the two that met: {got:?}"
+        );
+    }
     // A second group on the same port (the next stage's), joined through the stoppable call.
     let sums = on_ranks(2, 29885, |rank, g| {
         drop(g);
