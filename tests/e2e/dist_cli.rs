@@ -557,8 +557,6 @@ fn a_killed_rank_fails_the_job_fast_and_a_relaunch_resumes() {
     assert_eq!(log.lines().count(), 3, "{log}");
 }
 
-/// `features` launched on 3 ranks writes the same rows, once each and in held-out order, as
-/// one process (every rank embeds every third image; rank 0 gathers and writes).
 /// A rank waiting at a rendezvous for a rank that is not coming, as the other ranks of a
 /// multi-rank pipeline wait while rank 0 runs the single-rank stages, stops on SIGTERM at
 /// once with the preemption code (75), not after `train.dist_timeout_seconds` (10 minutes
@@ -613,7 +611,6 @@ fn a_stop_signal_ends_a_rank_waiting_at_a_rendezvous() {
             waited < std::time::Duration::from_secs(20),
             "{command} on rank {rank} took {waited:?} to stop: {err}"
         );
-        err
     };
     stopped_alone("1", "29887", "pipeline");
     stopped_alone("0", "29889", "train");
@@ -651,6 +648,8 @@ fn a_stop_signal_ends_a_rank_waiting_at_a_rendezvous() {
     assert!(features.is_empty(), "features written: {features:?}");
 }
 
+/// `features` launched on 3 ranks writes the same rows, once each and in held-out order, as
+/// one process (every rank embeds every third image; rank 0 gathers and writes).
 #[test]
 fn features_on_three_ranks_equal_one_process_without_duplicates() {
     let dir = tempfile::tempdir().unwrap();
