@@ -1,6 +1,6 @@
 //! The `launcher` binary: rendering as shipped, refusals, and the whole chain, a preemption,
 //! the NCCL test and the selftest on a real Slurm (scripts/slurm-local.sh; SLURM_CONF from env).
-use super::util::{bin, ok, run, synth, text};
+use super::util::{bin, ok, run, synth, synth_screen, text};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -242,6 +242,28 @@ fn setup(root: &Path, train_extra: &str) -> PathBuf {
     cfg
 }
 
+/// A screen stored as fields of view (`trainer synth --layout fov`: 72 cells in 2 plates, one
+/// well per class and plate, class `B` the negative control) and a run config whose
+/// `data.screen` names it, in the channels [`setup`]'s model trains on.
+fn screen_config(root: &Path) -> PathBuf {
+    let data = root.join("screen");
+    synth_screen(&data);
+    let cfg = root.join("screen config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data:\n  dataset_dir: {table}\n  channel_names: [APC, BF, DAPI, GREEN, PE]\n  \
+             channel_combinations: [\"02\"]\n  \
+             screen:\n    objects: {objects}\n    box_size: 50\n    \
+             label_column: Metadata_Treatment\n",
+            table = y(&data.join("load_data.csv")),
+            objects = y(&data.join("Nuclei.csv")),
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
 fn cluster_file(root: &Path, stages: &[&str], training: &str) -> PathBuf {
     let c = root.join("cluster.yaml");
     let stages: Vec<String> = stages.iter().map(|x| x.to_string()).collect();
@@ -327,7 +349,19 @@ fn slurm_chain_runs_every_stage_in_order() {
     let listed = all_stages();
     let stages: Vec<&str> = listed.iter().map(String::as_str).collect();
     // Training runs as 2 srun tasks (2 Gloo ranks meeting on the allocation's first node).
-    let cfg = setup(&root, "  epochs: 2\n");
+    // The `profiling` job embeds a screen stored as fields of view with the trained model and
+    // runs the recipe on it (the model trains on class folders; the screen has their channels).
+    let screen = screen_config(&root);
+    let cfg = setup(
+        &root,
+        &format!(
+            "  epochs: 2\ndownstream:\n  profiling:\n    enabled: true\n    screen: {}\n    \
+             recipe:\n      perturbation: Metadata_Treatment\n      \
+             negcon: Metadata_Treatment == B\n      normalize: {{by: []}}\n      \
+             map: {{null_size: 200}}\n",
+            y(&screen)
+        ),
+    );
     let cluster = cluster_file(&root, &stages, "  max_steps: 3\n");
     let yaml = std::fs::read_to_string(&cluster).unwrap();
     std::fs::write(
@@ -427,10 +461,35 @@ fn slurm_chain_runs_every_stage_in_order() {
         .filter_map(|e| e.ok())
         .any(|e| e.path().join("attention_images.json").is_file());
     assert!(any_manifest, "attention wrote no attention_images.json");
+    // The profiling job embedded every cell of the screen and ran the recipe on them; the
+    // report job, which ran after it, shows its scores.
+    let profiled: Vec<PathBuf> = std::fs::read_dir(analyses.join("profiling"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(profiled.len(), 1, "one checkpoint profiled: {profiled:?}");
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(profiled[0].join("profile/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["cells_rows"], 72, "{summary:#}");
+    let replicate = summary["replicate"]["map"]["mean_map"].as_f64().unwrap();
+    assert!(replicate > 0.0 && replicate <= 1.0, "{summary:#}");
+    assert!(profiled[0].join("profiling.json").is_file());
+    let profiling_log = log_of(by_name("profiling"));
+    assert!(
+        profiling_log.contains("embed: 72/72 images"),
+        "{profiling_log}"
+    );
     let html = std::fs::read_to_string(analyses.join("report.html")).unwrap();
     assert!(
         html.contains("data:image/png;base64,"),
         "report has no images"
+    );
+    assert!(
+        html.contains("<h2>Profiling a screen")
+            && html.contains(&format!("<td>{replicate:.3}</td>")),
+        "the report shows the profiling job's replicate mAP {replicate}"
     );
     // The secret reached no script, manifest, log or launcher output (it travels by name).
     assert!(!said.contains(SECRET));
@@ -556,7 +615,8 @@ fn slurm_preemption_checkpoints_requeues_and_resumes() {
     assert_eq!(job["restarts"], 1, "{job:#}\n{log}");
     for needle in [
         "got SIGUSR1, forwarding it to the training step",
-        "stopped by signal after a checkpoint",
+        "checkpoint written at epoch",
+        "stopped by signal (a run that had started wrote a checkpoint first)",
         "requeueing job",
         "restart 1 on",
         "resuming from",

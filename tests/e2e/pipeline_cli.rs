@@ -1,6 +1,6 @@
 //! `trainer pipeline` end to end on synthetic data: every stage's files, a report whose every
 //! image opens, kNN well above chance, make-like reruns, and resuming after a stop signal.
-use super::util::{bin, launch, logged_epochs, ok, signal_once_exists, synth, text};
+use super::util::{bin, launch, logged_epochs, ok, signal_once_exists, synth, synth_screen, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -481,24 +481,7 @@ fn pipeline_on_two_ranks_runs_collective_stages_on_both_and_the_rest_once() {
 fn pipeline_runs_on_a_screen_stored_as_fields_of_view() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("screen");
-    ok(
-        "trainer",
-        &[
-            "synth",
-            "--layout",
-            "fov",
-            "--out",
-            data.to_str().unwrap(),
-            "--classes",
-            "3",
-            "--per-class",
-            "24",
-            "--plates",
-            "2",
-            "--per-site",
-            "4",
-        ],
-    );
+    synth_screen(&data);
     let cfg = dir.path().join("screen.yaml");
     std::fs::write(
         &cfg,

@@ -78,6 +78,30 @@ pub fn synth(out: &Path, seed: u64, classes: usize, per_class: usize) -> String 
     )
 }
 
+/// `trainer synth --layout fov` into `out`: a screen stored as fields of view (LoadData
+/// table `load_data.csv`, object table `Nuclei.csv`), 72 cells in 2 plates, one well per class
+/// (`A`, `B`, `C`) and plate, 4 cells a site.
+pub fn synth_screen(out: &Path) {
+    ok(
+        "trainer",
+        &[
+            "synth",
+            "--layout",
+            "fov",
+            "--out",
+            out.to_str().unwrap(),
+            "--classes",
+            "3",
+            "--per-class",
+            "24",
+            "--plates",
+            "2",
+            "--per-site",
+            "4",
+        ],
+    );
+}
+
 /// The model folder of run `name` (output dir `dir/out`, model `m`, channels APC and DAPI)
 /// that the tests' configs produce.
 pub fn model_dir(dir: &Path, name: &str) -> PathBuf {
