@@ -6,6 +6,7 @@ pub mod augment;
 pub mod bench;
 pub mod build_info;
 pub mod checkpoint;
+mod cpu_values;
 pub mod cuda_graph;
 /// The run config lives in its own crate (no libtorch) so the launcher applies the same rules.
 pub use scdino_config as config;

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use crate::parquet_columns::{read_leaf, Leaf};
+use crate::parquet_columns::{each_column_on_threads, read_leaf, Leaf};
 
 use super::ScoringError;
 use crate::analysis::profiles::CHECKSUM_KEY;
@@ -36,11 +36,14 @@ pub fn read_table(path: &Path) -> Result<RawTable, ScoringError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(|source| ScoringError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let reader = SerializedFileReader::new(file).map_err(pq)?;
+    let open = || {
+        let file = std::fs::File::open(path).map_err(|source| ScoringError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        SerializedFileReader::new(file).map_err(pq)
+    };
+    let reader = open()?;
     let meta = reader.metadata();
     let rows = meta.file_metadata().num_rows().max(0) as usize;
     let mut out = RawTable {
@@ -53,6 +56,7 @@ pub fn read_table(path: &Path) -> Result<RawTable, ScoringError> {
         ..RawTable::default()
     };
     let schema = meta.file_metadata().schema_descr();
+    let mut flat = vec![];
     for (i, col) in schema.columns().iter().enumerate() {
         let parts = col.path().parts();
         if col.max_rep_level() > 0 || parts.len() > 1 {
@@ -60,10 +64,16 @@ pub fn read_table(path: &Path) -> Result<RawTable, ScoringError> {
             if !out.nested.contains(&top) {
                 out.nested.push(top);
             }
-            continue;
+        } else {
+            flat.push(i);
         }
-        let name = col.name().to_string();
-        let values = read_leaf(&reader, i, col).map_err(pq)?;
+    }
+    let read = each_column_on_threads(&reader, &flat, open, |r, i| {
+        read_leaf(r, i, &schema.column(i))
+    })?;
+    for (&i, values) in flat.iter().zip(read) {
+        let name = schema.column(i).name().to_string();
+        let values = values.map_err(pq)?;
         if values.len() != rows {
             return Err(ScoringError::Invalid {
                 path: path.to_path_buf(),

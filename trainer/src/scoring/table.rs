@@ -49,14 +49,11 @@ impl ProfileTable {
         }
         let rows = raw.rows;
         let dim = raw.features.len();
+        let (feature_names, columns): (Vec<String>, Vec<Vec<f32>>) =
+            raw.features.into_iter().unzip();
         let mut features = vec![0f32; rows * dim];
-        let mut feature_names = Vec::with_capacity(dim);
-        for (j, (name, col)) in raw.features.into_iter().enumerate() {
-            for (r, v) in col.into_iter().enumerate() {
-                features[r * dim + j] = v;
-            }
-            feature_names.push(name);
-        }
+        let columns: Vec<&[f32]> = columns.iter().map(Vec::as_slice).collect();
+        profiles::to_row_major(&columns, rows, &mut features);
         if let Some(sum) = raw.checksum {
             if sum != profiles::feature_checksum(&features) {
                 return Err(profiles::ProfilesError::Checksum {

@@ -11,6 +11,7 @@
 //! batch and no third one into a tensor (at 5×224²×2 + 5×96²×8 floats, 3.5 MB per sample,
 //! those copies and their page faults cost as much as a third of the augmentation).
 use crate::augment::AugmentError;
+use crate::cpu_values::values_mut;
 use crate::data::{DataError, ImageChw};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -262,24 +263,6 @@ impl EpochLoader {
             self.next_job += 1;
         }
     }
-}
-
-/// The values of a fresh or pooled (see [`BufferPool::put`]), contiguous CPU `f32` tensor,
-/// for the worker to fill.
-fn values_mut(t: &mut Tensor) -> &mut [f32] {
-    assert!(
-        t.kind() == Kind::Float && t.device() == Device::Cpu && t.is_contiguous(),
-        "batch buffers are contiguous CPU f32 tensors"
-    );
-    let n = t.numel();
-    if n == 0 {
-        return &mut [];
-    }
-    // SAFETY: the tensor was just created by this worker or taken from the pool, whose
-    // `put` contract says no other handle to its storage is used any more; it is contiguous
-    // f32 on the CPU with `n` elements, and the returned slice borrows `t` mutably, so the
-    // storage outlives it and nothing else aliases it.
-    unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) }
 }
 
 fn collate(
