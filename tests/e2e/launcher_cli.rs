@@ -569,12 +569,37 @@ fn slurm_chain_runs_every_stage_in_order() {
 
 #[test]
 fn slurm_preemption_checkpoints_requeues_and_resumes() {
+    preempt_requeue_resume(1);
+}
+
+/// The notice reaches a step of two Gloo ranks (srun forwards it to both tasks): they agree on
+/// one step to stop at, rank 0 checkpoints, both exit 75, and the requeued job's two ranks
+/// resume from that checkpoint.
+#[test]
+fn slurm_preemption_of_two_ranks_stops_both_and_resumes_both() {
+    preempt_requeue_resume(2);
+}
+
+/// Trains under the real Slurm with `tasks` ranks, sends the batch shell SIGUSR1 after the
+/// first epoch's checkpoint, and checks the job checkpointed, was requeued once and finished
+/// every epoch exactly once.
+fn preempt_requeue_resume(tasks: usize) {
     require_slurm();
     let tmp = tempfile::tempdir().unwrap();
     let root = hostile_dir(tmp.path());
     let epochs = 6;
     let cfg = setup(&root, &format!("  epochs: {epochs}\n"));
     let cluster = cluster_file(&root, &["train"], "");
+    let yaml = std::fs::read_to_string(&cluster).unwrap();
+    std::fs::write(
+        &cluster,
+        yaml.replacen(
+            "slurm:\n",
+            &format!("slurm:\n  tasks_per_node: {tasks}\n"),
+            1,
+        ),
+    )
+    .unwrap();
     let out = root.join("jobs");
     let o = launcher(
         &[
@@ -627,6 +652,13 @@ fn slurm_preemption_checkpoints_requeues_and_resumes() {
             log.contains(needle),
             "{needle:?} missing from the log:\n{log}"
         );
+    }
+    if tasks > 1 {
+        // Both runs, the stopped one and the resumed one, were `tasks` ranks.
+        let runs = log
+            .matches(&format!("distributed: {tasks} ranks ("))
+            .count();
+        assert_eq!(runs, 2, "{log}");
     }
     // Every epoch logged exactly once: the resumed run continued, it did not start over.
     let epochs_logged = super::util::logged_epochs(&model.join("log.txt"));

@@ -37,6 +37,8 @@ pub enum TrainError {
     #[error("stopped by a signal before the ranks met")]
     StoppedBeforeStart,
     /// A strategy asked to restore shards without a shard folder (a bug, not a user error).
+    #[error("rank 0 could not write the checkpoint (its log says why); stopping this rank too")]
+    CheckpointNotWritten,
     #[error("FSDP: no shard folder was given")]
     NoShardFolder,
     #[error("channel combination {index} does not exist (data.channel_combinations has {count})")]

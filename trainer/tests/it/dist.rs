@@ -1020,3 +1020,77 @@ fn two_ranks_with_the_channel_dino_term_equal_one_process_under_ddp_and_fsdp() {
         }
     }
 }
+
+/// Under DDP no rank returns from a checkpoint save before rank 0's write is on disk: after a
+/// stop signal every rank exits 75 once its save returns, and srun ends the whole step when
+/// its first task exits, so a rank 1 that left early could cut rank 0's write short. A write
+/// rank 0 cannot make fails every rank, rank 0 with its own error, instead of leaving the
+/// others to train on or wait.
+#[test]
+fn ddp_ranks_leave_a_save_once_rank_0_wrote_and_share_its_failure() {
+    use trainer::checkpoint::CheckpointMeta;
+    use trainer::layout::ModelLayout;
+    use trainer::train::loss::DinoLoss;
+    use trainer::train::step::{Learner, Networks};
+    use trainer::train::strategy::{DataParallel, ParallelStrategy};
+    let _rng = super::util::torch_rng_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good/scDINO_ViTs/m");
+    std::fs::create_dir_all(&good).unwrap();
+    // A file where the model folder should be: nothing can be written under it.
+    let bad = dir.path().join("bad/scDINO_ViTs/m");
+    std::fs::create_dir_all(bad.parent().unwrap()).unwrap();
+    std::fs::write(&bad, "not a folder").unwrap();
+    let results = on_ranks(2, 29895, move |_rank, g| {
+        let cfg = fsdp_config();
+        let dev = tch::Device::Cpu;
+        let nets = Networks::new(&cfg, 2, dev);
+        let loss = DinoLoss::new(64, 4, vec![0.04; 10], dev);
+        let terms = trainer::train::loss_terms::LossTerms::dino_only(loss);
+        let learner = Learner::new(nets, terms, trainer::config::Precision::Fp32, dev);
+        let mut ddp = DataParallel::new(Ddp::new(g));
+        let meta = CheckpointMeta {
+            format: trainer::checkpoint::FORMAT.into(),
+            epoch: 1,
+            epoch_batch: 2,
+            iteration: 5,
+            seed: 0,
+            fingerprint: "f".into(),
+            config_yaml: String::new(),
+            mean: vec![0.5; 2],
+            std: vec![0.2; 2],
+            epoch_totals: Default::default(),
+            loss_scaler: None,
+            dataset: None,
+        };
+        let saved = ddp.save(&learner, &ModelLayout::beside(&good).unwrap(), &meta, None);
+        // Read the moment this rank's save returned.
+        let on_disk = trainer::checkpoint::load(&good.join("checkpoint.safetensors"))
+            .map(|c| c.meta.iteration)
+            .ok();
+        let failed = ddp.save(&learner, &ModelLayout::beside(&bad).unwrap(), &meta, None);
+        (saved.is_ok(), on_disk, failed.map_err(|e| e.to_string()))
+    });
+    for (rank, (saved, on_disk, failed)) in results.iter().enumerate() {
+        assert!(saved, "rank {rank}");
+        assert_eq!(
+            *on_disk,
+            Some(5),
+            "rank {rank} left the save before the checkpoint was written"
+        );
+        let err = failed
+            .as_ref()
+            .expect_err("a failed write fails every rank");
+        if rank == 0 {
+            assert!(
+                err.contains("bad"),
+                "rank 0 names what it could not write: {err}"
+            );
+        } else {
+            assert!(
+                err.contains("rank 0 could not write the checkpoint"),
+                "{err}"
+            );
+        }
+    }
+}

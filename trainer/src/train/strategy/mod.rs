@@ -205,10 +205,12 @@ impl<C: Collective> ParallelStrategy for Replicated<C> {
         meta: &CheckpointMeta,
         numbered: Option<PathBuf>,
     ) -> Result<(), TrainError> {
-        if self.rank() != 0 {
-            return Ok(());
-        }
-        save_files(files, &checkpoint_tensors(learner), meta, numbered)
+        let written = if self.rank() == 0 {
+            save_files(files, &checkpoint_tensors(learner), meta, numbered)
+        } else {
+            Ok(())
+        };
+        confirm_written(&mut self.group, written)
     }
     fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError> {
         Ok(parameter_checksum(&learner.nets.student_vs))
@@ -341,14 +343,38 @@ impl ParallelStrategy for FullySharded {
         checkpoint::save_latest(&shard_dir, &shard, &shard_meta)?;
         let mut full = self.fsdp.consolidated_tensors(learner)?;
         full.extend(centres);
-        if self.rank() != 0 {
-            return Ok(());
-        }
-        save_files(files, &full, meta, numbered)
+        let written = if self.rank() == 0 {
+            save_files(files, &full, meta, numbered)
+        } else {
+            Ok(())
+        };
+        confirm_written(&mut self.ddp, written)
     }
     fn checksum(&mut self, learner: &Learner) -> Result<f64, DistError> {
         self.fsdp.checksum(learner)
     }
+}
+
+/// Every rank waits for rank 0's checkpoint write (`written` on rank 0) and learns whether it
+/// succeeded, so no rank returns from a save before the checkpoint is on disk: after a stop
+/// signal each rank exits 75 once its save returns, and srun ends a step when its first task
+/// exits, which must not cut rank 0's write short. A failed write fails every rank, rank 0
+/// with its own error (it still takes part, so the others never wait for it in vain).
+fn confirm_written(
+    group: &mut dyn Collective,
+    written: Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    if group.world_size() == 1 {
+        return written;
+    }
+    // As the stop agreement: a CPU tensor, which every backend's group reduces.
+    let mut ok = Tensor::from_slice(&[f64::from(u8::from(written.is_ok()))]);
+    group.all_reduce_sum(&mut ok)?;
+    written?;
+    if group.rank() == 0 || ok.double_value(&[0]) == group.world_size() as f64 {
+        return Ok(());
+    }
+    Err(TrainError::CheckpointNotWritten)
 }
 
 /// The update when every rank holds the whole model (one process or DDP): `group` averages
