@@ -946,7 +946,7 @@ fn fsdp_rank_step(
         .map(|q| q.name.clone())
         .collect();
     let mut sharded = crate::train::strategy::FullySharded::new(
-        crate::distributed::ddp::Ddp::new(group),
+        crate::distributed::ddp::Ddp::new(group).on(device),
         &mut learner,
     )
     .map_err(|e| e.to_string())?;

@@ -28,6 +28,8 @@ pub struct Ddp {
     pub bucket_bytes: usize,
     pub first_bucket_bytes: usize,
     overlap: Option<Overlap>,
+    /// The model's device ([`Collective::device`]).
+    device: tch::Device,
 }
 
 /// What happened during the last backward, in order (tests prove the overlap with it).
@@ -117,7 +119,15 @@ impl Ddp {
             bucket_bytes: BUCKET_BYTES,
             first_bucket_bytes: FIRST_BUCKET_BYTES,
             overlap: None,
+            device: tch::Device::Cpu,
         }
+    }
+
+    /// The group for a model on `device`: the CPU-made values it reduces go there (NCCL
+    /// reduces CUDA tensors only).
+    pub fn on(mut self, device: tch::Device) -> Self {
+        self.device = device;
+        self
     }
 
     /// Overwrites every variable of `vs` (sorted by name) with rank 0's values.
@@ -314,6 +324,10 @@ impl Collective for Ddp {
     fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), DistError> {
         self.group
             .all_reduce(std::slice::from_mut(t), ReduceOp::Sum)
+    }
+
+    fn device(&self) -> tch::Device {
+        self.device
     }
 
     fn begin_backward(&mut self) -> Result<(), DistError> {

@@ -23,6 +23,11 @@ pub trait Collective {
     }
     /// Sums `t` across processes, in place.
     fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), DistError>;
+    /// Where this group's tensors must be: NCCL reduces CUDA tensors only, so a value made on
+    /// the CPU (the stop flag, a checkpoint write's outcome) is moved here first.
+    fn device(&self) -> tch::Device {
+        tch::Device::Cpu
+    }
     /// Called right before backward: overlapped implementations arm their gradient hooks.
     fn begin_backward(&mut self) -> Result<(), DistError> {
         Ok(())

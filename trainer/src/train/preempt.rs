@@ -46,7 +46,8 @@ impl StopRequest {
         if group.world_size() == 1 {
             return Ok(raised);
         }
-        let mut t = tch::Tensor::from_slice(&[f64::from(u8::from(raised))]);
+        let mut t =
+            tch::Tensor::from_slice(&[f64::from(u8::from(raised))]).to_device(group.device());
         group.all_reduce_sum(&mut t)?;
         Ok(t.double_value(&[0]) > 0.0)
     }

@@ -77,7 +77,7 @@ pub fn choose(
             resumed_shards: None,
         });
     };
-    let mut ddp = Ddp::new(group);
+    let mut ddp = Ddp::new(group).on(learner.device);
     ddp.broadcast_parameters(&learner.nets.student_vs)?;
     ddp.broadcast_parameters(&learner.nets.teacher_vs)?;
     match kind {
@@ -367,8 +367,8 @@ fn confirm_written(
     if group.world_size() == 1 {
         return written;
     }
-    // As the stop agreement: a CPU tensor, which every backend's group reduces.
-    let mut ok = Tensor::from_slice(&[f64::from(u8::from(written.is_ok()))]);
+    let mut ok =
+        Tensor::from_slice(&[f64::from(u8::from(written.is_ok()))]).to_device(group.device());
     group.all_reduce_sum(&mut ok)?;
     written?;
     if group.rank() == 0 || ok.double_value(&[0]) == group.world_size() as f64 {
