@@ -727,7 +727,7 @@ pub fn read_streamed(path: &Path) -> Result<StreamedTable, ProfilesError> {
             ReadError::Profiles(e) => e,
         })?;
         match column {
-            Column::Floats(v) if name.starts_with(FEATURE_PREFIX) => features.push(v),
+            Column::Floats(v) if name.starts_with(FEATURE_PREFIX) => features.push((name, v)),
             Column::Strings(v) => {
                 columns.push(ColumnSpec::string(&name, col.max_def_level() > 0));
                 data.push(OwnedColumn::Strings(v));
@@ -746,17 +746,21 @@ pub fn read_streamed(path: &Path) -> Result<StreamedTable, ProfilesError> {
         }
     }
     let dim = features.len();
-    if let Some(short) = features.iter().position(|c| c.len() != rows) {
+    // A null in a feature column reads as one value fewer: refused, naming the column.
+    if let Some((name, short)) = features.iter().find(|(_, c)| c.len() != rows) {
         return Err(ProfilesError::RowCount {
             path: path.to_path_buf(),
-            column: format!("{FEATURE_PREFIX}{short}"),
-            found: features[short].len(),
+            column: name.clone(),
+            found: short.len(),
             rows,
         });
     }
     let mut values = vec![0f32; rows * dim];
     to_row_major(
-        &features.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+        &features
+            .iter()
+            .map(|(_, c)| c.as_slice())
+            .collect::<Vec<_>>(),
         rows,
         &mut values,
     );
@@ -990,7 +994,7 @@ mod tests {
     }
 
     #[test]
-    fn tables_of_any_shape_read_back_bit_for_bit_on_every_thread_count() {
+    fn tables_of_any_shape_read_back_bit_for_bit_on_one_thread_or_several() {
         // Widths below and above the threaded read's 16 columns per thread, heights around the
         // reshape's 64-row tiles and its split over the cores.
         let dir = tempfile::tempdir().unwrap();
